@@ -479,7 +479,7 @@ def tokenwise_plan(
         full_id = plan.add(Probe(p + f"full[T={T}]", entry, full, dict(cfg.kwargs), echo_inputs=True))
         again = plan.add(Probe(p + "rerun", entry, full, dict(cfg.kwargs)))
 
-        def rows_equal(sub_id: str, idx: torch.Tensor, label: str, full_id: str = full_id) -> None:
+        def rows_equal(sub_id: str, idx: torch.Tensor, label: str, full_id: str = full_id, p: str = p) -> None:
             def fn(res: Results) -> tuple:
                 sub, ref = res[sub_id], res[full_id]
                 if len(sub) != len(ref):
@@ -523,7 +523,8 @@ def tokenwise_plan(
         sid = plan.add(Probe(p + "padded", entry, padded, dict(cfg.kwargs)))
         pos = torch.cat([torch.arange(0, a), torch.arange(a + pad, a + pad + b)])
 
-        def packed_vs_padded(res: Results, sid: str = sid, pos: torch.Tensor = pos, full_id: str = full_id, n=a + b):
+        def packed_vs_padded(res: Results, sid: str = sid, pos: torch.Tensor = pos, full_id: str = full_id, a=a, b=b):
+            n = a + b
             for k, (s, r) in enumerate(zip(res[sid], res[full_id], strict=True)):
                 ok, detail, d = bitwise_equal(s[pos], r[:n], f"output {k}")
                 if not ok:
@@ -582,12 +583,12 @@ def tokenwise_plan(
             gtol = cfg.grad_tolerance or cfg.tolerance
             n_out = len(ref_outs)
 
-            def gradient(res: Results, gid=gid, ref_g=ref_g, gtol=gtol, n_out=n_out):
+            def gradient(res: Results, gid=gid, ref_g=ref_g, gtol=gtol, n_out=n_out, grad_args=cfg.grad_args):
                 got = res[gid][n_out:]
                 if len(got) != len(ref_g):
                     return False, f"{len(got)} gradients, expected {len(ref_g)}"
                 worst, details = 0.0, []
-                for i, g, r in zip(cfg.grad_args, got, ref_g, strict=True):
+                for i, g, r in zip(grad_args, got, ref_g, strict=True):
                     ok, detail, d = accurate(g, r, gtol, f"grad of arg {i}")
                     if not ok:
                         return False, detail, d

@@ -1,9 +1,10 @@
 """Test-wide set-up. Importing `kernels` first sets TRITON_INTERPRET=1 on machines without a GPU,
 before anything imports Triton."""
 
-import kernels  # noqa: F401  (must precede any triton import)
 import pytest
 import torch
+
+import kernels  # noqa: F401  (must precede any triton import)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -33,7 +33,8 @@ def default_workspace() -> Path:
 def build_parser() -> argparse.ArgumentParser:
     import importlib
 
-    parser = argparse.ArgumentParser(prog="tik", description="TIK: unified bitwise-consistent RL kernels and their agent")
+    parser = argparse.ArgumentParser(
+        prog="tik", description="TIK: unified bitwise-consistent RL kernels and their agent")
     parser.add_argument("-w", "--workspace", type=Path, default=None,
                         help="workspace directory (default: $TIK_WORKSPACE, else ./.tik)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
