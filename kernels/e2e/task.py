@@ -1,0 +1,27 @@
+"""A synthetic task a tiny model can learn by GRPO from scratch: answer by repeating the
+prompt's first token. Reward = the fraction of answer tokens equal to it."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from kernels.e2e.rollout import Completion, Request
+
+
+def make_requests(vocab: int, n_prompts: int, group: int, rng: random.Random, *, prompt_len=(3, 9),
+                  answer_len=(2, 6), seed_base: int = 0) -> list[Request]:
+    """`n_prompts` prompts, each asked `group` times (a GRPO group), lengths drawn at random."""
+    reqs = []
+    for g in range(n_prompts):
+        prompt = [rng.randrange(1, vocab) for _ in range(rng.randint(*prompt_len))]
+        for k in range(group):
+            reqs.append(Request(prompt, rng.randint(*answer_len), seed=seed_base + g * group + k, group=g))
+    rng.shuffle(reqs)  # groups arrive interleaved, as in a real rollout queue
+    return reqs
+
+
+def rewards(completions: list[Completion]) -> torch.Tensor:
+    r = [sum(t == c.request.prompt[0] for t in c.tokens) / max(1, len(c.tokens)) for c in completions]
+    return torch.tensor(r, dtype=torch.float32)
