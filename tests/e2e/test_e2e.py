@@ -1,0 +1,127 @@
+"""End to end on CPU: the tiny model in the Triton interpreter.
+
+Mode B's rollout log-probs must equal the trainer's bit for bit although the rollout decodes
+in batches that change every step (continuous batching) and the trainer runs one packed forward.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+import kernels  # noqa: F401
+from kernels.e2e.model import PRESETS, StockBackend, bf16_weights, forward_packed, init_params, load_hf
+from kernels.e2e.rollout import Request, RolloutEngine
+from kernels.e2e.run import E2EConfig, run_e2e
+from kernels.e2e.safetensors_io import CheckpointError, load_file, save_file
+from kernels.e2e.task import make_requests
+from kernels.e2e.trainer import pack
+
+
+def test_mode_b_rollout_logprobs_equal_trainer_bitwise_under_changing_batches():
+    cfg = E2EConfig(preset="tiny", modes=("B",), steps=2, prompts=3, group=3, max_slots=4, answer_len=(2, 5))
+    out = run_e2e(cfg)
+    b = out["modes"]["B"]
+    assert b["tokens"] > 20
+    assert b["equal_tokens"] == b["tokens"], b
+    assert b["max_abs_dlogp"] == 0.0
+    # the decode batch really changed composition: several sizes were seen
+    assert len(b["decode_batch_sizes"]) >= 3, b["decode_batch_sizes"]
+
+
+def test_same_request_same_tokens_whatever_the_batch():
+    """A request's tokens and log-probs do not depend on which other requests share its batches."""
+    from kernels.e2e.model import make_backend
+
+    mc = PRESETS["tiny"]
+    params = init_params(mc, 1)
+    be = make_backend("unified")
+    target = Request([5, 9, 11, 2], max_new=4, seed=77)
+    alone = RolloutEngine(mc, be, max_slots=1, max_len=16).generate(params, [target])[0]
+    rng = random.Random(3)
+    crowd = make_requests(mc.vocab, 3, 2, rng, answer_len=(1, 5))
+    with_others = RolloutEngine(mc, be, max_slots=4, max_len=16, admit_per_step=2).generate(
+        params, [*crowd[:3], target, *crowd[3:]])[3]
+    assert with_others.request is target
+    assert alone.tokens == with_others.tokens
+    assert torch.equal(alone.old_logprobs().view(torch.int32), with_others.old_logprobs().view(torch.int32))
+
+
+def test_pack_rows_point_at_the_tokens_that_predict_the_answer():
+    from kernels.e2e.rollout import Completion
+
+    c1 = Completion(Request([1, 2, 3], 2, 0), tokens=[7, 8])
+    c2 = Completion(Request([4, 5], 3, 0), tokens=[9, 10, 11])
+    p = pack([c1, c2], "cpu")
+    assert p.ids.tolist() == [1, 2, 3, 7, 4, 5, 9, 10]
+    assert p.cu_seqlens.tolist() == [0, 4, 8]
+    assert p.rows.tolist() == [2, 3, 5, 6, 7]
+    assert p.targets.tolist() == [7, 8, 9, 10, 11]
+
+
+def _write_hf_checkpoint(d, mc, params):
+    cfg = {"vocab_size": mc.vocab, "hidden_size": mc.hidden, "num_hidden_layers": mc.layers,
+           "num_attention_heads": mc.heads, "num_key_value_heads": mc.kv_heads, "head_dim": mc.head_dim,
+           "intermediate_size": mc.ffn, "rope_theta": mc.rope_theta, "rms_norm_eps": mc.eps}
+    (d / "config.json").write_text(json.dumps(cfg))
+    sd = {"model.embed_tokens.weight": params["embed"], "model.norm.weight": params["norm"],
+          "lm_head.weight": params["lm_head"]}
+    for i in range(mc.layers):
+        pre = f"model.layers.{i}."
+        sd[pre + "input_layernorm.weight"] = params[f"l{i}.ln1"]
+        sd[pre + "post_attention_layernorm.weight"] = params[f"l{i}.ln2"]
+        for ours, theirs in (("wq", "q_proj"), ("wk", "k_proj"), ("wv", "v_proj"), ("wo", "o_proj")):
+            sd[pre + f"self_attn.{theirs}.weight"] = params[f"l{i}.{ours}"]
+        sd[pre + "self_attn.q_norm.weight"] = params[f"l{i}.q_norm"]
+        sd[pre + "self_attn.k_norm.weight"] = params[f"l{i}.k_norm"]
+        gate, up = params[f"l{i}.w_gate_up"].chunk(2)
+        sd[pre + "mlp.gate_proj.weight"], sd[pre + "mlp.up_proj.weight"] = gate, up
+        sd[pre + "mlp.down_proj.weight"] = params[f"l{i}.w_down"]
+    half = len(sd) // 2  # two shards, as real checkpoints come
+    items = list(sd.items())
+    save_file({k: v.detach().to(torch.bfloat16) for k, v in items[:half]}, d / "model-00001-of-00002.safetensors")
+    save_file({k: v.detach().to(torch.bfloat16) for k, v in items[half:]}, d / "model-00002-of-00002.safetensors")
+
+
+def test_hf_checkpoint_loader_roundtrip(tmp_path):
+    mc = PRESETS["tiny"]
+    params = init_params(mc, 5)
+    _write_hf_checkpoint(tmp_path, mc, params)
+    mc2, loaded = load_hf(tmp_path)
+    assert mc2 == mc
+    assert set(loaded) == set(params)
+    for k in params:
+        assert torch.equal(loaded[k].to(torch.bfloat16), params[k].detach().to(torch.bfloat16)), k
+    # the loaded model computes what the original does
+    be = StockBackend()
+    ids = torch.tensor([1, 2, 3, 4, 5])
+    cu = torch.tensor([0, 5], dtype=torch.int32)
+    a = forward_packed(mc, be, bf16_weights(params, False), ids, cu)
+    b = forward_packed(mc2, be, bf16_weights(loaded, False), ids, cu)
+    assert torch.equal(a, b)
+
+
+def test_safetensors_rejects_garbage(tmp_path):
+    f = tmp_path / "x.safetensors"
+    f.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!")
+    with pytest.raises(CheckpointError, match="not JSON"):
+        load_file(f)
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(CheckpointError, match="lacks"):
+        load_hf(tmp_path)
+
+
+def test_cli_e2e_json_and_errors(capsys):
+    from tik_tui.cli.main import main
+
+    assert main(["e2e", "--modes", "B", "--steps", "1", "--prompts", "2", "--group", "2", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    b = doc["modes"]["B"]
+    assert b["equal_tokens"] == b["tokens"] > 0
+    assert main(["e2e", "--modes", "X"]) == 2
+    assert "unknown mode" in capsys.readouterr().err
+    assert main(["e2e", "--model", "nope", "--modes", "A"]) == 2
+    assert "unknown model preset" in capsys.readouterr().err
