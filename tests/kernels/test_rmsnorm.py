@@ -1,0 +1,138 @@
+"""rmsnorm: the contract's CPU plan passes on the root; planted bugs fail the check meant to catch them."""
+
+import types
+
+import pytest
+import torch
+
+import kernels.ops.rmsnorm as root
+from kernels.contract import run_plan, tokenwise_plan
+from kernels.contracts import get_contract
+from kernels.contracts.rmsnorm import CPU_SIZES, configs
+from kernels.reference.rmsnorm import rmsnorm as rmsnorm_ref
+
+
+def _failed(results) -> dict[str, str]:
+    return {r.name: r.detail for r in results if not r.passed}
+
+
+def _small_plan():
+    """One CPU config (odd width H=100) with every check kind: quick to run per planted bug."""
+    return tokenwise_plan("rmsnorm", configs("cpu")[:1], CPU_SIZES, seed=3)
+
+
+def _module(fn) -> types.ModuleType:
+    mod = types.ModuleType("planted")
+    mod.rmsnorm = fn
+    return mod
+
+
+def test_cpu_plan_passes_on_root():
+    results = run_plan(get_contract("rmsnorm").plan("cpu", seed=0), root)
+    assert results and not _failed(results), _failed(results)
+    kinds = {r.requirement for r in results}
+    assert kinds == {"batch_invariance", "determinism", "inputs_unchanged", "accuracy", "gradient"}
+
+
+@pytest.mark.parametrize("shape", [(1, 100), (7, 3, 16), (5, 2, 2, 24)], ids=["2d", "qk_norm_3d", "4d"])
+def test_any_rank_matches_hf_cast_order_bitwise(shape):
+    x = torch.randn(shape).to(torch.bfloat16)
+    w = torch.randn(shape[-1]).to(torch.bfloat16)
+    y = root.rmsnorm(x, w, 1e-6)
+    xf = x.float()
+    hf = w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(torch.bfloat16)
+    assert y.shape == x.shape and y.dtype == torch.bfloat16
+    assert torch.equal(y.view(torch.int16), hf.view(torch.int16))
+
+
+def test_non_contiguous_rows():
+    base = torch.randn(6, 3 * 32).to(torch.bfloat16)
+    q = base[:, :64].view(6, 2, 32)  # a slice of a fused qkv output: rows are strided
+    w = torch.randn(32).to(torch.bfloat16)
+    assert torch.equal(root.rmsnorm(q, w).view(torch.int16), root.rmsnorm(q.contiguous(), w).view(torch.int16))
+
+
+def test_weight_grad_deterministic_and_accurate_over_many_blocks():
+    # 300 rows > BWD_ROWS: several partial sums reduced in a fixed order
+    x = torch.randn(300, 40).to(torch.bfloat16)
+    w = torch.randn(40).to(torch.bfloat16)
+    g = torch.randn(300, 40).to(torch.bfloat16)
+    grads = []
+    for _ in range(2):
+        xx, ww = x.clone().requires_grad_(), w.clone().requires_grad_()
+        root.rmsnorm(xx, ww).backward(g)
+        grads.append((xx.grad, ww.grad))
+    assert torch.equal(grads[0][1].view(torch.int16), grads[1][1].view(torch.int16))
+    x64, w64 = x.double().requires_grad_(), w.double().requires_grad_()
+    rmsnorm_ref(x64, w64).backward(g.double())
+    rel = (grads[0][1].double() - w64.grad).norm() / w64.grad.norm()
+    assert rel < 1e-2
+
+
+def _t_dependent(x, w, eps=1e-6):
+    y = root.rmsnorm(x, w, eps)
+    # a "reduction" whose result drifts once the batch is large, as a T-bucketed tile would
+    return y if x.shape[0] < 8 else (y.float() * (1 + 2**-7)).to(y.dtype)
+
+
+def _mutates_input(x, w, eps=1e-6):
+    y = root.rmsnorm(x, w, eps)
+    with torch.no_grad():
+        x.mul_(0.5)
+    return y
+
+
+def _wrong_eps(x, w, eps=1e-6):
+    return root.rmsnorm(x, w, 10 * eps)
+
+
+_calls = {"n": 0}
+
+
+def _nondeterministic(x, w, eps=1e-6):
+    _calls["n"] += 1
+    y = root.rmsnorm(x, w, eps)
+    if _calls["n"] % 2 == 0 and y.numel() > 1:
+        y = y.clone()
+        y.view(-1)[-1] = y.view(-1)[-1] * 1.5 + 0.5
+    return y
+
+
+class _BadWeightGrad(root.RMSNormFunction):
+    @staticmethod
+    def backward(ctx, g):
+        dx, dw, _ = root.RMSNormFunction.backward(ctx, g)
+        return dx, dw * 1.1, None
+
+
+def _bad_weight_grad(x, w, eps=1e-6):
+    return _BadWeightGrad.apply(x, w, eps)
+
+
+@pytest.mark.parametrize(
+    "bug,requirement",
+    [
+        (_t_dependent, "batch_invariance"),
+        (_mutates_input, "inputs_unchanged"),
+        (_wrong_eps, "accuracy"),
+        (_nondeterministic, "determinism"),
+        (_bad_weight_grad, "gradient"),
+    ],
+    ids=["t_dependent", "mutates_input", "wrong_eps", "nondeterministic", "bad_weight_grad"],
+)
+def test_planted_bug_is_caught(bug, requirement):
+    plan = _small_plan()
+    results = run_plan(plan, _module(bug))
+    failed = {r.requirement for r in results if not r.passed}
+    assert requirement in failed, _failed(results)
+    if requirement in ("accuracy", "gradient"):
+        # numerics bugs that keep every row independent of the batch must not trip invariance
+        assert "batch_invariance" not in failed, _failed(results)
+
+
+@pytest.mark.gpu
+def test_gpu_plan_passes_on_cuda():
+    results = run_plan(get_contract("rmsnorm").plan("gpu", seed=0), root, device="cuda")
+    for r in results:
+        print(f"{'PASS' if r.passed else 'FAIL'} {r.name}: {r.detail}")
+    assert results and not _failed(results), _failed(results)
