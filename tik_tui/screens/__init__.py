@@ -1,0 +1,1 @@
+"""Screens of the TIK terminal UI: the main tabs, a derivation's detail, the compare view, dialogs."""

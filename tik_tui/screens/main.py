@@ -1,0 +1,157 @@
+"""The main screen: overview, derivation tree, promotion queue, history, events — one tab each."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Input, Static, TabbedContent, TabPane, Tree
+
+from tik_tui.messages import Refreshed
+from tik_tui.widgets.derivation_tree import DerivationTree
+from tik_tui.widgets.history import HistoryTable
+from tik_tui.widgets.keyed_table import KeyedTable
+from tik_tui.widgets.model import Snapshot
+from tik_tui.widgets.overview import EventLog, OperatorsTable, WorkerPanel
+from tik_tui.widgets.queue import QueueTable
+
+EMPTY_WORKSPACE = (
+    "This workspace has no operators yet.\n"
+    "Seed it with the library's root implementations:  tik init  (or `tik -w DIR init`),\n"
+    "then start a search here with [b]s[/b], or from a shell:  tik search --proposer tuner --detach"
+)
+
+EMPTY_QUEUE = "No candidate waits for a decision. Eligible candidates (verified, admissible, faster than the " \
+              "incumbent) appear here; approve with [b]a[/b], reject with [b]r[/b]."
+
+
+class QueueView(QueueTable):
+    """The queue table with its decision keys: they exist only here, and only with a row selected."""
+
+    BINDINGS = [
+        Binding("a", "approve", "Approve", id="queue.approve", tooltip="Promote the selected candidate"),
+        Binding("r", "reject", "Reject", id="queue.reject", tooltip="Reject the selected candidate (asks why)"),
+        Binding("c", "compare", "Compare", id="queue.compare", tooltip="Candidate vs incumbent"),
+    ]
+
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        if action in ("approve", "reject", "compare"):
+            return self.selected_key is not None
+        return True
+
+    def action_approve(self) -> None:
+        if self.selected_key is not None:
+            self.app.approve(int(self.selected_key))
+
+    def action_reject(self) -> None:
+        if self.selected_key is not None:
+            self.app.reject(int(self.selected_key))
+
+    def action_compare(self) -> None:
+        if self.selected_key is not None:
+            from tik_tui.screens.detail import CompareScreen
+
+            self.app.push_screen(CompareScreen(int(self.selected_key)))
+
+
+class MainScreen(Screen):
+    BINDINGS = [
+        Binding("1", "tab('overview')", "Overview", show=False, id="main.overview"),
+        Binding("2", "tab('tree')", "Tree", show=False, id="main.tree"),
+        Binding("3", "tab('queue')", "Queue", show=False, id="main.queue"),
+        Binding("4", "tab('history')", "History", show=False, id="main.history"),
+        Binding("5", "tab('events')", "Events", show=False, id="main.events"),
+        Binding("slash", "focus_filter", "Find", show=False, id="main.find", tooltip="Filter the history"),
+    ]
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with TabbedContent(initial="overview"):
+            with TabPane("1 Overview", id="overview"):
+                yield Static(EMPTY_WORKSPACE, id="empty-workspace", classes="empty")
+                yield OperatorsTable(id="operators")
+                yield WorkerPanel(id="worker")
+                yield EventLog(id="recent-events")
+            with TabPane("2 Tree", id="tree"):
+                yield DerivationTree(id="derivations")
+            with TabPane("3 Queue", id="queue"):
+                yield Static(EMPTY_QUEUE, id="empty-queue", classes="empty")
+                yield QueueView(id="queue-table")
+            with TabPane("4 History", id="history"):
+                with Vertical():
+                    yield Input(placeholder="/ filter: words match id, operator, status, proposer, rationale",
+                                id="history-filter")
+                    yield HistoryTable(id="history-table")
+            with TabPane("5 Events", id="events"):
+                yield EventLog(id="all-events")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#empty-workspace").display = False
+        self.query_one("#empty-queue").display = False
+
+    # -- data -------------------------------------------------------------------------------
+    @on(Refreshed)
+    def _refreshed(self, message: Refreshed) -> None:
+        now = self.app.clock()
+        snap: Snapshot = message.snapshot
+        self.query_one("#empty-workspace").display = not snap.operators
+        self.query_one(OperatorsTable).update_from(snap)
+        self.query_one(WorkerPanel).update_from(snap, now)
+        self.query_one(DerivationTree).update_from(snap, message.evaluating)
+        self.query_one(QueueView).update_from(snap)
+        self.query_one("#empty-queue").display = not snap.queue
+        self.query_one(QueueView).display = bool(snap.queue)
+        self.query_one(HistoryTable).update_from(snap, now)
+        if message.events:
+            self.query_one("#recent-events", EventLog).add_events(message.events, now)
+            self.query_one("#all-events", EventLog).add_events(message.events, now)
+        queue_tab = self.query_one(TabbedContent).get_tab("queue")
+        queue_tab.label = Text.assemble("3 Queue", (f" ({len(snap.queue)})", "bold magenta") if snap.queue else "")
+
+    # -- navigation -------------------------------------------------------------------------
+    def action_tab(self, tab: str) -> None:
+        self.query_one(TabbedContent).active = tab
+        target = {"overview": OperatorsTable, "tree": DerivationTree, "queue": QueueView,
+                  "history": HistoryTable, "events": "#all-events"}[tab]
+        widget = self.query_one(target)
+        if widget.display:
+            widget.focus()
+
+    def action_focus_filter(self) -> None:
+        self.action_tab("history")
+        self.query_one("#history-filter", Input).focus()
+
+    @on(Input.Changed, "#history-filter")
+    def _filter(self, event: Input.Changed) -> None:
+        self.query_one(HistoryTable).set_filter(text=event.value)
+
+    @on(Input.Submitted, "#history-filter")
+    def _filter_done(self) -> None:
+        self.query_one(HistoryTable).focus()
+
+    @on(KeyedTable.RowSelected)
+    def _open_row(self, event: KeyedTable.RowSelected) -> None:
+        key = event.row_key.value
+        if isinstance(event.data_table, OperatorsTable):
+            self.action_tab("tree")
+            tree = self.query_one(DerivationTree)
+            node = tree._ops.get(key)
+            if node is not None:
+                node.expand()
+                tree.move_cursor(node)
+            return
+        self.app.open_detail(int(key))
+
+    @on(Tree.NodeSelected)
+    def _open_node(self, event: Tree.NodeSelected) -> None:
+        if isinstance(event.node.data, int):
+            self.app.open_detail(event.node.data)
+
+    def jump_to(self, impl_id: int) -> bool:
+        """Show derivation `impl_id` in the tree, with the cursor on it."""
+        self.action_tab("tree")
+        return self.query_one(DerivationTree).expand_to(impl_id) is not None

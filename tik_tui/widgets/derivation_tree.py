@@ -1,0 +1,197 @@
+"""Operators → their derivation trees. Children are added when a node is first expanded, so a
+workspace of 10,000 derivations costs one node per operator at first paint; new derivations
+appear live under parents that are already loaded."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.binding import Binding
+from textual.widgets import Tree
+from textual.widgets.tree import TreeNode
+
+from tik_tui.widgets import format as fmt
+from tik_tui.widgets.model import Snapshot, parent_of
+
+#: `f` cycles through these; None shows everything
+FILTERS = (None, "promoted", "eligible", "verified", "failed", "rejected", "candidate")
+
+
+class DerivationTree(Tree):
+    """Node data: `("op", name)` for an operator, the implementation id (int) for a derivation."""
+
+    BINDINGS = [
+        Binding("f", "cycle_filter", "Filter", id="tree.filter", tooltip="Show only one status (and ancestors)"),
+        Binding("e", "expand_op", "Expand all", id="tree.expand", tooltip="Expand the whole tree under the cursor"),
+    ]
+
+    DEFAULT_CSS = "DerivationTree { height: 1fr; }"
+
+    def __init__(self, **kwargs):
+        super().__init__("derivations", **kwargs)
+        self.show_root = False
+        self.guide_depth = 2
+        self.snap = Snapshot()
+        self.status_filter: str | None = None
+        self.evaluating: set[int] = set()
+        self._nodes: dict[int, TreeNode] = {}
+        self._ops: dict[str, TreeNode] = {}
+        self._loaded: set[int | str] = set()
+        self._labels: dict[int | str, Text] = {}
+        self._kids: dict[int | None, list[int]] = {}
+        self._tops: dict[str, list[int]] = {}
+        self._visible: set[int] | None = None
+
+    # -- data -------------------------------------------------------------------------------
+    def update_from(self, snap: Snapshot, evaluating: set[int] | None = None) -> None:
+        self.snap = snap
+        self.evaluating = set(evaluating or ())
+        self._index()
+        for op in snap.op_names:
+            if op not in self._ops:
+                self._ops[op] = self.root.add(self._op_label(op), data=("op", op), allow_expand=True)
+            else:
+                self._relabel(op, self._ops[op], self._op_label(op))
+        for key in list(self._loaded):
+            self._add_missing_children(key)
+        for i, node in self._nodes.items():
+            if i in snap.impls:
+                self._relabel(i, node, self._impl_label(i))
+                node.allow_expand = bool(self._children_of(i))
+
+    def _index(self) -> None:
+        kids: dict[int | None, list[int]] = {}
+        tops: dict[str, list[int]] = {}
+        for i in sorted(self.snap.impls):
+            row = self.snap.impls[i]
+            p = parent_of(row)
+            if p is None or p not in self.snap.impls:
+                tops.setdefault(row.get("op"), []).append(i)
+            else:
+                kids.setdefault(p, []).append(i)
+        self._kids, self._tops = kids, tops
+        self._visible = None
+        if self.status_filter is not None:
+            visible: set[int] = set()
+            for i in list(self.snap.impls):
+                if self._status(i) == self.status_filter:
+                    while i is not None and i not in visible:
+                        visible.add(i)
+                        i = parent_of(self.snap.impls[i]) if i in self.snap.impls else None
+            self._visible = visible
+
+    def _status(self, i: int) -> str:
+        status = self.snap.impls[i].get("status")
+        return "evaluating" if status == "candidate" and i in self.evaluating else status
+
+    def _children_of(self, key: int | str) -> list[int]:
+        ids = self._tops.get(key, []) if isinstance(key, str) else self._kids.get(key, [])
+        return ids if self._visible is None else [i for i in ids if i in self._visible]
+
+    def _add_missing_children(self, key: int | str) -> None:
+        parent = self._ops.get(key) if isinstance(key, str) else self._nodes.get(key)
+        if parent is None:
+            return
+        for i in self._children_of(key):
+            if i not in self._nodes:
+                self._nodes[i] = parent.add(self._impl_label(i), data=i, allow_expand=bool(self._children_of(i)))
+
+    def _relabel(self, key, node: TreeNode, label: Text) -> None:
+        if self._labels.get(key) != label:
+            self._labels[key] = label
+            node.set_label(label)
+
+    def _op_label(self, op: str) -> Text:
+        n = sum(1 for r in self.snap.impls.values() if r.get("op") == op)
+        inc = self.snap.incumbents.get(op)
+        t = Text(op, style="bold")
+        t.append(f"  {n} derivation{'s' if n != 1 else ''}", style="dim")
+        if inc is not None and inc != self.snap.roots.get(op):
+            t.append(f"  incumbent #{inc}", style="green")
+            sp = self.snap.speedup(op)
+            if sp:
+                t.append(f" {sp:.2f}×", style="bold green")
+        return t
+
+    def _impl_label(self, i: int) -> Text:
+        row = self.snap.impls[i]
+        status = self._status(i)
+        style = fmt.STATUS_STYLE.get(status, "")
+        t = Text(f"{fmt.STATUS_MARK.get(status, '?')} #{i} ", style=style)
+        t.append(f"{status:<10}", style=style)
+        ratio = self.snap.ratios.get(i)
+        t.append_text(fmt.ratio_text(ratio) if ratio is not None else Text("   —  ", style="dim"))
+        t.append(f"  {row.get('proposer') or ''}", style="dim")
+        op = row.get("op")
+        if self.snap.roots.get(op) == i:
+            t.append("  [root]", style="bold blue")
+        if self.snap.incumbents.get(op) == i:
+            t.append("  [incumbent]", style="bold green")
+        return t
+
+    # -- events -----------------------------------------------------------------------------
+    def on_tree_node_expanded(self, event: Tree.NodeExpanded) -> None:
+        key = event.node.data[1] if isinstance(event.node.data, tuple) else event.node.data
+        if key not in self._loaded:
+            self._loaded.add(key)
+            self._add_missing_children(key)
+
+    def expand_to(self, i: int) -> TreeNode | None:
+        """Load and expand the path from the operator to derivation `i`; move the cursor there."""
+        if i not in self.snap.impls:
+            return None
+        path = []
+        j: int | None = i
+        while j is not None and j in self.snap.impls:
+            path.append(j)
+            j = parent_of(self.snap.impls[j])
+        op = self.snap.impls[i].get("op")
+        keys: list[int | str] = [op, *reversed(path[1:])]
+        for key in keys:
+            self._loaded.add(key)
+            self._add_missing_children(key)
+            node = self._ops.get(key) if isinstance(key, str) else self._nodes.get(key)
+            if node is not None:
+                node.expand()
+        node = self._nodes.get(i)
+        if node is not None:
+            self.move_cursor(node)
+        return node
+
+    def action_cycle_filter(self) -> None:
+        self.status_filter = FILTERS[(FILTERS.index(self.status_filter) + 1) % len(FILTERS)]
+        self.rebuild()
+        self.notify(f"tree: showing {self.status_filter or 'all statuses'}", timeout=2)
+
+    def action_expand_op(self) -> None:
+        node = self.cursor_node
+        if node is None:
+            return
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            key = n.data[1] if isinstance(n.data, tuple) else n.data
+            if key is not None and key not in self._loaded:
+                self._loaded.add(key)
+                self._add_missing_children(key)
+            n.expand()
+            stack.extend(n.children)
+
+    def rebuild(self) -> None:
+        """Start over (after a filter change); with a filter, open the paths to the matches."""
+        self.clear()
+        self._nodes.clear()
+        self._ops.clear()
+        self._loaded.clear()
+        self._labels.clear()
+        self.update_from(self.snap, self.evaluating)
+        if self._visible is not None and len(self._visible) <= 500:
+            for op, node in self._ops.items():
+                if self._children_of(op):
+                    self._loaded.add(op)
+                    self._add_missing_children(op)
+                    node.expand()
+            for i in sorted(self._visible):
+                self._loaded.add(i)
+                self._add_missing_children(i)
+                if i in self._nodes:
+                    self._nodes[i].expand()

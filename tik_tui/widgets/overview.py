@@ -1,0 +1,147 @@
+"""The overview: operators with incumbent and speedup, the worker, the live event log."""
+
+from __future__ import annotations
+
+import json
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Label, ProgressBar, RichLog, Sparkline, Static
+
+from tik_tui.widgets import format as fmt
+from tik_tui.widgets.keyed_table import KeyedTable
+from tik_tui.widgets.model import LIVE_STATES, Snapshot
+
+
+class OperatorsTable(KeyedTable):
+    COLUMNS = (
+        ("op", "operator", 12),
+        ("root", "root", 6),
+        ("incumbent", "incumbent", 9),
+        ("speedup", "speedup", 8),
+        ("frontier", "frontier", 8),
+        ("queue", "queue", 5),
+        ("derivations", "derivs", 6),
+        ("failed", "failed", 6),
+    )
+
+    def update_from(self, snap: Snapshot) -> None:
+        counts: dict[str, dict[str, int]] = {}
+        for row in snap.impls.values():
+            c = counts.setdefault(row.get("op"), {})
+            c[row.get("status")] = c.get(row.get("status"), 0) + 1
+        queued: dict[str, int] = {}
+        for q in snap.queue:
+            queued[q.get("op")] = queued.get(q.get("op"), 0) + 1
+        rows = []
+        for op in snap.op_names:
+            c = counts.get(op, {})
+            root, inc = snap.roots.get(op), snap.incumbents.get(op)
+            rows.append((op, (
+                op,
+                f"#{root}" if root is not None else "—",
+                Text(f"#{inc}", style="bold green") if inc is not None and inc != root else Text("root", style="dim"),
+                fmt.speedup_text(snap.speedup(op) if inc is not None else None),
+                str(snap.frontier.get(op, 0)),
+                Text(str(queued.get(op, 0)), style="bold magenta" if queued.get(op) else "dim"),
+                str(sum(c.values())),
+                Text(str(c.get("failed", 0)), style="red" if c.get("failed") else "dim"),
+            )))
+        self.sync(rows)
+
+
+class WorkerPanel(Vertical):
+    """Worker state, budget progress, cost, and the best speedup so far as a sparkline."""
+
+    DEFAULT_CSS = """
+    WorkerPanel { height: auto; border: round $primary; padding: 0 1; }
+    WorkerPanel #worker-line { height: 1; }
+    WorkerPanel #worker-message { height: auto; max-height: 2; }
+    WorkerPanel Horizontal { height: 1; }
+    WorkerPanel ProgressBar { width: 1fr; }
+    WorkerPanel #best-label { width: auto; }
+    WorkerPanel Sparkline { width: 1fr; height: 1; }
+    """
+
+    def compose(self) -> ComposeResult:
+        yield Static("worker: none", id="worker-line")
+        with Horizontal():
+            yield Label("budget ", id="budget-label")
+            yield ProgressBar(total=1, show_eta=False, id="budget")
+            yield Label("  best ", id="best-label")
+            yield Sparkline([], id="best")
+        yield Static("", id="worker-message")
+
+    def update_from(self, snap: Snapshot, now: float) -> None:
+        w = snap.worker or {}
+        state = w.get("state") or "none"
+        style = {"running": "bold green", "paused": "bold yellow", "crashed": "bold red"}.get(state, "dim")
+        line = Text.assemble(("worker ", "bold"), (state, style))
+        if w.get("pid") and state in LIVE_STATES:
+            line.append(f"  pid {w['pid']}")
+        if w.get("op"):
+            line.append(f"  op {w['op']}")
+        if w.get("proposer"):
+            line.append(f"  {w['proposer']}")
+        if state in LIVE_STATES:
+            line.append(f"  heartbeat {fmt.ago(w.get('heartbeat'), now)}", style="dim")
+        usage = snap.usage or {}
+        line.append(f"  cost {fmt.money(usage.get('cost_usd') or 0.0)}")
+        toks = (usage.get("input_tokens") or 0) + (usage.get("output_tokens") or 0)
+        line.append(f"  tok {fmt.tokens(toks)}")
+        self.query_one("#worker-line", Static).update(line)
+        bar = self.query_one("#budget", ProgressBar)
+        budget, spent = w.get("budget"), w.get("spent") or 0
+        bar.update(total=max(1, int(budget or 1)), progress=min(int(spent), int(budget or 1)) if budget else 0)
+        op = w.get("op") if w.get("op") in snap.op_names else None
+        op = op or next((o for o in snap.op_names if len(snap.best_series(o)) > 1), None)
+        series = snap.best_series(op) if op else []
+        self.query_one("#best", Sparkline).data = series or [0.0]
+        self.query_one("#best-label", Label).update(
+            f"  best {op} {series[-1]:.2f}× " if series else "  best — ")
+        msg = w.get("message") or ""
+        bad = state == "crashed" or str(msg).lower().startswith("error")
+        self.query_one("#worker-message", Static).update(Text(str(msg), style="bold red" if bad else "dim"))
+
+
+def event_line(e: dict, now: float | None = None) -> Text:
+    """`14:03:07 evaluated   rmsnorm #12 status=verified`"""
+    kind = str(e.get("kind", "?"))
+    style = "bold red" if "error" in kind or "crash" in kind else (
+        "green" if "promot" in kind else ("magenta" if "eligible" in kind else ""))
+    t = Text(fmt.when(e.get("ts") or e.get("created_at") or e.get("time"), now) + " ", style="dim")
+    t.append(f"{kind:<12}", style=style or "bold")
+    if e.get("op"):
+        t.append(f" {e['op']}")
+    if e.get("impl_id") is not None:
+        t.append(f" #{e['impl_id']}", style="cyan")
+    payload = e.get("payload") or {}
+    if isinstance(payload, str):
+        try:
+            payload = json.loads(payload)
+        except ValueError:
+            payload = {"message": payload}
+    bits = []
+    for k, v in payload.items():
+        if isinstance(v, str | int | float | bool) or v is None:
+            s = str(v)
+            bits.append(f"{k}={s if len(s) <= 60 else s[:57] + '...'}")
+    if bits:
+        t.append(" " + " ".join(bits), style=style)
+    return t
+
+
+class EventLog(RichLog):
+    """The event log, newest at the bottom; keeps the last `max_lines` lines."""
+
+    DEFAULT_CSS = "EventLog { height: 1fr; border: round $secondary; }"
+
+    def __init__(self, **kwargs):
+        super().__init__(max_lines=2000, wrap=False, markup=False, auto_scroll=True, **kwargs)
+        self.count = 0
+
+    def add_events(self, events: list[dict], now: float | None = None) -> None:
+        for e in events:
+            self.write(event_line(e, now))
+            self.count += 1
