@@ -1,0 +1,210 @@
+"""The derivations' git repository, written object by object: no work tree, HEAD never moves.
+
+Each implementation is one commit of a one-file tree; its first parent is the first parent
+implementation's commit (a merge has several). The commit message carries the row's metadata
+as JSON after a marker line, so a commit whose row was never written (a crash between the two)
+can be recorded later without loss. GitPython `Repo` objects are not thread-safe and hold a
+`git cat-file` process: every operation opens one under a lock and closes it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import git
+from git.objects import Blob, Commit, Tree
+from git.objects.fun import tree_to_stream
+from git.refs.symbolic import SymbolicReference
+from git.util import Actor
+from gitdb import IStream
+from gitdb.util import bin_to_hex, hex_to_bin
+
+META_MARKER = "--- tik-meta ---"
+DERIVATION_PREFIX = "refs/derivations/"
+PENDING_PREFIX = "refs/pending/"
+TAG_PREFIX = "refs/tags/promoted/"
+
+_AUTHOR = Actor("tik", "tik@localhost")
+
+
+def derivation_ref(impl_id: int) -> str:
+    return f"{DERIVATION_PREFIX}{impl_id}"
+
+
+def promotion_tag(op: str, impl_id: int) -> str:
+    """Tag name (without refs/tags/) of a promotion."""
+    return f"promoted/{op}/{impl_id}"
+
+
+def commit_message(summary: str, rationale: str, meta: dict) -> str:
+    body = f"\n\n{rationale.strip()}" if rationale.strip() else ""
+    return f"{summary}{body}\n\n{META_MARKER}\n{json.dumps(meta, sort_keys=True)}\n"
+
+
+def parse_meta(message: str) -> dict | None:
+    """The JSON metadata a TIK commit or tag carries, or None when there is none."""
+    _, sep, tail = message.rpartition(f"\n{META_MARKER}\n")
+    if not sep:
+        return None
+    try:
+        meta = json.loads(tail)
+    except json.JSONDecodeError:
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+class GitRepo:
+    """A bare repository at `path`; thread-safe within a process, safe across processes
+    (loose objects are written to a temp file and renamed, refs through lock files)."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._lock = threading.Lock()
+
+    @classmethod
+    def init(cls, path: Path) -> GitRepo:
+        git.Repo.init(path, bare=True, mkdir=True).close()
+        return cls(path)
+
+    def is_repo(self) -> bool:
+        return (self.path / "objects").is_dir() and (self.path / "HEAD").is_file()
+
+    @contextmanager
+    def _repo(self) -> Iterator[git.Repo]:
+        with self._lock:
+            repo = git.Repo(self.path)
+            try:
+                yield repo
+            finally:
+                repo.close()
+
+    # ------------------------------------------------------------------ writes
+
+    def write_commit(self, filename: str, source: bytes, parents: list[str], message: str) -> tuple[str, str]:
+        """Write blob, tree and commit; returns (commit hexsha, blob hexsha). Touches no ref."""
+        now = int(time.time())
+        with self._repo() as repo:
+            blob = repo.odb.store(IStream(Blob.type, len(source), io.BytesIO(source)))
+            buf = io.BytesIO()
+            tree_to_stream([(blob.binsha, 0o100644, filename)], buf.write)
+            tree = repo.odb.store(IStream(Tree.type, len(buf.getvalue()), io.BytesIO(buf.getvalue())))
+            commit = Commit(
+                repo, Commit.NULL_BIN_SHA, tree=Tree(repo, tree.binsha),
+                author=_AUTHOR, authored_date=now, author_tz_offset=0,
+                committer=_AUTHOR, committed_date=now, committer_tz_offset=0,
+                message=message, parents=[Commit(repo, hex_to_bin(p)) for p in parents], encoding="UTF-8")
+            out = io.BytesIO()
+            commit._serialize(out)
+            data = out.getvalue()
+            stored = repo.odb.store(IStream(Commit.type, len(data), io.BytesIO(data)))
+        return bin_to_hex(stored.binsha).decode(), bin_to_hex(blob.binsha).decode()
+
+    def write_tag(self, name: str, target: str, message: str) -> str:
+        """An annotated tag object for commit `target`, and its ref refs/tags/<name>."""
+        data = (f"object {target}\ntype commit\ntag {name}\n"
+                f"tagger {_AUTHOR.name} <{_AUTHOR.email}> {int(time.time())} +0000\n\n{message}").encode()
+        with self._repo() as repo:
+            tag = repo.odb.store(IStream("tag", len(data), io.BytesIO(data)))
+            SymbolicReference(repo, f"refs/tags/{name}").set_reference(_Obj(repo, tag.binsha))
+        return bin_to_hex(tag.binsha).decode()
+
+    def set_ref(self, ref: str, target: str) -> None:
+        with self._repo() as repo:
+            SymbolicReference(repo, ref).set_reference(_Obj(repo, hex_to_bin(target)))
+
+    def delete_ref(self, ref: str) -> None:
+        with self._repo() as repo:
+            if SymbolicReference(repo, ref).is_valid():
+                SymbolicReference.delete(repo, ref)
+
+    # ------------------------------------------------------------------ reads
+
+    def ref_target(self, ref: str) -> str | None:
+        """The hexsha a ref names (a tag ref: the tag object), or None."""
+        with self._repo() as repo:
+            try:
+                hexsha, target = SymbolicReference._get_ref_info(repo, ref)
+            except ValueError:
+                return None
+            return hexsha
+
+    def refs(self, prefix: str) -> dict[str, str]:
+        """All refs under `prefix` (loose and packed) -> hexsha."""
+        found: dict[str, str] = {}
+        packed = self.path / "packed-refs"
+        if packed.is_file():
+            for line in packed.read_text().splitlines():
+                if line and line[0] not in "#^":
+                    sha, _, name = line.partition(" ")
+                    if name.startswith(prefix):
+                        found[name] = sha
+        base = self.path / prefix
+        if base.is_dir():
+            for p in base.rglob("*"):
+                if p.is_file() and not p.name.endswith(".lock"):
+                    sha = p.read_text().strip()
+                    if len(sha) == 40:
+                        found[p.relative_to(self.path).as_posix()] = sha
+        return found
+
+    def read_blob(self, hexsha: str) -> bytes:
+        with self._repo() as repo:
+            return repo.odb.stream(hex_to_bin(hexsha)).read()
+
+    def has_objects(self, hexshas: list[str]) -> dict[str, bool]:
+        with self._repo() as repo:
+            out = {}
+            for h in hexshas:
+                try:
+                    repo.odb.info(hex_to_bin(h))
+                    out[h] = True
+                except (ValueError, git.BadObject, git.BadName):
+                    out[h] = False
+            return out
+
+    def commit_info(self, hexsha: str) -> dict | None:
+        """{parents, message, blob, filename} of a commit, or None when it is missing."""
+        with self._repo() as repo:
+            try:
+                c = repo.commit(hexsha)
+                blobs = [(b.path, b.hexsha) for b in c.tree.blobs]
+                return {"parents": [p.hexsha for p in c.parents], "message": c.message,
+                        "filename": blobs[0][0] if blobs else None, "blob": blobs[0][1] if blobs else None}
+            except (ValueError, git.BadObject, git.BadName):
+                return None
+
+    def commits_info(self, hexshas: list[str]) -> dict[str, list[str] | None]:
+        """Parent hexshas of many commits in one repository session (None when a commit is missing)."""
+        out: dict[str, list[str] | None] = {}
+        with self._repo() as repo:
+            for h in hexshas:
+                try:
+                    out[h] = [p.hexsha for p in repo.commit(h).parents]
+                except (ValueError, git.BadObject, git.BadName):
+                    out[h] = None
+        return out
+
+    def tag_message(self, hexsha: str) -> str | None:
+        with self._repo() as repo:
+            try:
+                return repo.odb.stream(hex_to_bin(hexsha)).read().decode().partition("\n\n")[2]
+            except (ValueError, git.BadObject, git.BadName):
+                return None
+
+    def head_state(self) -> str:
+        return (self.path / "HEAD").read_text().strip()
+
+
+class _Obj(git.Object):
+    """A git object known only by its sha, for writing refs without reading the object back."""
+
+    type = "commit"
+
+    def __init__(self, repo: git.Repo, binsha: bytes):
+        super().__init__(repo, binsha)
