@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import kernels.ops.rmsnorm as root
-from kernels.contract import run_plan, tokenwise_plan
+from kernels.contract import run_plan
 from kernels.contracts import get_contract
-from kernels.contracts.rmsnorm import CPU_SIZES, configs
+from kernels.contracts.rmsnorm import CPU_SIZES, configs, make_plan
 from kernels.reference.rmsnorm import rmsnorm as rmsnorm_ref
 
 
@@ -18,7 +18,7 @@ def _failed(results) -> dict[str, str]:
 
 def _small_plan():
     """One CPU config (odd width H=100) with every check kind: quick to run per planted bug."""
-    return tokenwise_plan("rmsnorm", configs("cpu")[:1], CPU_SIZES, seed=3)
+    return make_plan(configs("cpu")[:1], CPU_SIZES, seed=3)
 
 
 def _module(fn) -> types.ModuleType:
@@ -128,6 +128,30 @@ def test_planted_bug_is_caught(bug, requirement):
     if requirement in ("accuracy", "gradient"):
         # numerics bugs that keep every row independent of the batch must not trip invariance
         assert "batch_invariance" not in failed, _failed(results)
+
+
+class _NondeterministicWeightGrad(root.RMSNormFunction):
+    calls = 0
+
+    @staticmethod
+    def backward(ctx, g):
+        dx, dw, _ = root.RMSNormFunction.backward(ctx, g)
+        # as an atomic-add reduction whose order varies: a last-bit wobble on alternate calls
+        _NondeterministicWeightGrad.calls += 1
+        if _NondeterministicWeightGrad.calls % 2 == 0:
+            dw = dw.clone()
+            dw.view(torch.int16)[0] += 1
+        return dx, dw, None
+
+
+def test_nondeterministic_weight_grad_is_caught():
+    mod = _module(lambda x, w, eps=1e-6: _NondeterministicWeightGrad.apply(x, w, eps))
+    plan = get_contract("rmsnorm").plan("cpu", seed=0)
+    plan.probes = [p for p in plan.probes if p.grad_args]
+    plan.checks = [c for c in plan.checks if c.name.endswith(("/gradient", "/grad_determinism"))]
+    results = {r.name: r for r in run_plan(plan, mod)}
+    assert all(r.passed for n, r in results.items() if n.endswith("/gradient")), results
+    assert any(not r.passed for n, r in results.items() if n.endswith("/grad_determinism")), results
 
 
 @pytest.mark.gpu
