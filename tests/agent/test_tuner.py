@@ -1,0 +1,116 @@
+"""The tuner: valid, distinct configs within TUNABLES; never a frozen key; never a byte outside CONFIG."""
+
+import ast
+import itertools
+
+import pytest
+from agent_helpers import TOY_CONTRACT, TOY_SOURCE
+
+from tik_tui.agent import NothingToPropose, ProposalContext, make_proposer
+from tik_tui.agent.base import config_key, module_literal
+from tik_tui.agent.tuner import rewrite_config
+
+
+def _ctx(source, tried=(), contract=TOY_CONTRACT):
+    return ProposalContext(op="toy", parent={"id": 1, "status": "verified"}, parent_source=source,
+                           contract=contract, tried_configs=set(tried))
+
+
+def _outside_config(source):
+    """Every top-level statement except the CONFIG assignment, as ast dumps, plus the text around it."""
+    tree = ast.parse(source)
+    others = [ast.dump(n) for n in tree.body
+              if not (isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "CONFIG" for t in n.targets))]
+    lines = source.splitlines()
+    keep = [ln for ln in lines if not ln.startswith("CONFIG =")]
+    return others, keep
+
+
+def test_rewrite_config_touches_only_the_config_value():
+    new = rewrite_config(TOY_SOURCE, {"BLOCK": 128, "num_warps": 2, "SPLIT": 1})
+    assert module_literal(new, "CONFIG") == {"BLOCK": 128, "num_warps": 2, "SPLIT": 1}
+    assert _outside_config(new) == _outside_config(TOY_SOURCE)
+    # byte-exact outside the literal
+    before, after = TOY_SOURCE.split('{"BLOCK": 32, "num_warps": 4, "SPLIT": 1}')
+    assert new.startswith(before) and new.endswith(after)
+
+
+def test_rewrite_config_multiline_literal_and_unicode():
+    src = '"""µ-kernel: ünïcode before CONFIG"""\nTUNABLES = {"A": (1, 2)}\nCONFIG = {\n    "A": 1,  # one\n}\nX = 3\n'
+    new = rewrite_config(src, {"A": 2})
+    assert module_literal(new, "CONFIG") == {"A": 2}
+    assert new.endswith("\nX = 3\n") and new.startswith('"""µ-kernel')
+
+
+def test_tuner_walks_the_whole_space_distinct_valid_and_never_the_frozen_key():
+    tuner = make_proposer("tuner")
+    tunables = module_literal(TOY_SOURCE, "TUNABLES")
+    tried = {config_key(module_literal(TOY_SOURCE, "CONFIG"))}
+    seen = []
+    for _ in range(100):
+        try:
+            p = tuner.propose(_ctx(TOY_SOURCE, tried))
+        except NothingToPropose:
+            break
+        cfg = module_literal(p.source, "CONFIG")
+        assert set(cfg) == {"BLOCK", "num_warps", "SPLIT"}
+        assert all(cfg[k] in tunables[k] for k in cfg), cfg
+        assert cfg["SPLIT"] == 1, "the tuner moved a frozen tunable"
+        assert _outside_config(p.source) == _outside_config(TOY_SOURCE)
+        assert p.modification["kind"] == "tune" and p.modification["config"] == cfg
+        key = config_key(cfg)
+        assert key not in tried, f"repeated config {cfg}"
+        tried.add(key)
+        seen.append(cfg)
+    # every (BLOCK, num_warps) pair except the parent's own: 4 * 4 - 1, then it says it is done
+    assert len(seen) == 15
+    assert {(c["BLOCK"], c["num_warps"]) for c in seen} | {(32, 4)} == set(itertools.product((16, 32, 64, 128),
+                                                                                              (1, 2, 4, 8)))
+
+
+def test_tuner_neighbours_first():
+    p = make_proposer("tuner").propose(_ctx(TOY_SOURCE))
+    cfg = module_literal(p.source, "CONFIG")
+    moved = [k for k in cfg if cfg[k] != {"BLOCK": 32, "num_warps": 4, "SPLIT": 1}[k]]
+    assert len(moved) == 1, cfg
+    assert "→" in p.rationale
+
+
+def test_without_frozen_key_the_tuner_would_move_it():
+    """The frozen-key guard is real: with no frozen_tunables, SPLIT does get moved."""
+    tuner = make_proposer("tuner")
+    contract = {**TOY_CONTRACT, "frozen_tunables": []}
+    tried, splits = set(), set()
+    for _ in range(40):
+        try:
+            p = tuner.propose(_ctx(TOY_SOURCE, tried, contract))
+        except NothingToPropose:
+            break
+        cfg = module_literal(p.source, "CONFIG")
+        tried.add(config_key(cfg))
+        splits.add(cfg["SPLIT"])
+    assert splits == {1, 2}
+
+
+@pytest.mark.parametrize("source", ["def toy(x):\n    return x\n",
+                                    'TUNABLES = {"A": (1,)}\nCONFIG = {"A": 1}\ndef toy(x):\n    return x\n',
+                                    'TUNABLES = {"SPLIT": (1, 2)}\nCONFIG = {"SPLIT": 1}\ndef toy(x):\n    return x\n'],
+                         ids=["no-tunables", "single-value", "only-frozen"])
+def test_nothing_to_tune(source):
+    with pytest.raises(NothingToPropose):
+        make_proposer("tuner").propose(_ctx(source))
+
+
+def test_tuner_on_the_library_rmsnorm():
+    from pathlib import Path
+
+    import kernels.ops
+
+    src = (Path(kernels.ops.__file__).parent / "rmsnorm.py").read_text()
+    p = make_proposer("tuner").propose(_ctx(src, contract={"entries": ["rmsnorm"], "frozen_tunables": []}))
+    cfg = module_literal(p.source, "CONFIG")
+    assert cfg != module_literal(src, "CONFIG")
+    before = src.split("CONFIG = ")[0]
+    assert p.source.startswith(before)
+    assert p.source.split("\n", 1)[0] == src.split("\n", 1)[0]
+    compile(p.source, "rmsnorm.py", "exec")

@@ -1,0 +1,438 @@
+"""The search: select → propose → record → evaluate → decide, until something says stop.
+
+Everything durable goes through the store as it happens, so the loop can be killed at any
+point and resumed: a derivation is recorded (as a `candidate`, tagged with the search id)
+before it is evaluated, and a restarted search first evaluates the candidates it finds.
+Budget spent is counted from the store (derivations tagged with this search), so a kill
+neither loses nor repeats an evaluation's worth of budget.
+
+Stops: evaluation budget, tokens, dollars, wall time, patience (that many derivations in a
+row with no eligible or promoted one), a `stop` command, a proposer that cannot go on, or
+every parent exhausted. `pause` / `resume` commands are honoured between steps.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tik_tui.agent.base import (
+    BudgetExhausted,
+    NothingToPropose,
+    Proposal,
+    ProposalContext,
+    ProposalFailed,
+    ProposerFatal,
+    config_key,
+    module_literal,
+)
+from tik_tui.agent.select import select_parent
+
+
+@dataclass
+class SearchConfig:
+    ops: list[str]
+    #: derivations to make (each recorded proposal counts, failed ones too); None: unbounded
+    budget: int | None = 8
+    max_tokens: int | None = None
+    max_cost_usd: float | None = None
+    max_wall_s: float | None = None
+    #: stop after this many derivations in a row without an eligible/promoted one
+    patience: int | None = None
+    auto_promote: bool = False
+    device: str | None = None
+    timeout: float = 120.0
+    #: ablations: retained evidence in the context; branch exploration (off: greedy from the incumbent)
+    evidence: bool = True
+    explore: bool = True
+    seed: int = 0
+    #: passed to the evaluator when set (None: its default, timing only on cuda)
+    time_it: bool | None = None
+    #: seconds between control polls while paused
+    poll_s: float = 0.5
+
+
+@dataclass
+class SearchState:
+    search_id: str
+    started: float
+    spent: int = 0
+    tokens: int = 0
+    cost_usd: float = 0.0
+    since_progress: int = 0
+    paused: bool = False
+    stop_reason: str | None = None
+    made: list[int] = field(default_factory=list)
+
+
+def _mod(row: dict) -> dict:
+    mod = row.get("modification")
+    if isinstance(mod, str):
+        try:
+            mod = json.loads(mod)
+        except json.JSONDecodeError:
+            return {}
+    return mod if isinstance(mod, dict) else {}
+
+
+def _report_dict(rep: Any) -> dict:
+    return rep.as_dict() if hasattr(rep, "as_dict") else dict(rep)
+
+
+def _usage_tokens(u: dict | None) -> int:
+    if not u:
+        return 0
+    return sum(int(u.get(k) or 0) for k in ("input_tokens", "output_tokens", "cache_read_tokens",
+                                            "cache_write_tokens"))
+
+
+def store_usage(u: dict | None) -> dict | None:
+    """The usage fields the store records (drops bookkeeping such as the call count)."""
+    if not u:
+        return None
+    out = {k: int(u.get(k) or 0) for k in ("input_tokens", "output_tokens", "cache_read_tokens",
+                                            "cache_write_tokens")}
+    return {"model": str(u.get("model") or "?"), "cost_usd": float(u.get("cost_usd") or 0.0), **out}
+
+
+class Search:
+    """One search over `cfg.ops` with one proposer. `run()` returns a summary dict."""
+
+    def __init__(self, ws: Any, proposer: Any, cfg: SearchConfig, *, evaluate: Callable | None = None,
+                 search_id: str | None = None, on_event: Callable[[str, dict], None] | None = None,
+                 should_stop: Callable[[], bool] | None = None):
+        self.ws = ws
+        self.proposer = proposer
+        self.cfg = cfg
+        self._evaluate = evaluate
+        self.on_event = on_event
+        self.should_stop = should_stop or (lambda: False)
+        self.rng = random.Random(cfg.seed)
+        self.state = SearchState(search_id or hashlib.sha1(f"{time.time()}{id(self)}".encode()).hexdigest()[:12],
+                                 time.time())
+        self.exhausted: dict[str, set[int]] = {op: set() for op in cfg.ops}
+        self.tmp = Path(tempfile.mkdtemp(prefix="tik-search-"))
+        self._mods: dict[int, dict] = {}
+
+    # ------------------------------------------------------------------ plumbing
+
+    def emit(self, kind: str, payload: dict, *, op: str | None = None, impl_id: int | None = None) -> None:
+        payload = {"search": self.state.search_id, **payload}
+        self.ws.append_event(kind, payload, op=op, impl_id=impl_id)
+        if self.on_event is not None:
+            self.on_event(kind, {**payload, "op": op, "impl_id": impl_id})
+
+    def evaluate_fn(self) -> Callable:
+        if self._evaluate is None:
+            from kernels.evaluator import evaluate
+
+            self._evaluate = evaluate
+        return self._evaluate
+
+    def _path(self, impl_id: int, op: str) -> Path:
+        p = self.tmp / f"{op}_{impl_id}.py"
+        if not p.exists():
+            p.write_text(self.ws.source(impl_id))
+        return p
+
+    def modification(self, impl_id: int) -> dict:
+        """An implementation's modification record (immutable, so cached)."""
+        if impl_id not in self._mods:
+            self._mods[impl_id] = _mod(self.ws.implementation(impl_id))
+        return self._mods[impl_id]
+
+    def _contract(self, op: str) -> dict:
+        for row in self.ws.operators():
+            if row.get("op") == op:
+                c = row.get("contract")
+                return json.loads(c) if isinstance(c, str) else dict(c or {})
+        return {}
+
+    def heartbeat(self, **fields) -> None:
+        s = self.state
+        self.ws.set_worker_state(
+            state="paused" if s.paused else "running", heartbeat=time.time(), spent=s.spent,
+            budget=self.cfg.budget, search=s.search_id, tokens=s.tokens, cost_usd=round(s.cost_usd, 6),
+            started=s.started, **fields)
+
+    # ------------------------------------------------------------------ resuming
+
+    def resume_from_store(self) -> None:
+        """Recount this search's spending from the store; evaluate candidates left unevaluated."""
+        s = self.state
+        mine = []
+        for op in self.cfg.ops:
+            mine += [r for r in self.ws.implementations(op=op)
+                     if self.modification(r["id"]).get("search") == s.search_id]
+        s.spent = len(mine)
+        s.made = [r["id"] for r in mine]
+        for op in self.cfg.ops:
+            for row in self.ws.implementations(op=op, status="candidate"):
+                if self._stopping():
+                    return
+                self.emit("resume_evaluate", {"id": row["id"]}, op=op, impl_id=row["id"])
+                self.evaluate_and_decide(op, row["id"])
+
+    # ------------------------------------------------------------------ control
+
+    def poll_commands(self) -> None:
+        s = self.state
+        for cmd in self.ws.take_commands():
+            kind = cmd.get("kind")
+            if kind == "pause" and not s.paused:
+                s.paused = True
+                self.emit("paused", {})
+                self.heartbeat(message="paused")
+            elif kind == "resume" and s.paused:
+                s.paused = False
+                self.emit("resumed", {})
+                self.heartbeat(message="running")
+            elif kind == "stop":
+                s.stop_reason = "stop command"
+
+    def _stopping(self) -> bool:
+        if self.should_stop():
+            self.state.stop_reason = self.state.stop_reason or "terminated (SIGTERM)"
+        return self.state.stop_reason is not None
+
+    def _wait_while_paused(self) -> None:
+        while self.state.paused and not self._stopping():
+            time.sleep(self.cfg.poll_s)
+            self.poll_commands()
+            self.heartbeat(message="paused")
+
+    def budget_reason(self) -> str | None:
+        s, c = self.state, self.cfg
+        if c.budget is not None and s.spent >= c.budget:
+            return f"budget of {c.budget} derivations spent"
+        if c.max_tokens is not None and s.tokens >= c.max_tokens:
+            return f"token budget spent ({s.tokens} >= {c.max_tokens})"
+        if c.max_cost_usd is not None and s.cost_usd >= c.max_cost_usd:
+            return f"dollar budget spent (${s.cost_usd:.4f} >= ${c.max_cost_usd:.4f})"
+        if c.max_wall_s is not None and time.time() - s.started >= c.max_wall_s:
+            return f"wall time of {c.max_wall_s:g} s spent"
+        if c.patience is not None and s.since_progress >= c.patience:
+            return f"patience: {s.since_progress} derivations without an eligible one"
+        return None
+
+    # ------------------------------------------------------------------ one step
+
+    def build_context(self, op: str, parent: dict, merge_with: dict | None) -> ProposalContext:
+        ws, c = self.ws, self.cfg
+        tried = set()
+        for row in ws.implementations(op=op):
+            cfg = self.modification(row["id"]).get("config")
+            if not isinstance(cfg, dict):
+                cfg = module_literal(ws.source(row["id"]), "CONFIG")
+            if isinstance(cfg, dict):
+                tried.add(config_key(cfg))
+        s = self.state
+        return ProposalContext(
+            op=op, parent=parent, parent_source=ws.source(parent["id"]), contract=self._contract(op),
+            measurements=ws.measurements(parent["id"]),
+            attempts=ws.attempts(op, parent=parent["id"]) if c.evidence else [],
+            opportunities=ws.opportunities(op) if c.evidence else [],
+            frontier=ws.frontier(op), root=ws.root(op), incumbent=ws.incumbent(op),
+            merge_with=merge_with, merge_source=ws.source(merge_with["id"]) if merge_with else None,
+            tried_configs=tried, store=ws,
+            emit=lambda kind, payload: self.emit(kind, payload, op=op, impl_id=parent["id"]),
+            tokens_left=None if c.max_tokens is None else c.max_tokens - s.tokens,
+            dollars_left=None if c.max_cost_usd is None else c.max_cost_usd - s.cost_usd,
+            evidence=c.evidence, seed=c.seed + s.spent,
+        )
+
+    def _choose(self, op: str) -> tuple[dict, dict | None, str] | None:
+        ws = self.ws
+        pref = getattr(self.proposer, "preferred_parent", None)
+        if pref is not None:
+            pid, mid = pref(op, ws)
+            if pid is not None:
+                return ws.implementation(pid), ws.implementation(mid) if mid is not None else None, "requested"
+        sel = select_parent(ws, op, explore=self.cfg.explore, exclude=self.exhausted[op],
+                            can_merge=bool(getattr(self.proposer, "supports_merge", False)), rng=self.rng)
+        if sel is None:
+            return None
+        return sel.parent, sel.merge_with, sel.reason
+
+    def _account(self, usage: dict | None) -> None:
+        if usage:
+            self.state.tokens += _usage_tokens(usage)
+            self.state.cost_usd += float(usage.get("cost_usd") or 0.0)
+
+    def _record(self, op: str, parents: tuple[int, ...], proposal: Proposal, status: str = "candidate",
+                detail: str | None = None) -> int:
+        mod = {**proposal.modification, "search": self.state.search_id}
+        usage = proposal.usage
+        impl_id = self.ws.add_implementation(op, proposal.source, parents=parents, proposer=self.proposer_name,
+                                             rationale=proposal.rationale, modification=mod,
+                                             usage=store_usage(usage), status=status)
+        if status != "candidate" and detail:
+            self.ws.set_status(impl_id, status, detail=detail)
+        self.state.spent += 1
+        self.state.made.append(impl_id)
+        self._account(usage)
+        return impl_id
+
+    def _usage_without_impl(self, usage: dict | None) -> None:
+        """LLM calls that produced no derivation still cost: record them unattached."""
+        u = store_usage(usage)
+        if u:
+            self.ws.record_llm_usage(None, **u)
+
+    @property
+    def proposer_name(self) -> str:
+        return getattr(self.proposer, "label", None) or self.proposer.name
+
+    def step(self, op: str) -> bool:
+        """One derivation for `op`. False when `op` has nothing left to expand."""
+        chosen = self._choose(op)
+        if chosen is None:
+            return False
+        parent, merge_with, reason = chosen
+        self.emit("selected", {"parent": parent["id"], "merge_with": merge_with and merge_with["id"],
+                               "reason": reason}, op=op, impl_id=parent["id"])
+        ctx = self.build_context(op, parent, merge_with)
+        parents = (parent["id"],)
+        try:
+            proposal = self.proposer.propose(ctx)
+        except NothingToPropose as e:
+            if e.everywhere:
+                self.state.stop_reason = str(e)
+            self.exhausted[op].add(parent["id"])
+            self.emit("exhausted", {"parent": parent["id"], "reason": str(e)}, op=op, impl_id=parent["id"])
+            return True
+        except ProposalFailed as e:
+            self.state.since_progress += 1
+            if not e.record:
+                self._account(e.usage)
+                self._usage_without_impl(e.usage)
+                self.emit("proposal_error", {"parent": parent["id"], "reason": str(e)}, op=op)
+                return True
+            failed = Proposal(source=e.source if isinstance(e.source, str) else "", rationale=e.rationale,
+                              modification={**e.modification, "error": str(e)}, usage=e.usage)
+            impl_id = self._record(op, parents, failed, status="failed", detail=f"proposal failed: {e}")
+            self.emit("proposal_failed", {"id": impl_id, "parent": parent["id"], "reason": str(e)}, op=op,
+                      impl_id=impl_id)
+            return True
+        parents = parents + tuple(p for p in proposal.extra_parents if p not in parents)
+        sha = hashlib.sha256(proposal.source.encode()).hexdigest()
+        dup = [r["id"] for r in self.ws.implementations(op=op) if r.get("source_sha256") == sha]
+        if dup:
+            # identical source: nothing new to learn, and no duplicate node in the IR
+            self._account(proposal.usage)
+            self.state.since_progress += 1
+            self.exhausted[op].add(parent["id"]) if proposal.modification.get("kind") == "tune" else None
+            self.emit("duplicate", {"parent": parent["id"], "of": dup[0]}, op=op, impl_id=dup[0])
+            self._usage_without_impl(proposal.usage)
+            return True
+        impl_id = self._record(op, parents, proposal)
+        self.emit("proposed", {"id": impl_id, "parents": list(parents), "rationale": proposal.rationale[:500],
+                               "usage": proposal.usage}, op=op, impl_id=impl_id)
+        self.heartbeat(op=op, message=f"evaluating #{impl_id}")
+        self.evaluate_and_decide(op, impl_id)
+        return True
+
+    def evaluate_and_decide(self, op: str, impl_id: int) -> str:
+        ws = self.ws
+        root = ws.root(op)
+        inc = ws.incumbent(op) or root
+        self.emit("evaluating", {"id": impl_id}, op=op, impl_id=impl_id)
+        try:
+            extra = {} if self.cfg.time_it is None else {"time_it": self.cfg.time_it}
+            rep = self.evaluate_fn()(op, str(self._path(impl_id, op)),
+                                     root_path=str(self._path(root["id"], op)) if root else None,
+                                     incumbent_path=str(self._path(inc["id"], op)) if inc else None,
+                                     device=self.cfg.device, timeout=self.cfg.timeout, **extra)
+            report = _report_dict(rep)
+        except Exception as e:  # an evaluator crash fails this candidate, not the search
+            detail = f"evaluator error: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+            ws.set_status(impl_id, "failed", detail=detail[:500])
+            self.emit("evaluated", {"id": impl_id, "status": "failed", "failure": detail,
+                                    "trace": traceback.format_exc()[-2000:]}, op=op, impl_id=impl_id)
+            self.state.since_progress += 1
+            return "failed"
+        ws.record_evaluation(impl_id, report)
+        status = ws.implementation(impl_id)["status"]
+        self.emit("evaluated", {"id": impl_id, "status": status, "verified": report.get("verified"),
+                                "failure": report.get("failure"), "objective": report.get("objective"),
+                                "incumbent_objective": report.get("incumbent_objective"),
+                                "eligible": report.get("eligible")}, op=op, impl_id=impl_id)
+        if status == "eligible":
+            self.state.since_progress = 0
+            if self.cfg.auto_promote:
+                ws.decide(impl_id, "promote", by="auto-promote", reason="eligible: beats the incumbent in the same run")
+                status = "promoted"
+                self.emit("decided", {"id": impl_id, "action": "promote", "by": "auto-promote"}, op=op,
+                          impl_id=impl_id)
+            else:
+                self.emit("queued", {"id": impl_id}, op=op, impl_id=impl_id)
+        else:
+            self.state.since_progress += 1
+        return status
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self) -> dict:
+        s = self.state
+        self.heartbeat(op=",".join(self.cfg.ops), proposer=self.proposer_name, message="starting")
+        self.emit("search_started", {"ops": self.cfg.ops, "proposer": self.proposer_name, "budget": self.cfg.budget,
+                                     "auto_promote": self.cfg.auto_promote, "evidence": self.cfg.evidence,
+                                     "explore": self.cfg.explore})
+        final_state = "finished"
+        try:
+            self.resume_from_store()
+            live = list(self.cfg.ops)
+            i = 0
+            while live:
+                self.poll_commands()
+                self._wait_while_paused()
+                if self._stopping():
+                    final_state = "stopped"
+                    break
+                reason = self.budget_reason()
+                if reason:
+                    s.stop_reason = reason
+                    break
+                op = live[i % len(live)]
+                self.heartbeat(op=op, message=f"step {s.spent + 1}")
+                try:
+                    progressed = self.step(op)
+                except BudgetExhausted as e:
+                    self._account(getattr(e, "usage", None))
+                    self._usage_without_impl(getattr(e, "usage", None))
+                    s.stop_reason = str(e)
+                    break
+                if not progressed:
+                    live.remove(op)
+                    continue
+                if s.stop_reason:  # the proposer has nothing more, anywhere
+                    break
+                i += 1
+            if not live and s.stop_reason is None:
+                s.stop_reason = "every parent exhausted"
+            if s.stop_reason == "stop command" or (s.stop_reason or "").startswith("terminated"):
+                final_state = "stopped"
+        except ProposerFatal as e:
+            s.stop_reason = f"error: {e}"
+            final_state = "stopped"
+        summary = self.summary()
+        self.emit("search_finished", summary)
+        self.heartbeat(message=s.stop_reason or "done")
+        self.ws.set_worker_state(state=final_state, heartbeat=time.time(), message=s.stop_reason or "done")
+        summary["state"] = final_state
+        return summary
+
+    def summary(self) -> dict:
+        s = self.state
+        return {"search": s.search_id, "ops": self.cfg.ops, "proposer": self.proposer_name, "spent": s.spent,
+                "budget": self.cfg.budget, "tokens": s.tokens, "cost_usd": round(s.cost_usd, 6),
+                "derivations": list(s.made), "stop_reason": s.stop_reason,
+                "elapsed_s": round(time.time() - s.started, 2)}

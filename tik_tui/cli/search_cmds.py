@@ -1,0 +1,214 @@
+"""`tik search`, `tik pause`, `tik resume`, `tik stop`, `tik export`: the agent from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tik_tui.cli.common import TikError, common_parent, print_json
+
+EXPORTABLE = ("verified", "eligible", "promoted")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from tik_tui.worker import add_search_options
+
+    p = sub.add_parser("search", parents=[common_parent()], help="run the agent loop (foreground, or --detach)")
+    add_search_options(p)
+    p.add_argument("--detach", action="store_true", help="run as a background worker that outlives the terminal")
+    p.set_defaults(func=cmd_search)
+
+    for kind, text in (("pause", "pause the running worker after its current step"),
+                       ("resume", "resume a paused worker"), ("stop", "stop the running worker after its current "
+                                                                    "step")):
+        q = sub.add_parser(kind, parents=[common_parent()], help=text)
+        if kind == "stop":
+            q.add_argument("--wait", type=float, default=0.0, metavar="S",
+                           help="wait up to S seconds for the worker to exit")
+        q.set_defaults(func=cmd_control, kind=kind)
+
+    e = sub.add_parser("export", parents=[common_parent()], help="write the incumbent (or ID) back into kernels/")
+    e.add_argument("op")
+    e.add_argument("id", nargs="?", type=int)
+    e.add_argument("--to", type=Path, default=None, help="directory to write <op>.py into (default: kernels/ops/)")
+    e.add_argument("--force", action="store_true", help="export even an implementation that is not verified")
+    e.set_defaults(func=cmd_export)
+
+
+def _open(path: Path):
+    from store import Workspace, WorkspaceError
+
+    try:
+        return Workspace.open(path)
+    except WorkspaceError as e:
+        raise TikError(str(e)) from None
+
+
+# ----------------------------------------------------------------------------- search
+
+
+def _progress(kind: str, p: dict) -> None:
+    """One line per step on stderr (stdout stays clean for --json)."""
+    op = p.get("op") or ""
+    line = None
+    if kind == "selected":
+        line = f"{op}: expanding #{p['parent']}" + (f" + #{p['merge_with']}" if p.get("merge_with") else "") \
+            + f" ({p.get('reason', '')})"
+    elif kind == "proposed":
+        u = p.get("usage") or {}
+        tok = f", {sum(int(u.get(k) or 0) for k in ('input_tokens', 'output_tokens'))} tokens" if u else ""
+        line = f"{op}: #{p['id']} proposed: {p.get('rationale', '')[:90]}{tok}"
+    elif kind == "proposal_failed":
+        line = f"{op}: #{p['id']} proposal failed: {p.get('reason')}"
+    elif kind == "evaluated":
+        extra = f" ({p['failure']})" if p.get("failure") else ""
+        if p.get("objective") is not None and p.get("incumbent_objective"):
+            extra = f" (objective {p['objective'] / p['incumbent_objective']:.3f}x the incumbent)"
+        line = f"{op}: #{p['id']} {p.get('status')}{extra}"
+    elif kind in ("decided", "queued"):
+        line = f"{op}: #{p['id']} " + ("promoted (auto)" if kind == "decided" else "queued for approval "
+                                       f"(tik approve {p['id']})")
+    elif kind in ("exhausted", "duplicate", "llm_retry", "proposal_error", "resume_evaluate", "search_resumed",
+                  "paused", "resumed"):
+        line = f"{op + ': ' if op else ''}{kind.replace('_', ' ')}: " + ", ".join(
+            f"{k}={v}" for k, v in p.items() if k not in ("search", "op", "impl_id"))
+    if line:
+        print("tik: " + line, file=sys.stderr, flush=True)
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from tik_tui.agent import ProposerFatal
+    from tik_tui.worker import WorkerBusy, run_search, search_argv, search_kwargs, worker_busy
+
+    _open(args.workspace).close()
+    busy = worker_busy(args.workspace)
+    if busy:
+        raise TikError(f"{busy}: `tik stop` it first, or watch it with `tik status`")
+    if args.proposer == "claude" and not os.environ.get("ANTHROPIC_API_KEY"):
+        raise TikError("ANTHROPIC_API_KEY is not set (export it, or use --proposer tuner)")
+    if args.detach:
+        return _detach(args, search_argv(args))
+    try:
+        kwargs = search_kwargs(args)
+        summary = run_search(args.workspace, on_event=None if args.json else _progress, **kwargs)
+    except WorkerBusy as e:
+        raise TikError(str(e)) from None
+    except (ProposerFatal, ValueError, FileNotFoundError) as e:
+        raise TikError(str(e)) from None
+    if args.json:
+        print_json(summary)
+    else:
+        print(f"{summary['state']}: {summary['stop_reason']}; {summary['spent']} derivations"
+              + (f", {summary['tokens']} tokens, ${summary['cost_usd']:.4f}" if summary["tokens"] else "")
+              + " (tik log to see them)")
+    if (summary.get("stop_reason") or "").startswith("error: "):
+        raise TikError(summary["stop_reason"][len("error: "):])
+    return 0
+
+
+def _detach(args: argparse.Namespace, argv: list[str]) -> int:
+    ws_path = Path(args.workspace).resolve()
+    log = ws_path / "worker.log"
+    cmd = [sys.executable, "-m", "tik_tui.worker", "-w", str(ws_path), *argv]
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
+                                close_fds=True)
+    ws = _open(ws_path)
+    deadline = time.time() + 15.0
+    try:
+        while time.time() < deadline:
+            if proc.poll() is not None:
+                tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
+                raise TikError(f"worker exited at once (status {proc.returncode}): {tail[0] if tail else 'no output'}")
+            st = ws.worker_state() or {}
+            if st.get("pid") == proc.pid and st.get("state") in ("running", "paused", "finished", "stopped"):
+                break
+            time.sleep(0.1)
+    finally:
+        ws.close()
+    doc = {"pid": proc.pid, "workspace": str(ws_path), "log": str(log)}
+    if args.json:
+        print_json(doc)
+    else:
+        print(f"worker started (pid {proc.pid}); follow it with `tik status`, stop it with `tik stop`; log: {log}")
+    return 0
+
+
+# ----------------------------------------------------------------------------- control
+
+
+def cmd_control(args: argparse.Namespace) -> int:
+    from tik_tui.worker import worker_busy
+
+    ws = _open(args.workspace)
+    try:
+        if not worker_busy(args.workspace):
+            raise TikError(f"no worker is running on {args.workspace} (start one with `tik search --detach`)")
+        cid = ws.send_command(args.kind)
+        stopped = None
+        if args.kind == "stop" and args.wait > 0:
+            deadline = time.time() + args.wait
+            while time.time() < deadline and worker_busy(args.workspace):
+                time.sleep(0.2)
+            stopped = not worker_busy(args.workspace)
+    finally:
+        ws.close()
+    if args.json:
+        print_json({"command": cid, "kind": args.kind, **({"stopped": stopped} if stopped is not None else {})})
+    else:
+        print(f"{args.kind} sent (command {cid})" + ("" if stopped is None else
+                                                      "; worker exited" if stopped else "; worker still running"))
+    return 0 if stopped is not False else 1
+
+
+# ----------------------------------------------------------------------------- export
+
+
+def library_ops_dir() -> Path:
+    spec = importlib.util.find_spec("kernels")
+    if spec is None or not spec.submodule_search_locations:
+        raise TikError("the kernels package is not importable here: pass --to DIR")
+    return Path(list(spec.submodule_search_locations)[0]) / "ops"
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from store import WorkspaceError
+
+    ws = _open(args.workspace)
+    try:
+        if args.op not in {r["op"] for r in ws.operators()}:
+            raise TikError(f"unknown operator {args.op!r} in this workspace")
+        if args.id is None:
+            row = ws.incumbent(args.op)
+            if row is None:
+                raise TikError(f"no promoted implementation of {args.op} yet: pass an ID (see `tik log --op "
+                               f"{args.op}`)")
+        else:
+            try:
+                row = ws.implementation(args.id)
+            except WorkspaceError:
+                row = None
+            if row is None:
+                raise TikError(f"no implementation #{args.id}")
+        if row["op"] != args.op:
+            raise TikError(f"#{row['id']} is a {row['op']} implementation, not {args.op}")
+        if row["status"] not in EXPORTABLE and not args.force:
+            raise TikError(f"#{row['id']} is {row['status']}: only a verified implementation is exported "
+                           "(--force to override)")
+        source = ws.source(row["id"])
+    finally:
+        ws.close()
+    dest_dir = args.to if args.to is not None else library_ops_dir()
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    dest = dest_dir / f"{args.op}.py"
+    dest.write_text(source)
+    if args.json:
+        print_json({"op": args.op, "id": row["id"], "status": row["status"], "path": str(dest)})
+    else:
+        print(f"wrote #{row['id']} ({row['status']}) to {dest}")
+    return 0

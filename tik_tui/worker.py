@@ -1,0 +1,240 @@
+"""The background worker: one search per workspace, controlled only through the store.
+
+`run_search` takes the workspace lock (`worker.lock`, one worker per workspace), heartbeats
+into `worker_state` (a thread keeps it fresh during long evaluations), honours pause /
+resume / stop commands and SIGTERM (finishes the evaluation in flight, then stops), and
+records a crash as `crashed` with its cause. A worker killed outright (SIGKILL) leaves
+`worker_state` at running or paused; the next `run_search` on the workspace takes over that
+search: same id, same budget, spending recounted from the store, and any `candidate` left
+unevaluated is evaluated first.
+
+`python -m tik_tui.worker -w DIR [search options]` is what `tik search --detach` starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import importlib
+import importlib.util
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tik_tui.agent import default_proposer, make_proposer
+from tik_tui.agent.loop import Search, SearchConfig
+
+LOCK_NAME = "worker.lock"
+HEARTBEAT_S = 2.0
+
+
+class WorkerBusy(Exception):
+    """Another worker holds this workspace."""
+
+
+class WorkspaceLock:
+    """An exclusive flock on `<workspace>/worker.lock`, released when the process dies (even by SIGKILL)."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path) / LOCK_NAME
+        self.fd: int | None = None
+
+    def acquire(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise WorkerBusy(f"a worker is already running on {self.path.parent} (pid {holder})") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self) -> WorkspaceLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def worker_busy(path: Path) -> str | None:
+    """The busy message when a live worker holds the workspace, else None."""
+    try:
+        with WorkspaceLock(path):
+            return None
+    except WorkerBusy as e:
+        return str(e)
+
+
+def load_evaluator(spec: str) -> Callable:
+    """`module:function` or `path/to/file.py:function` (a test seam for injecting an evaluator)."""
+    target, _, fn = spec.rpartition(":")
+    if target.endswith(".py"):
+        s = importlib.util.spec_from_file_location("tik_injected_evaluator", target)
+        mod = importlib.util.module_from_spec(s)
+        s.loader.exec_module(mod)
+    else:
+        mod = importlib.import_module(target)
+    return getattr(mod, fn)
+
+
+def _previous_search(ws: Any, ops: list[str], proposer_label: str) -> dict | None:
+    """The search a killed worker left behind, when it is the same ops and proposer."""
+    st = ws.worker_state() or {}
+    extra = st.get("extra") if isinstance(st.get("extra"), dict) else {}
+    st = {**extra, **st}
+    if st.get("state") not in ("running", "paused", "crashed") or not st.get("search"):
+        return None
+    if st.get("proposer") != proposer_label:
+        return None
+    return st
+
+
+def run_search(workspace: Any, ops: list[str] | None = None, proposer: str = "tuner", budget: int | None = 8,
+               auto_promote: bool = False, *, evaluate: Callable | None = None, proposer_opts: dict | None = None,
+               device: str | None = None, timeout: float = 120.0, max_tokens: int | None = None,
+               max_cost_usd: float | None = None, max_wall_s: float | None = None, patience: int | None = None,
+               evidence: bool = True, explore: bool = True, seed: int = 0,
+               on_event: Callable[[str, dict], None] | None = None, resume: bool = True) -> dict:
+    """Run the loop to its end in this process; returns the search summary (with `state` and `resumed`)."""
+    from store import Workspace
+
+    path = Path(workspace.path if hasattr(workspace, "path") else workspace)
+    lock = WorkspaceLock(path)
+    lock.acquire()
+    ws = Workspace.open(path)
+    stop_flag = threading.Event()
+    old_handlers = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            old_handlers[sig] = signal.signal(sig, lambda *_: stop_flag.set())
+    beat_stop = threading.Event()
+    try:
+        all_ops = [r["op"] for r in ws.operators()]
+        ops = list(ops or all_ops)
+        unknown = [o for o in ops if o not in all_ops]
+        if unknown:
+            raise ValueError(f"operator(s) not in the workspace: {', '.join(unknown)}")
+        prop = make_proposer(proposer or default_proposer(), **(proposer_opts or {}))
+        label = getattr(prop, "label", None) or prop.name
+        prev = _previous_search(ws, ops, label) if resume else None
+        cfg = SearchConfig(ops=ops, budget=budget, max_tokens=max_tokens, max_cost_usd=max_cost_usd,
+                           max_wall_s=max_wall_s, patience=patience, auto_promote=auto_promote, device=device,
+                           timeout=timeout, evidence=evidence, explore=explore, seed=seed)
+        search = Search(ws, prop, cfg, evaluate=evaluate, search_id=prev["search"] if prev else None,
+                        on_event=on_event, should_stop=stop_flag.is_set)
+        if prev:
+            search.state.started = float(prev.get("started") or search.state.started)
+            search.state.tokens = int(prev.get("tokens") or 0)
+            search.state.cost_usd = float(prev.get("cost_usd") or 0.0)
+            search.emit("search_resumed", {"previous_pid": prev.get("pid")})
+        ws.set_worker_state(pid=os.getpid(), state="running", proposer=label, op=",".join(ops), budget=budget,
+                            heartbeat=time.time(), message="starting")
+
+        def beat() -> None:
+            from store import Workspace as W
+
+            with W.open(path) as bws:
+                while not beat_stop.wait(HEARTBEAT_S):
+                    bws.set_worker_state(heartbeat=time.time())
+
+        threading.Thread(target=beat, name="tik-heartbeat", daemon=True).start()
+        try:
+            summary = search.run()
+        except Exception as e:
+            beat_stop.set()
+            line = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            ws.set_worker_state(state="crashed", heartbeat=time.time(), message=f"{type(e).__name__}: {line}"[:300])
+            raise
+        summary["resumed"] = bool(prev)
+        return summary
+    finally:
+        beat_stop.set()
+        for sig, h in old_handlers.items():
+            signal.signal(sig, h)
+        ws.close() if hasattr(ws, "close") else None
+        lock.release()
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def add_search_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--op", action="append", dest="ops", metavar="OP", help="operator to optimize (repeatable; "
+                   "default: all)")
+    p.add_argument("--proposer", default=None, help="claude | tuner | replay:FILE (default: claude when "
+                   "ANTHROPIC_API_KEY is set, else tuner)")
+    p.add_argument("--budget", type=int, default=8, help="derivations to make, failed ones included (default 8)")
+    p.add_argument("--auto-promote", action="store_true", help="promote eligible candidates without asking")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="where candidates are evaluated")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds per evaluation (hard kill)")
+    p.add_argument("--max-tokens", type=int, default=None, help="stop after this many LLM tokens")
+    p.add_argument("--max-cost", type=float, default=None, help="stop after this many US dollars of LLM use")
+    p.add_argument("--max-time", type=float, default=None, help="stop after this many seconds")
+    p.add_argument("--patience", type=int, default=None, help="stop after N derivations without an eligible one")
+    p.add_argument("--model", default=None, help="Claude model (default $TIK_MODEL, else claude-sonnet-4-5)")
+    p.add_argument("--no-evidence", action="store_true", help="ablation: hide failed attempts and opportunities")
+    p.add_argument("--greedy", action="store_true", help="ablation: always expand the incumbent (no branches)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--fresh", action="store_true", help="start a new search instead of resuming a killed one")
+    p.add_argument("--evaluator", default=None, help=argparse.SUPPRESS)
+
+
+def search_kwargs(args: argparse.Namespace) -> dict:
+    return dict(ops=args.ops, proposer=args.proposer or default_proposer(), budget=args.budget,
+                auto_promote=args.auto_promote, device=args.device, timeout=args.timeout,
+                max_tokens=args.max_tokens, max_cost_usd=args.max_cost, max_wall_s=args.max_time,
+                patience=args.patience, evidence=not args.no_evidence, explore=not args.greedy, seed=args.seed,
+                resume=not args.fresh, proposer_opts={"model": args.model, "seed": args.seed},
+                evaluate=load_evaluator(args.evaluator) if args.evaluator else None)
+
+
+def search_argv(args: argparse.Namespace) -> list[str]:
+    """The worker command line reproducing `args` (for --detach); never carries a key."""
+    argv = []
+    for op in args.ops or ():
+        argv += ["--op", op]
+    for flag, val in (("--proposer", args.proposer or default_proposer()), ("--budget", args.budget),
+                      ("--device", args.device), ("--timeout", args.timeout), ("--max-tokens", args.max_tokens),
+                      ("--max-cost", args.max_cost), ("--max-time", args.max_time), ("--patience", args.patience),
+                      ("--model", args.model), ("--seed", args.seed), ("--evaluator", args.evaluator)):
+        if val is not None:
+            argv += [flag, str(val)]
+    for flag, on in (("--auto-promote", args.auto_promote), ("--no-evidence", args.no_evidence),
+                     ("--greedy", args.greedy), ("--fresh", args.fresh)):
+        if on:
+            argv.append(flag)
+    return argv
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="tik-worker", description="the TIK search worker (started by tik search "
+                                "--detach)")
+    p.add_argument("-w", "--workspace", type=Path, required=True)
+    add_search_options(p)
+    args = p.parse_args(argv)
+    try:
+        summary = run_search(args.workspace, **search_kwargs(args))
+    except WorkerBusy as e:
+        print(f"tik-worker: {e}", file=sys.stderr)
+        return 3
+    print(f"tik-worker: {summary['state']}: {summary['stop_reason']} ({summary['spent']} derivations)",
+          file=sys.stderr)
+    return 0 if summary["state"] != "crashed" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
