@@ -1,0 +1,170 @@
+"""The wire format between the trusted parent and the candidate's child process.
+
+Tensors cross as raw bytes in one `.bin` file plus a JSON manifest (dtype, shape, offset,
+byte count per tensor); other values as tagged JSON. Nothing is ever unpickled. The parent
+reads what the child wrote with `read_tensors(..., strict)`: a whitelist of dtypes, shapes of
+at most 8 non-negative dims, byte counts equal to numel × element size, every range inside the
+file, and a cap on sizes, so a garbage or hostile manifest is a clean `ProtocolError`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+DTYPES: dict[str, torch.dtype] = {
+    "bool": torch.bool,
+    "uint8": torch.uint8,
+    "int8": torch.int8,
+    "int16": torch.int16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+
+#: the most a child may send back (bytes of tensor data, and of JSON)
+MAX_DATA_BYTES = 16 << 30
+MAX_JSON_BYTES = 64 << 20
+MAX_DIMS = 8
+
+
+class ProtocolError(Exception):
+    """The child's reply is malformed: the candidate fails with this message."""
+
+
+class TensorWriter:
+    """Appends tensors to one binary file; `ref(t)` returns the index to put in JSON."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._f = open(path, "wb")  # noqa: SIM115 (closed in close())
+        self.entries: list[dict] = []
+        self._offset = 0
+
+    def ref(self, t: torch.Tensor) -> int:
+        if t.dtype not in DTYPE_NAMES:
+            raise TypeError(f"dtype {t.dtype} cannot cross the process boundary")
+        c = t.detach().to("cpu").contiguous()
+        # bytes of the element type, whatever it is (bf16 has no numpy dtype)
+        raw = c.view(torch.uint8).numpy().tobytes() if c.numel() else b""
+        self._f.write(raw)
+        self.entries.append({"dtype": DTYPE_NAMES[c.dtype], "shape": list(c.shape), "offset": self._offset,
+                             "nbytes": len(raw)})
+        self._offset += len(raw)
+        return len(self.entries) - 1
+
+    def close(self) -> list[dict]:
+        self._f.close()
+        return self.entries
+
+
+def read_tensors(bin_path: Path, entries: Any) -> list[torch.Tensor]:
+    """Rebuild tensors from a manifest, validating every field (the manifest may be hostile)."""
+    if not isinstance(entries, list):
+        raise ProtocolError("tensor manifest is not a list")
+    size = bin_path.stat().st_size if bin_path.exists() else 0
+    if size > MAX_DATA_BYTES:
+        raise ProtocolError(f"tensor data of {size} bytes exceeds the limit")
+    data = bin_path.read_bytes() if size else b""
+    out = []
+    for i, e in enumerate(entries):
+        if not isinstance(e, dict) or set(e) != {"dtype", "shape", "offset", "nbytes"}:
+            raise ProtocolError(f"tensor {i}: malformed manifest entry")
+        dtype = DTYPES.get(e["dtype"]) if isinstance(e["dtype"], str) else None
+        if dtype is None:
+            raise ProtocolError(f"tensor {i}: dtype {str(e['dtype'])[:40]!r} not allowed")
+        shape, off, nb = e["shape"], e["offset"], e["nbytes"]
+        if (not isinstance(shape, list) or len(shape) > MAX_DIMS
+                or not all(type(d) is int and 0 <= d < 2**40 for d in shape)):
+            raise ProtocolError(f"tensor {i}: bad shape")
+        if type(off) is not int or type(nb) is not int or off < 0 or nb < 0 or off + nb > len(data):
+            raise ProtocolError(f"tensor {i}: byte range outside the data file")
+        elem = 1 if dtype == torch.bool else torch.empty((), dtype=dtype).element_size()
+        if nb != math.prod(shape) * elem:
+            raise ProtocolError(f"tensor {i}: {nb} bytes for shape {shape} of {e['dtype']}")
+        buf = bytearray(data[off:off + nb])
+        if dtype == torch.bool:
+            t = torch.frombuffer(buf, dtype=torch.uint8) if nb else torch.empty(0, dtype=torch.uint8)
+            t = t.reshape(shape)
+            if bool((t > 1).any()):
+                raise ProtocolError(f"tensor {i}: bool bytes other than 0/1")
+            t = t.to(torch.bool)
+        else:
+            t = torch.frombuffer(buf, dtype=dtype) if nb else torch.empty(0, dtype=dtype)
+            t = t.reshape(shape)
+        out.append(t)
+    return out
+
+
+def encode(v: Any, w: TensorWriter) -> Any:
+    """A probe argument as tagged JSON (tensors by reference into the binary file)."""
+    if isinstance(v, torch.Tensor):
+        return {"t": w.ref(v)}
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return {"v": v}
+    if isinstance(v, torch.dtype):
+        return {"dtype": DTYPE_NAMES[v]}
+    if isinstance(v, tuple):
+        return {"tuple": [encode(x, w) for x in v]}
+    if isinstance(v, list):
+        return {"list": [encode(x, w) for x in v]}
+    if isinstance(v, dict):
+        return {"dict": {str(k): encode(x, w) for k, x in v.items()}}
+    raise TypeError(f"cannot send a {type(v).__name__} to the child")
+
+
+def decode(v: Any, tensors: list[torch.Tensor]) -> Any:
+    """Inverse of `encode` (run in the child on what the parent wrote)."""
+    (tag, x), = v.items()
+    if tag == "t":
+        return tensors[x]
+    if tag == "v":
+        return x
+    if tag == "dtype":
+        return DTYPES[x]
+    if tag == "tuple":
+        return tuple(decode(y, tensors) for y in x)
+    if tag == "list":
+        return [decode(y, tensors) for y in x]
+    if tag == "dict":
+        return {k: decode(y, tensors) for k, y in x.items()}
+    raise ValueError(f"unknown tag {tag}")
+
+
+def write_json(path: Path, doc: Any) -> None:
+    """Write atomically: a reader never sees half a document."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc))
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any:
+    if not path.exists():
+        raise ProtocolError("the child wrote no result")
+    if path.stat().st_size > MAX_JSON_BYTES:
+        raise ProtocolError("the child's result is too large")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ProtocolError(f"the child's result is not JSON ({type(e).__name__})") from None
+
+
+def tensor_index(x: Any, n: int, what: str) -> int:
+    if type(x) is not int or not 0 <= x < n:
+        raise ProtocolError(f"{what}: bad tensor reference")
+    return x
+
+
+def index_list(x: Any, n: int, what: str) -> list[int]:
+    if not isinstance(x, list) or len(x) > 4096:
+        raise ProtocolError(f"{what}: not a list of tensor references")
+    return [tensor_index(i, n, what) for i in x]

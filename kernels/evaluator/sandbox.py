@@ -1,0 +1,131 @@
+"""Spawning the child: a fresh interpreter (fork+exec, never a fork that keeps running parent code),
+its own session, a private temporary directory as cwd, a scrubbed environment, a hard timeout
+that kills the whole process group, and the result read back through `protocol`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import kernels
+from kernels.evaluator.protocol import ProtocolError, read_json
+
+#: variables the child never sees, whatever their value
+SECRET = re.compile(r"(^ANTHROPIC_|KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|^AWS_|^GH_|^GITHUB_)", re.I)
+#: the package root, so `python -m kernels.evaluator.child` imports this checkout from any cwd
+PACKAGE_ROOT = Path(kernels.__file__).resolve().parent.parent
+
+
+def child_env(device: str, tmp: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not SECRET.search(k)}
+    env["PYTHONPATH"] = str(PACKAGE_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    env["TMPDIR"] = str(tmp)
+    # a private Triton cache: a candidate cannot plant compiled kernels another evaluation would load
+    env["TRITON_CACHE_DIR"] = str(tmp / "triton-cache")
+    if device == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
+@dataclass
+class ChildOutcome:
+    doc: dict | None
+    failure: str | None
+    elapsed_s: float
+
+
+def _tail(path: Path, n: int = 4000) -> str:
+    try:
+        data = path.read_bytes()[-n:]
+    except OSError:
+        return ""
+    return data.decode("utf-8", "replace")
+
+
+def _last_error_line(stderr: str) -> str:
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b", ln) or "Fatal Python error" in ln:
+            return ln[:200]
+    return lines[-1][:200] if lines else ""
+
+
+def run_child(job: dict, write_inputs: Callable[[Path], dict], read_result: Callable[[Path, dict], Any],
+              timeout: float) -> ChildOutcome:
+    """Run one job in a child. `write_inputs(dir)` adds the job's data files and returns extra job
+    fields; `read_result(out_dir, doc)` turns the child's reply into trusted values (may raise
+    ProtocolError). The temporary directory is removed before this returns."""
+    t0 = time.monotonic()
+    tmp = Path(tempfile.mkdtemp(prefix="tik-eval-"))
+    proc = None
+    try:
+        job = {**job, **write_inputs(tmp)}
+        (tmp / "job.json").write_text(_dumps(job))
+        work = tmp / "work"
+        work.mkdir()
+        with open(tmp / "stdout.txt", "wb") as out, open(tmp / "stderr.txt", "wb") as err:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "kernels.evaluator.child", str(tmp)],
+                cwd=work, env=child_env(job["device"], tmp), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                start_new_session=True, close_fds=True,
+            )
+            try:
+                rc = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                _kill(proc)
+                return ChildOutcome(None, f"timed out after {timeout:g} s (killed)", time.monotonic() - t0)
+        # reap anything the candidate left running in its session
+        _kill(proc)
+        if rc < 0:
+            name = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else str(-rc)
+            return ChildOutcome(None, f"crashed with signal {name}", time.monotonic() - t0)
+        if rc != 0:
+            line = _last_error_line(_tail(tmp / "stderr.txt"))
+            return ChildOutcome(None, f"exited with status {rc}" + (f": {line}" if line else ""),
+                                time.monotonic() - t0)
+        try:
+            doc = read_json(tmp / "out" / "result.json")
+            if not isinstance(doc, dict) or doc.get("done") is not True:
+                raise ProtocolError("the child's result is incomplete")
+            value = read_result(tmp / "out", doc)
+        except ProtocolError as e:
+            return ChildOutcome(None, f"protocol error: {e}", time.monotonic() - t0)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            return ChildOutcome(None, f"protocol error: malformed result ({type(e).__name__}: {e})"[:300],
+                                time.monotonic() - t0)
+        return ChildOutcome(value, None, time.monotonic() - t0)
+    finally:
+        if proc is not None and proc.poll() is None:
+            _kill(proc)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _dumps(doc: dict) -> str:
+    import json
+
+    return json.dumps(doc)

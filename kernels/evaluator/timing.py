@@ -1,0 +1,260 @@
+"""The timing harness (runs in the child) and the statistics the parent draws from it.
+
+The harness owns the shapes: it builds every cell's inputs itself from the contract's
+`bench_case`, for several seeds ("variants"). All implementations are called on the same
+argument tensors, whose *contents* are rewritten from the variant pools before every sample,
+so a result cached by address or by call count is stale and fails the parent's check of the
+timed outputs. One round times every implementation once, in a random order (interleaved
+A/B/A/B against root, incumbent and stock-PyTorch baseline in the same process).
+
+One GPU sample: L2 flushed (a 256 MiB memset) → device synchronized → a spin kernel queued so
+the host's launch latency is hidden → start event → call → end event → device synchronized.
+Alongside the event time the host wall time to the whole-device sync is kept, and one call per
+cell is run under the profiler to count the candidate's kernels on every stream: work launched
+on a side stream shows up there (kernel time far above the event window) and in the wall time,
+not in the events. On the CPU only wall times exist, and they are Triton-interpreter times.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FLUSH_BYTES = 256 << 20
+#: GPU idle the spin kernel covers while the host launches the timed call
+SPIN_US = 200.0
+
+
+def tensors_of(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = []
+
+    def walk(v: Any) -> None:
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+        elif isinstance(v, (tuple, list)):
+            for x in v:
+                walk(x)
+        elif isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+
+    walk(args)
+    walk(kwargs)
+    return out
+
+
+def variant_seeds(seed: int, n: int) -> list[int]:
+    return [seed * 1009 + 7919 * v + 1 for v in range(n)]
+
+
+class Timer:
+    def __init__(self, device: str):
+        self.cuda = device.startswith("cuda")
+        if self.cuda:
+            self.flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device)
+            self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self.spin_cycles = self._calibrate()
+
+    def _calibrate(self) -> int:
+        cycles = 200_000
+        torch.cuda.synchronize()
+        self.start.record()
+        torch.cuda._sleep(cycles)
+        self.end.record()
+        torch.cuda.synchronize()
+        us = max(self.start.elapsed_time(self.end) * 1e3, 1.0)
+        return max(1000, int(cycles * SPIN_US / us))
+
+    def sample(self, fn) -> tuple[Any, float, float]:
+        """(output, event µs, wall µs). On the CPU both times are the host wall time."""
+        if not self.cuda:
+            t0 = time.perf_counter()
+            out = fn()
+            us = (time.perf_counter() - t0) * 1e6
+            return out, us, us
+        self.flush.zero_()
+        torch.cuda.synchronize()
+        torch.cuda._sleep(self.spin_cycles)
+        t0 = time.perf_counter()
+        self.start.record()
+        out = fn()
+        self.end.record()
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) * 1e6
+        return out, self.start.elapsed_time(self.end) * 1e3, wall
+
+    def profile(self, fn) -> dict:
+        """Kernels that ran during one call, on any stream, against the event window of that call."""
+        if not self.cuda:
+            return {"error": "no profiler on cpu"}
+        try:
+            from torch.autograd import DeviceType
+            from torch.profiler import ProfilerActivity, profile
+
+            self.flush.zero_()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                torch.cuda._sleep(self.spin_cycles)
+                self.start.record()
+                fn()
+                self.end.record()
+                torch.cuda.synchronize()
+            window = self.start.elapsed_time(self.end) * 1e3
+            spin, kernels = None, []
+            for e in prof.events():
+                if e.device_type != DeviceType.CUDA:
+                    continue
+                iv = (e.time_range.start, e.time_range.end)
+                if "spin" in e.name.lower() or "sleep" in e.name.lower():
+                    spin = iv
+                else:
+                    kernels.append(iv)
+            overlap = sum(1 for s, _ in kernels if spin is not None and spin[0] <= s < spin[1])
+            return {"kernels": len(kernels), "kernel_us": float(sum(b - a for a, b in kernels)),
+                    "window_us": float(window), "overlap_spin": overlap, "saw_spin": spin is not None}
+        except Exception as e:  # a profiler that does not work here is reported, never fatal
+            return {"error": f"{type(e).__name__}: {e}"[:200]}
+
+
+def run_timing_job(workdir: Path, job: dict) -> dict:
+    from kernels.contract import Contract, flatten_outputs, load_module
+    from kernels.evaluator.child import check_outputs, one_line
+    from kernels.evaluator.protocol import TensorWriter
+
+    device = job["device"]
+    cmod = load_module(job["contract_file"], "tik_contract")
+    contract = next(v for v in vars(cmod).values() if isinstance(v, Contract) and v.op == job["op"])
+    cells = {c.name: c for c in contract.cells(job["profile"])}
+    # trusted implementations are imported before the candidate, in the order given
+    mods, errors = {}, {}
+    for name, path in job["impls"]:
+        try:
+            mods[name] = load_module(path, f"tik_{name}")
+        except BaseException as e:  # noqa: B036
+            errors[name] = "import failed: " + one_line(e)
+    timer = Timer(device)
+    w = TensorWriter(workdir / "out" / "outputs.bin")
+    doc: dict = {"import_errors": errors, "cells": {}, "floor_us": None}
+    floor = [timer.sample(lambda: None)[1] for _ in range(job["reps"])]
+    doc["floor_us"] = statistics.median(floor)
+    for cname in job["cells"]:
+        try:
+            doc["cells"][cname] = _time_cell(contract, cells[cname], mods, job, timer, w, check_outputs,
+                                             flatten_outputs)
+        except Exception as e:
+            doc["cells"][cname] = {"error": one_line(e)}
+    doc["tensors"] = w.close()
+    return doc
+
+
+def _time_cell(contract, cell, mods, job, timer: Timer, w, check_outputs, flatten_outputs) -> dict:
+    device = job["device"]
+    seeds = variant_seeds(job["seed"], job["variants"])
+    cases = [contract.bench_case(cell, s, device) for s in seeds]
+    case = cases[0]
+    bufs = tensors_of(case.args, case.kwargs)
+    pools = [[t.clone() for t in tensors_of(c.args, c.kwargs)] for c in cases]
+    del cases[1:]
+
+    def load(v: int) -> None:
+        for b, p in zip(bufs, pools[v], strict=True):
+            b.copy_(p)
+
+    fns: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    for name, m in mods.items():
+        fn = getattr(m, case.entry, None)
+        if callable(fn):
+            fns[name] = (lambda fn=fn: fn(*case.args, **case.kwargs))
+        else:
+            errors[name] = f"entry point {case.entry}() missing"
+    if case.baseline is not None and job.get("baseline", True):
+        fns["baseline"] = case.baseline
+    keep = set(job.get("return_outputs", ()))
+    samples: dict[str, dict[str, list]] = {n: {"event_us": [], "wall_us": []} for n in fns}
+    outs: dict[str, list] = {n: [None] * len(pools) for n in fns if n in keep}
+
+    def guarded(name: str, v: int, timed: bool):
+        load(v)
+        if timed:
+            out, ev, wall = timer.sample(fns[name])
+            samples[name]["event_us"].append(ev)
+            samples[name]["wall_us"].append(wall)
+        else:
+            out = fns[name]()
+        if name != "baseline":
+            check_outputs(out, case.args, case.kwargs, device)
+        return out
+
+    def drop(name: str, e: BaseException) -> None:
+        errors[name] = one_line_(e)
+        fns.pop(name, None)
+        samples.pop(name, None)
+        outs.pop(name, None)
+
+    for name in list(fns):
+        try:
+            for _ in range(job["warmup"]):
+                for v in range(len(pools)):
+                    guarded(name, v, timed=False)
+        except Exception as e:
+            drop(name, e)
+    if timer.cuda:
+        torch.cuda.synchronize()
+    prof = {}
+    if job.get("profile_kernels") and timer.cuda:
+        for name in ("candidate", "root"):
+            if name in fns:
+                load(0)
+                prof[name] = timer.profile(fns[name])
+    rng = random.Random(job["seed"] ^ 0x5EED)
+    for r in range(job["reps"]):
+        v = r % len(pools)
+        order = list(fns)
+        rng.shuffle(order)
+        for name in order:
+            if name not in fns:
+                continue
+            try:
+                out = guarded(name, v, timed=True)
+            except Exception as e:
+                drop(name, e)
+                continue
+            if name in outs:
+                outs[name][v] = out
+    if timer.cuda:
+        torch.cuda.synchronize()
+    sent: dict[str, list] = {}
+    for name, per_v in outs.items():
+        try:
+            sent[name] = [[w.ref(t) for t in flatten_outputs(o)] for o in per_v if o is not None]
+        except Exception as e:
+            errors[name] = one_line_(e)
+    return {"samples": samples, "errors": errors, "profile": prof, "outputs": sent, "seeds": seeds}
+
+
+def one_line_(e: BaseException) -> str:
+    from kernels.evaluator.child import one_line
+
+    return one_line(e)
+
+
+# ----------------------------------------------------------------------------- parent side: statistics
+
+
+def summarize(xs: list[float]) -> dict:
+    """Median and spread (inter-quartile range) of a list of samples in µs."""
+    if not xs:
+        return {"median_us": None, "spread_us": None, "samples": 0}
+    s = sorted(xs)
+    if len(s) >= 4:
+        q = statistics.quantiles(s, n=4)
+        spread = q[2] - q[0]
+    else:
+        spread = s[-1] - s[0]
+    return {"median_us": statistics.median(s), "spread_us": spread, "samples": len(s)}
