@@ -3,14 +3,17 @@
 Each implementation is one commit of a one-file tree; its first parent is the first parent
 implementation's commit (a merge has several). The commit message carries the row's metadata
 as JSON after a marker line, so a commit whose row was never written (a crash between the two)
-can be recorded later without loss. GitPython `Repo` objects are not thread-safe and hold a
-`git cat-file` process: every operation opens one under a lock and closes it.
+can be recorded later without loss. Objects are written (and loose ones read) in-process with
+gitdb's loose object database, no `git` subprocess; packed objects are read through GitPython.
+GitPython `Repo` objects are not thread-safe and may hold a `git cat-file` process: one `Repo`
+is used under a lock (one thread at a time), reopened after a fork, and closed by `close()`.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -22,7 +25,8 @@ from git.objects import Blob, Commit, Tree
 from git.objects.fun import tree_to_stream
 from git.refs.symbolic import SymbolicReference
 from git.util import Actor
-from gitdb import IStream
+from gitdb import IStream, LooseObjectDB
+from gitdb.exc import BadObject
 from gitdb.util import bin_to_hex, hex_to_bin
 
 META_MARKER = "--- tik-meta ---"
@@ -66,6 +70,9 @@ class GitRepo:
     def __init__(self, path: Path):
         self.path = Path(path)
         self._lock = threading.Lock()
+        self._loose = LooseObjectDB(str(self.path / "objects"))
+        self._open: git.Repo | None = None
+        self._pid = 0
 
     @classmethod
     def init(cls, path: Path) -> GitRepo:
@@ -78,11 +85,16 @@ class GitRepo:
     @contextmanager
     def _repo(self) -> Iterator[git.Repo]:
         with self._lock:
-            repo = git.Repo(self.path)
-            try:
-                yield repo
-            finally:
-                repo.close()
+            if self._open is None or self._pid != os.getpid():
+                # opening parses the config (~3 ms): keep one per process, used by one thread at a time
+                self._open, self._pid = git.Repo(self.path), os.getpid()
+            yield self._open
+
+    def close(self) -> None:
+        with self._lock:
+            if self._open is not None and self._pid == os.getpid():
+                self._open.close()
+            self._open = None
 
     # ------------------------------------------------------------------ writes
 
@@ -90,10 +102,10 @@ class GitRepo:
         """Write blob, tree and commit; returns (commit hexsha, blob hexsha). Touches no ref."""
         now = int(time.time())
         with self._repo() as repo:
-            blob = repo.odb.store(IStream(Blob.type, len(source), io.BytesIO(source)))
+            blob = self._loose.store(IStream(Blob.type, len(source), io.BytesIO(source)))
             buf = io.BytesIO()
             tree_to_stream([(blob.binsha, 0o100644, filename)], buf.write)
-            tree = repo.odb.store(IStream(Tree.type, len(buf.getvalue()), io.BytesIO(buf.getvalue())))
+            tree = self._loose.store(IStream(Tree.type, len(buf.getvalue()), io.BytesIO(buf.getvalue())))
             commit = Commit(
                 repo, Commit.NULL_BIN_SHA, tree=Tree(repo, tree.binsha),
                 author=_AUTHOR, authored_date=now, author_tz_offset=0,
@@ -102,7 +114,7 @@ class GitRepo:
             out = io.BytesIO()
             commit._serialize(out)
             data = out.getvalue()
-            stored = repo.odb.store(IStream(Commit.type, len(data), io.BytesIO(data)))
+            stored = self._loose.store(IStream(Commit.type, len(data), io.BytesIO(data)))
         return bin_to_hex(stored.binsha).decode(), bin_to_hex(blob.binsha).decode()
 
     def write_tag(self, name: str, target: str, message: str) -> str:
@@ -110,7 +122,7 @@ class GitRepo:
         data = (f"object {target}\ntype commit\ntag {name}\n"
                 f"tagger {_AUTHOR.name} <{_AUTHOR.email}> {int(time.time())} +0000\n\n{message}").encode()
         with self._repo() as repo:
-            tag = repo.odb.store(IStream("tag", len(data), io.BytesIO(data)))
+            tag = self._loose.store(IStream("tag", len(data), io.BytesIO(data)))
             SymbolicReference(repo, f"refs/tags/{name}").set_reference(_Obj(repo, tag.binsha))
         return bin_to_hex(tag.binsha).decode()
 
@@ -119,9 +131,12 @@ class GitRepo:
             SymbolicReference(repo, ref).set_reference(_Obj(repo, hex_to_bin(target)))
 
     def delete_ref(self, ref: str) -> None:
+        """Remove a ref (loose or packed); a missing one is not an error."""
         with self._repo() as repo:
-            if SymbolicReference(repo, ref).is_valid():
+            try:
                 SymbolicReference.delete(repo, ref)
+            except ValueError:
+                pass
 
     # ------------------------------------------------------------------ reads
 
@@ -153,9 +168,19 @@ class GitRepo:
                         found[p.relative_to(self.path).as_posix()] = sha
         return found
 
-    def read_blob(self, hexsha: str) -> bytes:
+    def read_object(self, hexsha: str) -> bytes:
+        """An object's raw content: loose objects in-process, packed ones through `git cat-file`."""
+        binsha = hex_to_bin(hexsha)
+        with self._lock:
+            try:
+                return self._loose.stream(binsha).read()
+            except BadObject:
+                pass
         with self._repo() as repo:
-            return repo.odb.stream(hex_to_bin(hexsha)).read()
+            return repo.odb.stream(binsha).read()
+
+    def read_blob(self, hexsha: str) -> bytes:
+        return self.read_object(hexsha)
 
     def has_objects(self, hexshas: list[str]) -> dict[str, bool]:
         with self._repo() as repo:
@@ -191,11 +216,10 @@ class GitRepo:
         return out
 
     def tag_message(self, hexsha: str) -> str | None:
-        with self._repo() as repo:
-            try:
-                return repo.odb.stream(hex_to_bin(hexsha)).read().decode().partition("\n\n")[2]
-            except (ValueError, git.BadObject, git.BadName):
-                return None
+        try:
+            return self.read_object(hexsha).decode().partition("\n\n")[2]
+        except (ValueError, git.BadObject, git.BadName):
+            return None
 
     def head_state(self) -> str:
         return (self.path / "HEAD").read_text().strip()

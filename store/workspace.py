@@ -109,6 +109,7 @@ class Workspace(Queries, Health):
                 conn.close()
             self._conns.clear()
         self._local = threading.local()
+        self.git.close()
 
     def __enter__(self) -> Workspace:
         return self
@@ -229,6 +230,9 @@ class Workspace(Queries, Health):
         impl_id = self._insert_implementation(meta, commit, blob)
         self.git.set_ref(derivation_ref(impl_id), commit)
         self.git.delete_ref(pending)
+        if status == "promoted":
+            # recorded promoted outright (a seeded root): keep "every promoted row has its tag" true
+            self._ensure_tag(self._row(impl_id), proposer, "recorded as promoted")
         return impl_id
 
     def _insert_implementation(self, meta: dict, commit: str, blob: str) -> int:
@@ -260,6 +264,8 @@ class Workspace(Queries, Health):
     def set_status(self, impl_id: int, status: str, detail: str | None = None) -> None:
         if status not in STATUSES:
             raise WorkspaceError(f"unknown status {status!r} (one of {', '.join(STATUSES)})")
+        if status == "promoted":
+            self._ensure_tag(self._row(impl_id), "set_status", detail or "")
         with self._tx() as db:
             row = self._row(impl_id)
             db.execute("UPDATE implementations SET status = ?, status_detail = ?, updated = ? WHERE id = ?",
@@ -385,11 +391,7 @@ class Workspace(Queries, Health):
             promotable = verified or (is_root and row["status"] != "failed")
             if not promotable:
                 raise WorkspaceError(f"#{impl_id} is {row['status']}: only a verified implementation can be promoted")
-            tag = promotion_tag(row["op"], impl_id)
-            if self.git.ref_target(f"refs/tags/{tag}") is None:
-                meta = {"action": "promote", "impl_id": impl_id, "op": row["op"], "by": by, "reason": reason,
-                        "created": now()}
-                self.git.write_tag(tag, row["commit_sha"], commit_message(f"promote #{impl_id} ({by})", reason, meta))
+            self._ensure_tag(row, by, reason)
             status = "promoted"
         else:
             if row["status"] == "promoted":
@@ -403,6 +405,14 @@ class Workspace(Queries, Health):
             self._event(db, "decision", {"action": action, "by": by, "reason": reason, "from": row["status"],
                                          "status": status}, row["op"], impl_id)
         return did
+
+    def _ensure_tag(self, row: dict, by: str, reason: str) -> None:
+        """The annotated tag `promoted/<op>/<id>`, written before any row says `promoted`."""
+        tag = promotion_tag(row["op"], row["id"])
+        if self.git.ref_target(f"refs/tags/{tag}") is None:
+            meta = {"action": "promote", "impl_id": row["id"], "op": row["op"], "by": by, "reason": reason,
+                    "created": now()}
+            self.git.write_tag(tag, row["commit_sha"], commit_message(f"promote #{row['id']} ({by})", reason, meta))
 
     def _insert_usage(self, db: sqlite_utils.Database, impl_id: int | None, *, model: str, cost_usd: float = 0.0,
                       **tokens: int) -> int:
