@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -187,14 +188,16 @@ class ClaudeProposer:
         raise AssertionError("unreachable")
 
     def _stream(self, ctx: ProposalContext, kwargs: dict) -> Any:
-        emitted = 0
+        emitted, raw = 0, ""
         with self.client.messages.stream(**kwargs) as stream:
             for event in stream:
+                if event.type == "content_block_start":
+                    raw = ""
                 if event.type != "input_json" or ctx.emit is None:
                     continue
-                snap = event.snapshot if isinstance(event.snapshot, dict) else {}
-                partial = snap.get("source")
-                if isinstance(partial, str) and len(partial) - emitted >= STREAM_EMIT_CHARS:
+                raw += event.partial_json
+                partial = partial_string(raw, "source")
+                if partial is not None and len(partial) - emitted >= STREAM_EMIT_CHARS:
                     emitted = len(partial)
                     ctx.emit("proposal_partial", {"parent": ctx.parent.get("id"), "source": partial})
             return stream.get_final_message()
@@ -319,6 +322,31 @@ class ClaudeProposer:
             mod["notes"] = _one_line(text, 2000)
         return Proposal(source=source, rationale=str(args.get("rationale", "")), modification=mod, usage=usage,
                         extra_parents=tuple(m for m in merged if m != ctx.parent.get("id")))
+
+
+def partial_string(raw: str, key: str) -> str | None:
+    """The (possibly unfinished) value of string field `key` in a JSON object still being streamed."""
+    m = re.search(r'"' + re.escape(key) + r'"\s*:\s*"', raw)
+    if m is None:
+        return None
+    body, i, out = raw[m.end():], 0, []
+    while i < len(body):
+        c = body[i]
+        if c == '"':
+            break
+        if c == "\\":
+            esc = body[i:i + 6] if body[i + 1:i + 2] == "u" else body[i:i + 2]
+            if len(esc) < 2 or (esc[1] == "u" and len(esc) < 6):
+                break  # an escape cut in half: wait for the rest
+            try:
+                out.append(json.loads('"' + esc + '"'))
+            except json.JSONDecodeError:
+                break
+            i += len(esc)
+            continue
+        out.append(c)
+        i += 1
+    return "".join(out)
 
 
 def _add_usage(total: dict, model: str, u: Any) -> None:
