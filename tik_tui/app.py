@@ -25,10 +25,16 @@ from tik_tui.messages import Decided, Refreshed
 from tik_tui.screens.detail import DetailScreen
 from tik_tui.screens.dialogs import ConfirmDialog, GotoDialog, RejectDialog, SearchRequest, StartSearchDialog
 from tik_tui.screens.main import MainScreen
-from tik_tui.widgets.model import LIVE_STATES, Poller, Snapshot, StoreClient
+from tik_tui.widgets.model import Poller, Snapshot, StoreClient, worker_alive
 
-#: event kinds after which the named candidate is under evaluation, and those after which it is not
-EVALUATING_KINDS = ("evaluating", "evaluate_start", "evaluation_started", "evaluate")
+#: event kinds (from the worker) after which the named candidate is under evaluation; any other
+#: event naming it (its `evaluation`, a `status` change) ends that
+EVALUATING_KINDS = ("evaluating", "resume_evaluate")
+
+
+def _stable(worker: dict | None) -> dict:
+    """The worker row without the fields the store recomputes on every read."""
+    return {k: v for k, v in (worker or {}).items() if k not in ("heartbeat_age_s", "alive")}
 
 
 def display_path(path: Path) -> str:
@@ -140,7 +146,7 @@ class TikApp(App):
         self._track_evaluating(result.events)
         snap = result.snapshot
         if snap is None:
-            if result.worker == self.snapshot.worker:
+            if _stable(result.worker) == _stable(self.snapshot.worker):
                 return
             snap = Snapshot(**{**self.snapshot.__dict__, "worker": result.worker})
         for e in result.events:
@@ -226,7 +232,7 @@ class TikApp(App):
 
     # -- run control ----------------------------------------------------------------------
     def _worker_alive(self) -> bool:
-        return (self.snapshot.worker or {}).get("state") in LIVE_STATES
+        return worker_alive(self.snapshot.worker or {}, self.clock())
 
     def action_start_search(self) -> None:
         if self._worker_alive():
@@ -260,7 +266,7 @@ class TikApp(App):
 
     def action_pause_resume(self) -> None:
         state = (self.snapshot.worker or {}).get("state")
-        if state not in LIVE_STATES:
+        if not self._worker_alive():
             self.notify("no worker is running (start one with s)", severity="warning")
             return
         self.send_command("resume" if state == "paused" else "pause")

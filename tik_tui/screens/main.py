@@ -139,7 +139,7 @@ class MainScreen(Screen):
         if isinstance(event.data_table, OperatorsTable):
             self.action_tab("tree")
             tree = self.query_one(DerivationTree)
-            node = tree._ops.get(key)
+            node = tree._op_nodes.get(key)
             if node is not None:
                 node.expand()
                 tree.move_cursor(node)
@@ -150,6 +150,8 @@ class MainScreen(Screen):
     def _open_node(self, event: Tree.NodeSelected) -> None:
         if isinstance(event.node.data, int):
             self.app.open_detail(event.node.data)
+        else:
+            event.node.toggle()
 
     def jump_to(self, impl_id: int) -> bool:
         """Show derivation `impl_id` in the tree, with the cursor on it."""

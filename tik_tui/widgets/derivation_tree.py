@@ -29,12 +29,14 @@ class DerivationTree(Tree):
     def __init__(self, **kwargs):
         super().__init__("derivations", **kwargs)
         self.show_root = False
+        # enter opens the detail; space (or a click on the arrow) expands
+        self.auto_expand = False
         self.guide_depth = 2
         self.snap = Snapshot()
         self.status_filter: str | None = None
         self.evaluating: set[int] = set()
-        self._nodes: dict[int, TreeNode] = {}
-        self._ops: dict[str, TreeNode] = {}
+        self._impl_nodes: dict[int, TreeNode] = {}
+        self._op_nodes: dict[str, TreeNode] = {}
         self._loaded: set[int | str] = set()
         self._labels: dict[int | str, Text] = {}
         self._kids: dict[int | None, list[int]] = {}
@@ -47,13 +49,16 @@ class DerivationTree(Tree):
         self.evaluating = set(evaluating or ())
         self._index()
         for op in snap.op_names:
-            if op not in self._ops:
-                self._ops[op] = self.root.add(self._op_label(op), data=("op", op), allow_expand=True)
+            if op not in self._op_nodes:
+                # one level open at first paint: the operator's root(s), whatever the tree's size
+                self._op_nodes[op] = self.root.add(self._op_label(op), data=("op", op), allow_expand=True,
+                                                   expand=bool(self._tops.get(op)))
+                self._loaded.add(op)
             else:
-                self._relabel(op, self._ops[op], self._op_label(op))
+                self._relabel(op, self._op_nodes[op], self._op_label(op))
         for key in list(self._loaded):
             self._add_missing_children(key)
-        for i, node in self._nodes.items():
+        for i, node in self._impl_nodes.items():
             if i in snap.impls:
                 self._relabel(i, node, self._impl_label(i))
                 node.allow_expand = bool(self._children_of(i))
@@ -88,12 +93,12 @@ class DerivationTree(Tree):
         return ids if self._visible is None else [i for i in ids if i in self._visible]
 
     def _add_missing_children(self, key: int | str) -> None:
-        parent = self._ops.get(key) if isinstance(key, str) else self._nodes.get(key)
+        parent = self._op_nodes.get(key) if isinstance(key, str) else self._impl_nodes.get(key)
         if parent is None:
             return
         for i in self._children_of(key):
-            if i not in self._nodes:
-                self._nodes[i] = parent.add(self._impl_label(i), data=i, allow_expand=bool(self._children_of(i)))
+            if i not in self._impl_nodes:
+                self._impl_nodes[i] = parent.add(self._impl_label(i), data=i, allow_expand=bool(self._children_of(i)))
 
     def _relabel(self, key, node: TreeNode, label: Text) -> None:
         if self._labels.get(key) != label:
@@ -149,10 +154,10 @@ class DerivationTree(Tree):
         for key in keys:
             self._loaded.add(key)
             self._add_missing_children(key)
-            node = self._ops.get(key) if isinstance(key, str) else self._nodes.get(key)
+            node = self._op_nodes.get(key) if isinstance(key, str) else self._impl_nodes.get(key)
             if node is not None:
                 node.expand()
-        node = self._nodes.get(i)
+        node = self._impl_nodes.get(i)
         if node is not None:
             self.move_cursor(node)
         return node
@@ -163,7 +168,7 @@ class DerivationTree(Tree):
         self.notify(f"tree: showing {self.status_filter or 'all statuses'}", timeout=2)
 
     def action_expand_op(self) -> None:
-        node = self.cursor_node
+        node = self.cursor_node or (self.root.children[0] if self.root.children else None)
         if node is None:
             return
         stack = [node]
@@ -179,13 +184,13 @@ class DerivationTree(Tree):
     def rebuild(self) -> None:
         """Start over (after a filter change); with a filter, open the paths to the matches."""
         self.clear()
-        self._nodes.clear()
-        self._ops.clear()
+        self._impl_nodes.clear()
+        self._op_nodes.clear()
         self._loaded.clear()
         self._labels.clear()
         self.update_from(self.snap, self.evaluating)
         if self._visible is not None and len(self._visible) <= 500:
-            for op, node in self._ops.items():
+            for op, node in self._op_nodes.items():
                 if self._children_of(op):
                     self._loaded.add(op)
                     self._add_missing_children(op)
@@ -193,5 +198,5 @@ class DerivationTree(Tree):
             for i in sorted(self._visible):
                 self._loaded.add(i)
                 self._add_missing_children(i)
-                if i in self._nodes:
-                    self._nodes[i].expand()
+                if i in self._impl_nodes:
+                    self._impl_nodes[i].expand()

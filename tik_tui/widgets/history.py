@@ -47,8 +47,7 @@ class HistoryTable(KeyedTable):
         self.now: float | None = None
         self._sort_i = 0
 
-    def on_mount(self) -> None:
-        super().on_mount()
+    def columns_ready(self) -> None:
         self.sort_by("id", key=_sort_key, reverse=True)
 
     def matches(self, i: int) -> bool:

@@ -24,6 +24,10 @@ class KeyedTable(DataTable):
     def on_mount(self) -> None:
         for key, label, width in self.COLUMNS:
             self.add_column(label, key=key, width=width)
+        self.columns_ready()
+
+    def columns_ready(self) -> None:
+        """Called once the columns exist (Textual runs every class's `on_mount`, so subclasses hook here)."""
 
     def sync(self, rows: Iterable[tuple[str, tuple]]) -> None:
         rows = dict(rows)

@@ -9,6 +9,8 @@ re-reads a `Snapshot` when something happened (or every `resync_s` as a safety n
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -18,6 +20,29 @@ from typing import Any
 
 #: worker states in which the worker process is alive
 LIVE_STATES = ("running", "paused")
+
+
+#: a worker whose heartbeat is older than this is presumed dead (it beats every few seconds)
+STALE_HEARTBEAT_S = 120.0
+
+
+def worker_alive(worker: dict, now: float) -> bool:
+    """Running or paused, with a recent heartbeat, and (on this host) its process exists."""
+    if worker.get("state") not in LIVE_STATES:
+        return False
+    from tik_tui.widgets.format import parse_time
+
+    beat = parse_time(worker.get("heartbeat"))
+    if beat is None or now - beat >= STALE_HEARTBEAT_S:
+        return False
+    if worker.get("pid") and worker.get("host") == socket.gethostname():
+        try:
+            os.kill(int(worker["pid"]), 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+    return True
 
 
 class StoreClient:

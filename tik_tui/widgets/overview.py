@@ -11,7 +11,7 @@ from textual.widgets import Label, ProgressBar, RichLog, Sparkline, Static
 
 from tik_tui.widgets import format as fmt
 from tik_tui.widgets.keyed_table import KeyedTable
-from tik_tui.widgets.model import LIVE_STATES, Snapshot
+from tik_tui.widgets.model import LIVE_STATES, Snapshot, worker_alive
 
 
 class OperatorsTable(KeyedTable):
@@ -78,6 +78,8 @@ class WorkerPanel(Vertical):
         state = w.get("state") or "none"
         style = {"running": "bold green", "paused": "bold yellow", "crashed": "bold red"}.get(state, "dim")
         line = Text.assemble(("worker ", "bold"), (state, style))
+        if state in LIVE_STATES and not worker_alive(w, now):
+            line.append(" (no heartbeat: presumed dead)", style="bold red")
         if w.get("pid") and state in LIVE_STATES:
             line.append(f"  pid {w['pid']}")
         if w.get("op"):
@@ -105,13 +107,45 @@ class WorkerPanel(Vertical):
         self.query_one("#worker-message", Static).update(Text(str(msg), style="bold red" if bad else "dim"))
 
 
+def _summary(kind: str, p: dict) -> str:
+    """The one-line gist of an event's payload, per kind; other kinds show their scalar fields."""
+    if kind == "implementation":
+        parents = p.get("parents") or []
+        return f"new from #{parents[0]} by {p.get('proposer')}" if parents else f"new root by {p.get('proposer')}"
+    if kind == "evaluation":
+        out = f"{p.get('from')} → {p.get('status')}"
+        if p.get("objective") is not None:
+            out += f"  objective {float(p['objective']):.1f} µs"
+        return out + (f"  {p['failure']}" if p.get("failure") else "")
+    if kind == "decision":
+        return f"{p.get('action')} by {p.get('by')}" + (f": {p['reason']}" if p.get("reason") else "")
+    if kind == "status":
+        return f"{p.get('from')} → {p.get('to')}" + (f"  {p['detail']}" if p.get("detail") else "")
+    if kind == "worker":
+        return f"{p.get('from')} → {p.get('state')}" + (f"  {p['message']}" if p.get("message") else "")
+    if kind == "command":
+        return str(p.get("kind"))
+    if "message" in p:
+        return str(p["message"])
+    if "reason" in p:
+        return str(p["reason"])
+    bits = []
+    for k, v in p.items():
+        if k in ("search", "id"):
+            continue
+        if isinstance(v, str | int | float | bool) or v is None:
+            s = str(v)
+            bits.append(f"{k}={s if len(s) <= 60 else s[:57] + '...'}")
+    return " ".join(bits)
+
+
 def event_line(e: dict, now: float | None = None) -> Text:
-    """`14:03:07 evaluated   rmsnorm #12 status=verified`"""
+    """`14:03:07 evaluation   rmsnorm #12 candidate → verified  objective 131.2 µs`"""
     kind = str(e.get("kind", "?"))
     style = "bold red" if "error" in kind or "crash" in kind else (
-        "green" if "promot" in kind else ("magenta" if "eligible" in kind else ""))
-    t = Text(fmt.when(e.get("ts") or e.get("created_at") or e.get("time"), now) + " ", style="dim")
-    t.append(f"{kind:<12}", style=style or "bold")
+        "green" if kind == "decision" else ("magenta" if kind == "evaluation" else ""))
+    t = Text(fmt.when(e.get("ts"), now) + " ", style="dim")
+    t.append(f"{kind:<11}", style=style or "bold")
     if e.get("op"):
         t.append(f" {e['op']}")
     if e.get("impl_id") is not None:
@@ -122,13 +156,10 @@ def event_line(e: dict, now: float | None = None) -> Text:
             payload = json.loads(payload)
         except ValueError:
             payload = {"message": payload}
-    bits = []
-    for k, v in payload.items():
-        if isinstance(v, str | int | float | bool) or v is None:
-            s = str(v)
-            bits.append(f"{k}={s if len(s) <= 60 else s[:57] + '...'}")
-    if bits:
-        t.append(" " + " ".join(bits), style=style)
+    gist = _summary(kind, payload) if isinstance(payload, dict) else str(payload)
+    bad = "error" in kind or (isinstance(payload, dict) and payload.get("failure"))
+    if gist:
+        t.append(" " + gist, style="red" if bad else "")
     return t
 
 
