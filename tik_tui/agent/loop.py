@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import shutil
 import tempfile
 import time
 import traceback
@@ -423,6 +424,8 @@ class Search:
         except ProposerFatal as e:
             s.stop_reason = f"error: {e}"
             final_state = "stopped"
+        finally:
+            shutil.rmtree(self.tmp, ignore_errors=True)
         summary = self.summary()
         self.emit("search_finished", summary)
         self.heartbeat(message=s.stop_reason or "done")
