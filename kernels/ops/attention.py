@@ -78,7 +78,7 @@ CONFIG = {
     "decode_num_stages": 2,
     "BWD_BLOCK_M": 64,
     "BWD_BLOCK_N": 64,
-    "bwd_num_warps": 4,
+    "bwd_num_warps": 8,
     "bwd_num_stages": 1,
 }
 

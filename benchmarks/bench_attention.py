@@ -1,0 +1,324 @@
+"""Unified attention on the GPU: bitwise relations at real shapes, then latency against PyTorch SDPA.
+
+    PYTHONPATH=. python benchmarks/bench_attention.py [--out benchmarks/results] [--budget 150]
+
+1. tunables: which CONFIG changes keep the root's bits (prefill and decode) on this GPU;
+2. bitwise sweep (Hq=32, Hk=8, D=128, 128-token answer): batch {1, 4, 8, 16} x context {1k, 4k, 8k, 16k}:
+   prompt-only prefill == prompt rows of prompt + answer; decode at every answer position (lengths mixed
+   within the batch, cache past lens = NaN) == prefill rows; the last sequence alone == its batch rows;
+3. timings, medians of interleaved repetitions in one run: prefill vs SDPA (flash backend, causal, GQA),
+   decode vs SDPA with a length mask (default backend) and vs SDPA flash on an exactly-sized cache.
+Writes attention_h200.json and attention_h200.md to --out. No ratio is reported as a result on a red gate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton
+
+import kernels  # noqa: F401  (sets the runtime up before Triton kernels load)
+from kernels.ops import attention as attn
+
+HQ, HK, D = 32, 8, 128
+ANSWER = 128
+T0 = time.time()
+
+
+def env() -> dict:
+    try:
+        drv = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20).stdout.strip()
+    except Exception:
+        drv = "?"
+    return {"gpu": torch.cuda.get_device_name(), "driver": drv, "torch": torch.__version__,
+            "triton": triton.__version__, "python": platform.python_version()}
+
+
+def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.equal(a.contiguous().view(torch.int16), b.contiguous().view(torch.int16))
+
+
+def rand(*shape, gen):
+    return torch.randn(*shape, device="cuda", generator=gen).to(torch.bfloat16)
+
+
+def make_cache(k, v, pad):
+    B, hk, S, d = k.shape
+    kc = torch.full((B, hk, S + pad, d), float("nan"), device="cuda", dtype=k.dtype)
+    vc = kc.clone()
+    kc[:, :, :S], vc[:, :, :S] = k, v
+    return kc, vc
+
+
+# ----------------------------------------------------------------------------- 1. tunables
+
+
+def tunables_check() -> list[dict]:
+    """Decode at 24 positions and one prefill, under CONFIG variants, against the default's bits."""
+    gen = torch.Generator("cuda").manual_seed(1)
+    B, S = 2, 1024 + ANSWER
+    q, k, v = rand(B, HQ, S, D, gen=gen), rand(B, HK, S, D, gen=gen), rand(B, HK, S, D, gen=gen)
+    kc, vc = make_cache(k, v, 64)
+    rows = torch.arange(B, device="cuda")
+    steps = [torch.tensor([t, t - 62], device="cuda") for t in range(S - 24, S)]
+    steps += [torch.tensor([0, 64], device="cuda"), torch.tensor([63, 65], device="cuda")]
+
+    def run():
+        full = attn.attention_prefill(q, k, v)
+        decs = [attn.attention_decode(q[rows, :, pos][:, :, None], kc, vc, (pos + 1).int()) for pos in steps]
+        torch.cuda.synchronize()
+        return full, decs
+
+    base_cfg = dict(attn.CONFIG)
+    full0, dec0 = run()
+    default_ok = all(bits_equal(d[:, :, 0], full0[rows, :, pos]) for d, pos in zip(dec0, steps, strict=True))
+    out = [{"variant": "default", "config": base_cfg, "decode_matches_prefill": default_ok}]
+    variants = [{"BLOCK_M": 64, "num_warps": 4}, {"BLOCK_M": 64, "num_warps": 8}, {"BLOCK_M": 128, "num_warps": 4},
+                {"num_stages": 3}, {"DECODE_BLOCK_M": 64}, {"DECODE_BLOCK_D": 16}, {"DECODE_BLOCK_D": 128},
+                {"decode_num_warps": 8}, {"decode_num_stages": 1}]
+    for var in variants:
+        attn.CONFIG.update(var)
+        try:
+            full, decs = run()
+            out.append({
+                "variant": var,
+                "prefill_same_bits_as_default": bits_equal(full, full0),
+                "decode_same_bits_as_default": all(bits_equal(a, b) for a, b in zip(decs, dec0, strict=True)),
+                "decode_matches_prefill": all(bits_equal(d[:, :, 0], full[rows, :, p])
+                                              for d, p in zip(decs, steps, strict=True)),
+            })
+        except Exception as e:  # a variant that does not compile is a finding, not a crash
+            out.append({"variant": var, "error": f"{type(e).__name__}: {str(e)[:200]}"})
+        finally:
+            attn.CONFIG.clear()
+            attn.CONFIG.update(base_cfg)
+    return out
+
+
+# ----------------------------------------------------------------------------- 2. bitwise sweep
+
+
+def sweep(budget_s: float) -> list[dict]:
+    out = []
+    for ctx in (1024, 4096, 8192, 16384):
+        for B in (1, 4, 8, 16):
+            if time.time() - T0 > budget_s:
+                out.append({"B": B, "context": ctx, "skipped": "time budget"})
+                continue
+            t = time.time()
+            gen = torch.Generator("cuda").manual_seed(ctx + B)
+            S = ctx + ANSWER
+            q, k, v = rand(B, HQ, S, D, gen=gen), rand(B, HK, S, D, gen=gen), rand(B, HK, S, D, gen=gen)
+            full = attn.attention_prefill(q, k, v)
+            prompt = attn.attention_prefill(q[:, :, :ctx], k[:, :, :ctx], v[:, :, :ctx])
+            prefix_ok = bits_equal(prompt, full[:, :, :ctx])
+            del prompt
+            single = attn.attention_prefill(q[B - 1:], k[B - 1:], v[B - 1:])
+            batch_ok = bits_equal(single, full[B - 1:])
+            del single
+            kc, vc = make_cache(k, v, 64)
+            rows = torch.arange(B, device="cuda")
+            bad_steps = 0
+            for i in range(ANSWER):
+                pos = ctx + (i + 37 * rows) % ANSWER
+                dec = attn.attention_decode(q[rows, :, pos][:, :, None], kc, vc, (pos + 1).int())
+                bad_steps += not bits_equal(dec[:, :, 0], full[rows, :, pos])
+            torch.cuda.synchronize()
+            out.append({"B": B, "context": ctx, "prefix_matches_full": prefix_ok, "batch_invariance": batch_ok,
+                        "decode_positions": ANSWER * B, "decode_steps_differing": bad_steps,
+                        "decode_matches_prefill": bad_steps == 0, "seconds": round(time.time() - t, 2)})
+            del q, k, v, full, kc, vc
+            torch.cuda.empty_cache()
+    return out
+
+
+# ----------------------------------------------------------------------------- 3. timings
+
+
+def time_interleaved(fns: dict, reps: int = 9) -> dict:
+    """Median per-call µs of each provider; providers alternate within every repetition."""
+    for f in fns.values():
+        f()
+    torch.cuda.synchronize()
+    n = {}
+    for name, f in fns.items():
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        f()
+        e.record()
+        torch.cuda.synchronize()
+        n[name] = max(1, min(200, int(3.0 / max(s.elapsed_time(e), 1e-3))))
+    samples = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, f in fns.items():
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            for _ in range(n[name]):
+                f()
+            e.record()
+            torch.cuda.synchronize()
+            samples[name].append(s.elapsed_time(e) * 1e3 / n[name])
+    return {name: {"median_us": statistics.median(v), "min_us": min(v), "max_us": max(v)}
+            for name, v in samples.items()}
+
+
+def sdpa_flash(q, k, v, **kw):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kw)
+
+
+def prefill_cell(hq: int, hk: int, B: int, S: int) -> dict:
+    gen = torch.Generator("cuda").manual_seed(S + B)
+    q, k, v = rand(B, hq, S, D, gen=gen), rand(B, hk, S, D, gen=gen), rand(B, hk, S, D, gen=gen)
+    row = {"hq": hq, "hk": hk, "B": B, "S": S}
+    r = time_interleaved({"tik": lambda: attn.attention_prefill(q, k, v),
+                          "sdpa_flash": lambda: sdpa_flash(q, k, v, is_causal=True)})
+    flops = 2 * B * hq * S * S * D
+    row.update({f"{n}_us": t["median_us"] for n, t in r.items()})
+    row["tik_tflops"] = flops / (row["tik_us"] * 1e6)
+    row["sdpa_tflops"] = flops / (row["sdpa_flash_us"] * 1e6)
+    row["ratio_vs_sdpa"] = row["tik_us"] / row["sdpa_flash_us"]
+    diff = attn.attention_prefill(q, k, v).float() - sdpa_flash(q, k, v, is_causal=True).float()
+    row["max_abs_vs_sdpa"] = float(diff.abs().max())
+    return row
+
+
+def bench_prefill(budget_s: float) -> list[dict]:
+    out = []
+    for hq, hk in ((32, 8), (16, 8)):
+        for B, S in ((1, 1024), (4, 1024), (16, 1024), (1, 4096), (4, 4096), (1, 16384), (2, 16384)):
+            if time.time() - T0 > budget_s:
+                out.append({"hq": hq, "hk": hk, "B": B, "S": S, "skipped": "time budget"})
+                continue
+            try:
+                out.append(prefill_cell(hq, hk, B, S))
+            except Exception as e:
+                out.append({"hq": hq, "hk": hk, "B": B, "S": S, "error": f"{type(e).__name__}: {str(e)[:200]}"})
+    return out
+
+
+def decode_cell(hq: int, hk: int, B: int, L: int) -> dict:
+    gen = torch.Generator("cuda").manual_seed(L + B)
+    q = rand(B, hq, 1, D, gen=gen)
+    kc, vc = rand(B, hk, L, D, gen=gen), rand(B, hk, L, D, gen=gen)
+    lens = torch.full((B,), L, dtype=torch.int32, device="cuda")
+    mask = (torch.arange(L, device="cuda")[None, :] < lens[:, None])[:, None, None, :]
+    row = {"hq": hq, "hk": hk, "B": B, "L": L}
+    fns = {"tik": lambda: attn.attention_decode(q, kc, vc, lens),
+           "sdpa_mask": lambda: F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, enable_gqa=True),
+           "sdpa_flash": lambda: sdpa_flash(q, kc, vc)}
+    try:
+        sdpa_flash(q, kc, vc)
+    except Exception as e:
+        fns.pop("sdpa_flash")
+        row["sdpa_flash_error"] = str(e)[:120]
+    r = time_interleaved(fns)
+    row.update({f"{n}_us": t["median_us"] for n, t in r.items()})
+    best = min(v_ for k_, v_ in row.items() if k_.startswith("sdpa") and k_.endswith("_us"))
+    row["ratio_vs_best_sdpa"] = row["tik_us"] / best
+    row["ratio_vs_sdpa_mask"] = row["tik_us"] / row["sdpa_mask_us"]
+    row["tik_tbps"] = 2 * kc.numel() * 2 / (row["tik_us"] * 1e6)
+    return row
+
+
+def bench_decode(budget_s: float) -> list[dict]:
+    out = []
+    shapes = [(32, 8, B, L) for L in (1024, 4096, 8192, 16384) for B in (1, 4, 8, 16)]
+    shapes += [(16, 8, B, L) for B, L in ((1, 4096), (16, 4096), (16, 16384))]
+    for hq, hk, B, L in shapes:
+        if time.time() - T0 > budget_s:
+            out.append({"hq": hq, "hk": hk, "B": B, "L": L, "skipped": "time budget"})
+            continue
+        try:
+            out.append(decode_cell(hq, hk, B, L))
+        except Exception as e:
+            out.append({"hq": hq, "hk": hk, "B": B, "L": L, "error": f"{type(e).__name__}: {str(e)[:200]}"})
+    return out
+
+
+def geomean(xs):
+    xs = [x for x in xs if x and x > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def write(out_dir: Path, res: dict) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "attention_h200.json").write_text(json.dumps(res, indent=1, default=str))
+    gate = res.get("gate_green")
+    lines = [f"# attention on {res['env']['gpu']} (torch {res['env']['torch']}, triton {res['env']['triton']}, "
+             f"driver {res['env']['driver']})", "",
+             f"Command: `{res['command']}`", "",
+             "Correctness gate (bitwise sweep + tunables default): " + ("GREEN" if gate else "RED — ratios below are "
+                                                                       "not results"), ""]
+    lines += ["## Bitwise sweep (Hq=32, Hk=8, D=128, answer 128)", "",
+              "| B | context | prefix==full | batch | decode==prefill (positions) |", "|---|---|---|---|---|"]
+    for r in res.get("sweep", []):
+        if "skipped" in r:
+            lines.append(f"| {r['B']} | {r['context']} | skipped | | |")
+        else:
+            lines.append(f"| {r['B']} | {r['context']} | {r['prefix_matches_full']} | {r['batch_invariance']} | "
+                         f"{r['decode_matches_prefill']} ({r['decode_positions']}) |")
+    lines += ["", "## Prefill (causal) vs SDPA flash", "", "| Hq/Hk | B | S | tik µs | SDPA µs | ratio | tik TFLOP/s |",
+              "|---|---|---|---|---|---|---|"]
+    for r in res.get("prefill", []):
+        if "tik_us" in r:
+            lines.append(f"| {r['hq']}/{r['hk']} | {r['B']} | {r['S']} | {r['tik_us']:.1f} | {r['sdpa_flash_us']:.1f} "
+                         f"| {r['ratio_vs_sdpa']:.2f} | {r['tik_tflops']:.0f} |")
+    lines += ["", "## Decode vs SDPA (mask, default backend) and SDPA flash (exact-length cache)", "",
+              "| Hq/Hk | B | L | tik µs | SDPA mask µs | SDPA flash µs | ratio vs best | tik TB/s |",
+              "|---|---|---|---|---|---|---|---|"]
+    for r in res.get("decode", []):
+        if "tik_us" in r:
+            fl = f"{r['sdpa_flash_us']:.1f}" if "sdpa_flash_us" in r else "-"
+            lines.append(f"| {r['hq']}/{r['hk']} | {r['B']} | {r['L']} | {r['tik_us']:.1f} | {r['sdpa_mask_us']:.1f} "
+                         f"| {fl} | {r['ratio_vs_best_sdpa']:.2f} | {r['tik_tbps']:.2f} |")
+    s = res.get("summary", {})
+    lines += ["", f"Geomean time ratio: prefill vs SDPA flash {s.get('prefill_geomean_ratio')}, decode vs best SDPA "
+              f"{s.get('decode_geomean_ratio_vs_best')}, decode vs SDPA mask {s.get('decode_geomean_ratio_vs_mask')}."]
+    (out_dir / "attention_h200.md").write_text("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--budget", type=float, default=150.0, help="seconds; later sections are cut short past it")
+    a = ap.parse_args()
+    res = {"env": env(), "command": "PYTHONPATH=. python benchmarks/bench_attention.py --out DIR",
+           "config": dict(attn.CONFIG)}
+    out_dir = Path(a.out)
+    for name, fn in (("tunables", tunables_check), ("sweep", lambda: sweep(a.budget * 0.45)),
+                     ("prefill", lambda: bench_prefill(a.budget * 0.75)), ("decode", lambda: bench_decode(a.budget))):
+        t = time.time()
+        try:
+            res[name] = fn()
+        except Exception as e:
+            res[name + "_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        print(f"{name}: {time.time() - t:.1f}s", flush=True)
+        sweep_ok = all(r.get("prefix_matches_full", True) and r.get("batch_invariance", True)
+                       and r.get("decode_matches_prefill", True) for r in res.get("sweep", []))
+        tun_ok = bool(res.get("tunables")) and res["tunables"][0].get("decode_matches_prefill", False)
+        res["gate_green"] = sweep_ok and tun_ok and "sweep" in res
+        res["summary"] = {
+            "prefill_geomean_ratio": geomean([r.get("ratio_vs_sdpa") for r in res.get("prefill", [])]),
+            "decode_geomean_ratio_vs_best": geomean([r.get("ratio_vs_best_sdpa") for r in res.get("decode", [])]),
+            "decode_geomean_ratio_vs_mask": geomean([r.get("ratio_vs_sdpa_mask") for r in res.get("decode", [])]),
+        }
+        write(out_dir, res)
+    print(json.dumps({"gate_green": res["gate_green"], **res["summary"]}, default=str))
+    print((out_dir / "attention_h200.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
