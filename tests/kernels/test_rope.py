@@ -1,0 +1,126 @@
+"""rope: the contract's CPU plan passes on the root; planted bugs fail the check meant to catch them."""
+
+import types
+
+import pytest
+import torch
+
+import kernels.ops.rope as root
+from kernels.contract import run_plan
+from kernels.contracts import get_contract
+from kernels.contracts.rope import CPU_SIZES, configs, make_plan, torch_rope
+from kernels.reference.rope import rope as rope_ref
+
+
+def _failed(results) -> dict[str, str]:
+    return {r.name: r.detail for r in results if not r.passed}
+
+
+def _module(fn) -> types.ModuleType:
+    mod = types.ModuleType("planted")
+    mod.rope = fn
+    return mod
+
+
+def test_cpu_plan_passes_on_root():
+    results = run_plan(get_contract("rope").plan("cpu", seed=0), root)
+    assert results and not _failed(results), _failed(results)
+    assert {r.requirement for r in results} == {"batch_invariance", "determinism", "inputs_unchanged", "accuracy",
+                                                "gradient"}
+
+
+def test_depends_on_pos_only_and_pos_zero_is_identity():
+    q, k = torch.randn(5, 4, 16).to(torch.bfloat16), torch.randn(5, 2, 16).to(torch.bfloat16)
+    same = torch.full((5,), 1234)
+    qo, ko = root.rope(q[:1].expand(5, 4, 16), k[:1].expand(5, 2, 16), same, 1e6)
+    assert all(torch.equal(qo[i].view(torch.int16), qo[0].view(torch.int16)) for i in range(5))
+    q0, k0 = root.rope(q, k, torch.zeros(5, dtype=torch.long), 1e6)
+    assert torch.equal(q0.view(torch.int16), q.view(torch.int16))
+    assert torch.equal(k0.view(torch.int16), k.view(torch.int16))
+
+
+def test_strided_views_of_fused_qkv_and_agreement_with_hf():
+    qkv = torch.randn(6, (4 + 2 + 2) * 16).to(torch.bfloat16)
+    q, k = qkv[:, :64].view(6, 4, 16), qkv[:, 64:96].view(6, 2, 16)
+    pos = torch.tensor([0, 1, 2, 3, 500, 31000])
+    a = root.rope(q, k, pos, 1e6)
+    b = root.rope(q.contiguous(), k.contiguous(), pos, 1e6)
+    assert all(torch.equal(x.view(torch.int16), y.view(torch.int16)) for x, y in zip(a, b, strict=True))
+    # HF's eager rope rounds cos/sin and every product to bf16: within a few of its ulps of ours
+    for x, y, r in zip(a, torch_rope(q, k, pos, 1e6), rope_ref(q, k, pos, 1e6), strict=True):
+        assert (x.double() - r).norm() / r.norm() <= (y.double() - r).norm() / r.norm()
+
+
+def _row_index_positions(q, k, pos, theta=1e6):
+    return root.rope(q, k, torch.arange(q.shape[0]), theta)
+
+
+def _ignores_theta(q, k, pos, theta=1e6):
+    return root.rope(q, k, pos, 1e4)
+
+
+def _interleaved(q, k, pos, theta=1e6):
+    # GPT-J convention: rotates (x[2i], x[2i+1]) instead of (x[i], x[i + D/2])
+    def perm(x):
+        d = x.shape[-1]
+        return torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1), d
+
+    (qp, d), (kp, _) = perm(q), perm(k)
+    inv = torch.empty(d, dtype=torch.long)
+    inv[torch.cat([torch.arange(0, d, 2), torch.arange(1, d, 2)])] = torch.arange(d)
+    qo, ko = root.rope(qp, kp, pos, theta)
+    return qo[..., inv], ko[..., inv]
+
+
+def _mutates_input(q, k, pos, theta=1e6):
+    out = root.rope(q, k, pos, theta)
+    pos.zero_()
+    return out
+
+
+_calls = {"n": 0}
+
+
+def _nondeterministic(q, k, pos, theta=1e6):
+    _calls["n"] += 1
+    qo, ko = root.rope(q, k, pos, theta)
+    if _calls["n"] % 2 == 0:
+        ko = ko.clone()
+        ko.view(-1)[0] = ko.view(-1)[0] * 1.5 + 0.5
+    return qo, ko
+
+
+class _ForwardRotationInBackward(root.RopeFunction):
+    @staticmethod
+    def backward(ctx, gq, gk):
+        (pos,) = ctx.saved_tensors
+        dq, dk = root.rope_apply(gq, gk, pos, ctx.theta, 1)
+        return dq, dk, None, None
+
+
+@pytest.mark.parametrize(
+    "bug,requirement",
+    [
+        (_row_index_positions, "batch_invariance"),
+        (_ignores_theta, "accuracy"),
+        (_interleaved, "accuracy"),
+        (_mutates_input, "inputs_unchanged"),
+        (_nondeterministic, "determinism"),
+        (_ForwardRotationInBackward.apply, "gradient"),
+    ],
+    ids=["row_index_positions", "ignores_theta", "interleaved", "mutates_pos", "nondeterministic", "backward_sign"],
+)
+def test_planted_bug_is_caught(bug, requirement):
+    results = run_plan(make_plan(configs("cpu")[:1], CPU_SIZES, seed=11), _module(bug))
+    failed = {r.requirement for r in results if not r.passed}
+    assert requirement in failed, _failed(results)
+    if requirement in ("accuracy", "gradient"):
+        assert "batch_invariance" not in failed, _failed(results)
+
+
+@pytest.mark.gpu
+def test_gpu_plan_passes_on_cuda():
+    results = run_plan(get_contract("rope").plan("gpu", seed=0), root, device="cuda")
+    for r in results:
+        print(f"{'PASS' if r.passed else 'FAIL'} {r.name}: {r.detail}")
+    assert results and not _failed(results), _failed(results)
