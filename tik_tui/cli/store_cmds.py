@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import functools
 import getpass
+import json
 import os
 import sys
 from collections.abc import Callable
@@ -104,7 +105,8 @@ def cmd_log(args: argparse.Namespace) -> int:
     with _open(args) as ws:
         rows = ws.implementations(op=args.op, status=args.status)
     if args.json:
-        print_json(rows)
+        # compact: the C encoder (an indented dump is pure Python, ~10x slower on 10,000 rows)
+        sys.stdout.write(json.dumps(rows, default=str) + "\n")
         return 0
     if not rows:
         print("no derivations" + (f" of {args.op}" if args.op else ""))
