@@ -4,9 +4,20 @@ PyTorch, and decides verified / admissible / eligible (DESIGN.md, docs/INTERFACE
 
     from kernels.evaluator import evaluate, EvalReport
     rep = evaluate("rmsnorm", "my_rmsnorm.py")          # -> EvalReport; rep.as_dict() is JSON
+
+The names are loaded lazily: the child (`kernels.evaluator.child`) imports only what it runs.
 """
 
-from kernels.evaluator.core import evaluate, source_problem
-from kernels.evaluator.report import EvalReport, environment
+from __future__ import annotations
 
-__all__ = ["EvalReport", "environment", "evaluate", "source_problem"]
+import importlib
+from typing import Any
+
+_EXPORTS = {"evaluate": "core", "source_problem": "core", "EvalReport": "report", "environment": "report"}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)

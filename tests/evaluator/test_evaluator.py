@@ -1,0 +1,209 @@
+"""The trusted evaluator against planted bad candidates (tests/evaluator/fixtures/), on the tiny
+test-only contract so each child costs one interpreter start. The independent evaluations run
+concurrently in one module-scoped fixture; each test then asserts on its own report."""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernels.contract import load_module
+from kernels.evaluator import evaluate
+from kernels.evaluator.sandbox import child_env
+
+FIX = Path(__file__).with_name("fixtures")
+TIMEOUT = 20.0
+LOOP_TIMEOUT = 8.0
+
+
+def tiny():
+    if "tiny_contract" not in sys.modules:
+        sys.modules["tiny_contract"] = load_module(FIX / "tiny_contract.py", "tiny_contract")
+    return sys.modules["tiny_contract"].CONTRACT
+
+
+def run(name: str | Path, **kw):
+    path = name if isinstance(name, Path) else FIX / f"{name}.py"
+    kw.setdefault("timeout", TIMEOUT)
+    t0 = time.monotonic()
+    rep = evaluate(tiny(), path, root_path=FIX / "tiny_root.py", device="cpu", **kw)
+    rep.wall = time.monotonic() - t0
+    return rep
+
+
+PLANTED = ["good", "exits", "segfault", "import_error", "no_entry", "batch_dependent", "mutates", "subclass",
+           "strided", "wrong_dtype", "aliases", "zeros", "nans", "cached", "patches_equal", "forges"]
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("sources")
+    (tmp / "syntax.py").write_text("def scale(x, w)\n    return x * w\n")
+    (tmp / "binary.py").write_bytes(bytes(range(256)) * 4)
+    jobs = {name: (name, {}) for name in PLANTED if name != "good"}
+    jobs["loop"] = ("loop", {"timeout": LOOP_TIMEOUT})
+    jobs["syntax"] = (tmp / "syntax.py", {})
+    jobs["binary"] = (tmp / "binary.py", {})
+    jobs["good_timed"] = ("good", {"time_it": True})
+    jobs["lazy_when_timed"] = ("lazy_when_timed", {"time_it": True})
+    # the root's own results first, so concurrent evaluations share one root child
+    done = {"good": run("good")}
+    with ThreadPoolExecutor(max_workers=3) as ex:
+        futs = {k: ex.submit(run, src, **kw) for k, (src, kw) in jobs.items()}
+        return done | {k: f.result() for k, f in futs.items()}
+
+
+def failed_requirements(rep) -> set[str]:
+    return {c.requirement for c in rep.checks if not c.passed}
+
+
+def test_good_candidate_is_verified(reports):
+    rep = reports["good"]
+    assert rep.verified, rep.failure
+    d = rep.as_dict()
+    assert d["failure"] is None and d["cells"] == [] and d["admissible"] is None
+    names = {c["name"] for c in d["checks"]}
+    assert {"tiny/root_bits", "tiny/accuracy", "output_spec", "inputs_unchanged[all probes]"} <= names
+    assert len(d["source_sha256"]) == 64 and d["contract_fingerprint"] and d["evaluator_fingerprint"]
+    assert d["env"]["device"] == "cpu" and d["env"]["torch"] == torch.__version__ and d["env"]["python"]
+
+
+@pytest.mark.parametrize("name,reason", [
+    ("exits", "exited with status 3"),
+    ("segfault", "crashed with signal SIGSEGV"),
+    ("import_error", "import failed: RuntimeError: this module refuses to load"),
+    ("no_entry", "entry point scale() missing"),
+    ("syntax", "syntax error"),
+    ("binary", "not a Python source file"),
+    ("subclass", "output 0 is Sneaky, not a plain torch.Tensor"),
+    ("strided", "output 0 is not contiguous"),
+    ("aliases", "output 0 aliases an input"),
+    ("forges", "protocol error"),
+])
+def test_broken_candidate_fails_with_reason(reports, name, reason):
+    rep = reports[name]
+    assert not rep.verified
+    assert reason in rep.failure, rep.failure
+    assert "\n" not in rep.failure and len(rep.failure) <= 300
+    assert rep.as_dict()["checks"] and not all(c.passed for c in rep.checks)
+
+
+def test_infinite_loop_is_killed_within_timeout(reports):
+    rep = reports["loop"]
+    assert not rep.verified
+    assert rep.failure == f"timed out after {LOOP_TIMEOUT:g} s (killed)"
+    assert rep.wall < LOOP_TIMEOUT + 5
+
+
+@pytest.mark.parametrize("name,requirement,words", [
+    ("batch_dependent", "batch_invariance", "elements differ"),
+    ("mutates", "inputs_unchanged", "input mutated"),
+    ("wrong_dtype", "output_spec", "float32"),
+    ("zeros", "accuracy", "rel_rms 1"),
+    ("nans", "accuracy", "rel_rms inf"),
+    ("cached", "batch_invariance", "elements differ"),
+    ("patches_equal", "accuracy", "rel_rms 1"),
+])
+def test_wrong_candidate_fails_the_right_requirement(reports, name, requirement, words):
+    rep = reports[name]
+    assert not rep.verified
+    bad = [c for c in rep.checks if not c.passed and c.requirement == requirement]
+    assert bad, f"{requirement} did not fail: {rep.failure}"
+    assert any(words in c.detail for c in bad), [c.detail for c in bad]
+
+
+def test_mutation_is_the_only_failure_of_the_mutating_candidate(reports):
+    assert failed_requirements(reports["mutates"]) == {"inputs_unchanged"}
+
+
+def test_wrong_dtype_passes_invariance_but_not_the_spec(reports):
+    rep = reports["wrong_dtype"]
+    assert "batch_invariance" not in failed_requirements(rep)
+    assert "output_spec" in failed_requirements(rep)
+
+
+def test_patching_torch_in_the_child_does_not_reach_the_parent(reports):
+    assert not reports["patches_equal"].verified
+    assert torch.equal(torch.zeros(3), torch.ones(3)) is False
+
+
+def test_good_candidate_timed_on_cpu_is_marked_interpreter(reports):
+    rep = reports["good_timed"]
+    assert rep.verified, rep.failure
+    d = rep.as_dict()
+    assert d["timing"] == "interpreter" and d["env"]["interpreter"] is True
+    assert [c["cell"] for c in d["cells"]] == ["tiny[T=8]", "tiny[T=32]"]
+    for c in d["cells"]:
+        assert c["samples"] == 5 and c["median_us"] > 0 and c["root_median_us"] > 0 and c["baseline_median_us"] > 0
+        assert c["ratio_vs_root"] == pytest.approx(c["median_us"] / c["root_median_us"])
+    assert d["objective"] == pytest.approx(sum(c["coeff"] * c["median_us"] for c in d["cells"]))
+    assert d["admissible"] is not None and d["eligible"] is not None
+    assert any(c["name"] == "timing/outputs" and c["passed"] for c in d["checks"])
+
+
+def test_candidate_lazy_when_timed_fails_the_timed_output_check(reports):
+    rep = reports["lazy_when_timed"]
+    assert not rep.verified
+    bad = [c for c in rep.checks if not c.passed]
+    assert [c.name for c in bad] == ["timing/outputs"], rep.failure
+    assert "timed call on input variant" in bad[0].detail
+    # the same file passes every contract check when it is not being timed
+    assert all(c.passed for c in rep.checks if not c.name.startswith("timing/"))
+
+
+@pytest.fixture
+def private_tmp(tmp_path, monkeypatch):
+    """Evaluations under their own temp root, with fake secrets in the parent's environment."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-fake")
+    monkeypatch.setenv("MY_SERVICE_TOKEN", "fake")
+    monkeypatch.setenv("DB_PASSWORD", "fake")
+    return tmp_path
+
+
+def test_nosy_candidate_finds_no_secrets_and_no_files(private_tmp):
+    rep = run("nosy")
+    assert rep.verified, rep.failure
+    assert list(private_tmp.iterdir()) == []  # every child's directory is gone
+
+
+def test_nosy_candidate_would_report_what_it_finds(private_tmp):
+    (private_tmp / "tik-eval-decoy").mkdir()
+    rep = run("nosy")
+    assert not rep.verified
+    assert "found other evaluations ['tik-eval-decoy']" in rep.failure
+
+
+def test_child_environment_is_scrubbed(monkeypatch, tmp_path):
+    for k in ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "OPENAI_API_KEY", "GH_TOKEN", "AWS_SECRET_ACCESS_KEY",
+              "db_password", "SOME_CREDENTIALS"):
+        monkeypatch.setenv(k, "x")
+    monkeypatch.setenv("HARMLESS", "1")
+    env = child_env("cpu", tmp_path)
+    leaked = [k for k in env if any(w in k.upper() for w in ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL"))
+              or k.startswith("ANTHROPIC")]
+    assert leaked == []
+    assert env["HARMLESS"] == "1" and env["TRITON_INTERPRET"] == "1" and env["TMPDIR"] == str(tmp_path)
+
+
+def test_library_rmsnorm_root_passes():
+    from kernels.contracts import get_contract
+
+    c = get_contract("rmsnorm")
+    rep = evaluate("rmsnorm", c.root_path, device="cpu", timeout=120)
+    assert rep.verified, rep.failure
+    assert len(rep.checks) > 20
+
+
+def test_unknown_operator_is_the_callers_error():
+    from kernels.contracts import UnknownOperator
+
+    with pytest.raises(UnknownOperator):
+        evaluate("no_such_op", FIX / "good.py")
+
