@@ -42,26 +42,32 @@ import kernels.ops.linear as L  # noqa: E402
 from kernels.contracts.linear import CONTRACT  # noqa: E402
 
 BUCKETS = ("M8", "M64", "M256", "M1024", "MBIG")
-#: candidate tiles (BLOCK_M, BLOCK_N, num_warps, num_stages) per bucket for the offline sweep
+#: candidate tiles (BLOCK_M, BLOCK_N, num_warps, num_stages) per bucket for the offline sweep (run 1's best kept)
 SWEEP = {
-    "M8": [(16, 16, 4, 6), (16, 32, 4, 4), (16, 32, 4, 6), (16, 64, 4, 4), (16, 64, 4, 6), (16, 128, 4, 4)],
-    "M64": [(16, 64, 4, 4), (32, 64, 4, 4), (64, 32, 4, 4), (64, 64, 4, 4), (32, 128, 4, 4), (64, 128, 4, 3)],
-    "M256": [(64, 64, 4, 4), (64, 128, 4, 3), (128, 64, 4, 4), (64, 128, 8, 4), (128, 128, 8, 3), (32, 128, 4, 4)],
-    "M1024": [(128, 128, 8, 3), (128, 256, 8, 3), (64, 256, 8, 3), (128, 128, 4, 4), (64, 128, 4, 4)],
-    "MBIG": [(128, 256, 8, 3), (128, 128, 8, 4), (128, 128, 8, 3), (256, 128, 8, 3), (128, 256, 8, 4)],
+    "M8": [(16, 32, 4, 6), (16, 64, 4, 6), (16, 64, 4, 8), (16, 128, 4, 4), (16, 32, 4, 8)],
+    "M64": [(64, 32, 4, 4), (64, 64, 4, 4), (64, 32, 4, 6), (32, 64, 4, 4), (64, 64, 4, 3)],
+    "M256": [(64, 128, 8, 4), (128, 64, 4, 4), (64, 64, 4, 4), (128, 128, 8, 3), (64, 128, 4, 4)],
+    "M1024": [(128, 128, 8, 3), (128, 128, 4, 4), (128, 256, 8, 3), (128, 128, 8, 4)],
+    "MBIG": [(128, 128, 8, 3), (256, 128, 8, 3), (128, 128, 8, 4), (128, 256, 8, 3)],
 }
-SWEEP_BLOCK_K = (64, 128)
+#: BLOCK_K -> K_UNROLL values tried (128 for comparison: it is the same loads as 64 x 2)
+SWEEP_BLOCK_K = {64: (1, 2), 128: (1,)}
 #: every BLOCK_K group's bits are compared with this tile's result at M = 4096
-REF_TILE = (64, 64, 4, 2)
+REF_TILE = (64, 64, 4, 2, 1)
 SMEM_BYTES = 220 * 1024
 BITS_M = 4096
 
 
 def clamp_stages(tile: tuple, bk: int) -> tuple:
     """Fewer pipeline stages when the operand tiles would not fit in shared memory."""
-    bm, bn, w, s = tile
-    per_stage = (bm + bn) * bk * 2
-    return (bm, bn, w, max(2, min(s, SMEM_BYTES // per_stage)))
+    bm, bn, w, s, u = tile
+    per_stage = (bm + bn) * bk * u * 2
+    return (bm, bn, w, max(2, min(s, SMEM_BYTES // per_stage)), u)
+
+
+def candidates(bucket: str, bk: int) -> list:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages, K_UNROLL) tried in `bucket` with this BLOCK_K."""
+    return list(dict.fromkeys(clamp_stages(t + (u,), bk) for u in SWEEP_BLOCK_K[bk] for t in SWEEP[bucket]))
 
 
 def env_info() -> dict:
@@ -149,7 +155,8 @@ def make_inputs(N: int, K: int, M: int, seed: int) -> tuple:
 
 
 def config_tiles() -> dict:
-    return {b: tuple(L.CONFIG[f"{b}_{k}"] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")) for b in BUCKETS}
+    keys = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "K_UNROLL")
+    return {b: tuple(L.CONFIG[f"{b}_{k}"] for k in keys) for b in BUCKETS}
 
 
 def cell_groups() -> dict:
@@ -235,13 +242,12 @@ def write_confirm_md(doc: dict, path: Path) -> None:
 def run_sweep(args, flush) -> dict:
     t0 = time.time()
     jobs = [(REF_TILE, bk) for bk in SWEEP_BLOCK_K]
-    jobs += [(clamp_stages(t, bk), bk) for bk in SWEEP_BLOCK_K for b in BUCKETS for t in SWEEP[b]]
+    jobs += [(t, bk) for bk in SWEEP_BLOCK_K for b in BUCKETS for t in candidates(b, bk)]
     jobs += [(t, L.CONFIG["BLOCK_K"]) for t in config_tiles().values()]
     errors = compile_parallel(jobs, args.workers)
     ok = {j for j, err in errors.items() if err is None}
     print(f"compiled {len(ok)}/{len(errors)} configurations in {time.time() - t0:.1f}s", flush=True)
-    cand = {(b, bk): [clamp_stages(t, bk) for t in SWEEP[b] if (clamp_stages(t, bk), bk) in ok]
-            for b in BUCKETS for bk in SWEEP_BLOCK_K}
+    cand = {(b, bk): [t for t in candidates(b, bk) if (t, bk) in ok] for b in BUCKETS for bk in SWEEP_BLOCK_K}
     bits_bad: set = set()
     bits_log, timings = [], []
     cross_bk_equal = []
@@ -308,8 +314,9 @@ def run_sweep(args, flush) -> dict:
     if chosen is not None:
         config = {"BLOCK_K": chosen}
         for b in BUCKETS:
-            bm, bn, nw, ns = choice[str(chosen)]["buckets"][b]["tile"]
-            config.update({f"{b}_BLOCK_M": bm, f"{b}_BLOCK_N": bn, f"{b}_num_warps": nw, f"{b}_num_stages": ns})
+            bm, bn, nw, ns, u = choice[str(chosen)]["buckets"][b]["tile"]
+            config.update({f"{b}_BLOCK_M": bm, f"{b}_BLOCK_N": bn, f"{b}_num_warps": nw, f"{b}_num_stages": ns,
+                           f"{b}_K_UNROLL": u})
         print("CONFIG = " + json.dumps(config, indent=4), flush=True)
     current = {"geomean_all": geomean(r["us"]["linear()"] / r["cublas_us"] for r in timings),
                "geomean_m_le_64": geomean(r["us"]["linear()"] / r["cublas_us"] for r in timings if r["M"] <= 64)}

@@ -1,14 +1,22 @@
 """linear(x[T, K], w[N, K]) -> x @ w.T, bf16 in and out, fp32 accumulation, batch-invariant.
 
 How invariance is achieved: every program owns whole output tiles and runs the full K loop
-itself, in BLOCK_K chunks from k = 0 upwards, accumulating into one fp32 tile (no split-K, no
-atomics). BLOCK_K is one constant for every T (a frozen tunable: it fixes the order of the
-reduction). The output tile (BLOCK_M, BLOCK_N, num_warps, num_stages) does follow T, by
-bucket: on the H200 a plain K-sequential Triton matmul gave identical bits for a row under
-all 214 tile configurations tried and any M (DESIGN.md), because the tile only decides which
-rows and columns share a program, never the order in which K is summed. The contract checks
-this on every call shape (rows of T = 1 ... 4096 against the full batch), and the benchmark
-checks every configuration in CONFIG at M = 1 against M = 4096.
+itself, one tl.dot per BLOCK_K chunk from k = 0 upwards, accumulating into one fp32 tile (no
+split-K, no atomics). BLOCK_K is one constant for every T (a frozen tunable: it fixes the order
+of the reduction). K_UNROLL only says how many consecutive BLOCK_K chunks one loop iteration
+loads; the same dots run in the same order, so it changes no bits, by construction (the CPU
+tests check this in the interpreter, where BLOCK_K itself does change bits).
+
+The output tile (BLOCK_M, BLOCK_N, num_warps, num_stages, K_UNROLL) follows T, by bucket: on the
+H200 a plain K-sequential Triton matmul gave identical bits for a row under all 214 tile
+configurations tried and any M (DESIGN.md), because the tile only decides which rows and
+columns share a program, never the order in which K is summed. The contract checks this on
+every call shape (rows of T = 1 ... 4096 against the full batch), and the benchmark checks
+every configuration in CONFIG at M = 1 against M = 4096.
+
+Measured on the H200 (benchmarks/results/linear_h200*.md): loading 128 of K per iteration is
+1.2-1.3x faster than 64 at decode sizes (more bytes in flight) and 64 is faster from M = 1024
+on (two CTAs per SM); BLOCK_K = 64 with K_UNROLL 2 for the small buckets gets both.
 
 Backward: dx = dy @ w and dw = dy.T @ x are the same kernel on strided views (dx reduces over
 N, dw over the tokens, both K-sequential with the same BLOCK_K), so gradients are
@@ -29,48 +37,59 @@ TUNABLES = {
     "M8_BLOCK_M": (16, 32, 64, 128),
     "M8_BLOCK_N": (16, 32, 64, 128, 256),
     "M8_num_warps": (2, 4, 8),
+    "M8_K_UNROLL": (1, 2, 4),
     "M8_num_stages": (2, 3, 4, 5, 6, 8),
     "M64_BLOCK_M": (16, 32, 64, 128),
     "M64_BLOCK_N": (16, 32, 64, 128, 256),
     "M64_num_warps": (2, 4, 8),
+    "M64_K_UNROLL": (1, 2, 4),
     "M64_num_stages": (2, 3, 4, 5, 6, 8),
     "M256_BLOCK_M": (16, 32, 64, 128),
     "M256_BLOCK_N": (16, 32, 64, 128, 256),
     "M256_num_warps": (2, 4, 8),
+    "M256_K_UNROLL": (1, 2, 4),
     "M256_num_stages": (2, 3, 4, 5, 6, 8),
     "M1024_BLOCK_M": (16, 32, 64, 128, 256),
     "M1024_BLOCK_N": (32, 64, 128, 256),
     "M1024_num_warps": (4, 8),
+    "M1024_K_UNROLL": (1, 2, 4),
     "M1024_num_stages": (2, 3, 4, 5, 6),
     "MBIG_BLOCK_M": (32, 64, 128, 256),
     "MBIG_BLOCK_N": (32, 64, 128, 256),
     "MBIG_num_warps": (4, 8),
+    "MBIG_K_UNROLL": (1, 2, 4),
     "MBIG_num_stages": (2, 3, 4, 5, 6),
 }
 
-#: chosen offline on the H200 by benchmarks/bench_linear.py --sweep (see benchmarks/results/)
+#: chosen offline on the H200 by benchmarks/bench_linear.py --sweep (benchmarks/results/linear_h200_sweep_run1.md):
+#: the small buckets take the best BLOCK_K = 128 tile as BLOCK_K = 64 x K_UNROLL 2, the large ones BLOCK_K = 64
 CONFIG = {
     "BLOCK_K": 64,
     "M8_BLOCK_M": 16,
-    "M8_BLOCK_N": 32,
+    "M8_BLOCK_N": 64,
     "M8_num_warps": 4,
     "M8_num_stages": 6,
-    "M64_BLOCK_M": 32,
-    "M64_BLOCK_N": 64,
+    "M8_K_UNROLL": 2,
+    "M64_BLOCK_M": 64,
+    "M64_BLOCK_N": 32,
     "M64_num_warps": 4,
     "M64_num_stages": 4,
+    "M64_K_UNROLL": 2,
     "M256_BLOCK_M": 64,
-    "M256_BLOCK_N": 64,
-    "M256_num_warps": 4,
+    "M256_BLOCK_N": 128,
+    "M256_num_warps": 8,
     "M256_num_stages": 4,
+    "M256_K_UNROLL": 2,
     "M1024_BLOCK_M": 128,
     "M1024_BLOCK_N": 128,
     "M1024_num_warps": 8,
     "M1024_num_stages": 3,
+    "M1024_K_UNROLL": 1,
     "MBIG_BLOCK_M": 128,
-    "MBIG_BLOCK_N": 256,
+    "MBIG_BLOCK_N": 128,
     "MBIG_num_warps": 8,
     "MBIG_num_stages": 3,
+    "MBIG_K_UNROLL": 1,
 }
 
 #: (largest M, bucket) in increasing order; larger M uses "MBIG"
@@ -97,6 +116,7 @@ def _linear_fwd_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    K_UNROLL: tl.constexpr,
     GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr,
     UPCAST: tl.constexpr,
@@ -120,22 +140,24 @@ def _linear_fwd_kernel(
     p_b = b_ptr + o_bn[None, :] * stride_bn + o_k[:, None] * stride_bk  # [BK, BN]
 
     b_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    # the whole reduction, k = 0, BLOCK_K, 2 BLOCK_K, ... in order: nothing here depends on M
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        if EVEN_K:
-            b_a = tl.load(p_a)
-            b_b = tl.load(p_b)
-        else:
-            m_k = o_k < K - k * BLOCK_K
-            b_a = tl.load(p_a, mask=m_k[None, :], other=0.0)
-            b_b = tl.load(p_b, mask=m_k[:, None], other=0.0)
-        if UPCAST:
-            # the interpreter's bf16 tl.dot is wrong; fp32 operands are exact there
-            b_acc = tl.dot(b_a.to(tl.float32), b_b.to(tl.float32), b_acc)
-        else:
-            b_acc = tl.dot(b_a, b_b, b_acc)
-        p_a += BLOCK_K * stride_ak
-        p_b += BLOCK_K * stride_bk
+    # the whole reduction, one dot per chunk k = 0, BLOCK_K, 2 BLOCK_K, ... in order: nothing depends on M.
+    # A fully masked chunk past the end adds exact zeros to an accumulator that is never -0.
+    for k in range(0, tl.cdiv(K, BLOCK_K * K_UNROLL)):
+        for u in tl.static_range(K_UNROLL):
+            if EVEN_K:
+                b_a = tl.load(p_a + u * BLOCK_K * stride_ak)
+                b_b = tl.load(p_b + u * BLOCK_K * stride_bk)
+            else:
+                m_k = o_k < K - (k * K_UNROLL + u) * BLOCK_K
+                b_a = tl.load(p_a + u * BLOCK_K * stride_ak, mask=m_k[None, :], other=0.0)
+                b_b = tl.load(p_b + u * BLOCK_K * stride_bk, mask=m_k[:, None], other=0.0)
+            if UPCAST:
+                # the interpreter's bf16 tl.dot is wrong; fp32 operands are exact there
+                b_acc = tl.dot(b_a.to(tl.float32), b_b.to(tl.float32), b_acc)
+            else:
+                b_acc = tl.dot(b_a, b_b, b_acc)
+        p_a += BLOCK_K * K_UNROLL * stride_ak
+        p_b += BLOCK_K * K_UNROLL * stride_bk
 
     p_c = c_ptr + o_m[:, None] * stride_cm + o_n[None, :] * stride_cn
     m_c = (o_m[:, None] < M) & (o_n[None, :] < N)
@@ -149,17 +171,17 @@ def _bucket(M: int) -> str:
     return "MBIG"
 
 
-def _tile(M: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for M rows: any of them may follow M, none changes bits."""
+def _tile(M: int) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages, K_UNROLL) for M rows: any may follow M, none changes bits."""
     b = _bucket(M)
-    return CONFIG[f"{b}_BLOCK_M"], CONFIG[f"{b}_BLOCK_N"], CONFIG[f"{b}_num_warps"], CONFIG[f"{b}_num_stages"]
+    return tuple(CONFIG[f"{b}_{k}"] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "K_UNROLL"))
 
 
 def _matmul(
     a: torch.Tensor,
     b: torch.Tensor,
     out_dtype: torch.dtype | None = None,
-    tile: tuple[int, int, int, int] | None = None,
+    tile: tuple[int, int, int, int, int] | None = None,
     block_k: int | None = None,
 ) -> torch.Tensor:
     """a[M, K] @ b[N, K].T -> [M, N] in `out_dtype` (default a's), any strides.
@@ -176,14 +198,14 @@ def _matmul(
         return c
     if K == 0:
         return c.zero_()
-    BLOCK_M, BLOCK_N, num_warps, num_stages = tile or _tile(M)
+    BLOCK_M, BLOCK_N, num_warps, num_stages, K_UNROLL = tile or _tile(M)
     BLOCK_K = block_k or CONFIG["BLOCK_K"]
     grid = (triton.cdiv(M, BLOCK_M) * triton.cdiv(N, BLOCK_N),)
     _linear_fwd_kernel[grid](
         a, b, c, M, N, K,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M,
-        EVEN_K=K % BLOCK_K == 0, UPCAST=INTERPRET,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, K_UNROLL=K_UNROLL, GROUP_M=GROUP_M,
+        EVEN_K=K % (BLOCK_K * K_UNROLL) == 0, UPCAST=INTERPRET,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return c

@@ -103,9 +103,11 @@ def linear(x, w):
 
 
 def test_dropped_k_tail_fails_accuracy(tmp_path, cpu_plan):
-    mod = _variant(tmp_path, "no_tail", "for k in range(0, tl.cdiv(K, BLOCK_K)):", "for k in range(0, K // BLOCK_K):")
+    mod = _variant(tmp_path, "no_tail", "for k in range(0, tl.cdiv(K, BLOCK_K * K_UNROLL)):",
+                   "for k in range(0, K // (BLOCK_K * K_UNROLL)):")
     bad = _failed(run_plan(cpu_plan, mod), "accuracy")
-    assert [r.name for r in bad] == ["w[N=40,K=40]/accuracy"]
+    # K = 40 is a tail for any BLOCK_K; K = 64 is one too when 128 of K are loaded per iteration
+    assert "w[N=40,K=40]/accuracy" in [r.name for r in bad]
 
 
 def test_wrong_dw_fails_gradient(tmp_path, cpu_plan):
@@ -127,6 +129,21 @@ def linear(x, w):
 '''
     results = run_plan(cpu_plan, _variant(tmp_path, "mutates", append=append))
     assert _failed(results, "inputs_unchanged")
+
+
+@pytest.mark.parametrize("K", [40, 64, 112], ids=["K40-tail", "K64", "K112-tail"])
+def test_k_unroll_and_tile_change_no_bits(K):
+    """K_UNROLL (chunks loaded per iteration) and the output tile are free; BLOCK_K is not (interpreter)."""
+    from kernels.contracts.linear import _cancelling
+
+    x, w = _cancelling(32, K)(12, torch.Generator().manual_seed(3))
+    ref = L._matmul(x, w, tile=(16, 16, 4, 2, 1), block_k=16)
+    for tile in [(16, 16, 4, 2, 2), (16, 32, 4, 3, 4), (32, 16, 8, 4, 2), (64, 32, 4, 2, 1)]:
+        y = L._matmul(x, w, tile=tile, block_k=16)
+        assert torch.equal(y.view(torch.int16), ref.view(torch.int16)), tile
+    # the cancelling inputs make the reduction order visible: a different BLOCK_K moves bits
+    other = L._matmul(x, w, tile=(16, 16, 4, 2, 1), block_k=32)
+    assert not torch.equal(other.view(torch.int16), ref.view(torch.int16))
 
 
 @pytest.mark.parametrize("T,N,K", [(1, 16, 16), (3, 48, 40), (13, 33, 64)], ids=["T1", "T3-K40", "T13-N33"])
@@ -163,7 +180,7 @@ def test_config_is_a_literal_within_tunables():
     literals = {t.id: ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
                 for t in n.targets if isinstance(t, ast.Name) and t.id in ("CONFIG", "TUNABLES")}
     assert literals["CONFIG"] == L.CONFIG and literals["TUNABLES"] == L.TUNABLES
-    assert set(L.CONFIG) == set(L.TUNABLES)
+    assert set(L.CONFIG) == set(L.TUNABLES) and len(L._tile(1)) == 5
     for key, value in L.CONFIG.items():
         assert value in L.TUNABLES[key], key
     assert [L._bucket(m) for m in (1, 8, 9, 64, 65, 256, 1024, 1025, 16384)] == [
