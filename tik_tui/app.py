@@ -26,6 +26,7 @@ from tik_tui.screens.detail import DetailScreen
 from tik_tui.screens.dialogs import ConfirmDialog, GotoDialog, RejectDialog, SearchRequest, StartSearchDialog
 from tik_tui.screens.main import MainScreen
 from tik_tui.widgets.model import Poller, Snapshot, StoreClient, worker_alive
+from tik_tui.widgets.overview import event_line
 
 #: event kinds (from the worker) after which the named candidate is under evaluation; any other
 #: event naming it (its `evaluation`, a `status` change) ends that
@@ -151,7 +152,7 @@ class TikApp(App):
             snap = Snapshot(**{**self.snapshot.__dict__, "worker": result.worker})
         for e in result.events:
             if "error" in str(e.get("kind")) or "crash" in str(e.get("kind")):
-                self.notify(f"worker: {e.get('kind')} {e.get('payload') or ''}"[:300], severity="error", timeout=10)
+                self.notify(event_line(e, self.clock()).plain[:300], title="worker", severity="error", timeout=10)
         self.snapshot = snap
         self.loaded = True
         message = Refreshed(snapshot=snap, events=result.events, evaluating=set(self.evaluating))
