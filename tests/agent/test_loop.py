@@ -240,3 +240,16 @@ def _write(ws, impl_id):
     p = ws.path / f"impl_{impl_id}.py"
     p.write_text(ws.source(impl_id))
     return str(p)
+
+
+def test_a_repeated_source_is_not_recorded_twice_and_still_ends(toy_ws, evaluate):
+    class Parrot:
+        name = "parrot"
+
+        def propose(self, ctx):
+            return Proposal(source=TOY_SOURCE.replace('"BLOCK": 32', '"BLOCK": 64'), rationale="same again")
+
+    s = Search(toy_ws, Parrot(), SearchConfig(ops=["toy"], budget=4), evaluate=evaluate).run()
+    assert s["spent"] == 4 and len(s["derivations"]) == 1
+    assert len(toy_ws.implementations(op="toy")) == 2
+    assert sum(1 for e in toy_ws.events_since(0, 10000) if e["kind"] == "duplicate") == 3

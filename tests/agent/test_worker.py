@@ -59,7 +59,8 @@ def test_sigkill_mid_evaluation_then_resume(tmp_path):
     assert len({r["source_sha256"] for r in rows}) == len(rows), "a config was proposed twice"
     assert ws.implementation(killed)["status"] in ("verified", "eligible")
     evals = _lines(mark)
-    assert len(evals) == 5 and Path(evals[1]).name == Path(evals[2]).name == f"toy_{killed}.py", "the interrupted candidate is evaluated again, first"
+    # the interrupted candidate is evaluated again, first
+    assert len(evals) == 5 and Path(evals[1]).name == Path(evals[2]).name == f"toy_{killed}.py"
     kinds = [(e["kind"], e["impl_id"]) for e in ws.events_since(0, 10000)]
     assert ("search_resumed", None) in kinds and ("resume_evaluate", killed) in kinds
     st = ws.worker_state()

@@ -329,8 +329,9 @@ class Search:
         if dup:
             # identical source: nothing new to learn, and no duplicate node in the IR
             self._account(proposal.usage)
+            # it still counts against the budget, so a proposer that repeats itself cannot loop forever
+            self.state.spent += 1
             self.state.since_progress += 1
-            self.exhausted[op].add(parent["id"]) if proposal.modification.get("kind") == "tune" else None
             self.emit("duplicate", {"parent": parent["id"], "of": dup[0]}, op=op, impl_id=dup[0])
             self._usage_without_impl(proposal.usage)
             return True
