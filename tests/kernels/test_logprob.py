@@ -1,0 +1,147 @@
+"""logprob: the contract's CPU plan passes on the root; planted bugs fail the check meant to catch them."""
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+import kernels.ops.logprob as root
+from kernels.contract import load_module, run_plan, tokenwise_plan
+from kernels.contracts import get_contract
+from kernels.contracts._lmhead import CPU_SIZES
+from kernels.contracts.logprob import config, configs
+from kernels.reference.logprob import logprob as logprob_ref
+
+ROOT_SRC = Path(root.__file__).read_text()
+#: tiny tiles: several V chunks, K steps and token blocks even at CPU sizes
+SMALL = {"BLOCK_T": 16, "BLOCK_V": 16, "BLOCK_K": 16, "V_CHUNK": 48,
+         "BWD_CHUNK_T": 16, "BWD_BLOCK_M": 16, "BWD_BLOCK_N": 16, "BWD_BLOCK_K": 16}
+
+
+def _failed(results) -> dict[str, str]:
+    return {r.name: r.detail for r in results if not r.passed}
+
+
+def _failed_requirements(results) -> set[str]:
+    return {r.requirement for r in results if not r.passed}
+
+
+def _planted(tmp_path, *edits: tuple[str, str], config: dict | None = None):
+    """The root's source with `old -> new` edits (each must apply), loaded as a fresh module."""
+    src = ROOT_SRC
+    for old, new in edits:
+        assert old in src, f"planted edit no longer applies: {old!r}"
+        src = src.replace(old, new, 1)
+    path = tmp_path / "planted_logprob.py"
+    path.write_text(src)
+    mod = load_module(path, "planted_logprob")
+    if config:
+        mod.CONFIG.update(config)
+    return mod
+
+
+def _plan(grad: bool = False, sizes=CPU_SIZES, cfg=None):
+    cfg = cfg or configs("cpu")[0]
+    if not grad:
+        cfg = dataclasses.replace(cfg, grad_args=())
+    return tokenwise_plan("logprob", [cfg], sizes, seed=5)
+
+
+#: a narrow shape for the tiny-tile runs (the interpreter's cost grows with the number of tiles)
+SMALL_CFG = config("H=48,V=100", 48, 100, 0.7)
+SMALL_SIZES = (1, 5, 20)
+
+
+def test_cpu_plan_passes_on_root():
+    results = run_plan(get_contract("logprob").plan("cpu", seed=0), root)
+    assert results and not _failed(results), _failed(results)
+    assert {r.requirement for r in results} == {"batch_invariance", "determinism", "inputs_unchanged", "accuracy",
+                                                "gradient"}
+
+
+def test_small_tiles_many_chunks_and_blocks(tmp_path):
+    # 3 V chunks of 48 (the last one partial), 2 token blocks of 16 at T=20, 3 K steps: merge and masking paths
+    mod = _planted(tmp_path, config=SMALL)
+    results = run_plan(_plan(sizes=SMALL_SIZES, cfg=SMALL_CFG), mod)
+    assert not _failed(results), _failed(results)
+
+
+def test_leading_dims_and_target_out_of_range():
+    h = torch.randn(2, 3, 64).to(torch.bfloat16)
+    w = torch.randn(256, 64).to(torch.bfloat16)
+    t = torch.randint(0, 256, (2, 3))
+    out = root.logprob(h, w, t, 1.0)
+    assert out.shape == (2, 3) and out.dtype == torch.float32
+    assert torch.equal(out.reshape(-1), root.logprob(h.reshape(6, 64), w, t.reshape(6), 1.0))
+    t[0, 1] = 256
+    assert root.logprob(h, w, t, 1.0)[0, 1] == float("-inf")
+    with pytest.raises(ValueError):
+        root.logprob(h, w, t, 0.0)
+
+
+def test_weight_grad_deterministic_over_token_chunks(tmp_path):
+    # 40 tokens in BWD_CHUNK_T = 16 chunks: grad_w accumulates three chunks in order
+    mod = _planted(tmp_path, config=SMALL)
+    h = torch.randn(40, 32).to(torch.bfloat16)
+    w = (torch.randn(100, 32) * 0.5).to(torch.bfloat16)
+    t = torch.randint(0, 100, (40,))
+    g = torch.randn(40)
+    grads = []
+    for _ in range(2):
+        ww = w.clone().requires_grad_()
+        mod.logprob(h, ww, t, 0.9).backward(g)
+        grads.append(ww.grad)
+    assert torch.equal(grads[0].view(torch.int16), grads[1].view(torch.int16))
+    w64 = w.double().requires_grad_()
+    logprob_ref(h.double(), w64, t, 0.9).backward(g.double())
+    assert (grads[0].double() - w64.grad).norm() / w64.grad.norm() < 1e-2
+
+
+def test_planted_t_dependent_chunking_fails_batch_invariance(tmp_path):
+    # the K step of the logits dot chosen by the batch size (a "T-bucketed" tile): other bits once T >= 8
+    mod = _planted(tmp_path, ('    cfg = CONFIG\n    out = torch.empty((T,)',
+                              '    cfg = dict(CONFIG, BLOCK_K=CONFIG["BLOCK_K"] if T < 8 else 32)\n'
+                              '    out = torch.empty((T,)'))
+    assert "batch_invariance" in _failed_requirements(run_plan(_plan(), mod))
+
+
+def test_planted_block_dependent_order_fails_batch_invariance(tmp_path):
+    # each token block runs the dot over H starting at a different K step (a "staggered" schedule):
+    # a token's logits then depend on which block it lands in, i.e. on the other tokens
+    mod = _planted(tmp_path, (
+        "    for k0 in range(0, H, BLOCK_K):\n",
+        "    n_k = tl.cdiv(H, BLOCK_K)\n    for i in range(0, n_k):\n"
+        "        k0 = ((i + tl.min(o_t) // BLOCK_T) % n_k) * BLOCK_K\n",
+    ), config=SMALL)
+    results = run_plan(_plan(sizes=SMALL_SIZES, cfg=SMALL_CFG), mod)
+    assert "batch_invariance" in _failed_requirements(results)
+    assert "accuracy" not in _failed_requirements(results)  # the values are right, only their bits move
+
+
+def test_planted_input_mutation_fails_inputs_unchanged(tmp_path):
+    # scaling the hidden states by 1/temperature in place instead of passing the temperature on
+    mod = _planted(tmp_path, ("    return LogprobFunction.apply(h2, _rows(w), t, float(temperature))",
+                              "    h2.div_(temperature)\n    return LogprobFunction.apply(h2, _rows(w), t, 1.0)"))
+    assert "inputs_unchanged" in _failed_requirements(run_plan(_plan(), mod))
+
+
+def test_planted_wrong_temperature_fails_accuracy(tmp_path):
+    mod = _planted(tmp_path, ("    return acc / temperature\n", "    return acc * temperature\n"))
+    failed = _failed_requirements(run_plan(_plan(), mod))
+    assert failed == {"accuracy"}, failed
+
+
+def test_planted_backward_without_temperature_fails_gradient(tmp_path):
+    mod = _planted(tmp_path, ("b_dz = b_g[:, None] * (b_hit - b_p) / temperature",
+                              "b_dz = b_g[:, None] * (b_hit - b_p)"))
+    failed = _failed_requirements(run_plan(_plan(grad=True), mod))
+    assert failed == {"gradient"}, failed
+
+
+@pytest.mark.gpu
+def test_gpu_plan_passes_on_cuda():
+    results = run_plan(get_contract("logprob").plan("gpu", seed=0), root, device="cuda")
+    for r in results:
+        print(f"{'PASS' if r.passed else 'FAIL'} {r.name}: {r.detail}")
+    assert results and not _failed(results), _failed(results)
