@@ -92,13 +92,13 @@ def load_evaluator(spec: str) -> Callable:
 
 
 def _previous_search(ws: Any, ops: list[str], proposer_label: str) -> dict | None:
-    """The search a killed worker left behind, when it is the same ops and proposer."""
+    """The search a killed worker left behind, when it was over the same ops with the same proposer."""
     st = ws.worker_state() or {}
     extra = st.get("extra") if isinstance(st.get("extra"), dict) else {}
     st = {**extra, **st}
     if st.get("state") not in ("running", "paused", "crashed") or not st.get("search"):
         return None
-    if st.get("proposer") != proposer_label:
+    if st.get("proposer") != proposer_label or st.get("ops") != ",".join(ops):
         return None
     return st
 
@@ -119,8 +119,14 @@ def run_search(workspace: Any, ops: list[str] | None = None, proposer: str = "tu
     stop_flag = threading.Event()
     old_handlers = {}
     if threading.current_thread() is threading.main_thread():
+        def on_signal(signum, _frame):
+            # the first signal stops after the step in flight; a second Ctrl-C interrupts at once
+            if signum == signal.SIGINT and stop_flag.is_set():
+                raise KeyboardInterrupt
+            stop_flag.set()
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            old_handlers[sig] = signal.signal(sig, lambda *_: stop_flag.set())
+            old_handlers[sig] = signal.signal(sig, on_signal)
     beat_stop = threading.Event()
     try:
         all_ops = [r["op"] for r in ws.operators()]
@@ -141,7 +147,8 @@ def run_search(workspace: Any, ops: list[str] | None = None, proposer: str = "tu
             search.state.tokens = int(prev.get("tokens") or 0)
             search.state.cost_usd = float(prev.get("cost_usd") or 0.0)
             search.emit("search_resumed", {"previous_pid": prev.get("pid")})
-        ws.set_worker_state(pid=os.getpid(), state="running", proposer=label, op=",".join(ops), budget=budget,
+        ws.set_worker_state(pid=os.getpid(), state="running", proposer=label, op=",".join(ops), ops=",".join(ops),
+                            budget=budget,
                             heartbeat=time.time(), message="starting")
 
         def beat() -> None:

@@ -212,7 +212,8 @@ def test_resume_evaluates_the_left_candidate_and_keeps_the_budget(toy_ws, evalua
     left = toy_ws.add_implementation("toy", src, parents=[root], proposer="tuner", rationale="tune BLOCK 32→64",
                                      modification={"kind": "tune", "config": {"BLOCK": 64, "num_warps": 4,
                                                                               "SPLIT": 1}, "search": "s-killed"})
-    toy_ws.set_worker_state(pid=999999, state="running", proposer="tuner", budget=3, spent=1, search="s-killed",
+    toy_ws.set_worker_state(pid=999999, state="running", proposer="tuner", ops="toy", budget=3, spent=1,
+                            search="s-killed",
                             started=time.time() - 5)
     s = run_search(toy_ws.path, proposer="tuner", budget=3, evaluate=evaluate)
     assert s["resumed"] and s["search"] == "s-killed"
