@@ -338,6 +338,16 @@ def write_sweep_md(doc: dict, path: Path) -> None:
         lines.append("")
     lines += [f"current CONFIG: {doc['current_config_ratios']}", "", "suggested CONFIG:", "", "```",
               json.dumps(doc["suggested_config"], indent=4), "```", ""]
+    bk = doc["chosen_block_k"]
+    if bk is not None and doc["bits_gate_passed"]:
+        buckets = doc["choice"][str(bk)]["buckets"]
+        lines += ["Suggested CONFIG per cell (these sweep timings):", "",
+                  "| cell | tile (BM, BN, warps, stages, K_UNROLL) | µs | cuBLAS µs | ratio |", "|---|---|---|---|---|"]
+        for r in doc["timings"]:
+            tile = tuple(buckets[r["bucket"]]["tile"])
+            us = r["us"][f"{bk}:{tile}"]
+            lines.append(f"| {r['cell']} | {tile} | {us:.1f} | {r['cublas_us']:.1f} | {us / r['cublas_us']:.3f} |")
+        lines.append("")
     path.write_text("\n".join(lines))
 
 
