@@ -182,17 +182,6 @@ class GitRepo:
     def read_blob(self, hexsha: str) -> bytes:
         return self.read_object(hexsha)
 
-    def has_objects(self, hexshas: list[str]) -> dict[str, bool]:
-        with self._repo() as repo:
-            out = {}
-            for h in hexshas:
-                try:
-                    repo.odb.info(hex_to_bin(h))
-                    out[h] = True
-                except (ValueError, git.BadObject, git.BadName):
-                    out[h] = False
-            return out
-
     def commit_info(self, hexsha: str) -> dict | None:
         """{parents, message, blob, filename} of a commit, or None when it is missing."""
         with self._repo() as repo:

@@ -13,7 +13,9 @@ has no row — a kill between the git write and the DB write — recorded as the
 metadata describes (nothing is dropped); a promoted row without its tag (tag written); a
 promotion tag without its promotion (the decision the tag records is applied); a status that
 disagrees with the last decision (set from the decision); a dead worker still marked running
-(marked `crashed`). Not repairable, only reported: a missing commit object, a commit whose
+(marked `crashed`). `Workspace.open` itself finishes interrupted writes (`recover_interrupted`:
+pending refs only, one directory listing when there are none), so a worker restarting after a
+kill starts from a whole IR. Not repairable, only reported: a missing commit object, a commit whose
 parents disagree with its row, a ref naming an id with no row, a corrupt database.
 Candidates left unevaluated are not a fault: the worker evaluates them first when it resumes.
 """
@@ -32,6 +34,41 @@ _DECIDED_STATUS = {"promote": "promoted", "reject": "rejected", "archive": "reje
 class Health:
     """Mixed into `Workspace`."""
 
+    def _pending(self, in_flight_s: float) -> dict[str, str]:
+        """Pending refs older than `in_flight_s` (younger ones belong to a write in progress)."""
+        cutoff = time.time() - in_flight_s
+        out = {}
+        for name, sha in self.git.refs(PENDING_PREFIX).items():
+            p = self.git.path / name
+            if not p.exists() or p.stat().st_mtime <= cutoff:
+                out[name] = sha
+        return out
+
+    def recover_interrupted(self, *, in_flight_s: float = 60.0) -> list[str]:
+        """Finish derivations whose writer died between its git write and its last ref write: a commit with
+        no row is recorded from the metadata its message carries; a row without its ref gets it. Cheap
+        (one directory listing when there is nothing to do), so `Workspace.open` runs it."""
+        done: list[str] = []
+        pending = self._pending(in_flight_s)
+        if not pending:
+            return done
+        for name, sha in pending.items():
+            rows = list(self.db.query("SELECT id FROM implementations WHERE commit_sha = ?", [sha]))
+            row = rows[0] if rows else None
+            if row is None:
+                info = self.git.commit_info(sha)
+                meta = parse_meta(info["message"]) if info else None
+                if not meta or not info.get("blob"):
+                    continue
+                impl_id = self._insert_implementation(meta, sha, info["blob"])
+                done.append(f"recorded orphan commit {sha[:12]} as #{impl_id} ({meta['op']}, {meta['proposer']})")
+                row = {"id": impl_id}
+            if self.git.ref_target(derivation_ref(row["id"])) != sha:
+                self.git.set_ref(derivation_ref(row["id"]), sha)
+            self.git.delete_ref(name)
+            done.append(f"finished interrupted write of #{row['id']} (dropped {name})")
+        return done
+
     def _survey(self, in_flight_s: float) -> dict[str, Any]:
         rows = list(self.db.query("SELECT id, op, commit_sha, parent_id, status FROM implementations ORDER BY id"))
         parents: dict[int, list[int]] = {}
@@ -41,12 +78,7 @@ class Health:
         by_commit = {r["commit_sha"]: r for r in rows}
         refs = self.git.refs(DERIVATION_PREFIX)
         tags = self.git.refs(TAG_PREFIX)
-        cutoff = time.time() - in_flight_s
-        pending = {}
-        for name, sha in self.git.refs(PENDING_PREFIX).items():
-            p = self.git.path / name
-            if not p.exists() or p.stat().st_mtime <= cutoff:
-                pending[name] = sha
+        pending = self._pending(in_flight_s)
         commit_parents = self.git.commits_info([r["commit_sha"] for r in rows])
         last_decision = {r["impl_id"]: r["action"] for r in self.db.query(
             "SELECT impl_id, action FROM decisions WHERE id IN (SELECT max(id) FROM decisions GROUP BY impl_id)")}
@@ -116,24 +148,8 @@ class Health:
 
     def reconcile(self, *, in_flight_s: float = 60.0) -> list[str]:
         """Repair what `doctor()` finds and can be repaired without loss; returns the repairs, one line each."""
-        done: list[str] = []
+        done = self.recover_interrupted(in_flight_s=in_flight_s)
         s = self._survey(in_flight_s)
-        for name, sha in s["pending"].items():
-            row = s["by_commit"].get(sha)
-            if row is None:
-                info = self.git.commit_info(sha)
-                meta = parse_meta(info["message"]) if info else None
-                if not meta or not info.get("blob"):
-                    continue
-                impl_id = self._insert_implementation(meta, sha, info["blob"])
-                done.append(f"recorded orphan commit {sha[:12]} as #{impl_id} ({meta['op']}, {meta['proposer']})")
-                row = {"id": impl_id}
-                s["refs"].pop(derivation_ref(impl_id), None)
-            if derivation_ref(row["id"]) not in s["refs"] or s["refs"][derivation_ref(row["id"])] != sha:
-                self.git.set_ref(derivation_ref(row["id"]), sha)
-                s["refs"][derivation_ref(row["id"])] = sha
-            self.git.delete_ref(name)
-            done.append(f"finished interrupted write of #{row['id']} (dropped {name})")
         for r in s["rows"]:
             ref = derivation_ref(r["id"])
             if s["refs"].get(ref) != r["commit_sha"] and s["commit_parents"].get(r["commit_sha"]) is not None:

@@ -101,6 +101,10 @@ class Workspace(Queries, Health):
         if row is None or int(row[0]) > SCHEMA_VERSION:
             ws.close()
             raise WorkspaceError(f"{path}: unsupported workspace version {row and row[0]} (this TIK: {SCHEMA_VERSION})")
+        try:
+            ws.recover_interrupted()
+        except (sqlite3.OperationalError, OSError):
+            pass  # a read-only viewer cannot repair; `tik doctor` still reports it
         return ws
 
     def close(self) -> None:

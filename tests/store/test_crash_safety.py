@@ -53,6 +53,19 @@ def test_kill_between_git_and_db_is_recorded_without_loss(ws, root):
     assert ws.reconcile(in_flight_s=0) == [], "reconcile is idempotent"
 
 
+def test_open_finishes_an_interrupted_write(ws, root):
+    child("kill_between_git_and_db", ws.path, root, expect_kill=True)
+    before = len(ws.implementations())
+    for ref in ws.git.refs(PENDING_PREFIX):
+        old = time.time() - 120
+        os.utime(ws.git.path / ref, (old, old))
+    with Workspace.open(ws.path) as again:
+        assert len(again.implementations()) == before + 1
+        assert again.implementations()[-1]["rationale"] == "fuse the epilogue"
+        assert again.git.refs(PENDING_PREFIX) == {}
+        assert again.doctor(in_flight_s=0) == []
+
+
 def test_kill_between_db_and_ref(ws, root):
     child("kill_between_db_and_ref", ws.path, root, expect_kill=True)
     new = ws.implementations()[-1]
