@@ -111,7 +111,8 @@ def build_workspace(path: Path) -> dict[str, int]:
         ids["logprob_root"] = ws.add_implementation("logprob", "def logprob(h, w, t, temp):\n    ...\n",
                                                     proposer="library", status="verified")
         ws.append_event("error", {"message": "evaluator timed out on #7 after 60 s"}, op="rmsnorm")
-        ws.set_worker_state(pid=4242, host="gpu-box", state="running", op="rmsnorm", proposer="tuner", budget=10, spent=6,
+        ws.set_worker_state(pid=4242, host="gpu-box", state="running", op="rmsnorm", proposer="tuner", budget=10,
+                            spent=6,
                             heartbeat=NOW - 5, message=f"evaluating #{ids['candidate']}")
     return ids
 

@@ -44,12 +44,6 @@ def test_detail_diff_of_the_eligible_candidate(workspace, snap_compare):
                         run_before=_before("2", detail=ids["eligible"]))
 
 
-def test_detail_cells_of_the_eligible_candidate(workspace, snap_compare):
-    path, ids = workspace
-    assert snap_compare(make_app(path, poll=False), terminal_size=SIZE,
-                        run_before=_before("4", detail=ids["eligible"]))
-
-
 def test_overview_at_80x24(workspace, snap_compare):
     path, _ = workspace
     assert snap_compare(make_app(path, poll=False), terminal_size=(80, 24), run_before=_before())

@@ -171,8 +171,9 @@ class PollResult:
 class Poller:
     """State of the polling loop. `poll(ws)` runs on the store thread."""
 
-    def __init__(self, resync_s: float = 15.0, clock: Callable[[], float] = time.time):
+    def __init__(self, resync_s: float = 15.0, clock: Callable[[], float] = time.time, backlog: int = 200):
         self.last_event_id = 0
+        self.backlog = backlog
         self.resync_s = resync_s
         self.clock = clock
         self._last_full = None
@@ -180,6 +181,9 @@ class Poller:
         self._ratio_cache: dict[int, tuple[str, float | None]] = {}
 
     def poll(self, ws) -> PollResult:
+        if self._last_full is None and self.last_event_id == 0 and hasattr(ws, "last_event_id"):
+            # a long-lived workspace has tens of thousands of events: show only the recent ones
+            self.last_event_id = max(0, ws.last_event_id() - self.backlog)
         events = list(ws.events_since(self.last_event_id, limit=500))
         if events:
             self.last_event_id = max(int(e["id"]) for e in events)
