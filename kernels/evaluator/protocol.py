@@ -55,7 +55,7 @@ class TensorWriter:
             raise TypeError(f"dtype {t.dtype} cannot cross the process boundary")
         c = t.detach().to("cpu").contiguous()
         # bytes of the element type, whatever it is (bf16 has no numpy dtype)
-        raw = c.view(torch.uint8).numpy().tobytes() if c.numel() else b""
+        raw = c.reshape(-1).view(torch.uint8).numpy().tobytes() if c.numel() else b""
         self._f.write(raw)
         self.entries.append({"dtype": DTYPE_NAMES[c.dtype], "shape": list(c.shape), "offset": self._offset,
                              "nbytes": len(raw)})

@@ -4,7 +4,6 @@ concurrently in one module-scoped fixture; each test then asserts on its own rep
 
 from __future__ import annotations
 
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -12,20 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from evaluator_fixtures import FIX, tiny
 
-from kernels.contract import load_module
 from kernels.evaluator import evaluate
 from kernels.evaluator.sandbox import child_env
 
-FIX = Path(__file__).with_name("fixtures")
 TIMEOUT = 20.0
 LOOP_TIMEOUT = 8.0
-
-
-def tiny():
-    if "tiny_contract" not in sys.modules:
-        sys.modules["tiny_contract"] = load_module(FIX / "tiny_contract.py", "tiny_contract")
-    return sys.modules["tiny_contract"].CONTRACT
 
 
 def run(name: str | Path, **kw):
@@ -190,15 +182,6 @@ def test_child_environment_is_scrubbed(monkeypatch, tmp_path):
               or k.startswith("ANTHROPIC")]
     assert leaked == []
     assert env["HARMLESS"] == "1" and env["TRITON_INTERPRET"] == "1" and env["TMPDIR"] == str(tmp_path)
-
-
-def test_library_rmsnorm_root_passes():
-    from kernels.contracts import get_contract
-
-    c = get_contract("rmsnorm")
-    rep = evaluate("rmsnorm", c.root_path, device="cpu", timeout=120)
-    assert rep.verified, rep.failure
-    assert len(rep.checks) > 20
 
 
 def test_unknown_operator_is_the_callers_error():

@@ -1,0 +1,205 @@
+"""GPU: the trusted evaluator against planted timing cheats, and the root timed against itself.
+
+    python benchmarks/bench_evaluator_cheats.py [--reps N] [--all-cells]
+
+Every candidate wraps the library's rmsnorm root, so its outputs are right after a device sync;
+each cheats only the timing:
+  side_stream      launches its work on a side stream (escapes the timing events)
+  lazy_when_timed  patches torch.cuda.Event.record to know when it is timed, then returns the
+                   previous call's output without computing
+  address_cache    caches outputs by input address (the harness rewrites inputs in place)
+  slows_neighbours patches torch.empty so every *other* implementation gets a 100 us sleep
+Each must be rejected (verified False, with the check that caught it). The root evaluated as a
+candidate against itself must be verified, and its per-cell ratio to itself within ±2%.
+Writes benchmarks/results/evaluator_h200.json and .md. Imports only torch and `kernels`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import kernels  # noqa: F401  (sets up Triton before anything imports it)
+from kernels.contracts import get_contract
+from kernels.evaluator import core, evaluate
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+
+CHEATS = {
+    "side_stream": '''
+import torch
+from kernels.ops.rmsnorm import rmsnorm as _root
+
+_side = []
+
+
+def rmsnorm(x, w, eps=1e-6):
+    if not _side:
+        _side.append(torch.cuda.Stream())
+    s = _side[0]
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        return _root(x, w, eps)
+''',
+    "lazy_when_timed": '''
+import torch
+from kernels.ops.rmsnorm import rmsnorm as _root
+
+_state = {"timed": False}
+_last = {}
+_record = torch.cuda.Event.record
+
+
+def _spy(self, *a, **k):
+    _state["timed"] = not _state["timed"]
+    return _record(self, *a, **k)
+
+
+torch.cuda.Event.record = _spy
+
+
+def rmsnorm(x, w, eps=1e-6):
+    key = (tuple(x.shape), x.dtype, x.requires_grad)
+    if _state["timed"] and key in _last:
+        return _last[key]
+    y = _root(x, w, eps)
+    if not x.requires_grad:
+        _last[key] = y
+    return y
+''',
+    "address_cache": '''
+from kernels.ops.rmsnorm import rmsnorm as _root
+
+_cache = {}
+
+
+def rmsnorm(x, w, eps=1e-6):
+    if x.requires_grad or w.requires_grad:
+        return _root(x, w, eps)
+    key = (x.data_ptr(), w.data_ptr(), tuple(x.shape), eps)
+    if key not in _cache:
+        _cache[key] = _root(x, w, eps)
+    return _cache[key]
+''',
+    "slows_neighbours": '''
+import torch
+from kernels.ops.rmsnorm import rmsnorm as _root
+
+_empty = torch.empty
+_inside = [False]
+
+
+def _slow_empty(*a, **k):
+    t = _empty(*a, **k)
+    if not _inside[0] and t.is_cuda:
+        torch.cuda._sleep(200_000)
+    return t
+
+
+torch.empty = _slow_empty
+
+
+def rmsnorm(x, w, eps=1e-6):
+    _inside[0] = True
+    try:
+        return _root(x, w, eps)
+    finally:
+        _inside[0] = False
+''',
+}
+
+
+def pick_cells(contract, all_cells: bool):
+    cells = contract.cells("gpu")
+    if all_cells:
+        return contract
+    want = [c for c in cells if c.name.startswith("qwen3-8b/") and any(f"[T={T}," in c.name for T in (1, 64, 4096))]
+    want += [c for c in cells if c.name.startswith("qwen3-8b/hidden/train[T=16384")]
+    return dataclasses.replace(contract, cells=lambda profile, want=want: list(want))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=60, help="interleaved rounds per cell")
+    ap.add_argument("--all-cells", action="store_true", help="time every rmsnorm cell (default: 7 representative)")
+    ap.add_argument("--out", type=Path, default=RESULTS / "evaluator_h200")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_evaluator_cheats: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    core.GPU_REPS = args.reps
+    base = get_contract("rmsnorm")
+    contract = pick_cells(base, args.all_cells)
+    root = base.root_path
+    doc: dict = {"what": "trusted evaluator vs planted timing cheats; root timed against itself",
+                 "op": "rmsnorm", "reps": args.reps, "cells": [c.name for c in contract.cells("gpu")], "scenarios": {}}
+    t_all = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        self_copy = Path(tmp) / "root_copy.py"
+        self_copy.write_text(root.read_text())
+        runs = {"root_vs_itself": self_copy}
+        for name, src in CHEATS.items():
+            (Path(tmp) / f"{name}.py").write_text(src)
+            runs[name] = Path(tmp) / f"{name}.py"
+        for name, path in runs.items():
+            t0 = time.monotonic()
+            rep = evaluate(contract, path, root_path=root, device="cuda", timeout=300, time_it=True)
+            d = rep.as_dict()
+            caught = [c["name"] + ": " + c["detail"] for c in d["checks"] if not c["passed"]]
+            expect = "verified" if name == "root_vs_itself" else "rejected"
+            ok = d["verified"] if expect == "verified" else not d["verified"]
+            doc["scenarios"][name] = {"expected": expect, "ok": ok, "verified": d["verified"], "failure": d["failure"],
+                                      "caught_by": caught, "cells": d["cells"], "admissible": d["admissible"],
+                                      "eligible": d["eligible"], "floor_us": d["floor_us"],
+                                      "elapsed_s": round(time.monotonic() - t0, 1)}
+            doc["env"] = d["env"]
+            print(f"{name:18s} {'OK ' if ok else 'BAD'} verified={d['verified']} "
+                  f"{(d['failure'] or '')[:150]}", flush=True)
+    self_cells = doc["scenarios"]["root_vs_itself"]["cells"]
+    ratios = [c["ratio_vs_root"] for c in self_cells if c["ratio_vs_root"] is not None]
+    doc["self_ratio"] = {
+        "per_cell": {c["cell"]: {"ratio": c["ratio_vs_root"], "median_us": c["median_us"],
+                                 "spread_us": c["spread_us"], "root_spread_us": c["root_spread_us"]}
+                     for c in self_cells},
+        "max_abs_deviation": max(abs(r - 1) for r in ratios) if ratios else None,
+        "geomean": statistics.geometric_mean(ratios) if ratios else None,
+        "within_2pct": bool(ratios) and all(abs(r - 1) <= 0.02 for r in ratios),
+    }
+    doc["pass"] = all(s["ok"] for s in doc["scenarios"].values()) and doc["self_ratio"]["within_2pct"]
+    doc["elapsed_s"] = round(time.monotonic() - t_all, 1)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(doc, indent=2))
+    args.out.with_suffix(".md").write_text(summary(doc))
+    print(summary(doc))
+    return 0 if doc["pass"] else 1
+
+
+def summary(doc: dict) -> str:
+    env = doc.get("env", {})
+    lines = [f"# Evaluator vs timing cheats ({env.get('gpu')}, driver {env.get('driver')}, torch {env.get('torch')}, "
+             f"triton {env.get('triton')})", "", f"rmsnorm, {len(doc['cells'])} cells, {doc['reps']} interleaved "
+             "rounds per cell. Pass: " + str(doc["pass"]), "", "| scenario | expected | verified | caught by |",
+             "|---|---|---|---|"]
+    for name, s in doc["scenarios"].items():
+        why = (s["caught_by"][0] if s["caught_by"] else "-").replace("|", "/")[:160]
+        lines.append(f"| {name} | {s['expected']} | {s['verified']} | {why} |")
+    sr = doc["self_ratio"]
+    lines += ["", f"Root vs itself: max |ratio - 1| = {sr['max_abs_deviation']}, geomean {sr['geomean']}", "",
+              "| cell | ratio | median us | IQR us (cand / root) |", "|---|---|---|---|"]
+    for cell, c in sr["per_cell"].items():
+        lines.append(f"| {cell} | {c['ratio']:.4f} | {c['median_us']:.2f} | {c['spread_us']:.2f} / "
+                     f"{c['root_spread_us']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""GPU: every library root passes the evaluator on cuda; the tiny contract's planted cheats are caught
+there too (side stream via the profiler, lazy-when-timed via the timed outputs)."""
+
+from __future__ import annotations
+
+import pytest
+from evaluator_fixtures import FIX, tiny
+
+from kernels.contracts import all_contracts
+from kernels.evaluator import evaluate
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("op", list(all_contracts()))
+def test_library_root_passes_on_gpu(op):
+    c = all_contracts()[op]
+    rep = evaluate(op, c.root_path, device="cuda", timeout=600, time_it=False)
+    assert rep.verified, rep.failure
+
+
+def test_good_candidate_timed_on_gpu():
+    rep = evaluate(tiny(), FIX / "good.py", root_path=FIX / "tiny_root.py", device="cuda", time_it=True)
+    assert rep.verified, rep.failure
+    d = rep.as_dict()
+    assert d["timing"] == "gpu" and d["env"]["gpu"] and d["floor_us"] is not None
+    assert any(c["name"] == "timing/integrity" and c["passed"] for c in d["checks"])
+    assert all(c["median_us"] > 0 and c["baseline_median_us"] > 0 for c in d["cells"])
+
+
+@pytest.mark.parametrize("name,check", [("side_stream", "timing/integrity"), ("lazy_when_timed", "timing/outputs")])
+def test_timing_cheat_caught_on_gpu(name, check):
+    rep = evaluate(tiny(), FIX / f"{name}.py", root_path=FIX / "tiny_root.py", device="cuda", time_it=True)
+    assert not rep.verified
+    assert [c.name for c in rep.checks if not c.passed] == [check], rep.failure

@@ -1,0 +1,151 @@
+"""The parts of the evaluator that need no child: the wire format's validation, the decision rules,
+and the timing-integrity rules fed with the numbers a side-stream or lazy candidate produces on a GPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from kernels.contract import CheckResult
+from kernels.evaluator.core import close_to, integrity_ok
+from kernels.evaluator.protocol import ProtocolError, TensorWriter, decode, encode, read_tensors
+from kernels.evaluator.report import EvalReport, decide
+from kernels.evaluator.timing import summarize
+
+
+def test_tensors_round_trip_bit_exact(tmp_path):
+    ts = [torch.randn(3, 5).to(torch.bfloat16), torch.tensor([True, False, True]), torch.arange(7, dtype=torch.int64),
+          torch.tensor(float("nan")), torch.empty(0, 4), torch.randn(4, 6).t()]
+    ts[0][0, 0] = float("nan")
+    w = TensorWriter(tmp_path / "t.bin")
+    doc = encode((ts[0], {"k": ts[1], "f": 1e-6, "n": None}, [ts[2], torch.float32], ts[3], ts[4], ts[5]), w)
+    entries = w.close()
+    back = decode(json.loads(json.dumps(doc)), read_tensors(tmp_path / "t.bin", entries))
+    assert back[1]["f"] == 1e-6 and back[1]["n"] is None and back[2][1] is torch.float32
+    got = [back[0], back[1]["k"], back[2][0], back[3], back[4], back[5]]
+    for a, b in zip(got, ts, strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert a.is_contiguous()
+        if a.is_floating_point():
+            assert torch.equal(a.view(torch.int16 if a.element_size() == 2 else torch.int32),
+                               b.contiguous().view(torch.int16 if b.element_size() == 2 else torch.int32))
+        else:
+            assert torch.equal(a, b)
+
+
+def _write(tmp_path, n=8):
+    (tmp_path / "o.bin").write_bytes(b"\x01" * n)
+    return tmp_path / "o.bin"
+
+
+@pytest.mark.parametrize("entry,words", [
+    ({"dtype": "float32", "shape": [3], "offset": 0, "nbytes": 12}, "byte range"),
+    ({"dtype": "float32", "shape": [1], "offset": 0, "nbytes": 8}, "8 bytes for shape"),
+    ({"dtype": "object", "shape": [1], "offset": 0, "nbytes": 8}, "not allowed"),
+    ({"dtype": "complex64", "shape": [1], "offset": 0, "nbytes": 8}, "not allowed"),
+    ({"dtype": "int64", "shape": [-1], "offset": 0, "nbytes": 8}, "bad shape"),
+    ({"dtype": "int64", "shape": [1.0], "offset": 0, "nbytes": 8}, "bad shape"),
+    ({"dtype": "int64", "shape": [1], "offset": -8, "nbytes": 8}, "byte range"),
+    ({"dtype": "int64", "shape": [1], "offset": 0, "nbytes": 8, "pickle": "x"}, "malformed"),
+    ({"dtype": "bool", "shape": [8], "offset": 0, "nbytes": 8}, None),
+])
+def test_hostile_manifests_are_rejected(tmp_path, entry, words):
+    path = _write(tmp_path)
+    if words is None:
+        assert read_tensors(path, [entry])[0].all()
+        (tmp_path / "o.bin").write_bytes(b"\x02" * 8)
+        words = "bool bytes"
+    with pytest.raises(ProtocolError, match=words):
+        read_tensors(path, [entry])
+    with pytest.raises(ProtocolError):
+        read_tensors(path, {"not": "a list"})
+
+
+def _cells(cand, root, inc=None, limit=0.05):
+    return [{"cell": f"c{i}", "coeff": 1.0, "limit": limit, "median_us": c, "root_median_us": r,
+             "incumbent_median_us": (inc or root)[i]} for i, (c, r) in enumerate(zip(cand, root, strict=True))]
+
+
+def _report(cells, passed=True):
+    return EvalReport(op="x", verified=False, failure=None, checks=[CheckResult("a", "a", passed, "d")], cells=cells)
+
+
+def test_decision_rules():
+    rep = _report(_cells([9.0, 10.4], [10.0, 10.0]))
+    decide(rep)
+    assert rep.verified and rep.admissible and rep.eligible
+    assert rep.objective == pytest.approx(19.4) and rep.incumbent_objective == pytest.approx(20.0)
+    # one cell more than 5% slower than the root: not admissible, however good the objective
+    rep = _report(_cells([5.0, 10.6], [10.0, 10.0]))
+    decide(rep)
+    assert rep.verified and not rep.admissible and not rep.eligible
+    # admissible but not better than the incumbent (a tie is no improvement)
+    rep = _report(_cells([10.0, 10.0], [10.0, 10.0]))
+    decide(rep)
+    assert rep.admissible and not rep.eligible
+    rep = _report(_cells([9.0, 9.0], [10.0, 10.0], inc=[8.0, 8.0]))
+    decide(rep)
+    assert rep.admissible and not rep.eligible
+    # a failed check: neither verified nor admissible, and the failure names it
+    rep = _report(_cells([1.0, 1.0], [10.0, 10.0]), passed=False)
+    decide(rep)
+    assert not rep.verified and not rep.admissible and not rep.eligible and rep.failure == "a: d"
+    rep = _report([])
+    decide(rep)
+    assert rep.verified and rep.admissible is None and rep.objective is None
+
+
+def test_summary_is_median_and_iqr():
+    s = summarize([5.0, 1.0, 3.0, 2.0, 4.0, 100.0])
+    assert s["median_us"] == 3.5 and s["samples"] == 6 and 0 < s["spread_us"] < 50
+
+
+def _timed(cand_ev, cand_wall, prof_c, prof_r=None, root_ev=10.0):
+    n = 10
+    return {"samples": {"candidate": {"event_us": [cand_ev] * n, "wall_us": [cand_wall] * n},
+                        "root": {"event_us": [root_ev] * n, "wall_us": [root_ev + 40] * n}},
+            "profile": {"candidate": prof_c, "root": prof_r or {"kernels": 1, "kernel_us": 9.0, "window_us": 10.0,
+                                                                 "overlap_spin": 0}}}
+
+
+CONTROL = {"samples": {"root": {"event_us": [10.0] * 10, "wall_us": [50.0] * 10}}}
+
+
+def test_integrity_passes_an_honest_profile():
+    ok, detail = integrity_ok(_timed(8.0, 48.0, {"kernels": 2, "kernel_us": 7.5, "window_us": 8.0,
+                                                  "overlap_spin": 0}), CONTROL)
+    assert ok, detail
+
+
+@pytest.mark.parametrize("prof,wall,words", [
+    # side stream: the kernels overlap the harness's spin kernel, events see almost nothing
+    ({"kernels": 1, "kernel_us": 9.0, "window_us": 1.5, "overlap_spin": 1}, 48.0, "spin kernel"),
+    # side stream that waits for the spin first: more kernel time than the event window holds
+    ({"kernels": 1, "kernel_us": 900.0, "window_us": 2.0, "overlap_spin": 0}, 48.0, "escapes"),
+    # no device work at all (a cached or CPU result)
+    ({"kernels": 0, "kernel_us": 0.0, "window_us": 2.0, "overlap_spin": 0}, 48.0, "no GPU kernel"),
+    # profiler blind, but the host waited 2 ms for the device after a 2 us event window
+    ({"error": "no profiler"}, 2000.0, "host wall time"),
+])
+def test_integrity_catches_work_outside_the_window(prof, wall, words):
+    ok, detail = integrity_ok(_timed(2.0, wall, prof), CONTROL)
+    assert not ok and words in detail, detail
+
+
+def test_integrity_catches_a_candidate_that_slows_the_root():
+    timed = _timed(8.0, 48.0, {"kernels": 1, "kernel_us": 7.0, "window_us": 8.0, "overlap_spin": 0}, root_ev=14.0)
+    ok, detail = integrity_ok(timed, CONTROL)
+    assert not ok and "slower beside the candidate" in detail
+
+
+def test_close_to():
+    r = torch.randn(64, 16)
+    assert close_to([r.clone()], [r], 0.05)[0]
+    assert not close_to([torch.zeros_like(r)], [r], 0.05)[0]
+    assert not close_to([r.to(torch.bfloat16)], [r], 0.05)[0]
+    assert not close_to([torch.full_like(r, float("nan"))], [r], 0.05)[0]
+    assert not close_to([r[torch.randperm(64)]], [r], 0.05)[0]
+    ids = torch.arange(200)
+    assert close_to([ids], [ids], 0.05)[0] and not close_to([ids.flip(0)], [ids], 0.05)[0]
