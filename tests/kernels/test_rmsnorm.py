@@ -45,6 +45,15 @@ def test_any_rank_matches_hf_cast_order_bitwise(shape):
     assert torch.equal(y.view(torch.int16), hf.view(torch.int16))
 
 
+@pytest.mark.parametrize("tile", [1024, 8192], ids=["tile1024", "tile8192"])
+def test_other_tunable_values_keep_the_contract(monkeypatch, tile):
+    # a tuner derivation changes CONFIG only: rows per tile change, each row's reduction must not
+    monkeypatch.setitem(root.CONFIG, "TILE_ELEMS", tile)
+    monkeypatch.setitem(root.CONFIG, "BWD_ROWS", 32)
+    results = run_plan(make_plan(configs("cpu")[2:], CPU_SIZES, seed=1), root)
+    assert results and not _failed(results), _failed(results)
+
+
 def test_non_contiguous_rows():
     base = torch.randn(6, 3 * 32).to(torch.bfloat16)
     q = base[:, :64].view(6, 2, 32)  # a slice of a fused qkv output: rows are strided
