@@ -207,7 +207,7 @@ def test_config_file_sets_theme_and_keymap(tmp_path, monkeypatch):
         load_config()
 
 
-async def test_keymap_override_rebinds_approve(workspace):
+async def test_keymap_override_help_and_palette(workspace):
     from tik_tui.config import UiConfig
 
     path, ids = workspace
@@ -219,3 +219,15 @@ async def test_keymap_override_rebinds_approve(workspace):
         assert app.snapshot.queue
         await pilot.press("y")
         await wait_for(pilot, lambda: not app.snapshot.queue)
+        await pilot.press("f1")  # help panel on, then off
+        await pilot.pause()
+        assert app.screen.query("HelpPanel")
+        await pilot.press("f1")
+        await pilot.pause()
+        assert not app.screen.query("HelpPanel")
+        # the command palette jumps to a derivation by id
+        await pilot.press("ctrl+p", *f"#{ids['failed']}")
+        await pilot.pause(0.5)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, DetailScreen))
+        assert app.screen.impl_id == ids["failed"]
