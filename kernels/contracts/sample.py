@@ -62,12 +62,15 @@ def _seeds(T: int, gen: torch.Generator) -> torch.Tensor:
     return torch.randint(-(2**62), 2**62, (T,), generator=gen, dtype=torch.int64)
 
 
-def config(name: str, H: int, V: int, temperature: float) -> TokenwiseConfig:
-    return TokenwiseConfig(
-        name=name,
-        make_inputs=lambda T, gen: (*hidden_and_weight(T, H, V, gen), temperature, _seeds(T, gen)),
-        token_args=(0, 3),
-    )
+def config(name: str, H: int, V: int, temperature: float, w: torch.Tensor | None = None) -> TokenwiseConfig:
+    """Fresh hidden states and seeds for T tokens; a fresh weight too unless `w` is given (it is shared,
+    at the GPU profile's 151,936 × 4,096, to keep building the plan fast)."""
+
+    def make_inputs(T: int, gen: torch.Generator) -> tuple:
+        hidden, w_new = hidden_and_weight(T, H, V if w is None else 1, gen)
+        return hidden, (w_new if w is None else w), temperature, _seeds(T, gen)
+
+    return TokenwiseConfig(name=name, make_inputs=make_inputs, token_args=(0, 3))
 
 
 def _allowed(scores: torch.Tensor) -> torch.Tensor:
@@ -121,9 +124,10 @@ def chi2(counts: torch.Tensor, probs: torch.Tensor, n: int) -> tuple[float, int]
 
 
 def _distribution_check(plan: Plan, name: str, H: int, V: int, temperature: float, draws: tuple[int, int],
-                        gen: torch.Generator) -> None:
+                        gen: torch.Generator, w: torch.Tensor | None = None) -> None:
     rows, n = draws
-    hidden, w = hidden_and_weight(rows, H, V, gen)
+    hidden, w_new = hidden_and_weight(rows, H, V if w is None else 1, gen)
+    w = w_new if w is None else w
     rep = torch.arange(rows).repeat_interleave(n)
     seeds = _seeds(rows * n, gen)
     pid = plan.add(Probe(f"{name}/draws[{rows}x{n}]", "sample", (hidden[rep], w, temperature, seeds)))
@@ -154,16 +158,17 @@ def build_plan(profile: str, seed: int) -> Plan:
     rng = random.Random(seed)
     plan = Plan()
     for i, (name, H, V, tau) in enumerate(shapes(profile)):
-        cfgs = [config(name, H, V, tau)]
+        w = hidden_and_weight(1, H, V, torch.Generator().manual_seed(rng.randrange(2**31)))[1]
+        cfgs = [config(name, H, V, tau, w)]
         # the interpreter is slow: the CPU profile checks greedy (and draws) on its first shape only
         if profile == "gpu" or i == 0:
-            cfgs.append(config(f"{name}/greedy", H, V, 0.0))
+            cfgs.append(config(f"{name}/greedy", H, V, 0.0, w))
         plan.extend(tokenwise_plan("sample", cfgs, sizes, rng.randrange(2**31)))
         gen = torch.Generator().manual_seed(rng.randrange(2**31))
         for cfg in cfgs:
             _accuracy_check(plan, cfg.name, cfg.make_inputs(max(sizes), gen))
         if profile == "gpu" or i == 0:
-            _distribution_check(plan, name, H, V, tau, draws, gen)
+            _distribution_check(plan, name, H, V, tau, draws, gen, w)
     return plan
 
 

@@ -221,7 +221,7 @@ def _grad_hidden_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     # reduction over V in increasing order, no split: grad_hidden = dz @ w
     for v0 in range(0, V, BLOCK_K):
-        o_v = v0 + tl.arange(0, BLOCK_K)
+        o_v = (v0 + tl.arange(0, BLOCK_K)).to(tl.int64)  # v · stride reaches 6e8 at V = 151,936
         m_v = o_v < V
         b_dz = tl.load(dz_ptr + o_t[:, None] * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
         b_w = tl.load(w_ptr + o_v[:, None] * stride_w + o_h[None, :], mask=m_v[:, None] & m_h[None, :], other=0.0)
@@ -262,7 +262,7 @@ def _grad_weight_kernel(
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     # reduction over the chunk's tokens in increasing order; chunks are launched in order
     for t0 in range(0, n, BLOCK_K):
-        o_t = t0 + tl.arange(0, BLOCK_K)
+        o_t = (t0 + tl.arange(0, BLOCK_K)).to(tl.int64)
         m_t = o_t < n
         b_dzt = tl.load(dz_ptr + o_t[None, :] * V + o_v[:, None], mask=m_v[:, None] & m_t[None, :], other=0.0)
         b_h = tl.load(h_ptr + o_t[:, None] * stride_h + o_h[None, :], mask=m_t[:, None] & m_h[None, :], other=0.0)

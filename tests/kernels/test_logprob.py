@@ -49,7 +49,7 @@ def _plan(grad: bool = False, sizes=CPU_SIZES, cfg=None):
 
 
 #: a narrow shape for the tiny-tile runs (the interpreter's cost grows with the number of tiles)
-SMALL_CFG = config("H=48,V=100", 48, 100, 0.7)
+SMALL_CFG = config("H=80,V=100", 80, 100, 0.7)
 SMALL_SIZES = (1, 5, 20)
 
 
@@ -61,7 +61,7 @@ def test_cpu_plan_passes_on_root():
 
 
 def test_small_tiles_many_chunks_and_blocks(tmp_path):
-    # 3 V chunks of 48 (the last one partial), 2 token blocks of 16 at T=20, 3 K steps: merge and masking paths
+    # 3 V chunks of 48 (the last one partial), 2 token blocks of 16 at T=20, 5 K steps: merge and masking paths
     mod = _planted(tmp_path, config=SMALL)
     results = run_plan(_plan(sizes=SMALL_SIZES, cfg=SMALL_CFG), mod)
     assert not _failed(results), _failed(results)
