@@ -6,8 +6,10 @@
 2. bitwise sweep (Hq=32, Hk=8, D=128, 128-token answer): batch {1, 4, 8, 16} x context {1k, 4k, 8k, 16k}:
    prompt-only prefill == prompt rows of prompt + answer; decode at every answer position (lengths mixed
    within the batch, cache past lens = NaN) == prefill rows; the last sequence alone == its batch rows;
-3. timings, medians of interleaved repetitions in one run: prefill vs SDPA (flash backend, causal, GQA),
-   decode vs SDPA with a length mask (default backend) and vs SDPA flash on an exactly-sized cache.
+3. decode tunables timed (CUDA graphs), each variant's bits compared with the default's;
+4. timings, medians of interleaved repetitions in one run, CUDA-graph replay (kernel time) and eager (with
+   Python launch cost): prefill vs SDPA (flash backend, causal, GQA), decode vs SDPA with a length mask
+   (default backend) and vs SDPA flash on an exactly-sized cache.
 Writes attention_h200.json and attention_h200.md to --out. No ratio is reported as a result on a red gate.
 """
 
@@ -84,8 +86,10 @@ def tunables_check() -> list[dict]:
     default_ok = all(bits_equal(d[:, :, 0], full0[rows, :, pos]) for d, pos in zip(dec0, steps, strict=True))
     out = [{"variant": "default", "config": base_cfg, "decode_matches_prefill": default_ok}]
     variants = [{"BLOCK_M": 64, "num_warps": 4}, {"BLOCK_M": 64, "num_warps": 8}, {"BLOCK_M": 128, "num_warps": 4},
-                {"num_stages": 3}, {"DECODE_BLOCK_M": 64}, {"DECODE_BLOCK_D": 16}, {"DECODE_BLOCK_D": 128},
-                {"decode_num_warps": 8}, {"decode_num_stages": 1}]
+                {"num_stages": 3}, {"DECODE_BLOCK_M": 64}, {"DECODE_BLOCK_D": 16}, {"DECODE_BLOCK_D": 64},
+                {"DECODE_BLOCK_D": 128}, {"decode_num_warps": 1}, {"decode_num_warps": 2}, {"decode_num_warps": 8},
+                {"decode_num_warps": 2, "DECODE_BLOCK_D": 16}, {"decode_num_warps": 1, "DECODE_BLOCK_D": 16},
+                {"decode_num_stages": 1}, {"decode_num_stages": 3}]
     for var in variants:
         attn.CONFIG.update(var)
         try:
@@ -145,8 +149,36 @@ def sweep(budget_s: float) -> list[dict]:
 # ----------------------------------------------------------------------------- 3. timings
 
 
-def time_interleaved(fns: dict, reps: int = 9) -> dict:
-    """Median per-call µs of each provider; providers alternate within every repetition."""
+def as_graph(f):
+    """f captured in a CUDA graph (what a rollout engine replays); None when it cannot be captured."""
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            f()
+            f()
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            f()
+        torch.cuda.synchronize()
+        return g.replay
+    except Exception:
+        torch.cuda.synchronize()
+        return None
+
+
+def time_interleaved(fns: dict, reps: int = 9, graph: bool = False) -> dict:
+    """Median per-call µs of each provider; providers alternate within every repetition.
+
+    graph=True times CUDA-graph replays (kernel time, no Python launch cost), as AReaL-TIK does.
+    """
+    captured = {}
+    if graph:
+        graphs = {n: as_graph(f) for n, f in fns.items()}
+        captured = {n: g is not None for n, g in graphs.items()}
+        # a provider that cannot be captured is timed eagerly (and says so)
+        fns = {n: graphs[n] or f for n, f in fns.items()}
     for f in fns.values():
         f()
     torch.cuda.synchronize()
@@ -168,8 +200,8 @@ def time_interleaved(fns: dict, reps: int = 9) -> dict:
             e.record()
             torch.cuda.synchronize()
             samples[name].append(s.elapsed_time(e) * 1e3 / n[name])
-    return {name: {"median_us": statistics.median(v), "min_us": min(v), "max_us": max(v)}
-            for name, v in samples.items()}
+    return {name: {"median_us": statistics.median(v), "min_us": min(v), "max_us": max(v),
+                   "graph": captured.get(name, False)} for name, v in samples.items()}
 
 
 def sdpa_flash(q, k, v, **kw):
@@ -183,10 +215,13 @@ def prefill_cell(hq: int, hk: int, B: int, S: int) -> dict:
     gen = torch.Generator("cuda").manual_seed(S + B)
     q, k, v = rand(B, hq, S, D, gen=gen), rand(B, hk, S, D, gen=gen), rand(B, hk, S, D, gen=gen)
     row = {"hq": hq, "hk": hk, "B": B, "S": S}
-    r = time_interleaved({"tik": lambda: attn.attention_prefill(q, k, v),
-                          "sdpa_flash": lambda: sdpa_flash(q, k, v, is_causal=True)})
+    fns = {"tik": lambda: attn.attention_prefill(q, k, v), "sdpa_flash": lambda: sdpa_flash(q, k, v, is_causal=True)}
+    r = time_interleaved(fns, graph=True)
     flops = 2 * B * hq * S * S * D
     row.update({f"{n}_us": t["median_us"] for n, t in r.items()})
+    eager = time_interleaved(fns, reps=5)
+    row.update({f"eager_{n}_us": t["median_us"] for n, t in eager.items()})
+    row["eager_ratio_vs_sdpa"] = row["eager_tik_us"] / row["eager_sdpa_flash_us"]
     row["tik_tflops"] = flops / (row["tik_us"] * 1e6)
     row["sdpa_tflops"] = flops / (row["sdpa_flash_us"] * 1e6)
     row["ratio_vs_sdpa"] = row["tik_us"] / row["sdpa_flash_us"]
@@ -224,8 +259,13 @@ def decode_cell(hq: int, hk: int, B: int, L: int) -> dict:
     except Exception as e:
         fns.pop("sdpa_flash")
         row["sdpa_flash_error"] = str(e)[:120]
-    r = time_interleaved(fns)
+    r = time_interleaved(fns, graph=True)
     row.update({f"{n}_us": t["median_us"] for n, t in r.items()})
+    row["graph_captured"] = {n: t["graph"] for n, t in r.items()}
+    eager = time_interleaved(fns, reps=5)
+    row.update({f"eager_{n}_us": t["median_us"] for n, t in eager.items()})
+    row["eager_ratio_vs_best_sdpa"] = row["eager_tik_us"] / min(row.get("eager_sdpa_mask_us", math.inf),
+                                                                row.get("eager_sdpa_flash_us", math.inf))
     best = min(v_ for k_, v_ in row.items() if k_.startswith("sdpa") and k_.endswith("_us"))
     row["ratio_vs_best_sdpa"] = row["tik_us"] / best
     row["ratio_vs_sdpa_mask"] = row["tik_us"] / row["sdpa_mask_us"]
@@ -245,6 +285,37 @@ def bench_decode(budget_s: float) -> list[dict]:
             out.append(decode_cell(hq, hk, B, L))
         except Exception as e:
             out.append({"hq": hq, "hk": hk, "B": B, "L": L, "error": f"{type(e).__name__}: {str(e)[:200]}"})
+    return out
+
+
+def decode_tuning(budget_s: float) -> list[dict]:
+    """Graph-timed decode under CONFIG variants (bits checked against the default by `tunables`)."""
+    variants = [{}, {"decode_num_warps": 1}, {"decode_num_warps": 2}, {"decode_num_warps": 8},
+                {"DECODE_BLOCK_D": 16}, {"DECODE_BLOCK_D": 64}, {"decode_num_stages": 3},
+                {"decode_num_warps": 2, "DECODE_BLOCK_D": 16}, {"decode_num_warps": 1, "DECODE_BLOCK_D": 16},
+                {"decode_num_warps": 2, "DECODE_BLOCK_D": 64}]
+    out = []
+    base_cfg = dict(attn.CONFIG)
+    for B, L in ((1, 16384), (16, 4096), (16, 16384)):
+        gen = torch.Generator("cuda").manual_seed(L + B)
+        q = rand(B, HQ, 1, D, gen=gen)
+        kc, vc = rand(B, HK, L, D, gen=gen), rand(B, HK, L, D, gen=gen)
+        lens = torch.full((B,), L, dtype=torch.int32, device="cuda")
+        ref_out = attn.attention_decode(q, kc, vc, lens)
+        for var in variants:
+            if time.time() - T0 > budget_s:
+                break
+            attn.CONFIG.update(var)
+            try:
+                same = bits_equal(attn.attention_decode(q, kc, vc, lens), ref_out)
+                call = lambda q=q, kc=kc, vc=vc, lens=lens: attn.attention_decode(q, kc, vc, lens)
+                r = time_interleaved({"tik": call}, reps=5, graph=True)
+                out.append({"B": B, "L": L, "variant": var, "us": r["tik"]["median_us"], "same_bits": same})
+            except Exception as e:
+                out.append({"B": B, "L": L, "variant": var, "error": f"{type(e).__name__}: {str(e)[:200]}"})
+            finally:
+                attn.CONFIG.clear()
+                attn.CONFIG.update(base_cfg)
     return out
 
 
@@ -270,20 +341,28 @@ def write(out_dir: Path, res: dict) -> None:
         else:
             lines.append(f"| {r['B']} | {r['context']} | {r['prefix_matches_full']} | {r['batch_invariance']} | "
                          f"{r['decode_matches_prefill']} ({r['decode_positions']}) |")
-    lines += ["", "## Prefill (causal) vs SDPA flash", "", "| Hq/Hk | B | S | tik µs | SDPA µs | ratio | tik TFLOP/s |",
-              "|---|---|---|---|---|---|---|"]
+    lines += ["", "## Prefill (causal) vs SDPA flash (CUDA-graph replay; eager ratio beside)", "",
+              "| Hq/Hk | B | S | tik µs | SDPA µs | ratio | tik TFLOP/s | eager ratio |",
+              "|---|---|---|---|---|---|---|---|"]
     for r in res.get("prefill", []):
         if "tik_us" in r:
             lines.append(f"| {r['hq']}/{r['hk']} | {r['B']} | {r['S']} | {r['tik_us']:.1f} | {r['sdpa_flash_us']:.1f} "
-                         f"| {r['ratio_vs_sdpa']:.2f} | {r['tik_tflops']:.0f} |")
-    lines += ["", "## Decode vs SDPA (mask, default backend) and SDPA flash (exact-length cache)", "",
-              "| Hq/Hk | B | L | tik µs | SDPA mask µs | SDPA flash µs | ratio vs best | tik TB/s |",
-              "|---|---|---|---|---|---|---|---|"]
+                         f"| {r['ratio_vs_sdpa']:.2f} | {r['tik_tflops']:.0f} | {r['eager_ratio_vs_sdpa']:.2f} |")
+    lines += ["", "## Decode vs SDPA (mask, default backend) and SDPA flash (exact-length cache), CUDA graphs", "",
+              "| Hq/Hk | B | L | tik µs | SDPA mask µs | SDPA flash µs | ratio vs best | tik TB/s | eager ratio vs best"
+              " |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for r in res.get("decode", []):
         if "tik_us" in r:
             fl = f"{r['sdpa_flash_us']:.1f}" if "sdpa_flash_us" in r else "-"
             lines.append(f"| {r['hq']}/{r['hk']} | {r['B']} | {r['L']} | {r['tik_us']:.1f} | {r['sdpa_mask_us']:.1f} "
-                         f"| {fl} | {r['ratio_vs_best_sdpa']:.2f} | {r['tik_tbps']:.2f} |")
+                         f"| {fl} | {r['ratio_vs_best_sdpa']:.2f} | {r['tik_tbps']:.2f} "
+                         f"| {r['eager_ratio_vs_best_sdpa']:.2f} |")
+    lines += ["", "## Decode tunables (CUDA graph µs; bits vs default)", "", "| B | L | variant | µs | same bits |",
+              "|---|---|---|---|---|"]
+    for r in res.get("decode_tuning", []):
+        if "us" in r:
+            lines.append(f"| {r['B']} | {r['L']} | {r['variant'] or 'default'} | {r['us']:.1f} | {r['same_bits']} |")
     s = res.get("summary", {})
     lines += ["", f"Geomean time ratio: prefill vs SDPA flash {s.get('prefill_geomean_ratio')}, decode vs best SDPA "
               f"{s.get('decode_geomean_ratio_vs_best')}, decode vs SDPA mask {s.get('decode_geomean_ratio_vs_mask')}."]
@@ -298,7 +377,8 @@ def main() -> None:
     res = {"env": env(), "command": "PYTHONPATH=. python benchmarks/bench_attention.py --out DIR",
            "config": dict(attn.CONFIG)}
     out_dir = Path(a.out)
-    for name, fn in (("tunables", tunables_check), ("sweep", lambda: sweep(a.budget * 0.45)),
+    for name, fn in (("tunables", tunables_check), ("sweep", lambda: sweep(a.budget * 0.35)),
+                     ("decode_tuning", lambda: decode_tuning(a.budget * 0.5)),
                      ("prefill", lambda: bench_prefill(a.budget * 0.75)), ("decode", lambda: bench_decode(a.budget))):
         t = time.time()
         try:

@@ -81,7 +81,7 @@ def test_root_passes_cpu_plan(plan, root):
     assert needed == {r.requirement for r in results.values()}, "every requirement has a check"
 
 
-@pytest.mark.parametrize("S", [1, 3, 8, 9, 17], ids=lambda s: f"S={s}")
+@pytest.mark.parametrize("S", [1, 8, 9], ids=lambda s: f"S={s}")
 def test_decode_every_position_equals_prefill(S):
     """A direct check outside the plan: odd lengths, MHA and GQA 4:1, a strided (over-allocated) cache."""
     from kernels.ops.attention import attention_decode, attention_prefill
