@@ -245,3 +245,29 @@ def test_a_thousand_node_tree_with_merges_round_trips(tmp_path):
     assert all(parents[commits[i]] == [commits[p] for p in ps] for i, ps in model.items())
     assert ws.doctor(in_flight_s=0) == []
     ws.close()
+
+
+def test_threads_share_one_workspace(ws, root):
+    """One connection per thread, one git Repo behind a lock: concurrent threads lose nothing."""
+    import threading
+
+    errors: list[BaseException] = []
+
+    def work(k: int) -> None:
+        try:
+            for i in range(15):
+                impl = ws.add_implementation("toy", toy_source(100 * k + i), parents=[root], proposer=f"t{k}")
+                ws.record_evaluation(impl, report(objective=float(i + 1)))
+                ws.append_event("thread", {"k": k, "i": i})
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert sorted(r["proposer"] for r in ws.children(root)) == sorted(f"t{k}" for k in range(4) for _ in range(15))
+    assert len([e for e in ws.events_since(0, limit=10_000) if e["kind"] == "thread"]) == 60
+    assert ws.doctor(in_flight_s=0) == []
