@@ -42,6 +42,9 @@ class DerivationTree(Tree):
         self._kids: dict[int | None, list[int]] = {}
         self._tops: dict[str, list[int]] = {}
         self._visible: set[int] | None = None
+        #: id -> what its label depends on, so that a refresh relabels only what changed
+        self._sigs: dict[int, tuple] = {}
+        self._counts: dict[str, int] = {}
 
     # -- data -------------------------------------------------------------------------------
     def update_from(self, snap: Snapshot, evaluating: set[int] | None = None) -> None:
@@ -60,20 +63,25 @@ class DerivationTree(Tree):
             self._add_missing_children(key)
         for i, node in self._impl_nodes.items():
             if i in snap.impls:
-                self._relabel(i, node, self._impl_label(i))
+                sig = self._signature(i)
+                if self._sigs.get(i) != sig:
+                    self._sigs[i] = sig
+                    self._relabel(i, node, self._impl_label(i))
                 node.allow_expand = bool(self._children_of(i))
 
     def _index(self) -> None:
         kids: dict[int | None, list[int]] = {}
         tops: dict[str, list[int]] = {}
+        counts: dict[str, int] = {}
         for i in sorted(self.snap.impls):
             row = self.snap.impls[i]
+            counts[row.get("op")] = counts.get(row.get("op"), 0) + 1
             p = parent_of(row)
             if p is None or p not in self.snap.impls:
                 tops.setdefault(row.get("op"), []).append(i)
             else:
                 kids.setdefault(p, []).append(i)
-        self._kids, self._tops = kids, tops
+        self._kids, self._tops, self._counts = kids, tops, counts
         self._visible = None
         if self.status_filter is not None:
             visible: set[int] = set()
@@ -83,6 +91,11 @@ class DerivationTree(Tree):
                         visible.add(i)
                         i = parent_of(self.snap.impls[i]) if i in self.snap.impls else None
             self._visible = visible
+
+    def _signature(self, i: int) -> tuple:
+        row, op = self.snap.impls[i], self.snap.impls[i].get("op")
+        return (self._status(i), self.snap.ratios.get(i), row.get("proposer"),
+                self.snap.roots.get(op) == i, self.snap.incumbents.get(op) == i)
 
     def _status(self, i: int) -> str:
         status = self.snap.impls[i].get("status")
@@ -106,7 +119,7 @@ class DerivationTree(Tree):
             node.set_label(label)
 
     def _op_label(self, op: str) -> Text:
-        n = sum(1 for r in self.snap.impls.values() if r.get("op") == op)
+        n = self._counts.get(op, 0)
         inc = self.snap.incumbents.get(op)
         t = Text(op, style="bold")
         t.append(f"  {n} derivation{'s' if n != 1 else ''}", style="dim")
@@ -188,6 +201,7 @@ class DerivationTree(Tree):
         self._op_nodes.clear()
         self._loaded.clear()
         self._labels.clear()
+        self._sigs.clear()
         self.update_from(self.snap, self.evaluating)
         if self._visible is not None and len(self._visible) <= 500:
             for op, node in self._op_nodes.items():

@@ -46,6 +46,8 @@ class HistoryTable(KeyedTable):
         self.status_filter: str | None = None
         self.now: float | None = None
         self._sort_i = 0
+        #: id -> (what the row depends on, its cells): unchanged rows are not rebuilt
+        self._row_cache: dict[int, tuple[tuple, tuple]] = {}
 
     def columns_ready(self) -> None:
         self.sort_by("id", key=_sort_key, reverse=True)
@@ -66,6 +68,11 @@ class HistoryTable(KeyedTable):
             if not self.matches(i):
                 continue
             row = snap.impls[i]
+            sig = (row.get("status"), snap.ratios.get(i), row.get("updated"))
+            cached = self._row_cache.get(i)
+            if cached is not None and cached[0] == sig:
+                rows.append((str(i), cached[1]))
+                continue
             p = parent_of(row)
             rows.append((str(i), (
                 f"#{i}",
@@ -76,6 +83,7 @@ class HistoryTable(KeyedTable):
                 f"#{p}" if p is not None else "—",
                 fmt.when(row.get("created"), self.now),
             )))
+            self._row_cache[i] = (sig, rows[-1][1])
         self.sync(rows)
         self.border_subtitle = f"{len(rows)} of {len(snap.impls)}"
 

@@ -41,7 +41,7 @@ class KeyedTable(DataTable):
             if old is None:
                 self.add_row(*cells, key=key)
                 added = True
-            elif old != cells:
+            elif old is not cells and old != cells:
                 for col, new, was in zip(cols, cells, old, strict=True):
                     if new != was:
                         self.update_cell(key, col, new)
