@@ -364,7 +364,7 @@ def bench_case(cell: Cell, seed: int, device: str) -> BenchCase:
     q, _, _ = _qkv(B, hq, hk, 1, d, 1.0, gen, device)
     kc, vc = _qkv(B, hk, hk, S, d, 1.0, gen, device)[1:]
     # mixed lengths, as in a rollout batch: each sequence a little shorter than the cache
-    lens = (S - (torch.arange(B, device=device) * 37) % 64).to(torch.int32)
+    lens = (S - (torch.arange(B, device=device) * 37) % max(1, min(64, S // 2))).to(torch.int32)
     mask = (torch.arange(S, device=device)[None, :] < lens[:, None])[:, None, None, :]
     return BenchCase(
         entry="attention_decode",
