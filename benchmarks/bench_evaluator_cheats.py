@@ -5,9 +5,10 @@
 Every candidate wraps the library's rmsnorm root, so its outputs are right after a device sync;
 each cheats only the timing:
   side_stream      launches its work on a side stream (escapes the timing events)
-  lazy_when_timed  patches torch.cuda.Event.record to know when it is timed, then returns the
-                   previous call's output without computing
+  lazy_when_timed  when the stream is busy at call time (the harness queued work before timing
+                   it), returns the previous call's output without computing
   address_cache    caches outputs by input address (the harness rewrites inputs in place)
+  patches_harness  reaches the harness's Timer.sample by an obfuscated import and halves its own times
   slows_neighbours patches torch.empty so every *other* implementation gets a 100 us sleep
 Each must be rejected (verified False, with the check that caught it). The root evaluated as a
 candidate against itself must be verified, and its per-cell ratio to itself within ±2%.
@@ -54,22 +55,13 @@ def rmsnorm(x, w, eps=1e-6):
 import torch
 from kernels.ops.rmsnorm import rmsnorm as _root
 
-_state = {"timed": False}
 _last = {}
-_record = torch.cuda.Event.record
-
-
-def _spy(self, *a, **k):
-    _state["timed"] = not _state["timed"]
-    return _record(self, *a, **k)
-
-
-torch.cuda.Event.record = _spy
 
 
 def rmsnorm(x, w, eps=1e-6):
-    key = (tuple(x.shape), x.dtype, x.requires_grad)
-    if _state["timed"] and key in _last:
+    # a busy stream at call time means a harness queued work (or a spin) before timing this call
+    key = (tuple(x.shape), x.dtype)
+    if not x.requires_grad and not torch.cuda.current_stream().query() and key in _last:
         return _last[key]
     y = _root(x, w, eps)
     if not x.requires_grad:
@@ -89,6 +81,32 @@ def rmsnorm(x, w, eps=1e-6):
     if key not in _cache:
         _cache[key] = _root(x, w, eps)
     return _cache[key]
+''',
+    "patches_harness": '''
+import importlib
+
+from kernels.ops.rmsnorm import rmsnorm as _root
+
+# spelled so that a static screen for the evaluator's module names does not see it
+_t = importlib.import_module("kernels." + "evalu" + "ator.timing")
+_orig = _t.Timer.sample
+_mine = [False]
+
+
+def _sample(self, fn):
+    out, ev, wall = _orig(self, fn)
+    if _mine[0]:
+        _mine[0] = False
+        return out, ev * 0.5, wall
+    return out, ev, wall
+
+
+_t.Timer.sample = _sample
+
+
+def rmsnorm(x, w, eps=1e-6):
+    _mine[0] = True
+    return _root(x, w, eps)
 ''',
     "slows_neighbours": '''
 import torch

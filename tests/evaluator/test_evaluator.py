@@ -30,7 +30,7 @@ def run(name: str | Path, **kw):
 
 
 PLANTED = ["good", "exits", "segfault", "import_error", "no_entry", "batch_dependent", "mutates", "subclass",
-           "strided", "wrong_dtype", "aliases", "zeros", "nans", "cached", "patches_equal", "forges"]
+           "strided", "wrong_dtype", "aliases", "zeros", "nans", "cached", "patches_equal", "forges", "patches_timer"]
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +77,7 @@ def test_good_candidate_is_verified(reports):
     ("strided", "output 0 is not contiguous"),
     ("aliases", "output 0 aliases an input"),
     ("forges", "protocol error"),
+    ("patches_timer", "the source references the evaluator ('kernels.evaluator')"),
 ])
 def test_broken_candidate_fails_with_reason(reports, name, reason):
     rep = reports[name]

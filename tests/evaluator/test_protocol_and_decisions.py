@@ -126,6 +126,8 @@ def test_integrity_passes_an_honest_profile():
     ({"kernels": 1, "kernel_us": 900.0, "window_us": 2.0, "overlap_spin": 0}, 48.0, "escapes"),
     # no device work at all (a cached or CPU result)
     ({"kernels": 0, "kernel_us": 0.0, "window_us": 2.0, "overlap_spin": 0}, 48.0, "no GPU kernel"),
+    # honest kernels under the profiler, but the timed samples claim a third of their time
+    ({"kernels": 1, "kernel_us": 6.0, "window_us": 6.2, "overlap_spin": 0}, 48.0, "tampered"),
     # profiler blind, but the host waited 2 ms for the device after a 2 us event window
     ({"error": "no profiler"}, 2000.0, "host wall time"),
 ])
