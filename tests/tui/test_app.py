@@ -52,6 +52,7 @@ async def test_new_derivations_and_events_appear_after_polling(workspace):
         tree.expand_to(new)
         await pilot.pause()
         assert "evaluating" in tree._impl_nodes[new].label.plain
+        await pilot.press("4")
         assert str(new) in [str(k.value) for k in app.screen.query_one(HistoryTable).rows]
 
 
@@ -163,9 +164,13 @@ async def test_history_filter_and_goto(workspace):
     app = make_app(path)
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: app.loaded)
+        table = app.screen.query_one(HistoryTable)
+        table.max_rows = 4  # a big workspace shows the newest rows and says so
+        await pilot.press("4")
+        assert [r.key.value for r in table.ordered_rows] == ["9", "8", "7", "6"]
+        assert "9 of 9 derivations (newest 4" in str(app.screen.query_one("#history-count").render())
         await pilot.press("slash", *"claude")
         await pilot.pause()
-        table = app.screen.query_one(HistoryTable)
         assert [k.value for k in table.rows] == [str(ids["eligible"])]
         await pilot.press("enter", "enter")  # leave the filter, open the row
         await wait_for(pilot, lambda: isinstance(app.screen, DetailScreen))

@@ -85,6 +85,7 @@ class MainScreen(Screen):
                     yield Input(placeholder="/ filter: words match id, operator, status, proposer, rationale",
                                 id="history-filter")
                     yield HistoryTable(id="history-table")
+                    yield Static("", id="history-count", classes="count")
             with TabPane("5 Events", id="events"):
                 yield EventLog(id="all-events")
         yield Footer()
@@ -105,12 +106,29 @@ class MainScreen(Screen):
         self.query_one(QueueView).update_from(snap)
         self.query_one("#empty-queue").display = not snap.queue
         self.query_one(QueueView).display = bool(snap.queue)
-        self.query_one(HistoryTable).update_from(snap, now)
+        history = self.query_one(HistoryTable)
+        history.now = now
+        if self.query_one(TabbedContent).active == "history":
+            self._update_history(snap)
+        else:
+            history.snap = snap  # filled in when its tab opens
         if message.events:
             self.query_one("#recent-events", EventLog).add_events(message.events, now)
             self.query_one("#all-events", EventLog).add_events(message.events, now)
         queue_tab = self.query_one(TabbedContent).get_tab("queue")
         queue_tab.label = Text.assemble("3 Queue", (f" ({len(snap.queue)})", "bold magenta") if snap.queue else "")
+
+    def _update_history(self, snap: Snapshot | None = None) -> None:
+        history = self.query_one(HistoryTable)
+        history.update_from(snap or history.snap)
+        shown, matching, total = history.shown
+        more = f" (newest {shown}; type a filter to narrow)" if matching > shown else ""
+        self.query_one("#history-count", Static).update(f"{matching} of {total} derivations{more}")
+
+    @on(TabbedContent.TabActivated)
+    def _tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        if event.pane.id == "history":
+            self._update_history()
 
     # -- navigation -------------------------------------------------------------------------
     def action_tab(self, tab: str) -> None:
@@ -128,6 +146,10 @@ class MainScreen(Screen):
     @on(Input.Changed, "#history-filter")
     def _filter(self, event: Input.Changed) -> None:
         self.query_one(HistoryTable).set_filter(text=event.value)
+
+    @on(HistoryTable.Filtered)
+    def _filtered(self) -> None:
+        self._update_history()
 
     @on(Input.Submitted, "#history-filter")
     def _filter_done(self) -> None:

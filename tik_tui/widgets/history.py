@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich.text import Text
 from textual.binding import Binding
+from textual.message import Message
 
 from tik_tui.widgets import format as fmt
 from tik_tui.widgets.keyed_table import KeyedTable
@@ -24,6 +25,9 @@ def _sort_key(value):
 
 
 class HistoryTable(KeyedTable):
+    """The newest `max_rows` matching derivations (a DataTable row costs ~1 ms to add: 10,000 would
+    freeze the UI for seconds); the filter narrows the rest down."""
+
     COLUMNS = (
         ("id", "id", 6),
         ("op", "operator", 12),
@@ -39,6 +43,9 @@ class HistoryTable(KeyedTable):
         Binding("f", "cycle_filter", "Filter", id="history.filter", tooltip="Cycle the status filter"),
     ]
 
+    class Filtered(Message):
+        """The filter changed; the owner re-runs `update_from` (and its count line)."""
+
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.snap = Snapshot()
@@ -46,6 +53,9 @@ class HistoryTable(KeyedTable):
         self.status_filter: str | None = None
         self.now: float | None = None
         self._sort_i = 0
+        self.max_rows = 1000
+        #: (rows shown, rows matching the filter, derivations in all)
+        self.shown = (0, 0, 0)
         #: id -> (what the row depends on, its cells): unchanged rows are not rebuilt
         self._row_cache: dict[int, tuple[tuple, tuple]] = {}
 
@@ -64,9 +74,8 @@ class HistoryTable(KeyedTable):
     def update_from(self, snap: Snapshot, now: float | None = None) -> None:
         self.snap, self.now = snap, now if now is not None else self.now
         rows = []
-        for i in sorted(snap.impls):
-            if not self.matches(i):
-                continue
+        matching = [i for i in sorted(snap.impls, reverse=True) if self.matches(i)]
+        for i in sorted(matching[:self.max_rows]):
             row = snap.impls[i]
             sig = (row.get("status"), snap.ratios.get(i), row.get("updated"))
             cached = self._row_cache.get(i)
@@ -85,14 +94,14 @@ class HistoryTable(KeyedTable):
             )))
             self._row_cache[i] = (sig, rows[-1][1])
         self.sync(rows)
-        self.border_subtitle = f"{len(rows)} of {len(snap.impls)}"
+        self.shown = (len(rows), len(matching), len(snap.impls))
 
     def set_filter(self, text: str | None = None, status: str | None | bool = False) -> None:
         if text is not None:
             self.text_filter = text
         if status is not False:
             self.status_filter = status
-        self.update_from(self.snap)
+        self.post_message(self.Filtered())
 
     def action_cycle_sort(self) -> None:
         self._sort_i = (self._sort_i + 1) % len(SORTS)
