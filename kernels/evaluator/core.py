@@ -40,6 +40,9 @@ _ROOT_CACHE: dict[tuple, dict[str, ProbeResult]] = {}
 MIN_TIMED_BOUND = 0.05
 #: the root may run at most this much slower beside the candidate than alone (control run)
 NEIGHBOUR_SLOWDOWN = 1.15
+#: the control run (root and incumbent alone) is reused for this long within one process
+CONTROL_TTL_S = 600.0
+_CONTROL_CACHE: dict[tuple, tuple[float, dict]] = {}
 #: interleaved rounds per cell (each round times every implementation once)
 GPU_REPS = 30
 CPU_REPS = 5
@@ -356,10 +359,18 @@ def _time(report: EvalReport, contract: Contract, cand_path: Path, root_path: Pa
         raise RuntimeError(f"timing run: {'; '.join(f'{k} {v}' for k, v in errs.items())}")
     control = None
     if cuda:
-        control, failure = run_timing(contract, trusted, device=device, profile=report.profile, seed=report.seed,
-                                      timeout=timeout)
-        if failure:
-            raise RuntimeError(f"control timing run: {failure}")
+        key = (tuple((n, hashlib.sha256(p.read_bytes()).hexdigest()) for n, p in trusted), report.contract_fingerprint,
+               tuple(c.name for c in contract.cells(report.profile)), report.profile, report.seed, device, GPU_REPS)
+        hit = _CONTROL_CACHE.get(key)
+        if hit is not None and time.monotonic() - hit[0] < CONTROL_TTL_S:
+            control = hit[1]
+        else:
+            control, failure = run_timing(contract, trusted, device=device, profile=report.profile, seed=report.seed,
+                                          timeout=timeout)
+            if failure:
+                raise RuntimeError(f"control timing run: {failure}")
+            _CONTROL_CACHE.clear()
+            _CONTROL_CACHE[key] = (time.monotonic(), control)
     report.floor_us = doc["floor_us"]
     outputs_check, integrity = _TimedChecks("timing/outputs", "timed_outputs"), _TimedChecks(
         "timing/integrity", "timing_integrity")
