@@ -113,7 +113,68 @@ def run_probes_job(workdir: Path, job: dict) -> dict:
             continue
         results[probe.id] = {"error": None, "outputs": [w.ref(t) for t in r.outputs],
                              "inputs_after": [w.ref(t) for t in (r.inputs_after or [])]}
-    return {"import_error": None, "probes": results, "tensors": w.close()}
+    graphs = {}
+    if str(job["device"]).startswith("cuda"):
+        for probe in probes:
+            if probe.id in set(job.get("graph_probes", ())):
+                graphs[probe.id] = graph_replay(guarded, probe, job["device"], w)
+    return {"import_error": None, "probes": results, "graphs": graphs, "tensors": w.close()}
+
+
+def graph_replay(module: Any, probe: Any, device: str, w: Any) -> dict:
+    """Capture the call in a CUDA graph, change the inputs in place (AReaL-TIK's q.neg_(), mul_(0.5),
+    add_(0.125) on every float input), replay, then call eagerly on copies of the changed inputs: the
+    parent requires both to have the same bits (a kernel that bakes in its inputs, or caches by address,
+    differs)."""
+    import torch
+
+    fn = getattr(module, probe.entry, None)
+    if fn is None:
+        return {"error": f"entry point {probe.entry}() missing", "replay": [], "eager": []}
+    with torch.no_grad():
+        return _graph_replay(fn, probe, device, w)
+
+
+def _graph_replay(fn: Any, probe: Any, device: str, w: Any) -> dict:
+    import torch
+
+    from kernels.contract import flatten_outputs
+
+    try:
+        args = tuple(a.detach().to(device, copy=True) if isinstance(a, torch.Tensor) else a for a in probe.args)
+        kwargs = {k: v.detach().to(device, copy=True) if isinstance(v, torch.Tensor) else v
+                  for k, v in probe.kwargs.items()}
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                fn(*args, **kwargs)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = flatten_outputs(fn(*args, **kwargs))
+        for a in (*args, *kwargs.values()):
+            if isinstance(a, torch.Tensor) and a.is_floating_point():
+                a.neg_()
+                a.mul_(0.5)
+                a.add_(0.125)
+        graph.replay()
+        torch.cuda.synchronize()
+        replay = [t.detach().to("cpu", copy=True) for t in captured]
+        # the fresh call gets copies at new addresses: a result cached by address cannot match the replay
+        fresh_args = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+        fresh_kwargs = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+        eager = [t.detach().to("cpu", copy=True) for t in flatten_outputs(fn(*fresh_args, **fresh_kwargs))]
+        torch.cuda.synchronize()
+        del graph
+        return {"error": None, "replay": [w.ref(t) for t in replay], "eager": [w.ref(t) for t in eager]}
+    except Exception as e:
+        try:
+            torch.cuda.synchronize()
+        except Exception:  # a poisoned context: the parent sees the first error
+            pass
+        return {"error": one_line(e), "replay": [], "eager": []}
 
 
 def main(argv: list[str]) -> int:

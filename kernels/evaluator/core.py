@@ -161,6 +161,9 @@ def _evaluate(report: EvalReport, contract: Contract, cand_path: Path, root_path
             _ROOT_CACHE[key] = root
     report.checks = evaluate_checks(plan, cand, root if plan.needs_root else None)
     report.checks += [output_spec(plan, cand, root), all_inputs_unchanged(plan, cand)]
+    graph = graph_replay_check(plan, cand, root)
+    if graph is not None:
+        report.checks.append(graph)
     if not time_it or not all(c.passed for c in report.checks):
         return
     _time(report, contract, cand_path, root_path, incumbent_path, device, timeout)
@@ -198,9 +201,20 @@ def run_probes(plan: Plan, impl: Path, device: str, timeout: float) -> tuple[dic
             after = r["inputs_after"]
             after = [tensors[i] for i in index_list(after, len(tensors), pid)] if after is not None else None
             results[pid] = ProbeResult(outputs=outs, inputs_after=after)
+        graphs = doc.get("graphs", {})
+        if not isinstance(graphs, dict) or not set(graphs) <= {p.id for p in plan.probes}:
+            raise ProtocolError("graph replay results do not match the probes sent")
+        for pid, g in graphs.items():
+            if not isinstance(g, dict) or set(g) != {"error", "replay", "eager"}:
+                raise ProtocolError(f"graph replay {pid}: malformed result")
+            results[GRAPH_PREFIX + pid] = ProbeResult(
+                outputs=[tensors[i] for i in index_list(g["replay"], len(tensors), pid)],
+                inputs_after=[tensors[i] for i in index_list(g["eager"], len(tensors), pid)],
+                error=str(g["error"])[:300] if g["error"] is not None else None)
         return ("ok", results)
 
-    job = {"mode": "probes", "impl": str(impl.resolve()), "device": device, "limits": _limits(timeout)}
+    job = {"mode": "probes", "impl": str(impl.resolve()), "device": device, "limits": _limits(timeout),
+           "graph_probes": graph_probe_ids(plan) if device.startswith("cuda") else []}
     outcome = run_child(job, write_inputs, read_result, timeout)
     if outcome.failure:
         return None, outcome.failure
@@ -210,8 +224,52 @@ def run_probes(plan: Plan, impl: Path, device: str, timeout: float) -> tuple[dic
     return value, None
 
 
+def graph_probe_ids(plan: Plan) -> list[str]:
+    """The probes replayed through a CUDA graph: the first forward probe of each entry that echoes its inputs."""
+    seen, ids = set(), []
+    for p in plan.probes:
+        if p.echo_inputs and not p.grad_args and p.entry not in seen:
+            seen.add(p.entry)
+            ids.append(p.id)
+    return ids
+
+
 def _limits(timeout: float) -> dict:
     return {"cpu_s": int(timeout * 4) + 60, "address_space_bytes": 24 << 30}
+
+
+#: graph replays come back as extra results keyed by this prefix + probe id (outputs = replayed,
+#: inputs_after = the eager call on the changed inputs)
+GRAPH_PREFIX = "graph:"
+
+
+def graph_replay_check(plan: Plan, cand: dict[str, ProbeResult], root: dict[str, ProbeResult]) -> CheckResult | None:
+    """On the GPU: a CUDA graph of the call, replayed after the inputs changed in place, gives the bits of a
+    fresh call on the changed inputs. Not applicable (skipped) where the root itself cannot be captured."""
+    ids = [k for k in cand if k.startswith(GRAPH_PREFIX)]
+    if not ids:
+        return None
+    name, req = "cuda_graph_replay", "graph_replay"
+    n, skipped = 0, []
+    for k in ids:
+        c, r = cand[k], root.get(k)
+        if r is not None and r.error is not None:
+            skipped.append(f"{k[len(GRAPH_PREFIX):]} (root not capturable: {r.error})")
+            continue
+        if c.error is not None:
+            return CheckResult(name, req, False,
+                               f"{k[len(GRAPH_PREFIX):]}: CUDA-graph capture/replay failed: {c.error}")
+        if len(c.outputs) != len(c.inputs_after or []):
+            return CheckResult(name, req, False, f"{k[len(GRAPH_PREFIX):]}: replay and eager output counts differ")
+        for j, (a, b) in enumerate(zip(c.outputs, c.inputs_after, strict=True)):
+            ok, detail, d = (False, f"output {j}: {_spec(a)} vs {_spec(b)}", None) if (
+                a.dtype != b.dtype or a.shape != b.shape) else bitwise_equal(a, b, f"output {j}")
+            if not ok:
+                return CheckResult(name, req, False, f"{k[len(GRAPH_PREFIX):]}: replay after changing the inputs "
+                                   f"differs from a fresh call: {detail}", d)
+        n += 1
+    note = f"; skipped {', '.join(skipped)}" if skipped else ""
+    return CheckResult(name, req, True, f"{n} graph replays bitwise equal to fresh calls{note}"[:300])
 
 
 def output_spec(plan: Plan, cand: dict[str, ProbeResult], root: dict[str, ProbeResult]) -> CheckResult:

@@ -1,5 +1,6 @@
 """GPU: every library root passes the evaluator on cuda; the tiny contract's planted cheats are caught
-there too (side stream via the profiler, lazy-when-timed via the timed outputs)."""
+there too (side stream via the profiler, lazy-when-timed via the timed outputs), and one that caches by
+input address fails the CUDA-graph replay check."""
 
 from __future__ import annotations
 
@@ -25,11 +26,23 @@ def test_good_candidate_timed_on_gpu():
     d = rep.as_dict()
     assert d["timing"] == "gpu" and d["env"]["gpu"] and d["floor_us"] is not None
     assert any(c["name"] == "timing/integrity" and c["passed"] for c in d["checks"])
+    assert any(c["name"] == "cuda_graph_replay" and c["passed"] for c in d["checks"])
     assert all(c["median_us"] > 0 and c["baseline_median_us"] > 0 for c in d["cells"])
 
 
-@pytest.mark.parametrize("name,check", [("side_stream", "timing/integrity"), ("lazy_when_timed", "timing/outputs")])
+@pytest.mark.parametrize("name,check", [("side_stream", "timing/integrity"), ("lazy_gpu", "timing/outputs")])
 def test_timing_cheat_caught_on_gpu(name, check):
     rep = evaluate(tiny(), FIX / f"{name}.py", root_path=FIX / "tiny_root.py", device="cuda", time_it=True)
     assert not rep.verified
     assert [c.name for c in rep.checks if not c.passed] == [check], rep.failure
+
+
+def test_address_cache_fails_graph_replay(tmp_path):
+    src = (FIX / "good.py").read_text() + (
+        "\n_cache = {}\n_honest = scale\n\n\ndef scale(x, w):\n"
+        "    key = (x.data_ptr(), w.data_ptr(), tuple(x.shape))\n"
+        "    if key not in _cache:\n        _cache[key] = _honest(x, w)\n    return _cache[key]\n")
+    (tmp_path / "address_cache.py").write_text(src)
+    rep = evaluate(tiny(), tmp_path / "address_cache.py", root_path=FIX / "tiny_root.py", device="cuda", time_it=False)
+    assert not rep.verified
+    assert any(c.name == "cuda_graph_replay" and not c.passed for c in rep.checks), rep.failure

@@ -151,3 +151,23 @@ def test_close_to():
     assert not close_to([r[torch.randperm(64)]], [r], 0.05)[0]
     ids = torch.arange(200)
     assert close_to([ids], [ids], 0.05)[0] and not close_to([ids.flip(0)], [ids], 0.05)[0]
+
+
+def test_graph_replay_check():
+    from kernels.contract import Plan, ProbeResult
+    from kernels.evaluator.core import GRAPH_PREFIX, graph_replay_check
+
+    plan = Plan()
+    x = torch.randn(4, 8)
+    good = {GRAPH_PREFIX + "p": ProbeResult(outputs=[x], inputs_after=[x.clone()])}
+    stale = {GRAPH_PREFIX + "p": ProbeResult(outputs=[x], inputs_after=[x + 1])}
+    broken = {GRAPH_PREFIX + "p": ProbeResult(error="RuntimeError: operation not permitted when stream is capturing")}
+    assert graph_replay_check(plan, {}, {}) is None
+    assert graph_replay_check(plan, good, good).passed
+    r = graph_replay_check(plan, stale, good)
+    assert not r.passed and "differs from a fresh call" in r.detail
+    r = graph_replay_check(plan, broken, good)
+    assert not r.passed and "capture/replay failed" in r.detail
+    # where the root itself cannot be captured the requirement does not apply
+    r = graph_replay_check(plan, broken, broken)
+    assert r.passed and "root not capturable" in r.detail
