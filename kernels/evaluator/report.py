@@ -64,6 +64,12 @@ class EvalReport:
         }
 
 
+def fail(report: EvalReport, name: str, requirement: str, reason: str) -> None:
+    """Record a failure that stops the evaluation: the report's one-line reason and a failed check."""
+    report.failure = reason[:300]
+    report.checks.append(CheckResult(name, requirement, False, reason[:300]))
+
+
 def decide(report: EvalReport) -> None:
     """Fill admissible / objective / eligible from the checks and the timed cells.
 

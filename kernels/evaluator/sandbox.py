@@ -41,6 +41,11 @@ def child_env(device: str, tmp: Path) -> dict[str, str]:
     return env
 
 
+def limits(timeout: float) -> dict:
+    """Resource limits the child sets on itself: CPU seconds, and address space (CPU device only)."""
+    return {"cpu_s": int(timeout * 4) + 60, "address_space_bytes": 24 << 30}
+
+
 @dataclass
 class ChildOutcome:
     doc: dict | None

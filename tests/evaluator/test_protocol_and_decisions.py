@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kernels.contract import CheckResult
-from kernels.evaluator.core import close_to, integrity_ok
+from kernels.evaluator.measure import close_to, integrity_ok
 from kernels.evaluator.protocol import ProtocolError, TensorWriter, decode, encode, read_tensors
 from kernels.evaluator.report import EvalReport, decide
 from kernels.evaluator.timing import summarize
@@ -155,7 +155,7 @@ def test_close_to():
 
 def test_graph_replay_check():
     from kernels.contract import Plan, ProbeResult
-    from kernels.evaluator.core import GRAPH_PREFIX, graph_replay_check
+    from kernels.evaluator.checks import GRAPH_PREFIX, graph_replay_check
 
     plan = Plan()
     x = torch.randn(4, 8)
