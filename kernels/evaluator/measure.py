@@ -42,10 +42,11 @@ def run_timing(contract: Contract, impls: list[tuple[str, Path]], *, device: str
                reps: int | None = None) -> tuple[dict | None, str | None]:
     cuda = device.startswith("cuda")
     cells = [c.name for c in contract.cells(profile)]
+    wall = 3 * timeout + (10 * len(cells) if cuda else 0)
     job = {"mode": "time", "op": contract.op, "contract_file": _contract_file(contract), "profile": profile,
            "seed": seed, "device": device, "impls": [[n, str(p.resolve())] for n, p in impls], "cells": cells,
            "reps": reps or (GPU_REPS if cuda else CPU_REPS), "warmup": 3 if cuda else 1, "variants": 2,
-           "return_outputs": list(return_outputs), "profile_kernels": profile_kernels, "limits": limits(timeout)}
+           "return_outputs": list(return_outputs), "profile_kernels": profile_kernels, "limits": limits(wall)}
 
     def read_result(out: Path, doc: dict) -> dict:
         tensors = read_tensors(out / "outputs.bin", doc.get("tensors"))
@@ -74,7 +75,7 @@ def run_timing(contract: Contract, impls: list[tuple[str, Path]], *, device: str
         return {"cells": parsed, "floor_us": float(floor) if isinstance(floor, (int, float)) else None,
                 "import_errors": {str(k): str(v)[:300] for k, v in _dict(doc.get("import_errors", {})).items()}}
 
-    outcome = run_child(job, lambda tmp: {}, read_result, 3 * timeout + 10 * len(cells) * (1 if cuda else 0))
+    outcome = run_child(job, lambda tmp: {}, read_result, wall)
     return outcome.doc, outcome.failure
 
 

@@ -42,8 +42,9 @@ def child_env(device: str, tmp: Path) -> dict[str, str]:
 
 
 def limits(timeout: float) -> dict:
-    """Resource limits the child sets on itself: CPU seconds, and address space (CPU device only)."""
-    return {"cpu_s": int(timeout * 4) + 60, "address_space_bytes": 24 << 30}
+    """Resource limits the child sets on itself, a backstop behind the wall-clock kill: CPU seconds
+    (several threads may run for the whole wall limit) and address space (CPU device only)."""
+    return {"cpu_s": int(timeout * max(4, os.cpu_count() or 1)) + 60, "address_space_bytes": 24 << 30}
 
 
 @dataclass
