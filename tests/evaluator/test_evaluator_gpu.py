@@ -34,7 +34,7 @@ def test_good_candidate_timed_on_gpu():
 def test_timing_cheat_caught_on_gpu(name, check):
     rep = evaluate(tiny(), FIX / f"{name}.py", root_path=FIX / "tiny_root.py", device="cuda", time_it=True)
     assert not rep.verified
-    assert [c.name for c in rep.checks if not c.passed] == [check], rep.failure
+    assert check in [c.name for c in rep.checks if not c.passed], rep.failure
 
 
 def test_address_cache_fails_graph_replay(tmp_path):
