@@ -29,13 +29,14 @@ for _ in 1 2 3; do keys Tab; sleep 0.4; done   # proposer (tuner) -> replay file
 keys C-u; sleep 0.3; keys 2; sleep 0.3; snap "dialog filled in" 0.5
 keys Enter;                           snap "search requested" 2
 wait_for "running" 60;                snap "worker running"
-keys 2;                               sleep 1; keys e; snap "tree while the search runs" 2
-wait_for "evaluation" 300 || true
+keys 2;                               snap "tree while the search runs (new nodes open live)" 3
+keys 1;                               wait_for "worker finished" 400 || true; snap "search finished" 1
+keys 2;                               sleep 1; keys e; snap "tree after the search" 2
 keys 5;                               snap "event log" 2
 keys 3;                               snap "promotion queue" 1
 if tmux capture-pane -p -t "$S" | grep -q "#[0-9]"; then keys a; snap "approved" 2; fi
 keys 4;                               snap "history" 1
-keys slash; keys t u n e r; keys Enter; snap "history filtered to tuner" 1
+keys /; sleep 0.3; keys t u n e r; sleep 0.3; keys Enter; snap "history filtered to tuner" 1
 keys Enter;                           snap "a derivation's detail" 2
 keys 2;                               snap "its diff" 1
 keys Escape q

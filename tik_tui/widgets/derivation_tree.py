@@ -44,6 +44,9 @@ class DerivationTree(Tree):
         self._visible: set[int] | None = None
         #: id -> what its label depends on, so that a refresh relabels only what changed
         self._sigs: dict[int, tuple] = {}
+        self._seen: set[int] = set()
+        #: up to this many derivations, new ones are revealed (their ancestors expanded) as they arrive
+        self.reveal_limit = 2000
         self._counts: dict[str, int] = {}
 
     # -- data -------------------------------------------------------------------------------
@@ -61,6 +64,11 @@ class DerivationTree(Tree):
                 self._relabel(op, self._op_nodes[op], self._op_label(op))
         for key in list(self._loaded):
             self._add_missing_children(key)
+        # while the workspace is small, open the path to each new derivation so it shows up live
+        if self._seen and len(snap.impls) <= self.reveal_limit:
+            for i in sorted(set(snap.impls) - self._seen):
+                self.reveal(i)
+        self._seen = set(snap.impls)
         for i, node in self._impl_nodes.items():
             if i in snap.impls:
                 sig = self._signature(i)
@@ -155,6 +163,13 @@ class DerivationTree(Tree):
 
     def expand_to(self, i: int) -> TreeNode | None:
         """Load and expand the path from the operator to derivation `i`; move the cursor there."""
+        node = self.reveal(i)
+        if node is not None:
+            self.move_cursor(node)
+        return node
+
+    def reveal(self, i: int) -> TreeNode | None:
+        """Load and expand the path from the operator to derivation `i` (the cursor stays)."""
         if i not in self.snap.impls:
             return None
         path = []
@@ -170,10 +185,7 @@ class DerivationTree(Tree):
             node = self._op_nodes.get(key) if isinstance(key, str) else self._impl_nodes.get(key)
             if node is not None:
                 node.expand()
-        node = self._impl_nodes.get(i)
-        if node is not None:
-            self.move_cursor(node)
-        return node
+        return self._impl_nodes.get(i)
 
     def action_cycle_filter(self) -> None:
         self.status_filter = FILTERS[(FILTERS.index(self.status_filter) + 1) % len(FILTERS)]
