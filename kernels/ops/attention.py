@@ -57,8 +57,8 @@ TUNABLES = {
     "num_stages": (1, 2, 3),
     "DECODE_BLOCK_M": (16, 64),
     "DECODE_BLOCK_D": (16, 32, 64, 128),
-    "decode_num_warps": (1, 2, 4, 8),
-    "decode_num_stages": (1, 2, 3, 4),
+    "decode_num_warps": (2, 4, 8),
+    "decode_num_stages": (1, 2, 3),
     # backward tiles set the order of the dq and dk/dv sums (frozen with the root's gradient bits)
     "BWD_BLOCK_M": (64,),
     "BWD_BLOCK_N": (64,),
@@ -236,18 +236,6 @@ def _attn_decode_scores_kernel(
 
 
 @triton.jit
-def _decode_load(s_base, v_base, o_n, o_d, m_row, j, L, stride_vs, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr):
-    """Raw scores [BM, BN] and values [BN, BD] of KV block j; zeros (scores masked later) past L."""
-    k_pos = j * BLOCK_N + o_n
-    m_k = k_pos < L
-    s = tl.load(s_base + k_pos[None, :], mask=m_row[:, None] & m_k[None, :], other=0.0)
-    b_v = tl.load(v_base + k_pos[:, None] * stride_vs + o_d[None, :], mask=m_k[:, None], other=0.0)
-    if UPCAST:
-        b_v = b_v.to(tl.float32)
-    return s, b_v
-
-
-@triton.jit
 def _attn_decode_reduce_kernel(
     s_ptr,  # fp32 raw scores [B, Hq, L_pad]
     v_ptr,  # v cache [B, Hk, L, D]
@@ -274,7 +262,6 @@ def _attn_decode_reduce_kernel(
     m_row = o_g < G
     h = kvh * G + o_g
     o_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
-    o_n = tl.arange(0, BLOCK_N)
     s_base = s_ptr + b * stride_sb + h[:, None] * stride_sh
     v_base = v_ptr + b * stride_vb + kvh * stride_vh
 
@@ -285,18 +272,14 @@ def _attn_decode_reduce_kernel(
         ones = tl.full([BLOCK_N, 16], 1.0, dtype=tl.float32)
     else:
         ones = tl.full([BLOCK_N, 16], 1.0, dtype=P_TY)
-    # The recurrence is sequential over blocks, so the loop is latency-bound: blocks go two at a time and
-    # the next two are loaded before these are consumed. A block past L is all -inf: it changes no bit.
-    s_a, v_a = _decode_load(s_base, v_base, o_n, o_d, m_row, 0, L, stride_vs, BLOCK_N, UPCAST)
-    s_b, v_b = _decode_load(s_base, v_base, o_n, o_d, m_row, 1, L, stride_vs, BLOCK_N, UPCAST)
-    for j in range(0, tl.cdiv(L, BLOCK_N), 2):
-        s_c, v_c = _decode_load(s_base, v_base, o_n, o_d, m_row, j + 2, L, stride_vs, BLOCK_N, UPCAST)
-        s_d, v_d = _decode_load(s_base, v_base, o_n, o_d, m_row, j + 3, L, stride_vs, BLOCK_N, UPCAST)
-        keep = (j * BLOCK_N + o_n < L)[None, :]
-        m_i, l_i, acc = _softmax_step(s_a, keep, m_i, l_i, acc, v_a, ones, qk_scale, P_TY, True)
-        keep = ((j + 1) * BLOCK_N + o_n < L)[None, :]
-        m_i, l_i, acc = _softmax_step(s_b, keep, m_i, l_i, acc, v_b, ones, qk_scale, P_TY, True)
-        s_a, v_a, s_b, v_b = s_c, v_c, s_d, v_d
+    for j in range(0, tl.cdiv(L, BLOCK_N)):
+        k_pos = j * BLOCK_N + tl.arange(0, BLOCK_N)
+        m_k = k_pos < L
+        s = tl.load(s_base + k_pos[None, :], mask=m_row[:, None] & m_k[None, :], other=0.0)
+        b_v = tl.load(v_base + k_pos[:, None] * stride_vs + o_d[None, :], mask=m_k[:, None], other=0.0)
+        if UPCAST:
+            b_v = b_v.to(tl.float32)
+        m_i, l_i, acc = _softmax_step(s, m_k[None, :], m_i, l_i, acc, b_v, ones, qk_scale, P_TY, True)
 
     out = acc / tl.max(l_i, 1)[:, None]
     p_o = o_ptr + b * stride_ob + h[:, None] * stride_oh + o_d[None, :]
