@@ -44,7 +44,7 @@ class ModelConfig:
 
 PRESETS: dict[str, ModelConfig] = {
     # CPU tests: runs in the Triton interpreter in seconds
-    "tiny": ModelConfig(vocab=48, hidden=32, layers=2, heads=4, kv_heads=2, head_dim=8, ffn=64, rope_theta=10_000.0),
+    "tiny": ModelConfig(vocab=48, hidden=32, layers=2, heads=4, kv_heads=2, head_dim=16, ffn=64, rope_theta=10_000.0),
     # GPU learning demo: small enough to learn the synthetic task by GRPO in minutes
     "small": ModelConfig(vocab=64, hidden=256, layers=4, heads=8, kv_heads=4, head_dim=32, ffn=768,
                          rope_theta=10_000.0),
