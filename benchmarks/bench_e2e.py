@@ -120,13 +120,13 @@ def main() -> int:
     import triton
 
     doc["triton"] = triton.__version__
-    if "layers" in args.only:
-        doc["layers"] = layers(args)
-    if "throughput" in args.only:
-        doc["throughput"] = throughput(args, args.out)
-    if "learning" in args.only:
-        doc["learning"] = learning(args, args.out)
-    (args.out / "e2e_h200.json").write_text(json.dumps(doc, indent=1))
+    full = args.only == ["throughput", "learning", "layers"]
+    name = "e2e_h200.json" if full else f"e2e_h200_{'_'.join(args.only)}.json"
+    for part, fn in (("layers", lambda: layers(args)), ("throughput", lambda: throughput(args, args.out)),
+                     ("learning", lambda: learning(args, args.out))):
+        if part in args.only:
+            doc[part] = fn()
+            (args.out / name).write_text(json.dumps(doc, indent=1))  # after every part: a cut run keeps its part
     return 0
 
 
