@@ -69,7 +69,7 @@ def learning(args, out: Path) -> dict:
         ax.plot(curves["B"], label="B: unified kernels, reuse rollout log-probs")
         ax.set_xlabel("GRPO step")
         ax.set_ylabel("mean reward")
-        ax.set_title("GRPO from scratch: copy the prompt's first token")
+        ax.set_title("GRPO from scratch: repeat the prompt's last token")
         ax.legend()
         fig.tight_layout()
         fig.savefig(out / "e2e_learning.png", dpi=120)

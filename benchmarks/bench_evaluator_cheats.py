@@ -174,6 +174,26 @@ def main() -> int:
             prev = json.loads(old.read_text())
             if prev.get("reps") == args.reps and prev.get("cells") == doc["cells"]:
                 doc["scenarios"] = prev.get("scenarios", {})
+
+    def save() -> None:  # after every scenario: a run cut short keeps what it measured
+        self_cells = doc["scenarios"].get("root_vs_itself", {}).get("cells", [])
+        ratios = [c["ratio_vs_root"] for c in self_cells if c["ratio_vs_root"] is not None]
+        doc["self_ratio"] = {
+            "per_cell": {c["cell"]: {"ratio": c["ratio_vs_root"], "median_us": c["median_us"],
+                                     "spread_us": c["spread_us"], "root_spread_us": c["root_spread_us"]}
+                         for c in self_cells},
+            "max_abs_deviation": max(abs(r - 1) for r in ratios) if ratios else None,
+            "geomean": statistics.geometric_mean(ratios) if ratios else None,
+            "within_2pct": bool(ratios) and all(abs(r - 1) <= 0.02 for r in ratios),
+        }
+        doc["complete"] = set(doc["scenarios"]) == {"root_vs_itself", *CHEATS}
+        doc["pass"] = (doc["complete"] and all(s["ok"] for s in doc["scenarios"].values())
+                       and doc["self_ratio"]["within_2pct"])
+        doc["elapsed_s"] = round(time.monotonic() - t_all, 1)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_suffix(".json").write_text(json.dumps(doc, indent=2))
+        args.out.with_suffix(".md").write_text(summary(doc))
+
     t_all = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         self_copy = Path(tmp) / "root_copy.py"
@@ -197,23 +217,8 @@ def main() -> int:
             doc["env"] = d["env"]
             print(f"{name:18s} {'OK ' if ok else 'BAD'} verified={d['verified']} "
                   f"{(d['failure'] or '')[:150]}", flush=True)
-    self_cells = doc["scenarios"].get("root_vs_itself", {}).get("cells", [])
-    ratios = [c["ratio_vs_root"] for c in self_cells if c["ratio_vs_root"] is not None]
-    doc["self_ratio"] = {
-        "per_cell": {c["cell"]: {"ratio": c["ratio_vs_root"], "median_us": c["median_us"],
-                                 "spread_us": c["spread_us"], "root_spread_us": c["root_spread_us"]}
-                     for c in self_cells},
-        "max_abs_deviation": max(abs(r - 1) for r in ratios) if ratios else None,
-        "geomean": statistics.geometric_mean(ratios) if ratios else None,
-        "within_2pct": bool(ratios) and all(abs(r - 1) <= 0.02 for r in ratios),
-    }
-    doc["complete"] = set(doc["scenarios"]) == {"root_vs_itself", *CHEATS}
-    doc["pass"] = (doc["complete"] and all(s["ok"] for s in doc["scenarios"].values())
-                   and doc["self_ratio"]["within_2pct"])
-    doc["elapsed_s"] = round(time.monotonic() - t_all, 1)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(doc, indent=2))
-    args.out.with_suffix(".md").write_text(summary(doc))
+            save()
+    save()
     print(summary(doc))
     return 0 if all(doc["scenarios"][k]["ok"] for k in runs) else 1
 

@@ -30,7 +30,7 @@ import torch  # noqa: E402
 
 import kernels  # noqa: E402,F401
 from kernels.contracts import all_contracts  # noqa: E402
-from kernels.evaluator.timing import Timer  # noqa: E402
+from kernels.evaluator import timing  # noqa: E402
 
 #: attention has its own benchmark (bench_attention.py: SDPA prefill and decode at B × context)
 DEFAULT_OPS = ("embedding", "rmsnorm", "add_rmsnorm", "rope", "silu_mul", "linear", "logprob", "entropy", "sample")
@@ -41,6 +41,11 @@ def geomean(xs: list[float]) -> float | None:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
 
 
+def med(xs: list) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
 def regime(cell) -> str:
     """"decode" for rollout cells (and linear's M <= 64, the issue's small-T target), else "train"."""
     if "M" in cell.params:
@@ -48,7 +53,20 @@ def regime(cell) -> str:
     return "decode" if "/decode" in cell.name else "train"
 
 
-def time_cell(timer: Timer, fns: dict, rounds: int, warmup: int) -> dict:
+def host_us(fn, n: int = 50) -> float:
+    """Host time per call, calls queued back to back without a sync: the launch overhead a decode step pays
+    unless it runs under a CUDA graph."""
+    fn()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    us = (time.perf_counter() - t0) * 1e6 / n
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return us
+
+
+def time_cell(timer, fns: dict, rounds: int, warmup: int) -> dict:
     for _ in range(warmup):
         for f in fns.values():
             f()
@@ -61,7 +79,8 @@ def time_cell(timer: Timer, fns: dict, rounds: int, warmup: int) -> dict:
         for k in names:
             _, us, _ = timer.sample(fns[k])
             samples[k].append(us)
-    return {k: {"median_us": statistics.median(v), "min_us": min(v), "max_us": max(v), "n": len(v)}
+    return {k: {"median_us": statistics.median(v), "min_us": min(v), "max_us": max(v), "n": len(v),
+                "host_us": host_us(fns[k]) if timer.cuda else None}
             for k, v in samples.items()}
 
 
@@ -72,12 +91,16 @@ def main() -> int:
     ap.add_argument("--profile", default="gpu")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--spin-us", type=float, default=1000.0,
+                    help="GPU idle queued ahead of each timed call, to hide the host's launch time (the evaluator's "
+                         "default is 200)")
     ap.add_argument("--max-cells", type=int, default=0, help="at most this many cells per op (0: all)")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     import triton
 
-    timer = Timer(device)
+    timing.SPIN_US = args.spin_us  # read when the Timer calibrates its spin kernel
+    timer = timing.Timer(device)
     contracts = all_contracts()
     doc = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu (interpreter timings)",
            "torch": torch.__version__, "triton": triton.__version__, "rounds": args.rounds, "ops": {}}
@@ -125,6 +148,8 @@ def main() -> int:
                                              if r.get("regime") == "decode" and "ratio_root_over_stock" in r]),
             "geomean_ratio_train": geomean([r["ratio_root_over_stock"] for r in rows
                                             if r.get("regime") == "train" and "ratio_root_over_stock" in r]),
+            "median_host_us_root": med([r["times"]["root"].get("host_us") for r in rows if "times" in r]),
+            "median_host_us_stock": med([r["times"].get("stock", {}).get("host_us") for r in rows if "times" in r]),
             "median_copy_fraction_train": (statistics.median(fr) if (fr := [
                 r["copy_fraction"] for r in rows if r.get("regime") == "train" and "copy_fraction" in r]) else None),
         }
@@ -133,9 +158,11 @@ def main() -> int:
         (args.out / f"{name}.json").write_text(json.dumps(doc, indent=1))  # after every op: a cut run keeps its part
     lines = [f"# Token-wise operators vs stock PyTorch ({doc['device']}, torch {doc['torch']}, triton {doc['triton']})",
              "", "Medians of interleaved rounds in one run; ratio = root time / stock time (lower is better); "
-             "copy fraction = root GB/s over a device copy of the same bytes.", "",
-             "| op | cells | geomean ratio | decode | train | copy fraction (train, median) |",
-             "| --- | --- | --- | --- | --- | --- |"]
+             "copy fraction = root GB/s over a device copy of the same bytes. GPU times are device times with the "
+             f"host's launch hidden behind {args.spin_us:g} us of queued GPU idle; host µs = host time per call queued "
+             "back to back (the launch cost a decode step pays without CUDA graphs).", "",
+             "| op | cells | geomean ratio | decode | train | copy fraction (train, median) | host µs root / stock |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
 
     def f(v):
         return "—" if v is None else f"{v:.3f}"
@@ -143,7 +170,8 @@ def main() -> int:
     for op, d in doc["ops"].items():
         s = d["summary"]
         lines.append(f"| {op} | {s['cells']} | {f(s['geomean_ratio'])} | {f(s['geomean_ratio_decode'])} | "
-                     f"{f(s['geomean_ratio_train'])} | {f(s['median_copy_fraction_train'])} |")
+                     f"{f(s['geomean_ratio_train'])} | {f(s['median_copy_fraction_train'])} | "
+                     f"{f(s['median_host_us_root'])} / {f(s['median_host_us_stock'])} |")
     (args.out / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

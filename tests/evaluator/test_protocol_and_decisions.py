@@ -151,6 +151,12 @@ def test_close_to():
     assert not close_to([r[torch.randperm(64)]], [r], 0.05)[0]
     ids = torch.arange(200)
     assert close_to([ids], [ids], 0.05)[0] and not close_to([ids.flip(0)], [ids], 0.05)[0]
+    # large outputs come back as a sample of rows (what the GPU timing harness sends)
+    rows = torch.tensor([3, 0, 63])
+    assert close_to([(r[rows].clone(), rows)], [r], 0.05)[0]
+    assert not close_to([(r[rows] * 0, rows)], [r], 0.05)[0]
+    assert not close_to([(r[:1].clone(), torch.tensor([64]))], [r], 0.05)[0]
+    assert close_to([(r[:0].clone(), torch.tensor([], dtype=torch.long))], [r], 0.05)[0]
 
 
 def test_graph_replay_check():
