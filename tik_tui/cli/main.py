@@ -20,7 +20,7 @@ from tik_tui.cli.common import TikError
 GROUPS = (
     "tik_tui.cli.store_cmds",  # init, log, show, status, approve, reject, doctor
     "tik_tui.cli.eval_cmds",  # ops, check, bench
-    "tik_tui.cli.search_cmds",  # search, worker, pause/resume/stop, export
+    "tik_tui.cli.search_cmds",  # search, pause/resume/stop, export
     "tik_tui.cli.ui_cmds",  # tui, serve
     "tik_tui.cli.e2e_cmds",  # e2e
 )
