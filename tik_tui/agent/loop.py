@@ -9,6 +9,14 @@ neither loses nor repeats an evaluation's worth of budget.
 Stops: evaluation budget, tokens, dollars, wall time, patience (that many derivations in a
 row with no eligible or promoted one), a `stop` command, a proposer that cannot go on, or
 every parent exhausted. `pause` / `resume` commands are honoured between steps.
+
+Several candidates can be in flight: the loop proposes while the executor has a free slot
+(`tik_tui.agent.executor`), and records each outcome, in this process only, when it comes
+back. A proposal sees every outcome recorded before it, so with one slot the search is
+exactly sequential; with more, which outcomes a proposal has seen depends on timing (the
+derivations are the same whenever proposals do not depend on results in flight, e.g. the
+tuner with `explore=False`). A job whose process dies is retried once, then failed with the
+reason. Stopping (budget, command, SIGTERM) finishes what is in flight before it returns.
 """
 
 from __future__ import annotations
@@ -16,13 +24,11 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-import shutil
-import tempfile
 import time
-import traceback
 from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from tik_tui.agent.base import (
@@ -35,6 +41,7 @@ from tik_tui.agent.base import (
     config_key,
     module_literal,
 )
+from tik_tui.agent.executor import ATTEMPTS, EvalJob, InlineExecutor, Outcome
 from tik_tui.agent.select import select_parent
 
 
@@ -84,8 +91,15 @@ def _mod(row: dict) -> dict:
     return mod if isinstance(mod, dict) else {}
 
 
-def _report_dict(rep: Any) -> dict:
-    return rep.as_dict() if hasattr(rep, "as_dict") else dict(rep)
+@dataclass
+class Pending:
+    """An evaluation in flight: which derivation, which attempt, and the incumbent it is timed against."""
+
+    op: str
+    impl_id: int
+    attempt: int
+    incumbent_id: int | None
+    submitted: float
 
 
 def _usage_tokens(u: dict | None) -> int:
@@ -109,18 +123,20 @@ class Search:
 
     def __init__(self, ws: Any, proposer: Any, cfg: SearchConfig, *, evaluate: Callable | None = None,
                  search_id: str | None = None, on_event: Callable[[str, dict], None] | None = None,
-                 should_stop: Callable[[], bool] | None = None):
+                 should_stop: Callable[[], bool] | None = None, executor: Any | None = None):
         self.ws = ws
         self.proposer = proposer
         self.cfg = cfg
         self._evaluate = evaluate
+        #: where evaluations run (`tik_tui.agent.executor`); the caller closes one it passes in
+        self.executor = executor if executor is not None else InlineExecutor(evaluate)
+        self.inflight: dict[Future, Pending] = {}
         self.on_event = on_event
         self.should_stop = should_stop or (lambda: False)
         self.rng = random.Random(cfg.seed)
         self.state = SearchState(search_id or hashlib.sha1(f"{time.time()}{id(self)}".encode()).hexdigest()[:12],
                                  time.time())
         self.exhausted: dict[str, set[int]] = {op: set() for op in cfg.ops}
-        self.tmp = Path(tempfile.mkdtemp(prefix="tik-search-"))
         self._mods: dict[int, dict] = {}
 
     # ------------------------------------------------------------------ plumbing
@@ -137,12 +153,6 @@ class Search:
 
             self._evaluate = evaluate
         return self._evaluate
-
-    def _path(self, impl_id: int, op: str) -> Path:
-        p = self.tmp / f"{op}_{impl_id}.py"
-        if not p.exists():
-            p.write_text(self.ws.source(impl_id))
-        return p
 
     def modification(self, impl_id: int) -> dict:
         """An implementation's modification record (immutable, so cached)."""
@@ -177,10 +187,10 @@ class Search:
         s.made = [r["id"] for r in mine]
         for op in self.cfg.ops:
             for row in self.ws.implementations(op=op, status="candidate"):
-                if self._stopping():
+                if not self._wait_for_slot():
                     return
                 self.emit("resume_evaluate", {"id": row["id"]}, op=op, impl_id=row["id"])
-                self.evaluate_and_decide(op, row["id"])
+                self.submit(op, row["id"])
 
     # ------------------------------------------------------------------ control
 
@@ -206,9 +216,20 @@ class Search:
 
     def _wait_while_paused(self) -> None:
         while self.state.paused and not self._stopping():
-            time.sleep(self.cfg.poll_s)
+            # outcomes of evaluations in flight are still recorded while paused
+            if not self.collect(self.cfg.poll_s) and not self.inflight:
+                time.sleep(self.cfg.poll_s)
             self.poll_commands()
             self.heartbeat(message="paused")
+
+    def _wait_for_slot(self) -> bool:
+        """Block (recording outcomes) until the executor has a free slot; False when stopping."""
+        while len(self.inflight) >= self.executor.slots:
+            if self._stopping():
+                return False
+            self.collect(self.cfg.poll_s)
+            self.poll_commands()
+        return not self._stopping()
 
     def budget_reason(self) -> str | None:
         s, c = self.state, self.cfg
@@ -338,35 +359,82 @@ class Search:
         impl_id = self._record(op, parents, proposal)
         self.emit("proposed", {"id": impl_id, "parents": list(parents), "rationale": proposal.rationale[:500],
                                "usage": proposal.usage}, op=op, impl_id=impl_id)
-        self.heartbeat(op=op, message=f"evaluating #{impl_id}")
-        self.evaluate_and_decide(op, impl_id)
+        self.submit(op, impl_id)
+        self.heartbeat(op=op, message=self._evaluating_message())
         return True
 
-    def evaluate_and_decide(self, op: str, impl_id: int) -> str:
+    # ------------------------------------------------------------------ evaluations
+
+    def submit(self, op: str, impl_id: int, attempt: int = 1) -> Future:
+        """Send one derivation's evaluation to the executor, timed against today's root and incumbent."""
         ws = self.ws
         root = ws.root(op)
         inc = ws.incumbent(op) or root
-        self.emit("evaluating", {"id": impl_id}, op=op, impl_id=impl_id)
-        try:
-            extra = {} if self.cfg.time_it is None else {"time_it": self.cfg.time_it}
-            rep = self.evaluate_fn()(op, str(self._path(impl_id, op)),
-                                     root_path=str(self._path(root["id"], op)) if root else None,
-                                     incumbent_path=str(self._path(inc["id"], op)) if inc else None,
-                                     device=self.cfg.device, timeout=self.cfg.timeout, **extra)
-            report = _report_dict(rep)
-        except Exception as e:  # an evaluator crash fails this candidate, not the search
-            detail = f"evaluator error: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
-            ws.set_status(impl_id, "failed", detail=detail[:500])
-            self.emit("evaluated", {"id": impl_id, "status": "failed", "failure": detail,
-                                    "trace": traceback.format_exc()[-2000:]}, op=op, impl_id=impl_id)
-            self.state.since_progress += 1
-            return "failed"
+        job = EvalJob(op=op, impl_id=impl_id, source=ws.source(impl_id),
+                      root_id=root["id"] if root else None, root_source=ws.source(root["id"]) if root else None,
+                      incumbent_id=inc["id"] if inc else None,
+                      incumbent_source=ws.source(inc["id"]) if inc else None,
+                      device=getattr(self.executor, "device", None) or self.cfg.device, timeout=self.cfg.timeout,
+                      time_it=self.cfg.time_it)
+        self.emit("evaluating", {"id": impl_id, **({"attempt": attempt} if attempt > 1 else {})}, op=op,
+                  impl_id=impl_id)
+        fut = self.executor.submit(job)
+        self.inflight[fut] = Pending(op, impl_id, attempt, job.incumbent_id, time.time())
+        return fut
+
+    def collect(self, timeout: float | None = 0.0) -> int:
+        """Record the outcomes that are back (waiting up to `timeout` for the first); how many came back."""
+        if not self.inflight:
+            return 0
+        done, _ = wait_futures(list(self.inflight), timeout=timeout, return_when=FIRST_COMPLETED)
+        # outcomes that arrive together are recorded in derivation order
+        for fut in sorted(done, key=lambda f: self.inflight[f].impl_id):
+            self.complete(self.inflight.pop(fut), fut.result())
+        return len(done)
+
+    def drain(self) -> None:
+        """Wait for everything in flight and record it."""
+        while self.inflight:
+            self.heartbeat(message=f"finishing {len(self.inflight)} evaluation(s) in flight")
+            self.collect(self.cfg.poll_s)
+
+    def _evaluating_message(self) -> str:
+        ids = sorted(p.impl_id for p in self.inflight.values())
+        return "evaluating " + ", ".join(f"#{i}" for i in ids) if ids else "running"
+
+    def _fail(self, p: Pending, detail: str, extra: dict) -> str:
+        self.ws.set_status(p.impl_id, "failed", detail=detail[:500])
+        self.emit("evaluated", {"id": p.impl_id, "status": "failed", "failure": detail, **extra}, op=p.op,
+                  impl_id=p.impl_id)
+        self.state.since_progress += 1
+        return "failed"
+
+    def complete(self, p: Pending, out: Outcome) -> str | None:
+        """Record one outcome; None when the evaluation was sent again (a lost worker, a new incumbent)."""
+        ws, op, impl_id = self.ws, p.op, p.impl_id
+        where = {"worker": out.worker, "attempt": p.attempt}
+        if out.lost is not None:
+            if p.attempt < ATTEMPTS:
+                self.emit("eval_retry", {"id": impl_id, "reason": out.lost, **where}, op=op, impl_id=impl_id)
+                self.submit(op, impl_id, p.attempt + 1)
+                return None
+            return self._fail(p, f"evaluation lost {p.attempt} times: {out.lost}", where)
+        if out.error is not None:
+            return self._fail(p, f"evaluator error: {out.error}", {"trace": out.trace, **where})
+        report = out.report or {}
+        inc = ws.incumbent(op) or ws.root(op)
+        if self.cfg.auto_promote and report.get("eligible") and inc and inc["id"] != p.incumbent_id:
+            # promoted meanwhile: "beats the incumbent" must be measured against the one promotion would replace
+            self.emit("retime", {"id": impl_id, "was": p.incumbent_id, "incumbent": inc["id"]}, op=op,
+                      impl_id=impl_id)
+            self.submit(op, impl_id, p.attempt)
+            return None
         ws.record_evaluation(impl_id, report)
         status = ws.implementation(impl_id)["status"]
         self.emit("evaluated", {"id": impl_id, "status": status, "verified": report.get("verified"),
                                 "failure": report.get("failure"), "objective": report.get("objective"),
                                 "incumbent_objective": report.get("incumbent_objective"),
-                                "eligible": report.get("eligible")}, op=op, impl_id=impl_id)
+                                "eligible": report.get("eligible"), **where}, op=op, impl_id=impl_id)
         if status == "eligible":
             self.state.since_progress = 0
             if self.cfg.auto_promote:
@@ -379,6 +447,13 @@ class Search:
         else:
             self.state.since_progress += 1
         return status
+
+    def evaluate_and_decide(self, op: str, impl_id: int) -> str:
+        """Evaluate one derivation now (retries included) and record it; its final status."""
+        self.submit(op, impl_id)
+        while any(p.impl_id == impl_id for p in self.inflight.values()):
+            self.collect(self.cfg.poll_s)
+        return self.ws.implementation(impl_id)["status"]
 
     # ------------------------------------------------------------------ the loop
 
@@ -396,13 +471,16 @@ class Search:
             while live:
                 self.poll_commands()
                 self._wait_while_paused()
+                self.collect(0)
                 if self._stopping():
-                    final_state = "stopped"
                     break
                 reason = self.budget_reason()
                 if reason:
                     s.stop_reason = reason
                     break
+                if len(self.inflight) >= self.executor.slots:
+                    self.collect(self.cfg.poll_s)
+                    continue
                 op = live[i % len(live)]
                 self.heartbeat(op=op, message=f"step {s.spent + 1}")
                 try:
@@ -413,20 +491,28 @@ class Search:
                     s.stop_reason = str(e)
                     break
                 if not progressed:
+                    if any(p.op == op for p in self.inflight.values()):
+                        # its frontier may still grow from what is in flight
+                        self.collect(self.cfg.poll_s)
+                        i += 1
+                        continue
                     live.remove(op)
                     continue
                 if s.stop_reason:  # the proposer has nothing more, anywhere
                     break
                 i += 1
+            self.drain()
             if not live and s.stop_reason is None:
                 s.stop_reason = "every parent exhausted"
             if s.stop_reason == "stop command" or (s.stop_reason or "").startswith("terminated"):
                 final_state = "stopped"
         except ProposerFatal as e:
+            self.drain()
             s.stop_reason = f"error: {e}"
             final_state = "stopped"
         finally:
-            shutil.rmtree(self.tmp, ignore_errors=True)
+            if self.executor is not None and isinstance(self.executor, InlineExecutor):
+                self.executor.close()
         summary = self.summary()
         self.emit("search_finished", summary)
         self.heartbeat(message=s.stop_reason or "done")

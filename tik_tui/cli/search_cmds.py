@@ -73,8 +73,10 @@ def _progress(kind: str, p: dict) -> None:
     elif kind in ("decided", "queued"):
         line = f"{op}: #{p['id']} " + ("promoted (auto)" if kind == "decided" else "queued for approval "
                                        f"(tik approve {p['id']})")
+    elif kind == "eval_retry":
+        line = f"{op}: #{p['id']} evaluation lost, retrying: {p.get('reason')}"
     elif kind in ("exhausted", "duplicate", "llm_retry", "proposal_error", "resume_evaluate", "search_resumed",
-                  "paused", "resumed"):
+                  "paused", "resumed", "retime"):
         line = f"{op + ': ' if op else ''}{kind.replace('_', ' ')}: " + ", ".join(
             f"{k}={v}" for k, v in p.items() if k not in ("search", "op", "impl_id"))
     if line:
@@ -83,6 +85,7 @@ def _progress(kind: str, p: dict) -> None:
 
 def cmd_search(args: argparse.Namespace) -> int:
     from tik_tui.agent import ProposerFatal
+    from tik_tui.agent.executor import ExecutorError, check_options
     from tik_tui.worker import WorkerBusy, run_search, search_argv, search_kwargs, worker_busy
 
     _open(args.workspace).close()
@@ -91,6 +94,10 @@ def cmd_search(args: argparse.Namespace) -> int:
         raise TikError(f"{busy}: `tik stop` it first, or watch it with `tik status`")
     if args.proposer == "claude" and not os.environ.get("ANTHROPIC_API_KEY"):
         raise TikError("ANTHROPIC_API_KEY is not set (export it, or use --proposer tuner)")
+    try:
+        check_options(args.executor, args.address, args.workers)
+    except ExecutorError as e:
+        raise TikError(str(e)) from None
     if args.detach:
         return _detach(args, search_argv(args))
     try:

@@ -1,0 +1,149 @@
+"""Evaluations per hour against the number of GPUs, with the local executor (`tik search --workers N`).
+
+    python benchmarks/bench_scaleout.py [--op rmsnorm|linear] [--evals 24] [--gpus 1,2,4,8] [--timeout 300]
+                                        [--device cuda|cpu] [--out benchmarks/results/scaleout_h200.json]
+
+For each GPU count n (default: every count from 1 to torch.cuda.device_count()) a fresh
+workspace runs one tuner search of `--evals` derivations on n evaluator processes, one per GPU,
+pinned with CUDA_VISIBLE_DEVICES. The search is greedy from the root (`explore=False`), so every
+count evaluates the same candidates and only the parallelism differs. Rate = evaluations
+recorded / wall time of the search (workspace setup excluded; each process's cold start, the
+root's probes included, is counted, as a real search pays it). Speedup = rate(n) / rate(1),
+efficiency = speedup / n. Results (JSON + markdown, with the environment line) are written after
+every count, so an interrupted run keeps what it measured; a count that fails is recorded with
+its error and the next one still runs.
+
+`--device cpu --evals 4` is a smoke test in Triton's interpreter ("GPUs" are then interpreter
+processes, default counts 1 and 2): it checks the command, not a figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import re
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def environment(device: str) -> dict:
+    from kernels.evaluator.report import environment as env
+
+    return env(device)
+
+
+def default_out(env: dict, device: str) -> Path:
+    if device == "cpu":
+        return RESULTS / "scaleout_cpu.json"
+    gpu = str(env.get("gpu") or "gpu")
+    tag = "h200" if "H200" in gpu else re.sub(r"[^a-z0-9]+", "_", gpu.lower()).strip("_") or "gpu"
+    return RESULTS / f"scaleout_{tag}.json"
+
+
+def one_count(op: str, n: int, evals: int, device: str, timeout: float) -> dict:
+    from store import Workspace
+    from tik_tui.cli.main import main as tik
+    from tik_tui.worker import run_search
+
+    w = Path(tempfile.mkdtemp(prefix=f"tik-scaleout-{n}-")) / "ws"
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert tik(["-w", str(w), "init", "--json"]) == 0
+    t0 = time.perf_counter()
+    s = run_search(w, ops=[op], proposer="tuner", budget=evals, device=device, timeout=timeout, explore=False,
+                   workers=n)
+    wall = time.perf_counter() - t0
+    with Workspace.open(w) as ws:
+        events = [e for e in ws.events_since(0, 100000) if e["kind"] in ("evaluated", "eval_retry")]
+        statuses = Counter(ws.implementation(i)["status"] for i in s["derivations"])
+    done = [e["payload"] for e in events if e["kind"] == "evaluated"]
+    spans = [d["worker"]["finished"] - d["worker"]["started"] for d in done
+             if d.get("worker", {}).get("started") is not None and d["worker"].get("finished") is not None]
+    workers = sorted({f"{d['worker'].get('slot')}:{d['worker'].get('gpu')}" for d in done if d.get("worker")})
+    return {"gpus": n, "evaluations": len(done), "wall_s": round(wall, 2),
+            "evals_per_hour": round(len(done) / wall * 3600, 1) if wall > 0 else None,
+            "eval_s_median": round(statistics.median(spans), 2) if spans else None,
+            "eval_s_total": round(sum(spans), 2), "retries": sum(e["kind"] == "eval_retry" for e in events),
+            "statuses": dict(statuses), "workers": workers, "stop_reason": s["stop_reason"], "workspace": str(w)}
+
+
+def derive(rows: list[dict]) -> None:
+    base = next((r for r in rows if r.get("gpus") == 1 and r.get("evals_per_hour")), None)
+    for r in rows:
+        if base and r.get("evals_per_hour"):
+            r["speedup"] = round(r["evals_per_hour"] / base["evals_per_hour"], 3)
+            r["efficiency"] = round(r["speedup"] / r["gpus"], 3)
+
+
+def write(doc: dict, out: Path) -> None:
+    derive(doc["runs"])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    env = doc["env"]
+    lines = [f"# Scale-out: evaluations per hour vs GPUs ({env.get('gpu') or env.get('device')}, driver "
+             f"{env.get('driver')}, torch {env.get('torch')}, triton {env.get('triton')})", "",
+             f"`{doc['command']}`", "",
+             f"{doc['op']}, tuner proposals greedy from the root, {doc['evals']} derivations per count, local "
+             "executor (one evaluator process per GPU).", "",
+             "| GPUs | evaluations | wall s | evals/hour | speedup | efficiency | median s per eval | statuses |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in doc["runs"]:
+        if r.get("error"):
+            lines.append(f"| {r['gpus']} | error: {r['error']} | | | | | | |")
+            continue
+        st = ", ".join(f"{k} {v}" for k, v in sorted(r["statuses"].items()))
+        lines.append(f"| {r['gpus']} | {r['evaluations']} | {r['wall_s']} | {r['evals_per_hour']} | "
+                     f"{r.get('speedup', '')} | {r.get('efficiency', '')} | {r['eval_s_median']} | {st} |")
+    if doc.get("note"):
+        lines += ["", doc["note"]]
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--op", default="rmsnorm", choices=("rmsnorm", "linear"))
+    p.add_argument("--evals", type=int, default=24, help="derivations per GPU count (default 24)")
+    p.add_argument("--gpus", default=None, help="comma-separated counts (default 1..device_count; cpu: 1,2)")
+    p.add_argument("--device", default=None, choices=("cuda", "cpu"))
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per evaluation child (default 300)")
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args(argv)
+
+    import torch
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    available = torch.cuda.device_count() if device == "cuda" else 2
+    counts = [int(c) for c in args.gpus.split(",")] if args.gpus else list(range(1, available + 1))
+    env = environment(device)
+    out = args.out or default_out(env, device)
+    doc = {"bench": "scaleout", "op": args.op, "evals": args.evals, "device": device, "env": env,
+           "gpus_visible": torch.cuda.device_count(), "command": " ".join(["python", *sys.argv]),
+           "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "runs": []}
+    if device == "cuda" and available < 2:
+        doc["note"] = "blocked: only one GPU visible here, so no count above 1 was run."
+    for n in counts:
+        print(f"scaleout: {args.op}, {n} worker(s), {args.evals} evaluations ...", file=sys.stderr, flush=True)
+        try:
+            row = one_count(args.op, n, args.evals, device, args.timeout)
+        except Exception as e:
+            row = {"gpus": n, "error": f"{type(e).__name__}: {e}"[:300], "trace": traceback.format_exc()[-2000:]}
+        doc["runs"].append(row)
+        write(doc, out)
+        print(f"scaleout: {n}: {row.get('evals_per_hour', row.get('error'))} evaluations/hour", file=sys.stderr,
+              flush=True)
+    print(f"wrote {out} and {out.with_suffix('.md')}", file=sys.stderr)
+    return 0 if all(not r.get("error") for r in doc["runs"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

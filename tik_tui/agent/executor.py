@@ -1,0 +1,408 @@
+"""Where evaluations run: in the head process, on a pool of local evaluator processes, or on Ray.
+
+The search (the head) records every proposal in the store, submits its evaluation here and
+records the outcome when it comes back; executors never touch the store, so it stays
+single-writer. A job carries the sources of the candidate, the root and the incumbent (not
+paths), so it can run on another machine; one job is one `evaluate()` call, which times the
+candidate interleaved with the root and the incumbent in one child on one device. Nothing
+here splits a job, so measurements that are compared are always taken together.
+
+Executors:
+
+- `inline`: one slot, the evaluation in a thread of the head (today's behaviour, the default).
+- `local`: N slots, each a long-lived evaluator process (`slot_main`) fed jobs over a pipe. On
+  a GPU there is one slot per visible GPU, pinned with CUDA_VISIBLE_DEVICES: the evaluator's
+  sandbox copies its parent's environment into the candidate's child, so the pin reaches it.
+  On the CPU N interpreter processes share the cores.
+- `ray`: each job a Ray task needing one GPU (one CPU on a CPU-only cluster) on an existing
+  cluster; Ray pins the GPU with CUDA_VISIBLE_DEVICES the same way.
+
+`submit(job)` returns a `concurrent.futures.Future` that always resolves to an `Outcome`,
+never raises. `Outcome.lost` says the process running the job died (an evaluator process
+killed, a Ray worker or node lost): the search retries such a job once. A candidate that
+crashes its own sandbox child is not a lost job: the evaluator reports it as a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tik_tui
+
+#: a job whose process dies is run this many times in all before it is recorded as failed
+ATTEMPTS = 2
+EXECUTORS = ("local", "ray")
+#: the directory holding tik_tui (and, in a checkout, kernels and store), for slot processes
+PACKAGE_ROOT = Path(tik_tui.__file__).resolve().parent.parent
+
+
+class ExecutorError(ValueError):
+    """A user-facing executor problem (unknown executor, no ray, unreachable cluster): one line."""
+
+
+@dataclass
+class EvalJob:
+    op: str
+    impl_id: int
+    source: str
+    root_id: int | None = None
+    root_source: str | None = None
+    incumbent_id: int | None = None
+    incumbent_source: str | None = None
+    device: str | None = None
+    timeout: float = 120.0
+    time_it: bool | None = None
+
+
+@dataclass
+class Outcome:
+    #: the EvalReport as a dict, when evaluate() returned
+    report: dict | None = None
+    #: evaluate() raised: "Type: message" (the candidate fails, no retry)
+    error: str | None = None
+    trace: str | None = None
+    #: the process running the job died: why (retried once)
+    lost: str | None = None
+    #: where and when it ran: executor, slot, host, pid, gpu, started, finished (epoch seconds)
+    worker: dict = field(default_factory=dict)
+
+
+def report_dict(rep: Any) -> dict:
+    return rep.as_dict() if hasattr(rep, "as_dict") else dict(rep)
+
+
+def one_line(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+
+
+def run_job(job: EvalJob, evaluate: Callable | None = None, worker: dict | None = None) -> Outcome:
+    """Write the job's sources to a private directory and evaluate there (wherever "there" is)."""
+    worker = {"host": socket.gethostname(), "pid": os.getpid(), **(worker or {}), "started": time.time()}
+    if evaluate is None:
+        from kernels.evaluator import evaluate
+    tmp = Path(tempfile.mkdtemp(prefix="tik-job-"))
+    try:
+        def write(impl_id: int | None, source: str | None) -> str | None:
+            if source is None:
+                return None
+            p = tmp / f"{job.op}_{impl_id}.py"
+            p.write_text(source)
+            return str(p)
+
+        cand = write(job.impl_id, job.source)
+        root = write(job.root_id, job.root_source)
+        inc = write(job.incumbent_id, job.incumbent_source)
+        extra = {} if job.time_it is None else {"time_it": job.time_it}
+        try:
+            rep = evaluate(job.op, cand, root_path=root, incumbent_path=inc, device=job.device, timeout=job.timeout,
+                           **extra)
+            out = Outcome(report=report_dict(rep))
+        except Exception as e:  # an evaluator crash fails this candidate, not the search
+            out = Outcome(error=one_line(e), trace=traceback.format_exc()[-2000:])
+    finally:
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    out.worker = {**worker, "finished": time.time()}
+    return out
+
+
+# ----------------------------------------------------------------------------- inline
+
+
+class InlineExecutor:
+    """One slot: the evaluation runs in a daemon thread of the head, so the head keeps polling."""
+
+    name = "inline"
+    slots = 1
+    device = None
+
+    def __init__(self, evaluate: Callable | None = None):
+        self.evaluate = evaluate
+
+    def submit(self, job: EvalJob) -> Future:
+        fut: Future = Future()
+
+        def work() -> None:
+            fut.set_result(run_job(job, self.evaluate, {"executor": "inline", "slot": 0}))
+
+        # a daemon thread (not a pool): a second Ctrl-C must be able to end the head at once
+        threading.Thread(target=work, name=f"tik-eval-{job.impl_id}", daemon=True).start()
+        return fut
+
+    def describe(self) -> dict:
+        return {"executor": "local", "workers": 1}
+
+    def close(self) -> None:
+        pass
+
+
+# ----------------------------------------------------------------------------- local pool
+
+
+def portable_evaluator(evaluate: Callable | None) -> tuple[str, Any] | None:
+    """How a slot process gets the evaluator: None (the real one), a `module:fn` spec, or pickled bytes."""
+    if evaluate is None:
+        return None
+    spec = getattr(evaluate, "__tik_spec__", None)
+    if spec:
+        return ("spec", spec)
+    try:
+        return ("pickle", pickle.dumps(evaluate))
+    except (pickle.PicklingError, AttributeError, TypeError) as e:
+        raise ExecutorError(f"the evaluator {getattr(evaluate, '__qualname__', evaluate)!r} cannot be sent to "
+                            f"worker processes ({type(e).__name__}): use one worker") from None
+
+
+def load_portable(p: tuple[str, Any] | None) -> Callable | None:
+    if p is None:
+        return None
+    kind, value = p
+    if kind == "spec":
+        from tik_tui.worker import load_evaluator
+
+        return load_evaluator(value)
+    return pickle.loads(value)
+
+
+def _exit_reason(rc: int | None) -> str:
+    if rc is None:
+        return "no exit status"
+    if rc < 0:
+        try:
+            return f"killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"killed by signal {-rc}"
+    return f"exit status {rc}"
+
+
+class _Slot:
+    """One evaluator process and the head thread that feeds it."""
+
+    def __init__(self, index: int, pin: str | None, hello: dict):
+        self.index, self.pin, self.hello = index, pin, hello
+        self.proc: subprocess.Popen | None = None
+        self.busy = False
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(PACKAGE_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        if self.pin is not None:
+            env["CUDA_VISIBLE_DEVICES"] = self.pin
+        return env
+
+    def start(self) -> None:
+        # its own session: a Ctrl-C in the terminal reaches the head, which finishes what is in flight
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "from tik_tui.agent.executor import slot_main; slot_main()"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self.env(), start_new_session=True, close_fds=True)
+        pickle.dump(self.hello, self.proc.stdin)
+        self.proc.stdin.flush()
+
+    def run(self, job: EvalJob) -> Outcome:
+        if self.proc is None or self.proc.poll() is not None:
+            self.start()
+        proc = self.proc
+        where = {"executor": "local", "slot": self.index, "pid": proc.pid, "gpu": self.pin}
+        t0 = time.time()
+        try:
+            pickle.dump(job, proc.stdin)
+            proc.stdin.flush()
+            out = pickle.load(proc.stdout)
+            if not isinstance(out, Outcome):
+                raise pickle.UnpicklingError("not an Outcome")
+            return out
+        except (EOFError, OSError, pickle.UnpicklingError):
+            try:
+                rc = proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                rc = proc.returncode
+            self.proc = None
+            return Outcome(lost=f"evaluator process {proc.pid} (slot {self.index}) died: {_exit_reason(rc)}",
+                           worker={**where, "started": t0, "finished": time.time()})
+
+    def kill(self) -> None:
+        proc = self.proc
+        if proc is None:
+            return
+        try:
+            # SIGTERM first: the slot's evaluator then kills the candidate's child on its way out
+            proc.terminate()
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+        except ProcessLookupError:
+            pass
+
+    def stop(self) -> None:
+        proc = self.proc
+        if proc is None:
+            return
+        try:
+            proc.stdin.close()
+            proc.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            self.kill()
+        self.proc = None
+
+
+class LocalPool:
+    """N evaluator processes on this machine; a job goes to the first idle one."""
+
+    name = "local"
+    device = None
+
+    def __init__(self, workers: int, *, evaluate: Callable | None = None, pins: list[str | None] | None = None):
+        self.slots = workers
+        self.pins = list(pins or [None] * workers)
+        hello = {"sys_path": list(sys.path), "evaluator": portable_evaluator(evaluate)}
+        self._slots = [_Slot(k, self.pins[k], {**hello, "slot": k}) for k in range(workers)]
+        self._jobs: queue.Queue = queue.Queue()
+        self._threads = [threading.Thread(target=self._serve, args=(s,), name=f"tik-slot-{s.index}", daemon=True)
+                         for s in self._slots]
+        for t in self._threads:
+            t.start()
+
+    def _serve(self, slot: _Slot) -> None:
+        try:
+            # started now, so its interpreter and the evaluator's imports overlap the first proposal
+            slot.start()
+        except OSError:
+            slot.proc = None
+        while True:
+            item = self._jobs.get()
+            if item is None:
+                slot.stop()
+                return
+            job, fut = item
+            slot.busy = True
+            try:
+                out = slot.run(job)
+            except Exception as e:  # a bug here must not hang the search
+                out = Outcome(lost=f"slot {slot.index}: {one_line(e)}")
+            slot.busy = False
+            fut.set_result(out)
+
+    def submit(self, job: EvalJob) -> Future:
+        fut: Future = Future()
+        self._jobs.put((job, fut))
+        return fut
+
+    def describe(self) -> dict:
+        return {"executor": "local", "workers": self.slots, "gpus": [p for p in self.pins if p is not None]}
+
+    def close(self) -> None:
+        for _ in self._threads:
+            self._jobs.put(None)
+        for s in self._slots:
+            if s.busy:
+                s.kill()
+        for t in self._threads:
+            t.join(timeout=10)
+
+
+def slot_main() -> None:
+    """A slot process: read the hello, then jobs (pickled, on stdin); write Outcomes to the original stdout."""
+    out = os.fdopen(os.dup(1), "wb")
+    # anything the evaluator prints goes to stderr, never into the protocol
+    os.dup2(2, 1)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    inp = sys.stdin.buffer
+    hello = pickle.load(inp)
+    sys.path[:0] = [p for p in hello.get("sys_path", []) if p not in sys.path]
+    try:
+        evaluate, problem = load_portable(hello.get("evaluator")), None
+        if evaluate is None:
+            import kernels.evaluator  # noqa: F401  (warm: torch and triton load before the first job)
+    except Exception as e:
+        evaluate, problem = None, f"cannot load the evaluator in the worker process: {one_line(e)}"
+    where = {"executor": "local", "slot": hello.get("slot"), "gpu": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    while True:
+        try:
+            job = pickle.load(inp)
+        except EOFError:
+            return
+        if problem:
+            result = Outcome(error=problem, worker={**where, "pid": os.getpid()})
+        else:
+            result = run_job(job, evaluate, where)
+        pickle.dump(result, out)
+        out.flush()
+
+
+# ----------------------------------------------------------------------------- choosing
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES entries (indices or UUIDs)."""
+    import torch
+
+    n = torch.cuda.device_count()
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None and env.strip():
+        return [d.strip() for d in env.split(",") if d.strip()][:n]
+    return [str(i) for i in range(n)]
+
+
+def _validate(kind: str, address: str | None, workers: int | None) -> None:
+    if kind not in EXECUTORS:
+        raise ExecutorError(f"unknown executor {kind!r} (use {' or '.join(EXECUTORS)})")
+    if workers is not None and workers < 1:
+        raise ExecutorError(f"--workers must be at least 1 (got {workers})")
+    if kind == "local" and address:
+        raise ExecutorError("--address is only used with --executor ray")
+
+
+def check_options(executor: str | None, address: str | None, workers: int | None) -> None:
+    """Cheap validation for the command line, before anything starts (or detaches)."""
+    kind = executor or "local"
+    _validate(kind, address, workers)
+    if kind == "ray":
+        from tik_tui.agent.ray_executor import check_cluster
+
+        check_cluster(address)
+
+
+def make_executor(executor: str | None = "local", *, address: str | None = None, workers: int | None = None,
+                  device: str | None = None, evaluate: Callable | None = None) -> Any:
+    """The executor for `tik search --executor ... --address ... --workers ...`."""
+    kind = executor or "local"
+    _validate(kind, address, workers)
+    if kind == "ray":
+        from tik_tui.agent.ray_executor import RayExecutor
+
+        return RayExecutor(address, evaluate=evaluate, device=device, workers=workers)
+    gpus: list[str] = []
+    if device != "cpu":
+        import torch
+
+        if torch.cuda.is_available():
+            gpus = visible_gpus()
+    if device and device.startswith("cuda") and not gpus:
+        raise ExecutorError("--device cuda but no GPU is visible")
+    if gpus:
+        n = workers or len(gpus)
+        if n > len(gpus):
+            raise ExecutorError(f"--workers {n} but {len(gpus)} GPU(s) visible: each worker owns one GPU")
+        return InlineExecutor(evaluate) if n == 1 else LocalPool(n, evaluate=evaluate, pins=gpus[:n])
+    n = workers or 1
+    return InlineExecutor(evaluate) if n == 1 else LocalPool(n, evaluate=evaluate)
