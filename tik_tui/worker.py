@@ -8,6 +8,9 @@ records a crash as `crashed` with its cause. A worker killed outright (SIGKILL) 
 search: same id, same budget, spending recounted from the store, and any `candidate` left
 unevaluated is evaluated first.
 
+Evaluations run on the executor the options name (`--executor local|ray`, `--workers N`,
+`--address ADDR`; `tik_tui.agent.executor`); this process stays the only writer of the store.
+
 `python -m tik_tui.worker -w DIR [search options]` is what `tik search --detach` starts.
 """
 
@@ -27,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from tik_tui.agent import default_proposer, make_proposer
+from tik_tui.agent.executor import ExecutorError, make_executor
 from tik_tui.agent.loop import Search, SearchConfig
 
 LOCK_NAME = "worker.lock"
@@ -88,7 +92,13 @@ def load_evaluator(spec: str) -> Callable:
         s.loader.exec_module(mod)
     else:
         mod = importlib.import_module(target)
-    return getattr(mod, fn)
+    func = getattr(mod, fn)
+    try:
+        # so evaluator processes of a local pool can load it the same way
+        func.__tik_spec__ = spec
+    except (AttributeError, TypeError):
+        pass
+    return func
 
 
 def _previous_search(ws: Any, ops: list[str], proposer_label: str) -> dict | None:
@@ -108,8 +118,12 @@ def run_search(workspace: Any, ops: list[str] | None = None, proposer: str = "tu
                device: str | None = None, timeout: float = 120.0, max_tokens: int | None = None,
                max_cost_usd: float | None = None, max_wall_s: float | None = None, patience: int | None = None,
                evidence: bool = True, explore: bool = True, seed: int = 0,
-               on_event: Callable[[str, dict], None] | None = None, resume: bool = True) -> dict:
-    """Run the loop to its end in this process; returns the search summary (with `state` and `resumed`)."""
+               on_event: Callable[[str, dict], None] | None = None, resume: bool = True, executor: str = "local",
+               address: str | None = None, workers: int | None = None, time_it: bool | None = None) -> dict:
+    """Run the loop to its end in this process; returns the search summary (with `state` and `resumed`).
+
+    `executor`, `address`, `workers`: where evaluations run (`tik_tui.agent.executor.make_executor`);
+    raises `ExecutorError` (a ValueError, one line) for a bad choice or an unreachable cluster."""
     from store import Workspace
 
     path = Path(workspace.path if hasattr(workspace, "path") else workspace)
@@ -128,6 +142,7 @@ def run_search(workspace: Any, ops: list[str] | None = None, proposer: str = "tu
         for sig in (signal.SIGTERM, signal.SIGINT):
             old_handlers[sig] = signal.signal(sig, on_signal)
     beat_stop = threading.Event()
+    pool = None
     try:
         all_ops = [r["op"] for r in ws.operators()]
         ops = list(ops or all_ops)
@@ -139,16 +154,17 @@ def run_search(workspace: Any, ops: list[str] | None = None, proposer: str = "tu
         prev = _previous_search(ws, ops, label) if resume else None
         cfg = SearchConfig(ops=ops, budget=budget, max_tokens=max_tokens, max_cost_usd=max_cost_usd,
                            max_wall_s=max_wall_s, patience=patience, auto_promote=auto_promote, device=device,
-                           timeout=timeout, evidence=evidence, explore=explore, seed=seed)
+                           timeout=timeout, evidence=evidence, explore=explore, seed=seed, time_it=time_it)
+        pool = make_executor(executor, address=address, workers=workers, device=device, evaluate=evaluate)
         search = Search(ws, prop, cfg, evaluate=evaluate, search_id=prev["search"] if prev else None,
-                        on_event=on_event, should_stop=stop_flag.is_set)
+                        on_event=on_event, should_stop=stop_flag.is_set, executor=pool)
         if prev:
             search.state.started = float(prev.get("started") or search.state.started)
             search.state.tokens = int(prev.get("tokens") or 0)
             search.state.cost_usd = float(prev.get("cost_usd") or 0.0)
             search.emit("search_resumed", {"previous_pid": prev.get("pid")})
         ws.set_worker_state(pid=os.getpid(), state="running", proposer=label, op=",".join(ops), ops=",".join(ops),
-                            budget=budget,
+                            budget=budget, executor=pool.describe(),
                             heartbeat=time.time(), message="starting")
 
         def beat() -> None:
@@ -170,6 +186,8 @@ def run_search(workspace: Any, ops: list[str] | None = None, proposer: str = "tu
         return summary
     finally:
         beat_stop.set()
+        if pool is not None:
+            pool.close()
         for sig, h in old_handlers.items():
             signal.signal(sig, h)
         ws.close() if hasattr(ws, "close") else None
@@ -188,6 +206,9 @@ def add_search_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--auto-promote", action="store_true", help="promote eligible candidates without asking")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="where candidates are evaluated")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per evaluation (hard kill)")
+    p.add_argument("--time", action="store_true",
+                   help="time candidates on the CPU too (Triton-interpreter wall times, compared only within this "
+                        "run), so a CPU search can reach eligible candidates; on a GPU they are always timed")
     p.add_argument("--max-tokens", type=int, default=None, help="stop after this many LLM tokens")
     p.add_argument("--max-cost", type=float, default=None, help="stop after this many US dollars of LLM use")
     p.add_argument("--max-time", type=float, default=None, help="stop after this many seconds")
@@ -197,6 +218,13 @@ def add_search_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--greedy", action="store_true", help="ablation: always expand the incumbent (no branches)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--fresh", action="store_true", help="start a new search instead of resuming a killed one")
+    p.add_argument("--executor", default="local", metavar="local|ray",
+                   help="where evaluations run: local (this machine; default) or ray (a Ray cluster, see --address)")
+    p.add_argument("--address", default=None, metavar="ADDR",
+                   help="the Ray cluster's head, host:port or ray://host:port (default $RAY_ADDRESS); --executor ray")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="evaluations in flight (default: one per visible GPU, 1 on the CPU; with ray: the "
+                   "cluster's GPUs)")
     p.add_argument("--evaluator", default=None, help=argparse.SUPPRESS)
 
 
@@ -205,8 +233,10 @@ def search_kwargs(args: argparse.Namespace) -> dict:
                 auto_promote=args.auto_promote, device=args.device, timeout=args.timeout,
                 max_tokens=args.max_tokens, max_cost_usd=args.max_cost, max_wall_s=args.max_time,
                 patience=args.patience, evidence=not args.no_evidence, explore=not args.greedy, seed=args.seed,
-                resume=not args.fresh, proposer_opts={"model": args.model, "seed": args.seed},
-                evaluate=load_evaluator(args.evaluator) if args.evaluator else None)
+                resume=not args.fresh, time_it=True if args.time else None,
+                proposer_opts={"model": args.model, "seed": args.seed},
+                evaluate=load_evaluator(args.evaluator) if args.evaluator else None, executor=args.executor,
+                address=args.address, workers=args.workers)
 
 
 def search_argv(args: argparse.Namespace) -> list[str]:
@@ -217,11 +247,12 @@ def search_argv(args: argparse.Namespace) -> list[str]:
     for flag, val in (("--proposer", args.proposer or default_proposer()), ("--budget", args.budget),
                       ("--device", args.device), ("--timeout", args.timeout), ("--max-tokens", args.max_tokens),
                       ("--max-cost", args.max_cost), ("--max-time", args.max_time), ("--patience", args.patience),
-                      ("--model", args.model), ("--seed", args.seed), ("--evaluator", args.evaluator)):
+                      ("--model", args.model), ("--seed", args.seed), ("--evaluator", args.evaluator),
+                      ("--executor", args.executor), ("--address", args.address), ("--workers", args.workers)):
         if val is not None:
             argv += [flag, str(val)]
     for flag, on in (("--auto-promote", args.auto_promote), ("--no-evidence", args.no_evidence),
-                     ("--greedy", args.greedy), ("--fresh", args.fresh)):
+                     ("--greedy", args.greedy), ("--fresh", args.fresh), ("--time", args.time)):
         if on:
             argv.append(flag)
     return argv
@@ -238,6 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     except WorkerBusy as e:
         print(f"tik-worker: {e}", file=sys.stderr)
         return 3
+    except ExecutorError as e:
+        print(f"tik-worker: error: {e}", file=sys.stderr)
+        return 2
     print(f"tik-worker: {summary['state']}: {summary['stop_reason']} ({summary['spent']} derivations)",
           file=sys.stderr)
     return 0 if summary["state"] != "crashed" else 1

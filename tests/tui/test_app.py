@@ -6,7 +6,7 @@ import json
 import sys
 
 import pytest
-from conftest import make_app, wait_for
+from tui_support import make_app, wait_for
 
 from store import Workspace
 from tik_tui.screens.detail import DetailScreen
@@ -150,7 +150,7 @@ async def test_start_search_spawns_a_detached_process_and_shows_its_errors(works
         await pilot.press("enter")  # enter in a field starts it
         await wait_for(pilot, lambda: record.exists(), timeout=20)
         argv = json.loads(record.read_text())
-        assert argv == ["-w", str(path), "search", "--detach", "--proposer", "tuner", "--budget", "3"]
+        assert argv == ["-w", str(path), "search", "--detach", "--proposer", "tuner", "--budget", "3", "--time"]
         # a start that fails (here: no API key) is shown, never raised
         app.search_command = [sys.executable, "-c", "import sys; sys.exit('tik: error: ANTHROPIC_API_KEY is not set')"]
         await pilot.press("s")

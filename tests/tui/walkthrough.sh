@@ -26,7 +26,7 @@ keys s;                               wait_for "Start a search" 10; snap "start 
 # operator select: open it, move to rmsnorm (all, embedding, rmsnorm), choose
 keys Enter; sleep 1; keys Down; sleep 0.3; keys Down; sleep 0.3; keys Enter; sleep 1
 for _ in 1 2 3; do keys Tab; sleep 0.4; done   # proposer (tuner) -> replay file -> budget
-keys C-u; sleep 0.3; keys 2; sleep 0.3; snap "dialog filled in" 0.5
+keys C-u; sleep 0.3; keys 4; sleep 0.3; snap "dialog filled in" 0.5
 keys Enter;                           snap "search requested" 2
 wait_for "running" 60;                snap "worker running"
 keys 2;                               snap "tree while the search runs (new nodes open live)" 3

@@ -88,7 +88,9 @@ class SearchRequest:
 
     def argv(self) -> list[str]:
         """The arguments after `tik -w WS search --detach`."""
-        out = ["--proposer", self.proposer, "--budget", str(self.budget)]
+        # --time: a search started here on a CPU machine times its candidates in the interpreter, so it can
+        # reach a promotion to approve; on a GPU candidates are timed anyway
+        out = ["--proposer", self.proposer, "--budget", str(self.budget), "--time"]
         if self.op:
             out = ["--op", self.op, *out]
         if self.auto_promote:
