@@ -120,6 +120,7 @@ class DetailScreen(Screen):
             self.query_one("#detail-head", Static).update(Text(f"cannot read #{self.impl_id}: {e}", style="red"))
             return
         self.detail = detail
+        self.refresh_bindings()  # approve/reject/parent depend on what was loaded: the footer must say so
         self.show(detail)
 
     @on(Refreshed)
@@ -262,6 +263,7 @@ class CompareScreen(Screen):
         except Exception as e:
             self.query_one("#compare-head", Static).update(Text(f"cannot compare #{self.impl_id}: {e}", style="red"))
             return
+        self.refresh_bindings()
         inc = data["incumbent"] or {}
         head = Text.assemble((f"#{self.impl_id}", "bold"), " vs ", (f"#{inc.get('id', '—')}", "bold green"),
                              f"  {data['impl'].get('op')}  ")
