@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import report, toy_source
+from store_support import report, toy_source
 
 import kernels.contracts
 from store import Workspace

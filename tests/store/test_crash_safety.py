@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import report, toy_source
+from store_support import report, toy_source
 
 from store import Workspace
 from store.gitrepo import PENDING_PREFIX

@@ -7,7 +7,7 @@ import sqlite3
 
 import git
 import pytest
-from conftest import TOY, report, toy_source
+from store_support import TOY, report, toy_source
 
 from store import STATUSES, Workspace, WorkspaceError
 from store.errors import UnknownImplementation

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from conftest import SRC, report  # noqa: E402
+from tui_support import SRC, report  # noqa: E402
 
 from store import Workspace  # noqa: E402
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import make_app, wait_for
+from tui_support import make_app, wait_for
 
 SIZE = (100, 30)
 
