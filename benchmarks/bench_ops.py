@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import math
 import random
 import statistics
 import sys
@@ -36,9 +35,14 @@ from kernels.evaluator import timing  # noqa: E402
 DEFAULT_OPS = ("embedding", "rmsnorm", "add_rmsnorm", "rope", "silu_mul", "linear", "logprob", "entropy", "sample")
 
 
-def geomean(xs: list[float]) -> float | None:
-    xs = [x for x in xs if x and x > 0]
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+def of(rows: list[dict], key: str, regime_: str | None = None) -> list:
+    """`key` of every row (of one regime), None where a row lacks it."""
+    return [r.get(key) for r in rows if regime_ is None or r.get("regime") == regime_]
+
+
+def geomean(xs: list) -> float | None:
+    xs = [x for x in xs if x is not None and x > 0]
+    return statistics.geometric_mean(xs) if xs else None
 
 
 def med(xs: list) -> float | None:
@@ -91,9 +95,9 @@ def main() -> int:
     ap.add_argument("--profile", default="gpu")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--spin-us", type=float, default=1000.0,
-                    help="GPU idle queued ahead of each timed call, to hide the host's launch time (the evaluator's "
-                         "default is 200)")
+    ap.add_argument("--spin-us", type=float, default=timing.SPIN_US,
+                    help="GPU idle queued ahead of each timed call, to hide the host's launch time (default: the "
+                         f"evaluator's, {timing.SPIN_US:g})")
     ap.add_argument("--max-cells", type=int, default=0, help="at most this many cells per op (0: all)")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -140,18 +144,14 @@ def main() -> int:
             rows.append(row)
             print(json.dumps({op: {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()
                                    if k not in ("times",)}}), flush=True)
-        ratios = [r["ratio_root_over_stock"] for r in rows if "ratio_root_over_stock" in r]
         summary = {
             "cells": len(rows), "errors": sum(1 for r in rows if "error" in r), "seconds": time.time() - t0,
-            "geomean_ratio": geomean(ratios),
-            "geomean_ratio_decode": geomean([r["ratio_root_over_stock"] for r in rows
-                                             if r.get("regime") == "decode" and "ratio_root_over_stock" in r]),
-            "geomean_ratio_train": geomean([r["ratio_root_over_stock"] for r in rows
-                                            if r.get("regime") == "train" and "ratio_root_over_stock" in r]),
+            "geomean_ratio": geomean(of(rows, "ratio_root_over_stock")),
+            "geomean_ratio_decode": geomean(of(rows, "ratio_root_over_stock", "decode")),
+            "geomean_ratio_train": geomean(of(rows, "ratio_root_over_stock", "train")),
             "median_host_us_root": med([r["times"]["root"].get("host_us") for r in rows if "times" in r]),
             "median_host_us_stock": med([r["times"].get("stock", {}).get("host_us") for r in rows if "times" in r]),
-            "median_copy_fraction_train": (statistics.median(fr) if (fr := [
-                r["copy_fraction"] for r in rows if r.get("regime") == "train" and "copy_fraction" in r]) else None),
+            "median_copy_fraction_train": med(of(rows, "copy_fraction", "train")),
         }
         doc["ops"][op] = {"summary": summary, "cells": rows}
         print(json.dumps({op: summary}), flush=True)

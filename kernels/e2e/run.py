@@ -39,8 +39,6 @@ class E2EConfig:
     max_slots: int = 8
     temperature: float = 1.0
     lr: float = 1e-3
-    #: prompt tokens from 1 .. prompt_vocab - 1 (0: the whole vocabulary)
-    prompt_vocab: int = 0
     seed: int = 0
     device: str | None = None
     checkpoint: str | None = None
@@ -84,7 +82,7 @@ def run_mode(mode: str, cfg: E2EConfig, mc: ModelConfig, params0: dict, device: 
     reward_curve, batch_sizes = [], []
     for step in range(cfg.warmup + cfg.steps):
         reqs = make_requests(mc.vocab, cfg.prompts, cfg.group, rng, prompt_len=cfg.prompt_len,
-                             answer_len=cfg.answer_len, seed_base=step * 100_000, prompt_vocab=cfg.prompt_vocab)
+                             answer_len=cfg.answer_len, seed_base=step * 100_000)
         _sync(device)
         t0 = time.perf_counter()
         comps = engine.generate(params, reqs)

@@ -16,14 +16,11 @@ from kernels.e2e.rollout import Completion, Request
 
 
 def make_requests(vocab: int, n_prompts: int, group: int, rng: random.Random, *, prompt_len=(3, 9),
-                  answer_len=(2, 6), seed_base: int = 0, prompt_vocab: int = 0) -> list[Request]:
-    """`n_prompts` prompts, each asked `group` times (a GRPO group), lengths drawn at random; prompt tokens
-    from 1 .. `prompt_vocab` - 1 when given (a smaller alphabet makes the first rewards less rare), else from
-    the whole vocabulary."""
+                  answer_len=(2, 6), seed_base: int = 0) -> list[Request]:
+    """`n_prompts` prompts, each asked `group` times (a GRPO group), lengths drawn at random."""
     reqs = []
-    top = min(vocab, prompt_vocab) if prompt_vocab else vocab
     for g in range(n_prompts):
-        prompt = [rng.randrange(1, top) for _ in range(rng.randint(*prompt_len))]
+        prompt = [rng.randrange(1, vocab) for _ in range(rng.randint(*prompt_len))]
         for k in range(group):
             reqs.append(Request(prompt, rng.randint(*answer_len), seed=seed_base + g * group + k, group=g))
     rng.shuffle(reqs)  # groups arrive interleaved, as in a real rollout queue
