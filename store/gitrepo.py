@@ -4,9 +4,11 @@ Each implementation is one commit of a one-file tree; its first parent is the fi
 implementation's commit (a merge has several). The commit message carries the row's metadata
 as JSON after a marker line, so a commit whose row was never written (a crash between the two)
 can be recorded later without loss. Objects are written (and loose ones read) in-process with
-gitdb's loose object database, no `git` subprocess; packed objects are read through GitPython.
-GitPython `Repo` objects are not thread-safe and may hold a `git cat-file` process: one `Repo`
-is used under a lock (one thread at a time), reopened after a fork, and closed by `close()`.
+gitdb's loose object database, and the repository is opened on GitPython's pure-Python object
+database (`GitDB`, which also reads packs), so the store never runs the `git` program: a machine
+without it (the GPU hosts have none) can hold a workspace, and `git` itself can still inspect it.
+GitPython `Repo` objects are not thread-safe: one `Repo` is used under a lock (one thread at a
+time), reopened after a fork, and closed by `close()`.
 """
 
 from __future__ import annotations
@@ -20,14 +22,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import git
-from git.objects import Blob, Commit, Tree
-from git.objects.fun import tree_to_stream
-from git.refs.symbolic import SymbolicReference
-from git.util import Actor
-from gitdb import IStream, LooseObjectDB
-from gitdb.exc import BadObject
-from gitdb.util import bin_to_hex, hex_to_bin
+# GitPython looks for the `git` program on import and fails without it; nothing here runs it.
+os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
+import git  # noqa: E402
+from git.objects import Blob, Commit, Tree  # noqa: E402
+from git.objects.fun import tree_to_stream  # noqa: E402
+from git.refs.symbolic import SymbolicReference  # noqa: E402
+from git.util import Actor  # noqa: E402
+from gitdb import IStream, LooseObjectDB  # noqa: E402
+from gitdb.exc import BadObject  # noqa: E402
+from gitdb.util import bin_to_hex, hex_to_bin  # noqa: E402
 
 META_MARKER = "--- tik-meta ---"
 DERIVATION_PREFIX = "refs/derivations/"
@@ -76,7 +80,13 @@ class GitRepo:
 
     @classmethod
     def init(cls, path: Path) -> GitRepo:
-        git.Repo.init(path, bare=True, mkdir=True).close()
+        """A new bare repository, laid out as `git init --bare` lays it out."""
+        path = Path(path)
+        for sub in ("objects/info", "objects/pack", "refs/heads", "refs/tags", "info"):
+            (path / sub).mkdir(parents=True, exist_ok=True)
+        (path / "HEAD").write_text("ref: refs/heads/master\n")
+        (path / "config").write_text("[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = true\n")
+        (path / "description").write_text("TIK derivations\n")
         return cls(path)
 
     def is_repo(self) -> bool:
@@ -87,7 +97,7 @@ class GitRepo:
         with self._lock:
             if self._open is None or self._pid != os.getpid():
                 # opening parses the config (~3 ms): keep one per process, used by one thread at a time
-                self._open, self._pid = git.Repo(self.path), os.getpid()
+                self._open, self._pid = git.Repo(self.path, odbt=git.GitDB), os.getpid()
             yield self._open
 
     def close(self) -> None:
@@ -169,7 +179,7 @@ class GitRepo:
         return found
 
     def read_object(self, hexsha: str) -> bytes:
-        """An object's raw content: loose objects in-process, packed ones through `git cat-file`."""
+        """An object's raw content (loose objects through gitdb directly, packed ones through GitDB)."""
         binsha = hex_to_bin(hexsha)
         with self._lock:
             try:
