@@ -75,14 +75,34 @@ class Timer:
             self.spin_cycles = self._calibrate()
 
     def _calibrate(self) -> int:
-        cycles = 200_000
+        """Spin cycles that keep the GPU busy for at least SPIN_US at its highest clock.
+
+        The spin kernel counts clock cycles, so its length in time follows the SM clock, which an
+        idle GPU drops (an idle H200 sat at 345 of 1980 MHz). Calibrated cold, the spin came out
+        ~6x too short once the clock rose, host launch time leaked into the event window, and the
+        rmsnorm root timed 80-150 us instead of 4 (benchmarks/results/evaluator_h200_badspin.md).
+        So: the spin's module is loaded first (its first launch is not measured), a long spin
+        raises the clock, three measured spins follow back to back with no host gap, and the
+        fastest rate is kept — a lower clock or any host delay only ever makes a spin longer.
+        """
+        _spin(1000)
         _sync()
+        cycles = 200_000
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(3)]
+        _spin(20_000_000)
+        for a, b in events:
+            _record(a)
+            _spin(cycles)
+            _record(b)
+        _sync()
+        rate = max(cycles / max(_elapsed(a, b) * 1e3, 1.0) for a, b in events)
+        spin = max(1000, int(rate * SPIN_US))
         _record(self.start)
-        _spin(cycles)
+        _spin(spin)
         _record(self.end)
         _sync()
-        us = max(_elapsed(self.start, self.end) * 1e3, 1.0)
-        return max(1000, int(cycles * SPIN_US / us))
+        self.spin_us = _elapsed(self.start, self.end) * 1e3
+        return spin
 
     def sample(self, fn) -> tuple[Any, float, float]:
         """(output, event µs, wall µs). On the CPU both times are the host wall time."""
@@ -154,7 +174,7 @@ def run_timing_job(workdir: Path, job: dict) -> dict:
             errors[name] = "import failed: " + one_line(e)
     timer = Timer(device)
     w = TensorWriter(workdir / "out" / "outputs.bin")
-    doc: dict = {"import_errors": errors, "cells": {}, "floor_us": None}
+    doc: dict = {"import_errors": errors, "cells": {}, "floor_us": None, "spin_us": getattr(timer, "spin_us", None)}
     floor = [timer.sample(lambda: None)[1] for _ in range(job["reps"])]
     doc["floor_us"] = statistics.median(floor)
     for cname in job["cells"]:
