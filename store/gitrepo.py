@@ -7,6 +7,7 @@ can be recorded later without loss. Objects are written (and loose ones read) in
 gitdb's loose object database, and the repository is opened on GitPython's pure-Python object
 database (`GitDB`, which also reads packs), so the store never runs the `git` program: a machine
 without it (the GPU hosts have none) can hold a workspace, and `git` itself can still inspect it.
+Ref names, refs and the commit metadata are plain files (`store.gitfiles`, re-exported here).
 GitPython `Repo` objects are not thread-safe: one `Repo` is used under a lock (one thread at a
 time), reopened after a fork, and closed by `close()`.
 """
@@ -14,7 +15,6 @@ time), reopened after a fork, and closed by `close()`.
 from __future__ import annotations
 
 import io
-import json
 import os
 import threading
 import time
@@ -33,46 +33,32 @@ from gitdb import IStream, LooseObjectDB  # noqa: E402
 from gitdb.exc import BadObject  # noqa: E402
 from gitdb.util import bin_to_hex, hex_to_bin  # noqa: E402
 
-META_MARKER = "--- tik-meta ---"
-DERIVATION_PREFIX = "refs/derivations/"
-PENDING_PREFIX = "refs/pending/"
-TAG_PREFIX = "refs/tags/promoted/"
+from store.errors import WorkspaceError  # noqa: E402
+
+# re-exported: the git-free half lives in store.gitfiles, so readers need not import GitPython
+from store.gitfiles import (  # noqa: E402, F401
+    DERIVATION_PREFIX,
+    META_MARKER,
+    PENDING_PREFIX,
+    TAG_PREFIX,
+    commit_message,
+    derivation_ref,
+    is_repo,
+    parse_meta,
+    promotion_tag,
+    read_refs,
+)
 
 _AUTHOR = Actor("tik", "tik@localhost")
-
-
-def derivation_ref(impl_id: int) -> str:
-    return f"{DERIVATION_PREFIX}{impl_id}"
-
-
-def promotion_tag(op: str, impl_id: int) -> str:
-    """Tag name (without refs/tags/) of a promotion."""
-    return f"promoted/{op}/{impl_id}"
-
-
-def commit_message(summary: str, rationale: str, meta: dict) -> str:
-    body = f"\n\n{rationale.strip()}" if rationale.strip() else ""
-    return f"{summary}{body}\n\n{META_MARKER}\n{json.dumps(meta, sort_keys=True)}\n"
-
-
-def parse_meta(message: str) -> dict | None:
-    """The JSON metadata a TIK commit or tag carries, or None when there is none."""
-    _, sep, tail = message.rpartition(f"\n{META_MARKER}\n")
-    if not sep:
-        return None
-    try:
-        meta = json.loads(tail)
-    except json.JSONDecodeError:
-        return None
-    return meta if isinstance(meta, dict) else None
 
 
 class GitRepo:
     """A bare repository at `path`; thread-safe within a process, safe across processes
     (loose objects are written to a temp file and renamed, refs through lock files)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, *, readonly: bool = False):
         self.path = Path(path)
+        self.readonly = readonly
         self._lock = threading.Lock()
         self._loose = LooseObjectDB(str(self.path / "objects"))
         self._open: git.Repo | None = None
@@ -90,7 +76,7 @@ class GitRepo:
         return cls(path)
 
     def is_repo(self) -> bool:
-        return (self.path / "objects").is_dir() and (self.path / "HEAD").is_file()
+        return is_repo(self.path)
 
     @contextmanager
     def _repo(self) -> Iterator[git.Repo]:
@@ -108,8 +94,13 @@ class GitRepo:
 
     # ------------------------------------------------------------------ writes
 
+    def _writable(self) -> None:
+        if self.readonly:
+            raise WorkspaceError(f"{self.path} was opened read-only")
+
     def write_commit(self, filename: str, source: bytes, parents: list[str], message: str) -> tuple[str, str]:
         """Write blob, tree and commit; returns (commit hexsha, blob hexsha). Touches no ref."""
+        self._writable()
         now = int(time.time())
         with self._repo() as repo:
             blob = self._loose.store(IStream(Blob.type, len(source), io.BytesIO(source)))
@@ -129,6 +120,7 @@ class GitRepo:
 
     def write_tag(self, name: str, target: str, message: str) -> str:
         """An annotated tag object for commit `target`, and its ref refs/tags/<name>."""
+        self._writable()
         data = (f"object {target}\ntype commit\ntag {name}\n"
                 f"tagger {_AUTHOR.name} <{_AUTHOR.email}> {int(time.time())} +0000\n\n{message}").encode()
         with self._repo() as repo:
@@ -137,11 +129,13 @@ class GitRepo:
         return bin_to_hex(tag.binsha).decode()
 
     def set_ref(self, ref: str, target: str) -> None:
+        self._writable()
         with self._repo() as repo:
             SymbolicReference(repo, ref).set_reference(_Obj(repo, hex_to_bin(target)))
 
     def delete_ref(self, ref: str) -> None:
         """Remove a ref (loose or packed); a missing one is not an error."""
+        self._writable()
         with self._repo() as repo:
             try:
                 SymbolicReference.delete(repo, ref)
@@ -161,22 +155,7 @@ class GitRepo:
 
     def refs(self, prefix: str) -> dict[str, str]:
         """All refs under `prefix` (loose and packed) -> hexsha."""
-        found: dict[str, str] = {}
-        packed = self.path / "packed-refs"
-        if packed.is_file():
-            for line in packed.read_text().splitlines():
-                if line and line[0] not in "#^":
-                    sha, _, name = line.partition(" ")
-                    if name.startswith(prefix):
-                        found[name] = sha
-        base = self.path / prefix
-        if base.is_dir():
-            for p in base.rglob("*"):
-                if p.is_file() and not p.name.endswith(".lock"):
-                    sha = p.read_text().strip()
-                    if len(sha) == 40:
-                        found[p.relative_to(self.path).as_posix()] = sha
-        return found
+        return read_refs(self.path, prefix)
 
     def read_object(self, hexsha: str) -> bytes:
         """An object's raw content (loose objects through gitdb directly, packed ones through GitDB)."""

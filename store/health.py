@@ -26,7 +26,15 @@ import time
 from typing import Any
 
 from store.errors import WorkspaceError
-from store.gitrepo import DERIVATION_PREFIX, PENDING_PREFIX, TAG_PREFIX, derivation_ref, parse_meta, promotion_tag
+from store.gitfiles import (
+    DERIVATION_PREFIX,
+    PENDING_PREFIX,
+    TAG_PREFIX,
+    derivation_ref,
+    parse_meta,
+    promotion_tag,
+    read_refs,
+)
 
 _DECIDED_STATUS = {"promote": "promoted", "reject": "rejected", "archive": "rejected"}
 
@@ -38,8 +46,9 @@ class Health:
         """Pending refs older than `in_flight_s` (younger ones belong to a write in progress)."""
         cutoff = time.time() - in_flight_s
         out = {}
-        for name, sha in self.git.refs(PENDING_PREFIX).items():
-            p = self.git.path / name
+        # plain files (store.gitfiles): a workspace open with nothing to recover never imports GitPython
+        for name, sha in read_refs(self.repo_path, PENDING_PREFIX).items():
+            p = self.repo_path / name
             if not p.exists() or p.stat().st_mtime <= cutoff:
                 out[name] = sha
         return out

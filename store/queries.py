@@ -6,6 +6,7 @@ import json
 import os
 import socket
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from store.diffing import unified_diff
@@ -13,12 +14,14 @@ from store.diffing import unified_diff
 #: a worker whose heartbeat is older than this is presumed dead (the worker beats every few seconds)
 STALE_HEARTBEAT_S = 120.0
 
-_IMPL = """
-SELECT i.*,
-  (SELECT group_concat(parent_id) FROM (SELECT parent_id FROM impl_parents p WHERE p.impl_id = i.id ORDER BY pos))
-    AS parents_csv
-FROM implementations i
-"""
+#: an implementation's columns in the order of the keys `_impl` gives them (the order `tik log --json` prints);
+#: {parents} is the csv of its impl_parents, in position order
+_COLUMNS = ("i.id, i.op, i.parent_id, {parents}, i.status, i.status_detail, i.proposer, i.rationale, i.created, "
+            "i.updated, i.objective, i.incumbent_objective, i.admissible, i.failure, i.commit_sha, i.filename, "
+            "i.source_sha256")
+_PARENTS_CSV = ("(SELECT group_concat(parent_id) FROM "
+                "(SELECT parent_id FROM impl_parents p WHERE p.impl_id = i.id ORDER BY pos))")
+_IMPL = f"SELECT {_COLUMNS.format(parents=_PARENTS_CSV)} FROM implementations i"
 
 _USAGE_SUM = ("count(*) AS calls, coalesce(sum(input_tokens), 0) AS input_tokens, "
               "coalesce(sum(output_tokens), 0) AS output_tokens, coalesce(sum(cache_read_tokens), 0) AS "
@@ -26,18 +29,17 @@ _USAGE_SUM = ("count(*) AS calls, coalesce(sum(input_tokens), 0) AS input_tokens
               "coalesce(sum(cost_usd), 0.0) AS cost_usd")
 
 
-def _impl(row: dict) -> dict:
-    """An implementations row as the API shows it."""
-    csv = row.pop("parents_csv", None)
-    parents = [int(p) for p in csv.split(",")] if csv else []
-    out = {"id": row["id"], "op": row["op"], "parent": row["parent_id"], "parents": parents,
-           "status": row["status"], "status_detail": row["status_detail"], "proposer": row["proposer"],
-           "rationale": row["rationale"], "created": row["created"], "updated": row["updated"],
-           "objective": row["objective"], "incumbent_objective": row["incumbent_objective"],
-           "admissible": None if row["admissible"] is None else bool(row["admissible"]),
-           "failure": row["failure"], "commit": row["commit_sha"], "filename": row["filename"],
-           "source_sha256": row["source_sha256"]}
-    return out
+def _impl(row: tuple, parents: list[int] | None = None) -> dict:
+    """An `_IMPL` row as the API shows it; `parents` given, the row's csv is not read."""
+    (impl_id, op, parent, csv, status, status_detail, proposer, rationale, created, updated, objective,
+     incumbent_objective, admissible, failure, commit, filename, source_sha256) = row
+    if parents is None:
+        parents = [int(p) for p in csv.split(",")] if csv else []
+    return {"id": impl_id, "op": op, "parent": parent, "parents": parents, "status": status,
+            "status_detail": status_detail, "proposer": proposer, "rationale": rationale, "created": created,
+            "updated": updated, "objective": objective, "incumbent_objective": incumbent_objective,
+            "admissible": None if admissible is None else bool(admissible), "failure": failure, "commit": commit,
+            "filename": filename, "source_sha256": source_sha256}
 
 
 def _loads(text: str | None, default: Any = None) -> Any:
@@ -62,7 +64,7 @@ def pid_alive(pid: int | None) -> bool:
 
 
 class Queries:
-    """Mixed into `Workspace`: needs `self.db`, `self.git`, `self._row`."""
+    """Mixed into `Workspace`: needs `self.db`, `self._blob`, `self._row`."""
 
     def operators(self) -> list[dict]:
         rows = list(self.db.query("SELECT * FROM operators ORDER BY created, op"))
@@ -72,7 +74,7 @@ class Queries:
 
     def implementation(self, impl_id: int) -> dict:
         self._row(impl_id)
-        out = _impl(next(iter(self.db.query(_IMPL + " WHERE i.id = ?", [impl_id]))))
+        out = _impl(self.db.execute(_IMPL + " WHERE i.id = ?", [impl_id]).fetchone())
         mods = list(self.db.query("SELECT * FROM modifications WHERE impl_id = ?", [impl_id]))
         if mods:
             m = mods[0]
@@ -88,6 +90,14 @@ class Queries:
         return out
 
     def implementations(self, op: str | None = None, status: str | None = None) -> list[dict]:
+        return [r for batch in self.iter_implementations(op, status) for r in batch]
+
+    def iter_implementations(self, op: str | None = None, status: str | None = None, *,
+                             batch: int = 200) -> Iterator[list[dict]]:
+        """`implementations()` in lists of `batch` rows, all from one snapshot. A caller that streams them
+        (`tik log --json`) never holds every row: 10,000 rows as dicts are ~30 MB that a fresh process
+        pays for in page faults (a fresh `tik log --json` on 10,000 rows: 0.36 s at once, 0.32 s in batches).
+        The rows come from one read transaction, held until the iterator is exhausted or closed."""
         where, params = [], []
         if op is not None:
             where.append("i.op = ?")
@@ -96,21 +106,22 @@ class Queries:
             where.append("i.status = ?")
             params.append(status)
         cond = " WHERE " + " AND ".join(where) if where else ""
-        # two flat queries joined here: a correlated parents subquery per row is ~2x slower on 10,000 rows
-        parents: dict[int, list[int]] = {}
-        for impl_id, parent_id in self.db.execute(
-                "SELECT p.impl_id, p.parent_id FROM impl_parents p JOIN implementations i ON i.id = p.impl_id"
-                + cond + " ORDER BY p.impl_id, p.pos", params):
-            parents.setdefault(impl_id, []).append(parent_id)
-        out = []
-        for r in self.db.query("SELECT * FROM implementations i" + cond + " ORDER BY i.id", params):
-            row = _impl(r)
-            row["parents"] = parents.get(row["id"], [])
-            out.append(row)
-        return out
+        # the parents as a second flat query, not _IMPL's per-row subquery (10,000 rows: 50 vs 60 ms),
+        # inside one read transaction so both see the same snapshot
+        with self.db.atomic() as db:
+            parents: dict[int, list[int]] = {}
+            for impl_id, parent_id in db.execute(
+                    "SELECT p.impl_id, p.parent_id FROM impl_parents p JOIN implementations i ON i.id = p.impl_id"
+                    + cond + " ORDER BY p.impl_id, p.pos", params):
+                parents.setdefault(impl_id, []).append(parent_id)
+            get = parents.get
+            cur = db.execute(f"SELECT {_COLUMNS.format(parents='NULL')} FROM implementations i{cond} ORDER BY i.id",
+                             params)
+            while rows := cur.fetchmany(batch):
+                yield [_impl(r, get(r[0], [])) for r in rows]
 
     def source(self, impl_id: int) -> str:
-        return self.git.read_blob(self._row(impl_id)["blob_sha"]).decode()
+        return self._blob(self._row(impl_id)["blob_sha"]).decode()
 
     def diff(self, impl_id: int, against: int | None = None) -> str:
         """Unified diff of `impl_id` against `against` (default: its first parent; a root: the empty file)."""
@@ -158,43 +169,38 @@ class Queries:
         sql = ("WITH RECURSIVE anc(id, depth) AS (SELECT ?, 0 UNION ALL "
                "SELECT i.parent_id, anc.depth + 1 FROM implementations i JOIN anc ON i.id = anc.id "
                "WHERE i.parent_id IS NOT NULL) "
-               "SELECT anc.depth, x.* FROM anc JOIN (" + _IMPL + ") x ON x.id = anc.id ORDER BY anc.depth DESC")
-        out = []
-        for r in self.db.query(sql, [impl_id]):
-            r.pop("depth")
-            out.append(_impl(r))
-        return out
+               + _IMPL + " JOIN anc ON anc.id = i.id ORDER BY anc.depth DESC")
+        return [_impl(r) for r in self.db.execute(sql, [impl_id])]
 
     def children(self, impl_id: int) -> list[dict]:
         """Implementations with `impl_id` among their parents (merges included)."""
         self._row(impl_id)
         sql = _IMPL + " WHERE i.id IN (SELECT impl_id FROM impl_parents WHERE parent_id = ?) ORDER BY i.id"
-        return [_impl(r) for r in self.db.query(sql, [impl_id])]
+        return [_impl(r) for r in self.db.execute(sql, [impl_id])]
 
     def frontier(self, op: str) -> list[dict]:
         """Verified implementations worth expanding (verified, eligible, promoted), lowest objective first."""
         sql = (_IMPL + " WHERE i.op = ? AND i.status IN ('verified', 'eligible', 'promoted') "
                "ORDER BY i.objective IS NULL, i.objective, i.id")
-        return [_impl(r) for r in self.db.query(sql, [op])]
+        return [_impl(r) for r in self.db.execute(sql, [op])]
 
     def incumbent(self, op: str) -> dict | None:
         """The most recently promoted implementation of `op` (None before any promotion)."""
         sql = (_IMPL + " WHERE i.op = ? AND i.status = 'promoted' ORDER BY "
                "(SELECT max(d.id) FROM decisions d WHERE d.impl_id = i.id AND d.action = 'promote') DESC NULLS LAST, "
                "i.id DESC LIMIT 1")
-        rows = [_impl(r) for r in self.db.query(sql, [op])]
-        return rows[0] if rows else None
+        row = self.db.execute(sql, [op]).fetchone()
+        return None if row is None else _impl(row)
 
     def root(self, op: str) -> dict | None:
-        rows = [_impl(r) for r in self.db.query(_IMPL + " WHERE i.op = ? AND i.parent_id IS NULL ORDER BY i.id LIMIT 1",
-                                                [op])]
-        return rows[0] if rows else None
+        row = self.db.execute(_IMPL + " WHERE i.op = ? AND i.parent_id IS NULL ORDER BY i.id LIMIT 1", [op]).fetchone()
+        return None if row is None else _impl(row)
 
     def promotion_queue(self) -> list[dict]:
         """Eligible implementations no decision has been made on, oldest first."""
         sql = (_IMPL + " WHERE i.status = 'eligible' AND NOT EXISTS "
                "(SELECT 1 FROM decisions d WHERE d.impl_id = i.id) ORDER BY i.id")
-        return [_impl(r) for r in self.db.query(sql)]
+        return [_impl(r) for r in self.db.execute(sql)]
 
     def attempts(self, op: str, parent: int | None = None) -> list[dict]:
         """Every implementation of `op` (of `parent`'s children when given), failed ones included, each with
@@ -204,7 +210,7 @@ class Queries:
         if parent is not None:
             sql += " AND i.id IN (SELECT impl_id FROM impl_parents WHERE parent_id = ?)"
             params.append(parent)
-        out = [_impl(r) for r in self.db.query(sql + " ORDER BY i.id", params)]
+        out = [_impl(r) for r in self.db.execute(sql + " ORDER BY i.id", params)]
         failed: dict[int, list[str]] = {}
         ids = [r["id"] for r in out]
         for start in range(0, len(ids), 500):

@@ -10,6 +10,10 @@ objects it names exist.
 One sqlite connection per thread (WAL, foreign keys on, a 30 s busy timeout), so a worker
 process and any number of viewer processes can share the workspace; write transactions are
 `BEGIN IMMEDIATE`, so two writers queue instead of failing on a lock upgrade.
+
+`Workspace.open(path, readonly=True)` is the viewer's open (`tik log | show | status`): its
+connections are `query_only`, it leaves repairs to the next writer (`open` without `readonly`,
+`tik doctor --repair`, the worker), and it imports GitPython only if a source lives in a pack.
 """
 
 from __future__ import annotations
@@ -26,16 +30,18 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import sqlite_utils
-
+from store.db import Database
 from store.diffing import analyse
 from store.errors import UnknownImplementation, WorkspaceError
-from store.gitrepo import PENDING_PREFIX, GitRepo, commit_message, derivation_ref, promotion_tag
+from store.gitfiles import PENDING_PREFIX, commit_message, derivation_ref, is_repo, promotion_tag, read_loose
 from store.health import Health
 from store.queries import Queries
 from store.schema import ACTIONS, SCHEMA, SCHEMA_VERSION, STATUSES, WORKER_STATES
+
+if TYPE_CHECKING:
+    from store.gitrepo import GitRepo
 
 DB_NAME = "tik.db"
 REPO_NAME = "repo"
@@ -55,13 +61,26 @@ def _j(value: Any) -> str:
 class Workspace(Queries, Health):
     """The IR store. Use `Workspace.init(path)` / `Workspace.open(path)`, ideally as a context manager."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, *, readonly: bool = False):
         self.path = Path(path)
         self.db_path = self.path / DB_NAME
-        self.git = GitRepo(self.path / REPO_NAME)
+        self.repo_path = self.path / REPO_NAME
+        self.readonly = readonly
+        self._git: GitRepo | None = None
+        self._git_lock = threading.Lock()
         self._local = threading.local()
         self._conns: list[sqlite3.Connection] = []
         self._conns_lock = threading.Lock()
+
+    @property
+    def git(self) -> GitRepo:
+        """The repository's writer (GitPython), opened on first use: reads of rows never need it."""
+        with self._git_lock:
+            if self._git is None:
+                from store.gitrepo import GitRepo
+
+                self._git = GitRepo(self.repo_path, readonly=self.readonly)
+            return self._git
 
     # ------------------------------------------------------------------ opening
 
@@ -73,6 +92,8 @@ class Workspace(Queries, Health):
         if path.exists() and not path.is_dir():
             raise WorkspaceError(f"{path} exists and is not a directory")
         path.mkdir(parents=True, exist_ok=True)
+        from store.gitrepo import GitRepo
+
         GitRepo.init(path / REPO_NAME)
         ws = cls(path)
         conn = ws._conn()
@@ -84,12 +105,14 @@ class Workspace(Queries, Health):
         return ws
 
     @classmethod
-    def open(cls, path: Path | str) -> Workspace:
+    def open(cls, path: Path | str, *, readonly: bool = False) -> Workspace:
+        """Open a workspace and finish any write a killed writer left half done (`recover_interrupted`).
+        `readonly`: never write (connections are `query_only`) and leave that repair to the next writer."""
         path = Path(path)
         if not (path / DB_NAME).is_file():
             raise WorkspaceError(f"no TIK workspace at {path} (run `tik init`)")
-        ws = cls(path)
-        if not ws.git.is_repo():
+        ws = cls(path, readonly=readonly)
+        if not is_repo(ws.repo_path):
             raise WorkspaceError(f"{path} is not a TIK workspace: {REPO_NAME}/ is missing or not a git repository")
         try:
             row = ws._conn().execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
@@ -101,6 +124,9 @@ class Workspace(Queries, Health):
         if row is None or int(row[0]) > SCHEMA_VERSION:
             ws.close()
             raise WorkspaceError(f"{path}: unsupported workspace version {row and row[0]} (this TIK: {SCHEMA_VERSION})")
+        if readonly:
+            # a half-done write is invisible to a reader: its row is either absent or whole
+            return ws
         try:
             ws.recover_interrupted()
         except (sqlite3.OperationalError, OSError):
@@ -112,8 +138,11 @@ class Workspace(Queries, Health):
             for conn in self._conns:
                 conn.close()
             self._conns.clear()
+        with self._git_lock:
+            git, self._git = self._git, None
         self._local = threading.local()
-        self.git.close()
+        if git is not None:
+            git.close()
 
     def __enter__(self) -> Workspace:
         return self
@@ -134,21 +163,25 @@ class Workspace(Queries, Health):
                 conn.execute("PRAGMA foreign_keys=ON")
                 conn.execute("PRAGMA busy_timeout=30000")
                 conn.execute("PRAGMA synchronous=NORMAL")
+                if self.readonly:
+                    conn.execute("PRAGMA query_only=ON")
             except sqlite3.DatabaseError as e:
                 raise WorkspaceError(f"corrupt workspace database {self.db_path}: {e}") from None
-            local.conn, local.pid, local.db = conn, os.getpid(), sqlite_utils.Database(conn, execute_plugins=False)
+            local.conn, local.pid, local.db = conn, os.getpid(), Database(conn)
             with self._conns_lock:
                 self._conns.append(conn)
         return local.conn
 
     @property
-    def db(self) -> sqlite_utils.Database:
+    def db(self) -> Database:
         self._conn()
         return self._local.db
 
     @contextmanager
-    def _tx(self) -> Iterator[sqlite_utils.Database]:
+    def _tx(self) -> Iterator[Database]:
         """A write transaction (`BEGIN IMMEDIATE`); nested uses become savepoints."""
+        if self.readonly:
+            raise WorkspaceError(f"{self.path} was opened read-only")
         conn, db = self._conn(), self.db
         if conn.in_transaction:
             with db.atomic():
@@ -163,11 +196,16 @@ class Workspace(Queries, Health):
             raise
         conn.execute("COMMIT")
 
-    def _event(self, db: sqlite_utils.Database, kind: str, payload: dict, op: str | None = None,
+    def _event(self, db: Database, kind: str, payload: dict, op: str | None = None,
                impl_id: int | None = None) -> int:
         cur = db.execute("INSERT INTO events (ts, kind, op, impl_id, payload) VALUES (?, ?, ?, ?, ?)",
                          [now(), kind, op, impl_id, _j(payload)])
         return int(cur.lastrowid)
+
+    def _blob(self, hexsha: str) -> bytes:
+        """A source: read straight from its loose object file (the store writes only those), else from GitPython."""
+        data = read_loose(self.repo_path, hexsha)
+        return self.git.read_blob(hexsha) if data is None else data
 
     def _row(self, impl_id: int) -> dict:
         rows = list(self.db.query("SELECT * FROM implementations WHERE id = ?", [impl_id]))
@@ -214,7 +252,7 @@ class Workspace(Queries, Health):
         if "/" in filename or filename in ("", ".", ".."):
             raise WorkspaceError(f"bad implementation file name {filename!r}")
         mod = dict(modification or {})
-        stats = analyse(self.git.read_blob(prows[0]["blob_sha"]).decode() if prows else None, source)
+        stats = analyse(self._blob(prows[0]["blob_sha"]).decode() if prows else None, source)
         usage_list = [usage] if isinstance(usage, dict) else list(usage or [])
         meta = {
             "op": op, "parents": parents, "proposer": proposer, "rationale": rationale, "filename": filename,
@@ -278,7 +316,7 @@ class Workspace(Queries, Health):
 
     # ------------------------------------------------------------------ evaluation results
 
-    def _next_batch(self, db: sqlite_utils.Database, table: str, impl_id: int) -> int:
+    def _next_batch(self, db: Database, table: str, impl_id: int) -> int:
         return int(db.execute(f"SELECT coalesce(max(batch), 0) + 1 FROM {table} WHERE impl_id = ?",
                               [impl_id]).fetchone()[0])
 
@@ -418,7 +456,7 @@ class Workspace(Queries, Health):
                     "created": now()}
             self.git.write_tag(tag, row["commit_sha"], commit_message(f"promote #{row['id']} ({by})", reason, meta))
 
-    def _insert_usage(self, db: sqlite_utils.Database, impl_id: int | None, *, model: str, cost_usd: float = 0.0,
+    def _insert_usage(self, db: Database, impl_id: int | None, *, model: str, cost_usd: float = 0.0,
                       **tokens: int) -> int:
         bad = set(tokens) - set(USAGE_FIELDS)
         if bad:

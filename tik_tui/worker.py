@@ -11,7 +11,9 @@ unevaluated is evaluated first.
 Evaluations run on the executor the options name (`--executor local|ray`, `--workers N`,
 `--address ADDR`; `tik_tui.agent.executor`); this process stays the only writer of the store.
 
-`python -m tik_tui.worker -w DIR [search options]` is what `tik search --detach` starts.
+`python -m tik_tui.worker -w DIR [search options]` is what `tik search --detach` starts. The agent
+is imported inside the functions that run it: `tik` imports this module for `add_search_options`
+on every command, `tik log` included.
 """
 
 from __future__ import annotations
@@ -28,10 +30,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-from tik_tui.agent import default_proposer, make_proposer
-from tik_tui.agent.executor import ExecutorError, make_executor
-from tik_tui.agent.loop import Search, SearchConfig
 
 LOCK_NAME = "worker.lock"
 HEARTBEAT_S = 2.0
@@ -125,6 +123,9 @@ def run_search(workspace: Any, ops: list[str] | None = None, proposer: str = "tu
     `executor`, `address`, `workers`: where evaluations run (`tik_tui.agent.executor.make_executor`);
     raises `ExecutorError` (a ValueError, one line) for a bad choice or an unreachable cluster."""
     from store import Workspace
+    from tik_tui.agent import default_proposer, make_proposer
+    from tik_tui.agent.executor import make_executor
+    from tik_tui.agent.loop import Search, SearchConfig
 
     path = Path(workspace.path if hasattr(workspace, "path") else workspace)
     lock = WorkspaceLock(path)
@@ -229,6 +230,8 @@ def add_search_options(p: argparse.ArgumentParser) -> None:
 
 
 def search_kwargs(args: argparse.Namespace) -> dict:
+    from tik_tui.agent import default_proposer
+
     return dict(ops=args.ops, proposer=args.proposer or default_proposer(), budget=args.budget,
                 auto_promote=args.auto_promote, device=args.device, timeout=args.timeout,
                 max_tokens=args.max_tokens, max_cost_usd=args.max_cost, max_wall_s=args.max_time,
@@ -241,6 +244,8 @@ def search_kwargs(args: argparse.Namespace) -> dict:
 
 def search_argv(args: argparse.Namespace) -> list[str]:
     """The worker command line reproducing `args` (for --detach); never carries a key."""
+    from tik_tui.agent import default_proposer
+
     argv = []
     for op in args.ops or ():
         argv += ["--op", op]
@@ -259,6 +264,8 @@ def search_argv(args: argparse.Namespace) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from tik_tui.agent.executor import ExecutorError
+
     p = argparse.ArgumentParser(prog="tik-worker", description="the TIK search worker (started by tik search "
                                 "--detach)")
     p.add_argument("-w", "--workspace", type=Path, required=True)

@@ -8,7 +8,7 @@ import getpass
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from store import STATUSES, Workspace, WorkspaceError
@@ -42,8 +42,10 @@ def _handler(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
     return run
 
 
-def _open(args: argparse.Namespace) -> Workspace:
-    return Workspace.open(Path(args.workspace))
+def _open(args: argparse.Namespace, *, readonly: bool = False) -> Workspace:
+    """`readonly` for the commands that only read (log, show, status): they never wait on a writer's lock,
+    and never import GitPython unless a source they show is packed."""
+    return Workspace.open(Path(args.workspace), readonly=readonly)
 
 
 def _color(text: str, code: str) -> str:
@@ -100,23 +102,38 @@ def cmd_init(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------- log
 
 
+def _write_json_list(batches: Iterable[list]) -> None:
+    """`json.dumps(every row)` and a newline, byte for byte, written a batch at a time (the C encoder; an
+    indented dump is pure Python, ~10x slower on 10,000 rows)."""
+    encode = json.JSONEncoder(default=str).encode
+    sep = "["
+    for batch in batches:
+        if batch:
+            sys.stdout.write(sep + encode(batch)[1:-1])
+            sep = ", "
+    sys.stdout.write("[]\n" if sep == "[" else "]\n")
+
+
 @_handler
 def cmd_log(args: argparse.Namespace) -> int:
-    with _open(args) as ws:
-        rows = ws.implementations(op=args.op, status=args.status)
-    if args.json:
-        # compact: the C encoder (an indented dump is pure Python, ~10x slower on 10,000 rows)
-        sys.stdout.write(json.dumps(rows, default=str) + "\n")
-        return 0
-    if not rows:
+    with _open(args, readonly=True) as ws:
+        batches = ws.iter_implementations(op=args.op, status=args.status)
+        if args.json:
+            _write_json_list(batches)
+            return 0
+        header = True
+        for batch in batches:
+            if header:
+                print(f"{'id':>6}  {'op':<12} {'parents':<10} {'status':<10} {'proposer':<10} {'objective':>10}  "
+                      "rationale")
+                header = False
+            for r in batch:
+                parents = ",".join(map(str, r["parents"])) or "-"
+                status = _color(f"{r['status']:<10}", _STATUS_COLOR.get(r["status"], "0"))
+                print(f"{r['id']:>6}  {r['op']:<12} {parents:<10} {status} {r['proposer']:<10} "
+                      f"{_fmt(r['objective']):>10}  {_first_line(r['rationale'])}")
+    if header:
         print("no derivations" + (f" of {args.op}" if args.op else ""))
-        return 0
-    print(f"{'id':>6}  {'op':<12} {'parents':<10} {'status':<10} {'proposer':<10} {'objective':>10}  rationale")
-    for r in rows:
-        parents = ",".join(map(str, r["parents"])) or "-"
-        status = _color(f"{r['status']:<10}", _STATUS_COLOR.get(r["status"], "0"))
-        print(f"{r['id']:>6}  {r['op']:<12} {parents:<10} {status} {r['proposer']:<10} "
-              f"{_fmt(r['objective']):>10}  {_first_line(r['rationale'])}")
     return 0
 
 
@@ -144,7 +161,7 @@ def _render_diff(diff: str) -> str:
 
 @_handler
 def cmd_show(args: argparse.Namespace) -> int:
-    with _open(args) as ws:
+    with _open(args, readonly=True) as ws:
         impl = ws.implementation(args.id)
         doc = {**impl, "source": ws.source(args.id), "diff": ws.diff(args.id), "checks": ws.checks(args.id),
                "measurements": ws.measurements(args.id), "evaluations": ws.evaluations(args.id),
@@ -205,7 +222,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 @_handler
 def cmd_status(args: argparse.Namespace) -> int:
-    with _open(args) as ws:
+    with _open(args, readonly=True) as ws:
         ops = [o["op"] for o in ws.operators()]
         counts = {s: 0 for s in STATUSES}
         for r in ws.db.query("SELECT status, count(*) AS n FROM implementations GROUP BY status"):
