@@ -63,10 +63,15 @@ def _tail(path: Path, n: int = 4000) -> str:
 
 
 def _last_error_line(stderr: str) -> str:
+    """The error line of the child's last traceback, with where it was raised (file:line in function)."""
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
-    for ln in reversed(lines):
+    for i in range(len(lines) - 1, -1, -1):
+        ln = lines[i]
         if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b", ln) or "Fatal Python error" in ln:
-            return ln[:200]
+            frames = (re.match(r'^File "([^"]+)", line (\d+), in (\S+)', x) for x in reversed(lines[:i]))
+            where = next((m for m in frames if m), None)
+            at = f" (at {Path(where[1]).name}:{where[2]} in {where[3]})" if where else ""
+            return (ln[:200] + at)[:300]
     return lines[-1][:200] if lines else ""
 
 
