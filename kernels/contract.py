@@ -17,6 +17,7 @@ import importlib
 import inspect
 import math
 import random
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -370,7 +371,16 @@ def load_module(path: str | Path, name: str = "tik_candidate") -> ModuleType:
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load {path}")
     mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    # registered while it runs, as a normal import is: dataclasses (Python 3.12) looks a class's
+    # string annotations up through sys.modules[cls.__module__] and failed on an unregistered
+    # module (every linear timing run on the H200 died in contracts/linear.py's dataclass)
+    sys.modules[name] = mod
+    try:
+        spec.loader.exec_module(mod)
+    except BaseException:
+        if sys.modules.get(name) is mod:
+            del sys.modules[name]
+        raise
     return mod
 
 
