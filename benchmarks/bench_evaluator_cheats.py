@@ -151,7 +151,8 @@ def pick_cells(contract, all_cells: bool):
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--reps", type=int, default=50, help="interleaved rounds per cell")
+    ap.add_argument("--reps", type=int, default=measure.GPU_REPS,
+                    help="interleaved rounds per cell (default: the evaluator's)")
     ap.add_argument("--scenarios", default=None,
                     help="comma-separated subset to run (results merge into an existing JSON of the same reps)")
     ap.add_argument("--all-cells", action="store_true", help="time every rmsnorm cell (default: 7 representative)")

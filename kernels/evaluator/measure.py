@@ -28,8 +28,11 @@ NEIGHBOUR_SLOWDOWN = 1.15
 #: the control run (root and incumbent alone) is reused for this long within one process
 CONTROL_TTL_S = 600.0
 _CONTROL_CACHE: dict[tuple, tuple[float, dict]] = {}
-#: interleaved rounds per cell (each round times every implementation once)
-GPU_REPS = 30
+#: interleaved rounds per cell (each round times every implementation once). 100: on the H200 the
+#: rmsnorm root against itself came out within 0.15% per cell at 100 rounds and 3.1% at 15
+#: (benchmarks/results/evaluator_h200.md vs evaluator_h200_reps15.md); a round costs ~1.3 ms per
+#: implementation (L2 flush + 1 ms spin), so 100 rounds of 7 cells x 4 implementations are ~4 s
+GPU_REPS = 100
 CPU_REPS = 5
 
 

@@ -144,3 +144,15 @@ def test_batches_and_their_json_are_the_whole_list(ws, root, capsys):
 
 def test_query_keeps_repeated_column_names(ws, root):
     assert list(ws.db.query("SELECT 1 AS a, 2 AS a, 3 AS b")) == [{"a": 1, "a_2": 2, "b": 3}]
+
+
+def test_log_into_a_reader_that_goes_away_stops_quietly(ws, root):
+    # `tik log | head -1`: more rows than a pipe buffers, and the reader closes after one line
+    _tree(ws, root, n=600)
+    proc = subprocess.Popen([sys.executable, "-m", "tik_tui.cli.main", "log", "-w", str(ws.path)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline().split()[:2] == [b"id", b"op"]
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141
+    assert err == ""

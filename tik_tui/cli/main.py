@@ -8,6 +8,7 @@ one line (`tik: error: ...`) with a non-zero exit, never a traceback for a user 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import os
 import sqlite3
@@ -77,6 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("tik: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader went away (`tik log | head`): stop quietly, as other command-line tools do
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except sqlite3.OperationalError as e:
         msg = str(e)
         if "disk" in msg or "full" in msg:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import getpass
 import json
@@ -116,8 +117,9 @@ def _write_json_list(batches: Iterable[list]) -> None:
 
 @_handler
 def cmd_log(args: argparse.Namespace) -> int:
-    with _open(args, readonly=True) as ws:
-        batches = ws.iter_implementations(op=args.op, status=args.status)
+    with _open(args, readonly=True) as ws, contextlib.closing(
+            ws.iter_implementations(op=args.op, status=args.status)) as batches:
+        # closed before the workspace is, also when the reader goes away mid-listing (`tik log | head`)
         if args.json:
             _write_json_list(batches)
             return 0
