@@ -224,11 +224,20 @@ def main() -> int:
     return 0 if all(doc["scenarios"][k]["ok"] for k in runs) else 1
 
 
+def _missing(doc: dict) -> str:
+    """Why a run of a subset cannot pass as a whole: the scenarios it did not run."""
+    left = [k for k in ("root_vs_itself", *CHEATS) if k not in doc["scenarios"]]
+    ran_ok = all(s["ok"] for s in doc["scenarios"].values()) and doc["self_ratio"]["within_2pct"]
+    return (f" (not run at this round count: {', '.join(left)}; the {len(doc['scenarios'])} that ran: "
+            f"{'all as expected' if ran_ok else 'NOT all as expected'})") if left else ""
+
+
 def summary(doc: dict) -> str:
     env = doc.get("env", {})
     lines = [f"# Evaluator vs timing cheats ({env.get('gpu')}, driver {env.get('driver')}, torch {env.get('torch')}, "
              f"triton {env.get('triton')})", "", f"rmsnorm, {len(doc['cells'])} cells, {doc['reps']} interleaved "
-             "rounds per cell. Pass: " + str(doc["pass"]), "", "| scenario | expected | verified | caught by |",
+             "rounds per cell. Pass: " + str(doc["pass"]) + _missing(doc), "",
+             "| scenario | expected | verified | caught by |",
              "|---|---|---|---|"]
     for name, s in doc["scenarios"].items():
         why = (s["caught_by"][0] if s["caught_by"] else "-").replace("|", "/")[:160]
