@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The GPU runs the open issues still wait on, each part under its own time limit, results under $R.
+#
+#     R=benchmarks/results bash benchmarks/gpu_pending.sh tuner_linear scaleout attention e2e
+#
+# Parts (run in the order given; one that fails or runs out of time does not stop the next):
+#   tuner_linear  #6  tik search --proposer tuner on linear, best vs root in the same evaluation;
+#                     exports the incumbent to $R/incumbents_h200/linear.py
+#   scaleout      #9  evaluations per hour on the visible GPUs (1, and more where lent)
+#   attention     #4  bitwise sweep + prefill/decode vs SDPA (decode target <= 1.5x)
+#   e2e           #8  layer profile stock / unified root / incumbents ($R/incumbents_h200), throughput
+# Needs no package beyond torch and triton (the store uses only the standard library and GitPython:
+# carry GitPython, gitdb and smmap as wheels where they are missing).
+set -u
+R=${R:-benchmarks/results}
+mkdir -p "$R"
+export PYTHONPATH=${PYTHONPATH:-}:. PYTHONUNBUFFERED=1
+py=${PYTHON:-python3}
+
+part() {  # part NAME SECONDS CMD...: run CMD under a limit, log to $R/NAME.log, report its status
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name (limit ${limit}s): $*"
+    local t0=$SECONDS
+    timeout "$limit" "$@" >"$R/$name.log" 2>&1
+    local rc=$?
+    echo "== $name: rc=$rc in $((SECONDS - t0))s" | tee -a "$R/$name.log"
+    tail -4 "$R/$name.log"
+}
+
+for p in "$@"; do
+    case $p in
+        tuner_linear)
+            part tuner_linear 560 "$py" benchmarks/tuner_search.py --ops linear --budget 6 --max-time 420 \
+                --timeout 200 --out "$R/tuner_h200_linear" --export "$R/incumbents_h200" ;;
+        scaleout)
+            part scaleout 420 "$py" benchmarks/bench_scaleout.py --op rmsnorm --evals 6 --timeout 200 \
+                --out "$R/scaleout_h200.json" ;;
+        attention)
+            part attention 300 "$py" benchmarks/bench_attention.py --out "$R" --budget 200 ;;
+        e2e)
+            part e2e 420 "$py" benchmarks/bench_e2e.py --out "$R" --only layers throughput --steps 6 \
+                --impl-dir "$R/incumbents_h200" ;;
+        *)
+            echo "unknown part $p (tuner_linear scaleout attention e2e)" >&2 ;;
+    esac
+done
