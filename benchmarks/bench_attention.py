@@ -89,7 +89,8 @@ def tunables_check() -> list[dict]:
                 {"num_stages": 3}, {"DECODE_BLOCK_M": 64}, {"DECODE_BLOCK_D": 16}, {"DECODE_BLOCK_D": 64},
                 {"DECODE_BLOCK_D": 128}, {"decode_num_warps": 1}, {"decode_num_warps": 2}, {"decode_num_warps": 8},
                 {"decode_num_warps": 2, "DECODE_BLOCK_D": 16}, {"decode_num_warps": 1, "DECODE_BLOCK_D": 16},
-                {"decode_num_stages": 1}, {"decode_num_stages": 3}]
+                {"decode_num_stages": 1}, {"decode_num_stages": 3}, {"DECODE_PRECOMPUTE_P": 1},
+                {"DECODE_PRECOMPUTE_P": 1, "DECODE_BLOCK_D": 16}, {"DECODE_PRECOMPUTE_P": 1, "decode_num_warps": 2}]
     for var in variants:
         attn.CONFIG.update(var)
         try:
@@ -293,7 +294,9 @@ def decode_tuning(budget_s: float) -> list[dict]:
     variants = [{}, {"decode_num_warps": 1}, {"decode_num_warps": 2}, {"decode_num_warps": 8},
                 {"DECODE_BLOCK_D": 16}, {"DECODE_BLOCK_D": 64}, {"decode_num_stages": 3},
                 {"decode_num_warps": 2, "DECODE_BLOCK_D": 16}, {"decode_num_warps": 1, "DECODE_BLOCK_D": 16},
-                {"decode_num_warps": 2, "DECODE_BLOCK_D": 64}]
+                {"decode_num_warps": 2, "DECODE_BLOCK_D": 64}, {"DECODE_PRECOMPUTE_P": 1},
+                {"DECODE_PRECOMPUTE_P": 1, "DECODE_BLOCK_D": 16}, {"DECODE_PRECOMPUTE_P": 1, "DECODE_BLOCK_D": 64},
+                {"DECODE_PRECOMPUTE_P": 1, "decode_num_warps": 2}, {"DECODE_PRECOMPUTE_P": 1, "decode_num_stages": 3}]
     out = []
     base_cfg = dict(attn.CONFIG)
     for B, L in ((1, 16384), (16, 4096), (16, 16384)):

@@ -26,6 +26,16 @@ as prefill), written to an fp32 buffer; (2) parallel over head-dim slices of wid
 `_softmax_step` recurrence replayed over blocks 0, 1, ... in order. Phase 2 recomputes l in every slice; the
 bits per slice are those of the fused prefill because no sum spans two slices.
 
+Phase 2 is a chain of L / BLOCK_N dependent steps, so at long contexts and small batches it is latency-bound
+(B=1, L=16k: 273 us eager against SDPA's 55, benchmarks/results/run1_eager). `DECODE_PRECOMPUTE_P = 1` takes
+everything but the accumulation out of that chain: the scores kernel also writes each block's row max; a
+weights kernel, parallel over blocks, gets the running max entering block j as the max of the block maxima
+before it (max is exact, so this is m_i of the recurrence, bit for bit), and writes alpha_j and the rounded
+p_j with the step's own operations; phase 2 is then only `l = dot(p, ones, l * alpha)`,
+`acc = dot(p, v, acc * alpha)` per block, in block order, on loads that no longer wait for the chain. The
+same values go through the same dots in the same order, so the bits equal the default's (the CPU tests check
+decode == prefill under both; the GPU benchmark's tunables section re-checks it on the device).
+
 What must never vary: BLOCK_N (frozen in the contract), the step's operation order, the use of exp2 with the
 log2(e)-folded scale, the rounding of p to the input dtype before both dots, the fp32 accumulators. BLOCK_M,
 warps, stages and the decode tiling change only which rows/columns share a program; on an H200 the MMA bits of
@@ -59,6 +69,9 @@ TUNABLES = {
     "DECODE_BLOCK_D": (16, 32, 64, 128),
     "decode_num_warps": (2, 4, 8),
     "decode_num_stages": (1, 2, 3),
+    # 1: decode precomputes every block's weights p and rescale factor alpha in parallel, so that the
+    # sequential loop only rescales and accumulates (same values in the same order: the bits are equal)
+    "DECODE_PRECOMPUTE_P": (0, 1),
     # backward tiles set the order of the dq and dk/dv sums (frozen with the root's gradient bits)
     "BWD_BLOCK_M": (64,),
     "BWD_BLOCK_N": (64,),
@@ -76,6 +89,7 @@ CONFIG = {
     "DECODE_BLOCK_D": 32,
     "decode_num_warps": 4,
     "decode_num_stages": 2,
+    "DECODE_PRECOMPUTE_P": 0,
     "BWD_BLOCK_M": 64,
     "BWD_BLOCK_N": 64,
     "bwd_num_warps": 8,
@@ -204,12 +218,16 @@ def _attn_decode_scores_kernel(
     stride_qb, stride_qh,
     stride_kb, stride_kh, stride_ks,
     stride_sb, stride_sh,
+    bm_ptr,  # fp32 [B, Hq, n_blocks]: per block, the row max of the scaled, masked scores (BLOCK_MAX only)
+    stride_mb, stride_mh,
+    qk_scale,
     n_kv_heads,
     G: tl.constexpr,
     D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr,
+    BLOCK_MAX: tl.constexpr,
 ):
     j = tl.program_id(0)
     pid_bh = tl.program_id(1).to(tl.int64)
@@ -233,6 +251,120 @@ def _attn_decode_scores_kernel(
     s = tl.dot(b_q, tl.trans(b_k))  # [BM, BN], the raw scores exactly as prefill computes them
     p_s = s_ptr + b * stride_sb + h[:, None] * stride_sh + k_pos[None, :]
     tl.store(p_s, s, mask=m_row[:, None] & m_k[None, :])
+    if BLOCK_MAX:
+        # the block's share of _softmax_step's running max: max is exact and order-free
+        s_max = tl.max(tl.where(m_k[None, :], s * qk_scale, float("-inf")), 1)
+        tl.store(bm_ptr + b * stride_mb + h * stride_mh + j, s_max, mask=m_row)
+
+
+@triton.jit
+def _attn_decode_weights_kernel(
+    s_ptr,  # fp32 raw scores [B, Hq, L_pad]
+    bm_ptr,  # fp32 [B, Hq, n_blocks] block row maxima (from the scores kernel)
+    p_ptr,  # [B, Hq, L_pad] in the input dtype: the rounded weights p of every block
+    a_ptr,  # fp32 [B, Hq, n_blocks]: alpha, the rescale of the running sums entering each block
+    lens_ptr,
+    stride_sb, stride_sh,
+    stride_mb, stride_mh,
+    stride_pb, stride_ph,
+    stride_ab, stride_ah,
+    n_kv_heads,
+    qk_scale,
+    G: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    """Block j's p and alpha, as _softmax_step computes them inside the sequential loop.
+
+    The running max entering block j is the max of the block maxima before j (the recurrence's
+    m_i; max is exact, so chunking it changes nothing), m_new = maximum(m_i, block max of j),
+    alpha = exp2(m_i - m_new), p = exp2(s * qk_scale - m_new) rounded to the input dtype: the same
+    operations on the same values as the fused step, so the same bits.
+    """
+    j = tl.program_id(0)
+    pid_bh = tl.program_id(1).to(tl.int64)
+    b = pid_bh // n_kv_heads
+    kvh = pid_bh % n_kv_heads
+    L = tl.load(lens_ptr + b).to(tl.int32)
+    if j * BLOCK_N >= L:
+        return
+    P_TY: tl.constexpr = p_ptr.dtype.element_ty
+    o_g = tl.arange(0, BLOCK_M)
+    m_row = o_g < G
+    h = kvh * G + o_g
+    bm_base = bm_ptr + b * stride_mb + h[:, None] * stride_mh
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    for c in range(0, tl.cdiv(j, CHUNK)):
+        o_c = c * CHUNK + tl.arange(0, CHUNK)
+        chunk = tl.load(bm_base + o_c[None, :], mask=m_row[:, None] & (o_c < j)[None, :], other=float("-inf"))
+        m_i = tl.maximum(m_i, tl.max(chunk, 1))
+    m_j = tl.load(bm_ptr + b * stride_mb + h * stride_mh + j, mask=m_row, other=0.0)
+    m_new = tl.maximum(m_i, m_j)
+    alpha = tl.math.exp2(m_i - m_new)
+    k_pos = j * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_k = k_pos < L
+    s = tl.load(s_ptr + b * stride_sb + h[:, None] * stride_sh + k_pos[None, :], mask=m_row[:, None] & m_k[None, :],
+                other=0.0)
+    s = tl.where(m_k[None, :], s * qk_scale, float("-inf"))
+    p = tl.math.exp2(s - m_new[:, None]).to(P_TY)
+    tl.store(p_ptr + b * stride_pb + h[:, None] * stride_ph + k_pos[None, :], p, mask=m_row[:, None])
+    tl.store(a_ptr + b * stride_ab + h * stride_ah + j, alpha, mask=m_row)
+
+
+@triton.jit
+def _attn_decode_accumulate_kernel(
+    p_ptr,  # [B, Hq, L_pad] weights from the weights kernel
+    a_ptr,  # fp32 [B, Hq, n_blocks] alphas
+    v_ptr,  # v cache [B, Hk, L, D]
+    o_ptr,  # [B, Hq, 1, D]
+    lens_ptr,
+    stride_pb, stride_ph,
+    stride_ab, stride_ah,
+    stride_vb, stride_vh, stride_vs,
+    stride_ob, stride_oh,
+    n_kv_heads,
+    G: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """Phase 2 on precomputed weights: per block, l = dot(p, ones, l * alpha), acc = dot(p, v, acc * alpha),
+    in block order, exactly the tail of _softmax_step; nothing but the accumulation is left in the chain."""
+    pid_d = tl.program_id(0)
+    pid_bh = tl.program_id(1).to(tl.int64)
+    b = pid_bh // n_kv_heads
+    kvh = pid_bh % n_kv_heads
+    L = tl.load(lens_ptr + b).to(tl.int32)
+    o_g = tl.arange(0, BLOCK_M)
+    m_row = o_g < G
+    h = kvh * G + o_g
+    o_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    p_base = p_ptr + b * stride_pb + h[:, None] * stride_ph
+    a_base = a_ptr + b * stride_ab + h * stride_ah
+    v_base = v_ptr + b * stride_vb + kvh * stride_vh
+    l_i = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    if UPCAST:
+        ones = tl.full([BLOCK_N, 16], 1.0, dtype=tl.float32)
+    else:
+        ones = tl.full([BLOCK_N, 16], 1.0, dtype=p_ptr.dtype.element_ty)
+    for j in range(0, tl.cdiv(L, BLOCK_N)):
+        k_pos = j * BLOCK_N + tl.arange(0, BLOCK_N)
+        m_k = k_pos < L
+        p = tl.load(p_base + k_pos[None, :], mask=m_row[:, None] & m_k[None, :], other=0.0)
+        alpha = tl.load(a_base + j, mask=m_row, other=1.0)
+        b_v = tl.load(v_base + k_pos[:, None] * stride_vs + o_d[None, :], mask=m_k[:, None], other=0.0)
+        if UPCAST:
+            b_v = b_v.to(tl.float32)
+        p = p.to(b_v.dtype)
+        l_i = tl.dot(p, ones, l_i * alpha[:, None])
+        acc = tl.dot(p, b_v, acc * alpha[:, None])
+
+    out = acc / tl.max(l_i, 1)[:, None]
+    p_o = o_ptr + b * stride_ob + h[:, None] * stride_oh + o_d[None, :]
+    tl.store(p_o, out.to(o_ptr.dtype.element_ty), mask=m_row[:, None])
 
 
 @triton.jit
@@ -516,16 +648,35 @@ def _decode(q, k_cache, v_cache, lens, scale):
     scores = torch.empty((B, hq, n_blocks * bn), dtype=torch.float32, device=q.device)
     o = torch.empty_like(q)
     opts = _launch_opts(cfg["decode_num_warps"], cfg["decode_num_stages"])
+    pre = bool(cfg.get("DECODE_PRECOMPUTE_P", 0))
+    bmax = torch.empty((B, hq, n_blocks), dtype=torch.float32, device=q.device) if pre else scores
+    qk_scale = scale * _LOG2E
     _attn_decode_scores_kernel[(n_blocks, B * hk)](
         q, k_cache, scores, lens,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        scores.stride(0), scores.stride(1), hk,
-        G=G, D=d, BLOCK_M=bm, BLOCK_N=bn, UPCAST=INTERPRET, **opts,
+        scores.stride(0), scores.stride(1), bmax, bmax.stride(0), bmax.stride(1), qk_scale, hk,
+        G=G, D=d, BLOCK_M=bm, BLOCK_N=bn, UPCAST=INTERPRET, BLOCK_MAX=pre, **opts,
     )
+    if pre:
+        p = torch.empty((B, hq, n_blocks * bn), dtype=v_cache.dtype, device=q.device)
+        alpha = torch.empty((B, hq, n_blocks), dtype=torch.float32, device=q.device)
+        _attn_decode_weights_kernel[(n_blocks, B * hk)](
+            scores, bmax, p, alpha, lens,
+            scores.stride(0), scores.stride(1), bmax.stride(0), bmax.stride(1), p.stride(0), p.stride(1),
+            alpha.stride(0), alpha.stride(1), hk, qk_scale,
+            G=G, BLOCK_M=bm, BLOCK_N=bn, CHUNK=4 if INTERPRET else 64, **opts,
+        )
+        _attn_decode_accumulate_kernel[(d // bd, B * hk)](
+            p, alpha, v_cache, o, lens,
+            p.stride(0), p.stride(1), alpha.stride(0), alpha.stride(1),
+            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), o.stride(0), o.stride(1), hk,
+            G=G, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, UPCAST=INTERPRET, **opts,
+        )
+        return o
     _attn_decode_reduce_kernel[(d // bd, B * hk)](
         scores, v_cache, o, lens,
         scores.stride(0), scores.stride(1), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        o.stride(0), o.stride(1), hk, scale * _LOG2E,
+        o.stride(0), o.stride(1), hk, qk_scale,
         G=G, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, UPCAST=INTERPRET, **opts,
     )
     return o
