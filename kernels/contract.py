@@ -371,16 +371,19 @@ def load_module(path: str | Path, name: str = "tik_candidate") -> ModuleType:
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load {path}")
     mod = importlib.util.module_from_spec(spec)
-    # registered while it runs, as a normal import is: dataclasses (Python 3.12) looks a class's
-    # string annotations up through sys.modules[cls.__module__] and failed on an unregistered
-    # module (every linear timing run on the H200 died in contracts/linear.py's dataclass)
+    # registered only while its body runs: dataclasses (Python 3.12) looks a class's string annotations
+    # up through sys.modules[cls.__module__] and failed on an unregistered module (every linear timing
+    # run on the H200 died in contracts/linear.py's dataclass). Left registered, a later load under the
+    # same name would replace an earlier one that Triton's interpreter still resolves through it.
+    previous = sys.modules.get(name)
     sys.modules[name] = mod
     try:
         spec.loader.exec_module(mod)
-    except BaseException:
-        if sys.modules.get(name) is mod:
-            del sys.modules[name]
-        raise
+    finally:
+        if previous is None:
+            sys.modules.pop(name, None)
+        else:
+            sys.modules[name] = previous
     return mod
 
 

@@ -9,7 +9,7 @@ import pytest
 from kernels.contract import load_module
 
 
-def test_module_is_registered_while_it_runs(tmp_path):
+def test_module_is_registered_while_its_body_runs(tmp_path):
     # Python 3.12's dataclasses resolves string annotations through sys.modules[cls.__module__]:
     # on the H200 every linear timing child died in contracts/linear.py's dataclass before this
     f = tmp_path / "impl.py"
@@ -17,7 +17,7 @@ def test_module_is_registered_while_it_runs(tmp_path):
     a = load_module(f, "tik_test_registered")
     b = load_module(f, "tik_test_registered")
     assert a.VALUE == b.VALUE == 3 and a is not b  # a fresh module object each call
-    assert sys.modules["tik_test_registered"] is b
+    assert "tik_test_registered" not in sys.modules  # registered only while its body ran
 
 
 def test_a_failing_module_is_not_left_registered(tmp_path):

@@ -1,0 +1,39 @@
+"""kernels._runtime on a CPU machine: the interpreter is switched on, and its dot has an order that does not
+follow the tile shape (np.matmul's did, with the BLAS library and the machine)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from kernels._runtime import INTERPRET
+
+pytestmark = pytest.mark.skipif(not INTERPRET, reason="interpreter only")
+
+
+@triton.jit
+def _dot_kernel(a_ptr, b_ptr, c_ptr, M: tl.constexpr, K: tl.constexpr, N: tl.constexpr):
+    om, ok, on = tl.arange(0, M), tl.arange(0, K), tl.arange(0, N)
+    a = tl.load(a_ptr + om[:, None] * K + ok[None, :])
+    b = tl.load(b_ptr + ok[:, None] * N + on[None, :])
+    tl.store(c_ptr + om[:, None] * N + on[None, :], tl.dot(a, b))
+
+
+def _dot(a, b):
+    c = torch.empty(a.shape[0], b.shape[1])
+    _dot_kernel[(1,)](a, b, c, a.shape[0], a.shape[1], b.shape[1])
+    return c
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_interpreter_dot_is_the_same_for_every_tile_shape(dtype):
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(16, 64, generator=g).to(dtype), torch.randn(64, 64, generator=g).to(dtype)
+    full = _dot(a, b)
+    assert (full.double() - a.double() @ b.double()).abs().max() < 1e-4
+    for m in (1, 2, 4, 8):  # np.matmul on an AMD EPYC host gave other bits for m = 1, 2, 3, 5, ...
+        assert torch.equal(_dot(a[:m].contiguous(), b)[:m].view(torch.int32), full[:m].view(torch.int32)), m
+    for n in (16, 32):
+        assert torch.equal(_dot(a, b[:, :n].contiguous()).view(torch.int32), full[:, :n].contiguous().view(torch.int32))
