@@ -50,8 +50,21 @@ def objectives(cells: list[dict]) -> tuple[float | None, float | None]:
     return cand, root
 
 
+def evaluation_phases(ws: Workspace, op: str) -> dict[int, dict]:
+    """impl id -> {elapsed_s, phases} of its last evaluation, from the IR's evaluation events."""
+    found, last = {}, 0
+    while batch := ws.events_since(last, 500):
+        last = batch[-1]["id"]
+        for e in batch:
+            if e["kind"] == "evaluation" and e["op"] == op and e["impl_id"] is not None:
+                found[e["impl_id"]] = {"elapsed_s": e["payload"].get("elapsed_s"),
+                                       "phases": e["payload"].get("phases") or {}}
+    return found
+
+
 def summarise(ws: Workspace, op: str) -> dict:
     root = ws.root(op)
+    phases = evaluation_phases(ws, op)
     rows = []
     for impl in ws.implementations(op):
         cells = ws.measurements(impl["id"])
@@ -64,6 +77,7 @@ def summarise(ws: Workspace, op: str) -> dict:
             "speedup_vs_root": root_obj / cand if cand and root_obj else None,
             "n_checks": len(checks), "n_checks_passed": sum(c["passed"] for c in checks),
             "failed_checks": [f"{c['name']}: {c['detail']}"[:200] for c in checks if not c["passed"]],
+            "evaluation": phases.get(impl["id"]),
             "cells": [{k: c.get(k) for k in ("cell", "coeff", "median_us", "spread_us", "root_median_us",
                                               "incumbent_median_us", "ratio_vs_root", "samples")} for c in cells],
         })
@@ -114,6 +128,15 @@ def markdown(doc: dict) -> str:
                          f"{_f(x['objective_us'])} | {_f(x['root_objective_us_same_run'])} | "
                          f"{_f(x['speedup_vs_root'], 3)} | {x['n_checks_passed']}/{x['n_checks']} | "
                          f"{note[:90].replace('|', '/')} |")
+        timed = [x for x in r["rows"] if (x.get("evaluation") or {}).get("phases")]
+        if timed:
+            names = sorted({k for x in timed for k in x["evaluation"]["phases"]})
+            lines += ["", "Where each evaluation's time went (seconds):", "",
+                      "| id | total | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+            for x in timed:
+                ev = x["evaluation"]
+                lines.append(f"| {x['id']} | {_f(ev.get('elapsed_s'), 1)} | "
+                             + " | ".join(_f(ev["phases"].get(k), 1) for k in names) + " |")
         lines.append("")
     return "\n".join(lines) + "\n"
 

@@ -383,7 +383,8 @@ class Workspace(Queries, Health):
             self._event(db, "evaluation", {
                 "verified": bool(report.get("verified")), "eligible": bool(report.get("eligible")),
                 "objective": report.get("objective"), "failure": report.get("failure"),
-                "from": row["status"], "status": status}, row["op"], impl_id)
+                "from": row["status"], "status": status, "elapsed_s": report.get("elapsed_s"),
+                "phases": report.get("phases") or {}}, row["op"], impl_id)
         return status
 
     # ------------------------------------------------------------------ opportunities, decisions, usage

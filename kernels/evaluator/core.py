@@ -123,7 +123,9 @@ def _evaluate(report: EvalReport, contract: Contract, cand_path: Path, root_path
         raise RuntimeError(f"root implementation: {root_problem}")
     plan = contract.plan(report.profile, report.seed)
 
+    t = time.monotonic()
     cand, failure = run_probes(plan, cand_path, device, timeout)
+    report.phases["probes_candidate"] = time.monotonic() - t
     if failure:
         return fail(report, "run", "runs", failure)
     if not plan.needs_root:
@@ -138,17 +140,21 @@ def _evaluate(report: EvalReport, contract: Contract, cand_path: Path, root_path
         key = (root_sha, report.contract_fingerprint, report.profile, report.seed, device)
         root = _ROOT_CACHE.get(key)
         if root is None:
+            t = time.monotonic()
             root, failure = run_probes(plan, root_path, device, timeout)
+            report.phases["probes_root"] = time.monotonic() - t
             if failure:
                 raise RuntimeError(f"the root implementation failed: {failure}")
             if len(_ROOT_CACHE) >= 8:
                 _ROOT_CACHE.pop(next(iter(_ROOT_CACHE)))
             _ROOT_CACHE[key] = root
+    t = time.monotonic()
     report.checks = evaluate_checks(plan, cand, root if plan.needs_root else None)
     report.checks += [output_spec(plan, cand, root), all_inputs_unchanged(plan, cand)]
     graph = graph_replay_check(plan, cand, root)
     if graph is not None:
         report.checks.append(graph)
+    report.phases["checks"] = time.monotonic() - t
     if not time_it or not all(c.passed for c in report.checks):
         return
     time_candidate(report, contract, cand_path, root_path, incumbent_path, device, timeout)

@@ -34,6 +34,11 @@ _CONTROL_CACHE: dict[tuple, tuple[float, dict]] = {}
 #: implementation (L2 flush + 1 ms spin), so 100 rounds of 7 cells x 4 implementations are ~4 s
 GPU_REPS = 100
 CPU_REPS = 5
+#: past GPU_MIN_REPS rounds a cell stops once its rounds have taken CELL_BUDGET_S: a cell whose round is
+#: over 10 ms (kernels of a millisecond and more, where a sample varies by well under 1%) gets fewer than
+#: GPU_REPS rounds, the microsecond cells the 100 rounds were measured on keep all of them
+GPU_MIN_REPS = 20
+CELL_BUDGET_S = 1.0
 
 
 def _contract_file(contract: Contract) -> str:
@@ -49,6 +54,8 @@ def run_timing(contract: Contract, impls: list[tuple[str, Path]], *, device: str
     job = {"mode": "time", "op": contract.op, "contract_file": _contract_file(contract), "profile": profile,
            "seed": seed, "device": device, "impls": [[n, str(p.resolve())] for n, p in impls], "cells": cells,
            "reps": reps or (GPU_REPS if cuda else CPU_REPS), "warmup": 3 if cuda else 1, "variants": 2,
+           "min_reps": min(reps or GPU_REPS, GPU_MIN_REPS) if cuda else (reps or CPU_REPS),
+           "cell_budget_s": CELL_BUDGET_S if cuda else None,
            "return_outputs": list(return_outputs), "profile_kernels": profile_kernels, "limits": limits(wall)}
 
     def read_result(out: Path, doc: dict) -> dict:
@@ -73,6 +80,9 @@ def run_timing(contract: Contract, impls: list[tuple[str, Path]], *, device: str
                 "outputs": {str(k): [[_sent(o, tensors, name) for o in per_v] for per_v in _list(v)]
                             for k, v in _dict(c["outputs"]).items()},
                 "seeds": c["seeds"],
+                "rounds": c.get("rounds") if type(c.get("rounds")) is int else None,
+                "seconds": {k: float(v) for k, v in _dict(c.get("seconds", {})).items()
+                            if k in ("warmup", "timed") and type(v) in (int, float) and math.isfinite(v)},
             }
         floor = doc.get("floor_us")
         return {"cells": parsed, "floor_us": float(floor) if isinstance(floor, (int, float)) else None,
@@ -123,11 +133,16 @@ def time_candidate(report: EvalReport, contract: Contract, cand_path: Path, root
     cuda = device.startswith("cuda")
     report.timing = "gpu" if cuda else "interpreter"
     trusted = [("root", root_path)] + ([("incumbent", Path(incumbent_path))] if incumbent_path else [])
+    t = time.monotonic()
     doc, failure = run_timing(contract, trusted + [("candidate", cand_path)], device=device, profile=report.profile,
                               seed=report.seed, timeout=timeout, return_outputs=("candidate", "root"),
                               profile_kernels=cuda)
+    report.phases["timing_child"] = time.monotonic() - t
     if failure:
         return fail(report, "timing/run", "timed_outputs", f"timing run: {failure}")
+    for part in ("warmup", "timed"):  # as the child reports them: diagnostics, never used to decide
+        report.phases[f"timing_cells_{part}"] = sum(c.get("seconds", {}).get(part, 0.0)
+                                                    for c in doc["cells"].values())
     errs = doc["import_errors"]
     if "candidate" in errs:
         return fail(report, "timing/run", "timed_outputs", f"timing run: {errs['candidate']}")
@@ -141,8 +156,10 @@ def time_candidate(report: EvalReport, contract: Contract, cand_path: Path, root
         if hit is not None and time.monotonic() - hit[0] < CONTROL_TTL_S:
             control = hit[1]
         else:
+            t = time.monotonic()
             control, failure = run_timing(contract, trusted, device=device, profile=report.profile, seed=report.seed,
                                           timeout=timeout)
+            report.phases["control_child"] = time.monotonic() - t
             if failure:
                 raise RuntimeError(f"control timing run: {failure}")
             _CONTROL_CACHE.clear()
@@ -211,7 +228,7 @@ def _cell_row(cell, c: dict, control: dict | None) -> dict:
         "baseline_median_us": base["median_us"],
         "ratio_vs_root": med / root["median_us"] if med is not None and root["median_us"] else None,
         "ratio_vs_baseline": med / base["median_us"] if med is not None and base["median_us"] else None,
-        "root_spread_us": root["spread_us"], "wall_median_us": wall["median_us"],
+        "root_spread_us": root["spread_us"], "wall_median_us": wall["median_us"], "rounds": c.get("rounds"),
     }
     if control is not None and "samples" in control and "root" in control["samples"]:
         row["root_alone_median_us"] = summarize(control["samples"]["root"]["event_us"])["median_us"]

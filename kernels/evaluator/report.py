@@ -40,6 +40,8 @@ class EvalReport:
     #: "gpu" (CUDA events), "interpreter" (CPU wall times, never comparable with GPU ones) or None
     timing: str | None = None
     floor_us: float | None = None
+    #: seconds per phase of this evaluation (children's runs, checks, timing), for finding where the time goes
+    phases: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return {
@@ -56,6 +58,7 @@ class EvalReport:
             "contract_fingerprint": self.contract_fingerprint,
             "source_sha256": self.source_sha256,
             "elapsed_s": round(self.elapsed_s, 3),
+            "phases": {k: round(v, 3) for k, v in self.phases.items()},
             "evaluator_fingerprint": self.evaluator_fingerprint,
             "profile": self.profile,
             "seed": self.seed,

@@ -188,6 +188,7 @@ def run_timing_job(workdir: Path, job: dict) -> dict:
 
 
 def _time_cell(contract, cell, mods, job, timer: Timer, w, check_outputs, flatten_outputs) -> dict:
+    t_start = time.perf_counter()
     device = job["device"]
     seeds = variant_seeds(job["seed"], job["variants"])
     cases = [contract.bench_case(cell, s, device) for s in seeds]
@@ -248,7 +249,14 @@ def _time_cell(contract, cell, mods, job, timer: Timer, w, check_outputs, flatte
                 load(0)
                 prof[name] = timer.profile(fns[name])
     rng = random.Random(job["seed"] ^ 0x5EED)
+    # rounds: at least min_reps, then until the cell's time budget is spent, at most reps; a round times
+    # every implementation once, so every implementation gets the same number of samples
+    min_reps, budget = job.get("min_reps", job["reps"]), job.get("cell_budget_s")
+    t_timed, rounds = time.perf_counter(), 0
     for r in range(job["reps"]):
+        if r >= min_reps and budget is not None and time.perf_counter() - t_timed > budget:
+            break
+        rounds += 1
         v = r % len(pools)
         order = list(fns)
         rng.shuffle(order)
@@ -272,7 +280,9 @@ def _time_cell(contract, cell, mods, job, timer: Timer, w, check_outputs, flatte
                           for v, o in enumerate(per_v) if o is not None]
         except Exception as e:
             errors[name] = one_line_(e)
-    return {"samples": samples, "errors": errors, "profile": prof, "outputs": sent, "seeds": seeds}
+    return {"samples": samples, "errors": errors, "profile": prof, "outputs": sent, "seeds": seeds,
+            "rounds": rounds,
+            "seconds": {"warmup": round(t_timed - t_start, 3), "timed": round(time.perf_counter() - t_timed, 3)}}
 
 
 def _send(t: torch.Tensor, w, picks: dict, key: tuple) -> dict:

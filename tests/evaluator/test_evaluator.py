@@ -138,6 +138,26 @@ def test_good_candidate_timed_on_cpu_is_marked_interpreter(reports):
     assert d["objective"] == pytest.approx(sum(c["coeff"] * c["median_us"] for c in d["cells"]))
     assert d["admissible"] is not None and d["eligible"] is not None
     assert any(c["name"] == "timing/outputs" and c["passed"] for c in d["checks"])
+    assert all(c["rounds"] == 5 for c in d["cells"])
+    # where the time went: each child's run, as the parent saw it
+    assert {"probes_candidate", "checks", "timing_child"} <= set(d["phases"])
+    assert 0 < d["phases"]["timing_child"] < d["elapsed_s"]
+
+
+def test_timing_rounds_stop_at_the_cell_budget_past_the_minimum(tmp_path):
+    from kernels.evaluator.timing import run_timing_job
+
+    (tmp_path / "out").mkdir()
+    job = {"op": tiny().op, "contract_file": str(FIX / "tiny_contract.py"), "profile": "cpu", "seed": 0,
+           "device": "cpu", "impls": [["root", str(FIX / "tiny_root.py")], ["candidate", str(FIX / "good.py")]],
+           "cells": [c.name for c in tiny().cells("cpu")], "reps": 40, "warmup": 1, "variants": 2,
+           "min_reps": 3, "cell_budget_s": 0.0}
+    doc = run_timing_job(tmp_path, job)
+    for c in doc["cells"].values():
+        assert c["rounds"] == 3 and all(len(s["event_us"]) == 3 for s in c["samples"].values())
+        assert c["seconds"]["timed"] >= 0 and c["seconds"]["warmup"] >= 0
+    doc = run_timing_job(tmp_path, {**job, "cell_budget_s": None, "reps": 7})
+    assert all(c["rounds"] == 7 for c in doc["cells"].values())
 
 
 def test_candidate_lazy_when_timed_fails_the_timed_output_check(reports):
