@@ -86,11 +86,8 @@ def tunables_check() -> list[dict]:
     default_ok = all(bits_equal(d[:, :, 0], full0[rows, :, pos]) for d, pos in zip(dec0, steps, strict=True))
     out = [{"variant": "default", "config": base_cfg, "decode_matches_prefill": default_ok}]
     variants = [{"BLOCK_M": 64, "num_warps": 4}, {"BLOCK_M": 64, "num_warps": 8}, {"BLOCK_M": 128, "num_warps": 4},
-                {"num_stages": 3}, {"DECODE_BLOCK_M": 64}, {"DECODE_BLOCK_D": 16}, {"DECODE_BLOCK_D": 64},
-                {"DECODE_BLOCK_D": 128}, {"decode_num_warps": 1}, {"decode_num_warps": 2}, {"decode_num_warps": 8},
-                {"decode_num_warps": 2, "DECODE_BLOCK_D": 16}, {"decode_num_warps": 1, "DECODE_BLOCK_D": 16},
-                {"decode_num_stages": 1}, {"decode_num_stages": 3}, {"DECODE_PRECOMPUTE_P": 1},
-                {"DECODE_PRECOMPUTE_P": 1, "DECODE_BLOCK_D": 16}, {"DECODE_PRECOMPUTE_P": 1, "decode_num_warps": 2}]
+                {"num_stages": 3}, {"DECODE_BLOCK_M": 64}, {"DECODE_BLOCK_D": 128}, {"decode_num_warps": 1},
+                {"decode_num_stages": 1}] + [v for v in DECODE_VARIANTS if v]
     for var in variants:
         attn.CONFIG.update(var)
         try:
@@ -245,15 +242,17 @@ def bench_prefill(budget_s: float) -> list[dict]:
     return out
 
 
-def decode_cell(hq: int, hk: int, B: int, L: int) -> dict:
+def decode_cell(hq: int, hk: int, B: int, L: int, tuned: dict | None = None) -> dict:
     gen = torch.Generator("cuda").manual_seed(L + B)
     q = rand(B, hq, 1, D, gen=gen)
     kc, vc = rand(B, hk, L, D, gen=gen), rand(B, hk, L, D, gen=gen)
     lens = torch.full((B,), L, dtype=torch.int32, device="cuda")
     mask = (torch.arange(L, device="cuda")[None, :] < lens[:, None])[:, None, None, :]
     row = {"hq": hq, "hk": hk, "B": B, "L": L}
-    fns = {"tik": lambda: attn.attention_decode(q, kc, vc, lens),
-           "sdpa_mask": lambda: F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, enable_gqa=True),
+    fns = {"tik": lambda: attn.attention_decode(q, kc, vc, lens)}
+    if tuned:
+        fns["tik_tuned"] = with_config(tuned, fns["tik"])
+    fns |= {"sdpa_mask": lambda: F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, enable_gqa=True),
            "sdpa_flash": lambda: sdpa_flash(q, kc, vc)}
     try:
         sdpa_flash(q, kc, vc)
@@ -268,13 +267,19 @@ def decode_cell(hq: int, hk: int, B: int, L: int) -> dict:
     row["eager_ratio_vs_best_sdpa"] = row["eager_tik_us"] / min(row.get("eager_sdpa_mask_us", math.inf),
                                                                 row.get("eager_sdpa_flash_us", math.inf))
     best = min(v_ for k_, v_ in row.items() if k_.startswith("sdpa") and k_.endswith("_us"))
+    if tuned:
+        row["tuned_same_bits"] = bits_equal(fns["tik_tuned"](), fns["tik"]())
     row["ratio_vs_best_sdpa"] = row["tik_us"] / best
     row["ratio_vs_sdpa_mask"] = row["tik_us"] / row["sdpa_mask_us"]
+    if tuned:
+        row["tuned_ratio_vs_best_sdpa"] = row["tik_tuned_us"] / best
+        row["eager_tuned_ratio_vs_best_sdpa"] = row["eager_tik_tuned_us"] / min(
+            row.get("eager_sdpa_mask_us", math.inf), row.get("eager_sdpa_flash_us", math.inf))
     row["tik_tbps"] = 2 * kc.numel() * 2 / (row["tik_us"] * 1e6)
     return row
 
 
-def bench_decode(budget_s: float) -> list[dict]:
+def bench_decode(budget_s: float, tuned: dict | None = None) -> list[dict]:
     out = []
     shapes = [(32, 8, B, L) for L in (1024, 4096, 8192, 16384) for B in (1, 4, 8, 16)]
     shapes += [(16, 8, B, L) for B, L in ((1, 4096), (16, 4096), (16, 16384))]
@@ -283,23 +288,67 @@ def bench_decode(budget_s: float) -> list[dict]:
             out.append({"hq": hq, "hk": hk, "B": B, "L": L, "skipped": "time budget"})
             continue
         try:
-            out.append(decode_cell(hq, hk, B, L))
+            out.append(decode_cell(hq, hk, B, L, tuned))
         except Exception as e:
             out.append({"hq": hq, "hk": hk, "B": B, "L": L, "error": f"{type(e).__name__}: {str(e)[:200]}"})
     return out
 
 
+_P, _S = {"DECODE_PRECOMPUTE_P": 1}, {"DECODE_SPLIT_HEADS": 1}
+#: decode CONFIG variants: bits checked against the default by `tunables`, timed by `decode_tuning`
+DECODE_VARIANTS = [
+    {}, {"decode_num_warps": 2}, {"decode_num_warps": 8}, {"DECODE_BLOCK_D": 16}, {"DECODE_BLOCK_D": 64},
+    {"decode_num_stages": 3}, {"decode_num_warps": 2, "DECODE_BLOCK_D": 16},
+    {"decode_num_warps": 1, "DECODE_BLOCK_D": 16},
+    _P, {**_P, "DECODE_BLOCK_D": 16}, {**_P, "DECODE_BLOCK_D": 64}, {**_P, "decode_num_warps": 2},
+    {**_P, "decode_num_stages": 3},
+    _S, {**_S, "DECODE_BLOCK_D": 16}, {**_S, "DECODE_BLOCK_D": 64}, {**_S, "decode_num_warps": 2},
+    {**_P, **_S}, {**_P, **_S, "DECODE_BLOCK_D": 16}, {**_P, **_S, "DECODE_BLOCK_D": 64},
+    {**_P, **_S, "DECODE_BLOCK_D": 128}, {**_P, **_S, "decode_num_warps": 2},
+    {**_P, **_S, "decode_num_warps": 2, "DECODE_BLOCK_D": 16}, {**_P, **_S, "decode_num_stages": 3},
+    {**_P, **_S, "decode_num_stages": 4}, {**_P, **_S, "decode_num_warps": 8, "DECODE_BLOCK_D": 128},
+]
+DECODE_TUNING_CELLS = ((1, 1024), (1, 16384), (4, 4096), (16, 4096), (16, 16384))
+
+
+def with_config(var: dict, fn):
+    """fn run with CONFIG updated by var (a CUDA graph captured through it keeps the variant's kernels)."""
+
+    def call():
+        saved = dict(attn.CONFIG)
+        attn.CONFIG.update(var)
+        try:
+            return fn()
+        finally:
+            attn.CONFIG.clear()
+            attn.CONFIG.update(saved)
+
+    return call
+
+
+def pick_decode_variant(tuning: list[dict], tunables: list[dict]) -> dict:
+    """The decode variant with the lowest geomean time ratio to the default over the tuning cells, among those
+    timed on every cell, bit-identical to the default there, and bit-identical in the tunables check."""
+    ok_bits = [t["variant"] for t in tunables[1:] if t.get("decode_same_bits_as_default")
+               and t.get("decode_matches_prefill")]
+    base = {(r["B"], r["L"]): r["us"] for r in tuning if r.get("variant") == {} and "us" in r}
+    best, best_ratio = {}, 1.0
+    for var in DECODE_VARIANTS[1:]:
+        rows = [r for r in tuning if r.get("variant") == var]
+        if var not in ok_bits or len(rows) != len(base) or not all("us" in r and r["same_bits"] for r in rows):
+            continue
+        ratio = geomean([r["us"] / base[(r["B"], r["L"])] for r in rows])
+        if ratio is not None and ratio < best_ratio:
+            best, best_ratio = var, ratio
+    return {"variant": best, "geomean_ratio_vs_default": best_ratio}
+
+
 def decode_tuning(budget_s: float) -> list[dict]:
     """Graph-timed decode under CONFIG variants (bits checked against the default by `tunables`)."""
-    variants = [{}, {"decode_num_warps": 1}, {"decode_num_warps": 2}, {"decode_num_warps": 8},
-                {"DECODE_BLOCK_D": 16}, {"DECODE_BLOCK_D": 64}, {"decode_num_stages": 3},
-                {"decode_num_warps": 2, "DECODE_BLOCK_D": 16}, {"decode_num_warps": 1, "DECODE_BLOCK_D": 16},
-                {"decode_num_warps": 2, "DECODE_BLOCK_D": 64}, {"DECODE_PRECOMPUTE_P": 1},
-                {"DECODE_PRECOMPUTE_P": 1, "DECODE_BLOCK_D": 16}, {"DECODE_PRECOMPUTE_P": 1, "DECODE_BLOCK_D": 64},
-                {"DECODE_PRECOMPUTE_P": 1, "decode_num_warps": 2}, {"DECODE_PRECOMPUTE_P": 1, "decode_num_stages": 3}]
     out = []
     base_cfg = dict(attn.CONFIG)
-    for B, L in ((1, 16384), (16, 4096), (16, 16384)):
+    variants = DECODE_VARIANTS
+    for B, L in DECODE_TUNING_CELLS:
         gen = torch.Generator("cuda").manual_seed(L + B)
         q = rand(B, HQ, 1, D, gen=gen)
         kc, vc = rand(B, HK, L, D, gen=gen), rand(B, HK, L, D, gen=gen)
@@ -361,6 +410,18 @@ def write(out_dir: Path, res: dict) -> None:
             lines.append(f"| {r['hq']}/{r['hk']} | {r['B']} | {r['L']} | {r['tik_us']:.1f} | {r['sdpa_mask_us']:.1f} "
                          f"| {fl} | {r['ratio_vs_best_sdpa']:.2f} | {r['tik_tbps']:.2f} "
                          f"| {r['eager_ratio_vs_best_sdpa']:.2f} |")
+    pick = res.get("decode_pick") or {}
+    if pick.get("variant"):
+        lines += ["", f"### Decode with the tuned variant {pick['variant']} (geomean "
+                  f"{pick['geomean_ratio_vs_default']:.3f}x the default's time over the tuning cells), "
+                  "timed in the same rounds as the table above", "",
+                  "| Hq/Hk | B | L | tuned µs | default µs | ratio vs best SDPA | same bits as default | eager ratio |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in res.get("decode", []):
+            if "tik_tuned_us" in r:
+                lines.append(f"| {r['hq']}/{r['hk']} | {r['B']} | {r['L']} | {r['tik_tuned_us']:.1f} | "
+                             f"{r['tik_us']:.1f} | {r['tuned_ratio_vs_best_sdpa']:.2f} | {r['tuned_same_bits']} | "
+                             f"{r['eager_tuned_ratio_vs_best_sdpa']:.2f} |")
     lines += ["", "## Decode tunables (CUDA graph µs; bits vs default)", "", "| B | L | variant | µs | same bits |",
               "|---|---|---|---|---|"]
     for r in res.get("decode_tuning", []):
@@ -368,7 +429,8 @@ def write(out_dir: Path, res: dict) -> None:
             lines.append(f"| {r['B']} | {r['L']} | {r['variant'] or 'default'} | {r['us']:.1f} | {r['same_bits']} |")
     s = res.get("summary", {})
     lines += ["", f"Geomean time ratio: prefill vs SDPA flash {s.get('prefill_geomean_ratio')}, decode vs best SDPA "
-              f"{s.get('decode_geomean_ratio_vs_best')}, decode vs SDPA mask {s.get('decode_geomean_ratio_vs_mask')}."]
+              f"{s.get('decode_geomean_ratio_vs_best')}, decode vs SDPA mask {s.get('decode_geomean_ratio_vs_mask')}, "
+              f"tuned decode vs best SDPA {s.get('decode_tuned_geomean_ratio_vs_best')}."]
     (out_dir / "attention_h200.md").write_text("\n".join(lines) + "\n")
 
 
@@ -382,7 +444,10 @@ def main() -> None:
     out_dir = Path(a.out)
     for name, fn in (("tunables", tunables_check), ("sweep", lambda: sweep(a.budget * 0.35)),
                      ("decode_tuning", lambda: decode_tuning(a.budget * 0.5)),
-                     ("prefill", lambda: bench_prefill(a.budget * 0.75)), ("decode", lambda: bench_decode(a.budget))):
+                     ("decode_pick", lambda: pick_decode_variant(res.get("decode_tuning", []),
+                                                                 res.get("tunables", []))),
+                     ("prefill", lambda: bench_prefill(a.budget * 0.75)),
+                     ("decode", lambda: bench_decode(a.budget, (res.get("decode_pick") or {}).get("variant")))):
         t = time.time()
         try:
             res[name] = fn()
@@ -397,6 +462,9 @@ def main() -> None:
             "prefill_geomean_ratio": geomean([r.get("ratio_vs_sdpa") for r in res.get("prefill", [])]),
             "decode_geomean_ratio_vs_best": geomean([r.get("ratio_vs_best_sdpa") for r in res.get("decode", [])]),
             "decode_geomean_ratio_vs_mask": geomean([r.get("ratio_vs_sdpa_mask") for r in res.get("decode", [])]),
+            "decode_tuned_geomean_ratio_vs_best": geomean([r.get("tuned_ratio_vs_best_sdpa")
+                                                           for r in res.get("decode", [])]),
+            "decode_pick": (res.get("decode_pick") or {}).get("variant"),
         }
         write(out_dir, res)
     print(json.dumps({"gate_green": res["gate_green"], **res["summary"]}, default=str))

@@ -72,6 +72,9 @@ TUNABLES = {
     # 1: decode precomputes every block's weights p and rescale factor alpha in parallel, so that the
     # sequential loop only rescales and accumulates (same values in the same order: the bits are equal)
     "DECODE_PRECOMPUTE_P": (0, 1),
+    # 1: phase 2 gives each query head its own programs instead of one per KV-head group (G times the
+    # parallelism at small batches; rows of an MMA do not mix, so the bits are equal)
+    "DECODE_SPLIT_HEADS": (0, 1),
     # backward tiles set the order of the dq and dk/dv sums (frozen with the root's gradient bits)
     "BWD_BLOCK_M": (64,),
     "BWD_BLOCK_N": (64,),
@@ -90,6 +93,7 @@ CONFIG = {
     "decode_num_warps": 4,
     "decode_num_stages": 2,
     "DECODE_PRECOMPUTE_P": 0,
+    "DECODE_SPLIT_HEADS": 0,
     "BWD_BLOCK_M": 64,
     "BWD_BLOCK_N": 64,
     "bwd_num_warps": 8,
@@ -313,6 +317,16 @@ def _attn_decode_weights_kernel(
 
 
 @triton.jit
+def _decode_rows(pid, n_kv_heads, G: tl.constexpr, ROWS: tl.constexpr, BLOCK_M: tl.constexpr):
+    """(b, kv head, query heads [BLOCK_M], row mask) of a phase-2 program that owns ROWS of a group's G heads."""
+    per_b = n_kv_heads * (G // ROWS)
+    b = pid // per_b
+    h0 = (pid % per_b) * ROWS
+    o_g = tl.arange(0, BLOCK_M)
+    return b, h0 // G, h0 + o_g, o_g < ROWS
+
+
+@triton.jit
 def _attn_decode_accumulate_kernel(
     p_ptr,  # [B, Hq, L_pad] weights from the weights kernel
     a_ptr,  # fp32 [B, Hq, n_blocks] alphas
@@ -325,6 +339,7 @@ def _attn_decode_accumulate_kernel(
     stride_ob, stride_oh,
     n_kv_heads,
     G: tl.constexpr,
+    ROWS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -333,13 +348,8 @@ def _attn_decode_accumulate_kernel(
     """Phase 2 on precomputed weights: per block, l = dot(p, ones, l * alpha), acc = dot(p, v, acc * alpha),
     in block order, exactly the tail of _softmax_step; nothing but the accumulation is left in the chain."""
     pid_d = tl.program_id(0)
-    pid_bh = tl.program_id(1).to(tl.int64)
-    b = pid_bh // n_kv_heads
-    kvh = pid_bh % n_kv_heads
+    b, kvh, h, m_row = _decode_rows(tl.program_id(1).to(tl.int64), n_kv_heads, G, ROWS, BLOCK_M)
     L = tl.load(lens_ptr + b).to(tl.int32)
-    o_g = tl.arange(0, BLOCK_M)
-    m_row = o_g < G
-    h = kvh * G + o_g
     o_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     p_base = p_ptr + b * stride_pb + h[:, None] * stride_ph
     a_base = a_ptr + b * stride_ab + h * stride_ah
@@ -379,20 +389,16 @@ def _attn_decode_reduce_kernel(
     n_kv_heads,
     qk_scale,
     G: tl.constexpr,
+    ROWS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
     pid_d = tl.program_id(0)
-    pid_bh = tl.program_id(1).to(tl.int64)
-    b = pid_bh // n_kv_heads
-    kvh = pid_bh % n_kv_heads
+    b, kvh, h, m_row = _decode_rows(tl.program_id(1).to(tl.int64), n_kv_heads, G, ROWS, BLOCK_M)
     L = tl.load(lens_ptr + b).to(tl.int32)
     P_TY: tl.constexpr = v_ptr.dtype.element_ty
-    o_g = tl.arange(0, BLOCK_M)
-    m_row = o_g < G
-    h = kvh * G + o_g
     o_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     s_base = s_ptr + b * stride_sb + h[:, None] * stride_sh
     v_base = v_ptr + b * stride_vb + kvh * stride_vh
@@ -649,6 +655,9 @@ def _decode(q, k_cache, v_cache, lens, scale):
     o = torch.empty_like(q)
     opts = _launch_opts(cfg["decode_num_warps"], cfg["decode_num_stages"])
     pre = bool(cfg.get("DECODE_PRECOMPUTE_P", 0))
+    # phase 2 rows per program: the whole group (its heads share each V load) or one head (G times the programs)
+    rows = 1 if cfg.get("DECODE_SPLIT_HEADS", 0) else G
+    bm2 = max(cfg["DECODE_BLOCK_M"] if rows == G else 16, triton.next_power_of_2(rows))
     bmax = torch.empty((B, hq, n_blocks), dtype=torch.float32, device=q.device) if pre else scores
     qk_scale = scale * _LOG2E
     _attn_decode_scores_kernel[(n_blocks, B * hk)](
@@ -666,18 +675,18 @@ def _decode(q, k_cache, v_cache, lens, scale):
             alpha.stride(0), alpha.stride(1), hk, qk_scale,
             G=G, BLOCK_M=bm, BLOCK_N=bn, CHUNK=4 if INTERPRET else 64, **opts,
         )
-        _attn_decode_accumulate_kernel[(d // bd, B * hk)](
+        _attn_decode_accumulate_kernel[(d // bd, B * hk * (G // rows))](
             p, alpha, v_cache, o, lens,
             p.stride(0), p.stride(1), alpha.stride(0), alpha.stride(1),
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), o.stride(0), o.stride(1), hk,
-            G=G, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, UPCAST=INTERPRET, **opts,
+            G=G, ROWS=rows, BLOCK_M=bm2, BLOCK_N=bn, BLOCK_D=bd, UPCAST=INTERPRET, **opts,
         )
         return o
-    _attn_decode_reduce_kernel[(d // bd, B * hk)](
+    _attn_decode_reduce_kernel[(d // bd, B * hk * (G // rows))](
         scores, v_cache, o, lens,
         scores.stride(0), scores.stride(1), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         o.stride(0), o.stride(1), hk, qk_scale,
-        G=G, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, UPCAST=INTERPRET, **opts,
+        G=G, ROWS=rows, BLOCK_M=bm2, BLOCK_N=bn, BLOCK_D=bd, UPCAST=INTERPRET, **opts,
     )
     return o
 
