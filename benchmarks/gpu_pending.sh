@@ -34,10 +34,10 @@ for p in "$@"; do
             part tuner_linear 560 "$py" benchmarks/tuner_search.py --ops linear --budget 6 --max-time 420 \
                 --timeout 200 --out "$R/tuner_h200_linear" --export "$R/incumbents_h200" ;;
         scaleout)
-            part scaleout 420 "$py" benchmarks/bench_scaleout.py --op rmsnorm --evals 6 --timeout 200 \
+            part scaleout 250 "$py" benchmarks/bench_scaleout.py --op rmsnorm --evals 3 --timeout 120 \
                 --out "$R/scaleout_h200.json" ;;
         attention)
-            part attention 300 "$py" benchmarks/bench_attention.py --out "$R" --budget 200 ;;
+            part attention 330 "$py" benchmarks/bench_attention.py --out "$R" --budget 230 ;;
         e2e)
             part e2e 420 "$py" benchmarks/bench_e2e.py --out "$R" --only layers throughput --steps 6 \
                 --impl-dir "$R/incumbents_h200" ;;
