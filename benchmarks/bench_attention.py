@@ -298,14 +298,14 @@ _P, _S = {"DECODE_PRECOMPUTE_P": 1}, {"DECODE_SPLIT_HEADS": 1}
 #: decode CONFIG variants: bits checked against the default by `tunables`, timed by `decode_tuning`
 DECODE_VARIANTS = [
     {}, {"decode_num_warps": 2}, {"decode_num_warps": 8}, {"DECODE_BLOCK_D": 16}, {"DECODE_BLOCK_D": 64},
-    {"decode_num_stages": 3}, {"decode_num_warps": 2, "DECODE_BLOCK_D": 16},
+    {"decode_num_stages": 2}, {"decode_num_stages": 4}, {"decode_num_warps": 2, "DECODE_BLOCK_D": 16},
     {"decode_num_warps": 1, "DECODE_BLOCK_D": 16},
     _P, {**_P, "DECODE_BLOCK_D": 16}, {**_P, "DECODE_BLOCK_D": 64}, {**_P, "decode_num_warps": 2},
-    {**_P, "decode_num_stages": 3},
+    {**_P, "decode_num_stages": 4}, {**_P, "decode_num_warps": 8}, {**_P, "decode_num_stages": 2},
     _S, {**_S, "DECODE_BLOCK_D": 16}, {**_S, "DECODE_BLOCK_D": 64}, {**_S, "decode_num_warps": 2},
     {**_P, **_S}, {**_P, **_S, "DECODE_BLOCK_D": 16}, {**_P, **_S, "DECODE_BLOCK_D": 64},
     {**_P, **_S, "DECODE_BLOCK_D": 128}, {**_P, **_S, "decode_num_warps": 2},
-    {**_P, **_S, "decode_num_warps": 2, "DECODE_BLOCK_D": 16}, {**_P, **_S, "decode_num_stages": 3},
+    {**_P, **_S, "decode_num_warps": 2, "DECODE_BLOCK_D": 16}, {**_P, **_S, "decode_num_stages": 2},
     {**_P, **_S, "decode_num_stages": 4}, {**_P, **_S, "decode_num_warps": 8, "DECODE_BLOCK_D": 128},
 ]
 DECODE_TUNING_CELLS = ((1, 1024), (1, 16384), (4, 4096), (16, 4096), (16, 16384))

@@ -31,13 +31,13 @@ part() {  # part NAME SECONDS CMD...: run CMD under a limit, log to $R/NAME.log,
 for p in "$@"; do
     case $p in
         tuner_linear)
-            part tuner_linear 560 "$py" benchmarks/tuner_search.py --ops linear --budget 6 --max-time 420 \
-                --timeout 200 --out "$R/tuner_h200_linear" --export "$R/incumbents_h200" ;;
+            part tuner_linear 470 "$py" benchmarks/tuner_search.py --ops linear --budget 6 --max-time 330 \
+                --timeout 150 --out "$R/tuner_h200_linear" --export "$R/incumbents_h200" ;;
         scaleout)
             part scaleout 250 "$py" benchmarks/bench_scaleout.py --op rmsnorm --evals 3 --timeout 120 \
                 --out "$R/scaleout_h200.json" ;;
         attention)
-            part attention 330 "$py" benchmarks/bench_attention.py --out "$R" --budget 230 ;;
+            part attention 110 "$py" benchmarks/bench_attention.py --out "$R" --budget 90 ;;
         e2e)
             part e2e 420 "$py" benchmarks/bench_e2e.py --out "$R" --only layers throughput --steps 6 \
                 --impl-dir "$R/incumbents_h200" ;;

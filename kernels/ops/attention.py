@@ -68,7 +68,7 @@ TUNABLES = {
     "DECODE_BLOCK_M": (16, 64),
     "DECODE_BLOCK_D": (16, 32, 64, 128),
     "decode_num_warps": (2, 4, 8),
-    "decode_num_stages": (1, 2, 3),
+    "decode_num_stages": (1, 2, 3, 4),
     # 1: decode precomputes every block's weights p and rescale factor alpha in parallel, so that the
     # sequential loop only rescales and accumulates (same values in the same order: the bits are equal)
     "DECODE_PRECOMPUTE_P": (0, 1),
@@ -91,7 +91,7 @@ CONFIG = {
     "DECODE_BLOCK_M": 16,
     "DECODE_BLOCK_D": 32,
     "decode_num_warps": 4,
-    "decode_num_stages": 2,
+    "decode_num_stages": 3,
     "DECODE_PRECOMPUTE_P": 0,
     "DECODE_SPLIT_HEADS": 0,
     "BWD_BLOCK_M": 64,
@@ -298,11 +298,14 @@ def _attn_decode_weights_kernel(
     m_row = o_g < G
     h = kvh * G + o_g
     bm_base = bm_ptr + b * stride_mb + h[:, None] * stride_mh
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    # elementwise running max over the chunks, one row reduction after the loop: a reduction carried through
+    # the loop trips an assertion in Triton 3.6's OptimizeThreadLocality pass (H200, attention_h200_run2.log)
+    run = tl.full([BLOCK_M, CHUNK], float("-inf"), dtype=tl.float32)
     for c in range(0, tl.cdiv(j, CHUNK)):
         o_c = c * CHUNK + tl.arange(0, CHUNK)
         chunk = tl.load(bm_base + o_c[None, :], mask=m_row[:, None] & (o_c < j)[None, :], other=float("-inf"))
-        m_i = tl.maximum(m_i, tl.max(chunk, 1))
+        run = tl.maximum(run, chunk)
+    m_i = tl.max(run, 1)
     m_j = tl.load(bm_ptr + b * stride_mb + h * stride_mh + j, mask=m_row, other=0.0)
     m_new = tl.maximum(m_i, m_j)
     alpha = tl.math.exp2(m_i - m_new)
