@@ -295,9 +295,14 @@ def bench_decode(budget_s: float, tuned: dict | None = None) -> list[dict]:
 
 
 _P, _S = {"DECODE_PRECOMPUTE_P": 1}, {"DECODE_SPLIT_HEADS": 1}
+_F1, _F2 = {"DECODE_PREFETCH": 1}, {"DECODE_PREFETCH": 2}
 #: decode CONFIG variants: bits checked against the default by `tunables`, timed by `decode_tuning`
 DECODE_VARIANTS = [
-    {}, {"decode_num_warps": 2}, {"decode_num_warps": 8}, {"DECODE_BLOCK_D": 16}, {"DECODE_BLOCK_D": 64},
+    {}, _F1, _F2, {**_F1, "decode_num_stages": 2}, {**_F2, "decode_num_stages": 2}, {**_F1, "DECODE_BLOCK_D": 16},
+    {**_F2, "DECODE_BLOCK_D": 16}, {**_F1, "decode_num_warps": 8}, {**_F2, "decode_num_warps": 8},
+    {**_F1, **_S}, {**_F2, **_S}, {**_F1, **_P}, {**_F2, **_P}, {**_F2, **_P, "DECODE_BLOCK_D": 16},
+    {**_F2, **_P, **_S},
+    {"decode_num_warps": 2}, {"decode_num_warps": 8}, {"DECODE_BLOCK_D": 16}, {"DECODE_BLOCK_D": 64},
     {"decode_num_stages": 2}, {"decode_num_stages": 4}, {"decode_num_warps": 2, "DECODE_BLOCK_D": 16},
     {"decode_num_warps": 1, "DECODE_BLOCK_D": 16},
     _P, {**_P, "DECODE_BLOCK_D": 16}, {**_P, "DECODE_BLOCK_D": 64}, {**_P, "decode_num_warps": 2},
@@ -344,23 +349,26 @@ def pick_decode_variant(tuning: list[dict], tunables: list[dict]) -> dict:
 
 
 def decode_tuning(budget_s: float) -> list[dict]:
-    """Graph-timed decode under CONFIG variants (bits checked against the default by `tunables`)."""
+    """Graph-timed decode under CONFIG variants (bits checked against the default by `tunables`), variant by
+    variant over every cell, so a variant the time budget cuts off is missing whole, never on some cells."""
     out = []
     base_cfg = dict(attn.CONFIG)
-    variants = DECODE_VARIANTS
+    cells = []
     for B, L in DECODE_TUNING_CELLS:
         gen = torch.Generator("cuda").manual_seed(L + B)
         q = rand(B, HQ, 1, D, gen=gen)
         kc, vc = rand(B, HK, L, D, gen=gen), rand(B, HK, L, D, gen=gen)
         lens = torch.full((B,), L, dtype=torch.int32, device="cuda")
-        ref_out = attn.attention_decode(q, kc, vc, lens)
-        for var in variants:
-            if time.time() - T0 > budget_s:
-                break
+        cells.append((B, L, q, kc, vc, lens, attn.attention_decode(q, kc, vc, lens)))
+    for var in DECODE_VARIANTS:
+        if time.time() - T0 > budget_s:
+            out.append({"variant": var, "skipped": "time budget"})
+            continue
+        for B, L, q, kc, vc, lens, ref_out in cells:
             attn.CONFIG.update(var)
             try:
                 same = bits_equal(attn.attention_decode(q, kc, vc, lens), ref_out)
-                call = lambda q=q, kc=kc, vc=vc, lens=lens: attn.attention_decode(q, kc, vc, lens)
+                call = lambda q=q, kc=kc, vc=vc, lens=lens: attn.attention_decode(q, kc, vc, lens)  # noqa: E731
                 r = time_interleaved({"tik": call}, reps=5, graph=True)
                 out.append({"B": B, "L": L, "variant": var, "us": r["tik"]["median_us"], "same_bits": same})
             except Exception as e:

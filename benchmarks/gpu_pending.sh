@@ -37,9 +37,9 @@ for p in "$@"; do
             part scaleout 250 "$py" benchmarks/bench_scaleout.py --op rmsnorm --evals 3 --timeout 120 \
                 --out "$R/scaleout_h200.json" ;;
         attention)
-            part attention 110 "$py" benchmarks/bench_attention.py --out "$R" --budget 90 ;;
+            part attention 160 "$py" benchmarks/bench_attention.py --out "$R" --budget 140 ;;
         e2e)
-            part e2e 420 "$py" benchmarks/bench_e2e.py --out "$R" --only layers throughput --steps 6 \
+            part e2e 400 "$py" benchmarks/bench_e2e.py --out "$R" --only layers throughput --steps 6 \
                 --impl-dir "$R/incumbents_h200" ;;
         *)
             echo "unknown part $p (tuner_linear scaleout attention e2e)" >&2 ;;

@@ -75,6 +75,8 @@ TUNABLES = {
     # 1: phase 2 gives each query head its own programs instead of one per KV-head group (G times the
     # parallelism at small batches; rows of an MMA do not mix, so the bits are equal)
     "DECODE_SPLIT_HEADS": (0, 1),
+    # phase 2 issues block j+1's loads before block j's step (1: scores or weights, 2: the values too)
+    "DECODE_PREFETCH": (0, 1, 2),
     # backward tiles set the order of the dq and dk/dv sums (frozen with the root's gradient bits)
     "BWD_BLOCK_M": (64,),
     "BWD_BLOCK_N": (64,),
@@ -94,6 +96,7 @@ CONFIG = {
     "decode_num_stages": 3,
     "DECODE_PRECOMPUTE_P": 0,
     "DECODE_SPLIT_HEADS": 0,
+    "DECODE_PREFETCH": 0,
     "BWD_BLOCK_M": 64,
     "BWD_BLOCK_N": 64,
     "bwd_num_warps": 8,
@@ -347,6 +350,7 @@ def _attn_decode_accumulate_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     UPCAST: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     """Phase 2 on precomputed weights: per block, l = dot(p, ones, l * alpha), acc = dot(p, v, acc * alpha),
     in block order, exactly the tail of _softmax_step; nothing but the accumulation is left in the chain."""
@@ -363,12 +367,29 @@ def _attn_decode_accumulate_kernel(
         ones = tl.full([BLOCK_N, 16], 1.0, dtype=tl.float32)
     else:
         ones = tl.full([BLOCK_N, 16], 1.0, dtype=p_ptr.dtype.element_ty)
+    o_n = tl.arange(0, BLOCK_N)
+    if PREFETCH >= 1:
+        p_nx = tl.load(p_base + o_n[None, :], mask=m_row[:, None] & (o_n < L)[None, :], other=0.0)
+        a_nx = tl.load(a_base, mask=m_row, other=1.0)
+    if PREFETCH >= 2:
+        v_nx = tl.load(v_base + o_n[:, None] * stride_vs + o_d[None, :], mask=(o_n < L)[:, None], other=0.0)
     for j in range(0, tl.cdiv(L, BLOCK_N)):
-        k_pos = j * BLOCK_N + tl.arange(0, BLOCK_N)
+        k_pos = j * BLOCK_N + o_n
         m_k = k_pos < L
-        p = tl.load(p_base + k_pos[None, :], mask=m_row[:, None] & m_k[None, :], other=0.0)
-        alpha = tl.load(a_base + j, mask=m_row, other=1.0)
-        b_v = tl.load(v_base + k_pos[:, None] * stride_vs + o_d[None, :], mask=m_k[:, None], other=0.0)
+        if PREFETCH >= 1:  # as in _attn_decode_reduce_kernel
+            p, alpha = p_nx, a_nx
+            m_nx = (k_pos + BLOCK_N) < L
+            p_nx = tl.load(p_base + (k_pos + BLOCK_N)[None, :], mask=m_row[:, None] & m_nx[None, :], other=0.0)
+            a_nx = tl.load(a_base + j + 1, mask=m_row & ((h * 0 + (j + 1) * BLOCK_N) < L), other=1.0)
+        else:
+            p = tl.load(p_base + k_pos[None, :], mask=m_row[:, None] & m_k[None, :], other=0.0)
+            alpha = tl.load(a_base + j, mask=m_row, other=1.0)
+        if PREFETCH >= 2:
+            b_v = v_nx
+            v_nx = tl.load(v_base + (k_pos + BLOCK_N)[:, None] * stride_vs + o_d[None, :],
+                           mask=((k_pos + BLOCK_N) < L)[:, None], other=0.0)
+        else:
+            b_v = tl.load(v_base + k_pos[:, None] * stride_vs + o_d[None, :], mask=m_k[:, None], other=0.0)
         if UPCAST:
             b_v = b_v.to(tl.float32)
         p = p.to(b_v.dtype)
@@ -397,6 +418,7 @@ def _attn_decode_reduce_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     UPCAST: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     pid_d = tl.program_id(0)
     b, kvh, h, m_row = _decode_rows(tl.program_id(1).to(tl.int64), n_kv_heads, G, ROWS, BLOCK_M)
@@ -413,11 +435,28 @@ def _attn_decode_reduce_kernel(
         ones = tl.full([BLOCK_N, 16], 1.0, dtype=tl.float32)
     else:
         ones = tl.full([BLOCK_N, 16], 1.0, dtype=P_TY)
+    # PREFETCH: block j+1's loads are issued before block j's step runs, so the chain of dependent steps does
+    # not wait a memory round trip per block (1: the scores, 2: the values too); same values, same order
+    o_n = tl.arange(0, BLOCK_N)
+    if PREFETCH >= 1:
+        s_nx = tl.load(s_base + o_n[None, :], mask=m_row[:, None] & (o_n < L)[None, :], other=0.0)
+    if PREFETCH >= 2:
+        v_nx = tl.load(v_base + o_n[:, None] * stride_vs + o_d[None, :], mask=(o_n < L)[:, None], other=0.0)
     for j in range(0, tl.cdiv(L, BLOCK_N)):
-        k_pos = j * BLOCK_N + tl.arange(0, BLOCK_N)
+        k_pos = j * BLOCK_N + o_n
         m_k = k_pos < L
-        s = tl.load(s_base + k_pos[None, :], mask=m_row[:, None] & m_k[None, :], other=0.0)
-        b_v = tl.load(v_base + k_pos[:, None] * stride_vs + o_d[None, :], mask=m_k[:, None], other=0.0)
+        if PREFETCH >= 1:
+            s = s_nx
+            m_nx = (k_pos + BLOCK_N) < L
+            s_nx = tl.load(s_base + (k_pos + BLOCK_N)[None, :], mask=m_row[:, None] & m_nx[None, :], other=0.0)
+        else:
+            s = tl.load(s_base + k_pos[None, :], mask=m_row[:, None] & m_k[None, :], other=0.0)
+        if PREFETCH >= 2:
+            b_v = v_nx
+            v_nx = tl.load(v_base + (k_pos + BLOCK_N)[:, None] * stride_vs + o_d[None, :],
+                           mask=((k_pos + BLOCK_N) < L)[:, None], other=0.0)
+        else:
+            b_v = tl.load(v_base + k_pos[:, None] * stride_vs + o_d[None, :], mask=m_k[:, None], other=0.0)
         if UPCAST:
             b_v = b_v.to(tl.float32)
         m_i, l_i, acc = _softmax_step(s, m_k[None, :], m_i, l_i, acc, b_v, ones, qk_scale, P_TY, True)
@@ -682,14 +721,16 @@ def _decode(q, k_cache, v_cache, lens, scale):
             p, alpha, v_cache, o, lens,
             p.stride(0), p.stride(1), alpha.stride(0), alpha.stride(1),
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), o.stride(0), o.stride(1), hk,
-            G=G, ROWS=rows, BLOCK_M=bm2, BLOCK_N=bn, BLOCK_D=bd, UPCAST=INTERPRET, **opts,
+            G=G, ROWS=rows, BLOCK_M=bm2, BLOCK_N=bn, BLOCK_D=bd, UPCAST=INTERPRET,
+            PREFETCH=cfg.get("DECODE_PREFETCH", 0), **opts,
         )
         return o
     _attn_decode_reduce_kernel[(d // bd, B * hk * (G // rows))](
         scores, v_cache, o, lens,
         scores.stride(0), scores.stride(1), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         o.stride(0), o.stride(1), hk, qk_scale,
-        G=G, ROWS=rows, BLOCK_M=bm2, BLOCK_N=bn, BLOCK_D=bd, UPCAST=INTERPRET, **opts,
+        G=G, ROWS=rows, BLOCK_M=bm2, BLOCK_N=bn, BLOCK_D=bd, UPCAST=INTERPRET,
+        PREFETCH=cfg.get("DECODE_PREFETCH", 0), **opts,
     )
     return o
 

@@ -82,10 +82,11 @@ def test_root_passes_cpu_plan(plan, root):
 
 
 def test_precomputed_decode_weights_pass_the_whole_plan_with_the_roots_bits(plan, root, tmp_path):
-    """The tuner may switch DECODE_PRECOMPUTE_P and DECODE_SPLIT_HEADS on: the candidate keeps every contract
-    check, root_bits included."""
-    cand = patched(tmp_path, "precompute_p", '"DECODE_PRECOMPUTE_P": 0,\n    "DECODE_SPLIT_HEADS": 0,',
-                   '"DECODE_PRECOMPUTE_P": 1,\n    "DECODE_SPLIT_HEADS": 1,')
+    """The tuner may switch DECODE_PRECOMPUTE_P, DECODE_SPLIT_HEADS and DECODE_PREFETCH on: the candidate keeps
+    every contract check, root_bits included."""
+    cand = patched(tmp_path, "precompute_p",
+                   '"DECODE_PRECOMPUTE_P": 0,\n    "DECODE_SPLIT_HEADS": 0,\n    "DECODE_PREFETCH": 0,',
+                   '"DECODE_PRECOMPUTE_P": 1,\n    "DECODE_SPLIT_HEADS": 1,\n    "DECODE_PREFETCH": 2,')
     results = run_checks(plan, cand, root)
     bad = {n: r.detail for n, r in results.items() if not r.passed}
     assert not bad, bad
@@ -93,18 +94,22 @@ def test_precomputed_decode_weights_pass_the_whole_plan_with_the_roots_bits(plan
 
 
 DECODE_SCHEMES = {"fused": {}, "precompute_p": {"DECODE_PRECOMPUTE_P": 1}, "split_heads": {"DECODE_SPLIT_HEADS": 1},
-                  "precompute_p+split_heads": {"DECODE_PRECOMPUTE_P": 1, "DECODE_SPLIT_HEADS": 1}}
+                  "precompute_p+split_heads": {"DECODE_PRECOMPUTE_P": 1, "DECODE_SPLIT_HEADS": 1},
+                  "prefetch=1": {"DECODE_PREFETCH": 1}, "prefetch=2": {"DECODE_PREFETCH": 2},
+                  "precompute_p+prefetch=2": {"DECODE_PRECOMPUTE_P": 1, "DECODE_PREFETCH": 2}}
+LONG_SCHEMES = ("precompute_p+split_heads", "prefetch=2", "precompute_p+prefetch=2")
 
 
 @pytest.mark.parametrize("scheme", list(DECODE_SCHEMES))
 @pytest.mark.parametrize("S", [1, 8, 9, 41], ids=lambda s: f"S={s}")
 def test_decode_every_position_equals_prefill(S, scheme, monkeypatch):
     """A direct check outside the plan: odd lengths, MHA and GQA 4:1, a strided (over-allocated) cache; every
-    decode scheme (S=41 spans 6 KV blocks, so the precomputed running max is taken over several chunks)."""
+    decode scheme (S=41 spans 6 KV blocks: the precomputed running max is taken over several chunks, and a
+    prefetch runs past the last block)."""
     from kernels.ops import attention as attn
     from kernels.ops.attention import attention_decode, attention_prefill
 
-    if S == 41 and scheme != "precompute_p+split_heads":
+    if S == 41 and scheme not in LONG_SCHEMES:
         pytest.skip("the long case is there for the chunked running max")
     for key, value in DECODE_SCHEMES[scheme].items():
         monkeypatch.setitem(attn.CONFIG, key, value)
