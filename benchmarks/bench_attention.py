@@ -313,6 +313,12 @@ DECODE_VARIANTS = [
     {**_P, **_S, "decode_num_warps": 2, "DECODE_BLOCK_D": 16}, {**_P, **_S, "decode_num_stages": 2},
     {**_P, **_S, "decode_num_stages": 4}, {**_P, **_S, "decode_num_warps": 8, "DECODE_BLOCK_D": 128},
 ]
+#: the current default's neighbourhood: prefetch on/off, phase-2 warps, stages
+PHASE2_VARIANTS = [{}, {"DECODE_PREFETCH": 0}, {"decode2_num_warps": 1}, {"decode2_num_warps": 2},
+                   {"decode2_num_warps": 8}, {"decode2_num_warps": 2, "DECODE_BLOCK_D": 16},
+                   {"decode2_num_warps": 1, "DECODE_BLOCK_D": 16}, {"decode2_num_warps": 2, "decode_num_warps": 8},
+                   {"decode_num_stages": 4}, {"DECODE_BLOCK_D": 64, "decode2_num_warps": 8},
+                   {"DECODE_SPLIT_HEADS": 1, "decode2_num_warps": 2}, {"DECODE_SPLIT_HEADS": 1, "decode2_num_warps": 1}]
 DECODE_TUNING_CELLS = ((1, 1024), (1, 16384), (4, 4096), (16, 4096), (16, 16384))
 
 
@@ -446,8 +452,17 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--budget", type=float, default=150.0, help="seconds; later sections are cut short past it")
+    ap.add_argument("--config", type=json.loads, default={},
+                    help='JSON CONFIG overrides for the whole run, e.g. \'{"BLOCK_N": 128}\' (a different root: '
+                         'every section, the bitwise sweep included, runs under it)')
+    ap.add_argument("--variants", choices=("all", "phase2"), default="all",
+                    help="decode variants to time: all, or the phase-2 warps and prefetch ones only")
     a = ap.parse_args()
-    res = {"env": env(), "command": "PYTHONPATH=. python benchmarks/bench_attention.py --out DIR",
+    attn.CONFIG.update(a.config)
+    if a.variants == "phase2":
+        DECODE_VARIANTS[:] = PHASE2_VARIANTS
+    res = {"env": env(), "command": "PYTHONPATH=. python benchmarks/bench_attention.py " + " ".join(
+               f"--{k} {json.dumps(v) if k == 'config' else v}" for k, v in vars(a).items()),
            "config": dict(attn.CONFIG)}
     out_dir = Path(a.out)
     for name, fn in (("tunables", tunables_check), ("sweep", lambda: sweep(a.budget * 0.35)),

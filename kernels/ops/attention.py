@@ -26,15 +26,19 @@ as prefill), written to an fp32 buffer; (2) parallel over head-dim slices of wid
 `_softmax_step` recurrence replayed over blocks 0, 1, ... in order. Phase 2 recomputes l in every slice; the
 bits per slice are those of the fused prefill because no sum spans two slices.
 
-Phase 2 is a chain of L / BLOCK_N dependent steps, so at long contexts and small batches it is latency-bound
-(B=1, L=16k: 273 us eager against SDPA's 55, benchmarks/results/run1_eager). `DECODE_PRECOMPUTE_P = 1` takes
+Phase 2 is a chain of L / BLOCK_N dependent steps, so at long contexts and small batches it is latency-bound:
+on the H200 (CUDA graphs, benchmarks/results/attention_h200.md) B=1, L=16k takes ~0.5 us per KV block whatever
+the head-dim split or the heads per program, 138 us against SDPA's 31. What helped is taking memory round trips
+off the chain: decode_num_stages 3 (0.76x the time of 2, attention_h200_run2) and `DECODE_PREFETCH = 1`, which
+issues block j+1's score loads before block j's step (a further 0.89x, attention_h200). `DECODE_PRECOMPUTE_P = 1` takes
 everything but the accumulation out of that chain: the scores kernel also writes each block's row max; a
 weights kernel, parallel over blocks, gets the running max entering block j as the max of the block maxima
 before it (max is exact, so this is m_i of the recurrence, bit for bit), and writes alpha_j and the rounded
 p_j with the step's own operations; phase 2 is then only `l = dot(p, ones, l * alpha)`,
 `acc = dot(p, v, acc * alpha)` per block, in block order, on loads that no longer wait for the chain. The
 same values go through the same dots in the same order, so the bits equal the default's (the CPU tests check
-decode == prefill under both; the GPU benchmark's tunables section re-checks it on the device).
+decode == prefill under both; the GPU benchmark's tunables section re-checks it on the device). On the H200 it
+is bit-identical but not faster (its two extra launches cost more than the chain saves), so it is off.
 
 What must never vary: BLOCK_N (frozen in the contract), the step's operation order, the use of exp2 with the
 log2(e)-folded scale, the rounding of p to the input dtype before both dots, the fp32 accumulators. BLOCK_M,
@@ -69,6 +73,8 @@ TUNABLES = {
     "DECODE_BLOCK_D": (16, 32, 64, 128),
     "decode_num_warps": (2, 4, 8),
     "decode_num_stages": (1, 2, 3, 4),
+    # warps of phase 2 alone (0: decode_num_warps)
+    "decode2_num_warps": (0, 1, 2, 4, 8),
     # 1: decode precomputes every block's weights p and rescale factor alpha in parallel, so that the
     # sequential loop only rescales and accumulates (same values in the same order: the bits are equal)
     "DECODE_PRECOMPUTE_P": (0, 1),
@@ -96,7 +102,8 @@ CONFIG = {
     "decode_num_stages": 3,
     "DECODE_PRECOMPUTE_P": 0,
     "DECODE_SPLIT_HEADS": 0,
-    "DECODE_PREFETCH": 0,
+    "DECODE_PREFETCH": 1,
+    "decode2_num_warps": 0,
     "BWD_BLOCK_M": 64,
     "BWD_BLOCK_N": 64,
     "bwd_num_warps": 8,
@@ -696,6 +703,8 @@ def _decode(q, k_cache, v_cache, lens, scale):
     scores = torch.empty((B, hq, n_blocks * bn), dtype=torch.float32, device=q.device)
     o = torch.empty_like(q)
     opts = _launch_opts(cfg["decode_num_warps"], cfg["decode_num_stages"])
+    # phase 2 (the sequential chain) may want fewer warps than the parallel kernels: 0 = decode_num_warps
+    opts2 = _launch_opts(cfg.get("decode2_num_warps") or cfg["decode_num_warps"], cfg["decode_num_stages"])
     pre = bool(cfg.get("DECODE_PRECOMPUTE_P", 0))
     # phase 2 rows per program: the whole group (its heads share each V load) or one head (G times the programs)
     rows = 1 if cfg.get("DECODE_SPLIT_HEADS", 0) else G
@@ -722,7 +731,7 @@ def _decode(q, k_cache, v_cache, lens, scale):
             p.stride(0), p.stride(1), alpha.stride(0), alpha.stride(1),
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), o.stride(0), o.stride(1), hk,
             G=G, ROWS=rows, BLOCK_M=bm2, BLOCK_N=bn, BLOCK_D=bd, UPCAST=INTERPRET,
-            PREFETCH=cfg.get("DECODE_PREFETCH", 0), **opts,
+            PREFETCH=cfg.get("DECODE_PREFETCH", 0), **opts2,
         )
         return o
     _attn_decode_reduce_kernel[(d // bd, B * hk * (G // rows))](
@@ -730,7 +739,7 @@ def _decode(q, k_cache, v_cache, lens, scale):
         scores.stride(0), scores.stride(1), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         o.stride(0), o.stride(1), hk, qk_scale,
         G=G, ROWS=rows, BLOCK_M=bm2, BLOCK_N=bn, BLOCK_D=bd, UPCAST=INTERPRET,
-        PREFETCH=cfg.get("DECODE_PREFETCH", 0), **opts,
+        PREFETCH=cfg.get("DECODE_PREFETCH", 0), **opts2,
     )
     return o
 

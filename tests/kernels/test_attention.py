@@ -85,7 +85,7 @@ def test_precomputed_decode_weights_pass_the_whole_plan_with_the_roots_bits(plan
     """The tuner may switch DECODE_PRECOMPUTE_P, DECODE_SPLIT_HEADS and DECODE_PREFETCH on: the candidate keeps
     every contract check, root_bits included."""
     cand = patched(tmp_path, "precompute_p",
-                   '"DECODE_PRECOMPUTE_P": 0,\n    "DECODE_SPLIT_HEADS": 0,\n    "DECODE_PREFETCH": 0,',
+                   '"DECODE_PRECOMPUTE_P": 0,\n    "DECODE_SPLIT_HEADS": 0,\n    "DECODE_PREFETCH": 1,',
                    '"DECODE_PRECOMPUTE_P": 1,\n    "DECODE_SPLIT_HEADS": 1,\n    "DECODE_PREFETCH": 2,')
     results = run_checks(plan, cand, root)
     bad = {n: r.detail for n, r in results.items() if not r.passed}
@@ -93,7 +93,8 @@ def test_precomputed_decode_weights_pass_the_whole_plan_with_the_roots_bits(plan
     assert any(r.requirement == "root_bits" for r in results.values())
 
 
-DECODE_SCHEMES = {"fused": {}, "precompute_p": {"DECODE_PRECOMPUTE_P": 1}, "split_heads": {"DECODE_SPLIT_HEADS": 1},
+DECODE_SCHEMES = {"fused": {"DECODE_PREFETCH": 0}, "precompute_p": {"DECODE_PRECOMPUTE_P": 1},
+                  "split_heads": {"DECODE_SPLIT_HEADS": 1},
                   "precompute_p+split_heads": {"DECODE_PRECOMPUTE_P": 1, "DECODE_SPLIT_HEADS": 1},
                   "prefetch=1": {"DECODE_PREFETCH": 1}, "prefetch=2": {"DECODE_PREFETCH": 2},
                   "precompute_p+prefetch=2": {"DECODE_PRECOMPUTE_P": 1, "DECODE_PREFETCH": 2}}
