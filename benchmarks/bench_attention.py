@@ -19,6 +19,7 @@ import argparse
 import json
 import math
 import platform
+import shlex
 import statistics
 import subprocess
 import time
@@ -462,7 +463,7 @@ def main() -> None:
     if a.variants == "phase2":
         DECODE_VARIANTS[:] = PHASE2_VARIANTS
     res = {"env": env(), "command": "PYTHONPATH=. python benchmarks/bench_attention.py " + " ".join(
-               f"--{k} {json.dumps(v) if k == 'config' else v}" for k, v in vars(a).items()),
+               f"--{k} {shlex.quote(json.dumps(v)) if k == 'config' else v}" for k, v in vars(a).items()),
            "config": dict(attn.CONFIG)}
     out_dir = Path(a.out)
     for name, fn in (("tunables", tunables_check), ("sweep", lambda: sweep(a.budget * 0.35)),

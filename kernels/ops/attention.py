@@ -27,10 +27,12 @@ as prefill), written to an fp32 buffer; (2) parallel over head-dim slices of wid
 bits per slice are those of the fused prefill because no sum spans two slices.
 
 Phase 2 is a chain of L / BLOCK_N dependent steps, so at long contexts and small batches it is latency-bound:
-on the H200 (CUDA graphs, benchmarks/results/attention_h200.md) B=1, L=16k takes ~0.5 us per KV block whatever
-the head-dim split or the heads per program, 138 us against SDPA's 31. What helped is taking memory round trips
-off the chain: decode_num_stages 3 (0.76x the time of 2, attention_h200_run2) and `DECODE_PREFETCH = 1`, which
-issues block j+1's score loads before block j's step (a further 0.89x, attention_h200). `DECODE_PRECOMPUTE_P = 1` takes
+on the H200 (CUDA graphs) B=1, L=16k took ~0.5 us per KV block of 64 whatever the head-dim split or the heads
+per program (138 us against SDPA's 31, attention_h200_run4_bn64). What helped: taking memory round trips off the
+chain, decode_num_stages 3 (0.76x the time of 2, attention_h200_run2) and `DECODE_PREFETCH = 1`, which issues
+block j+1's score loads before block j's step (a further 0.89x, run4); and halving the chain with BLOCK_N = 128,
+which also made prefill faster (decode 1.62x -> 1.37x SDPA's time, prefill 0.88x -> 0.85x, geomeans;
+attention_h200.md, where the bitwise sweep of this root is green). `DECODE_PRECOMPUTE_P = 1` takes
 everything but the accumulation out of that chain: the scores kernel also writes each block's row max; a
 weights kernel, parallel over blocks, gets the running max entering block j as the max of the block maxima
 before it (max is exact, so this is m_i of the recurrence, bit for bit), and writes alpha_j and the rounded
@@ -63,12 +65,13 @@ from kernels._runtime import INTERPRET
 
 TUNABLES = {
     # the KV block: sets the order of the reduction over keys (frozen)
-    "BLOCK_N": (64,),
+    "BLOCK_N": (128,),
     # the same on the CPU interpreter, smaller so that tiny test shapes span several blocks (frozen)
     "BLOCK_N_INTERPRET": (8,),
     "BLOCK_M": (64, 128),
     "num_warps": (4, 8),
-    "num_stages": (1, 2, 3),
+    # 3 stages of 128 x 128 K and V tiles need more shared memory than an H200 has (233472 > 232448 bytes)
+    "num_stages": (1, 2),
     "DECODE_BLOCK_M": (16, 64),
     "DECODE_BLOCK_D": (16, 32, 64, 128),
     "decode_num_warps": (2, 4, 8),
@@ -91,19 +94,19 @@ TUNABLES = {
 }
 
 CONFIG = {
-    "BLOCK_N": 64,
+    "BLOCK_N": 128,
     "BLOCK_N_INTERPRET": 8,
     "BLOCK_M": 128,
     "num_warps": 8,
     "num_stages": 2,
     "DECODE_BLOCK_M": 16,
-    "DECODE_BLOCK_D": 32,
+    "DECODE_BLOCK_D": 64,
     "decode_num_warps": 4,
     "decode_num_stages": 3,
     "DECODE_PRECOMPUTE_P": 0,
     "DECODE_SPLIT_HEADS": 0,
     "DECODE_PREFETCH": 1,
-    "decode2_num_warps": 0,
+    "decode2_num_warps": 8,
     "BWD_BLOCK_M": 64,
     "BWD_BLOCK_N": 64,
     "bwd_num_warps": 8,
