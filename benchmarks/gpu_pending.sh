@@ -7,7 +7,7 @@
 #   tuner_linear  #6  tik search --proposer tuner on linear, best vs root in the same evaluation;
 #                     exports the incumbent to $R/incumbents_h200/linear.py
 #   scaleout      #9  evaluations per hour on the visible GPUs (1, and more where lent)
-#   attention     #4  bitwise sweep + prefill/decode vs SDPA (decode target <= 1.5x)
+#   attention     #4  bitwise sweep + prefill/decode vs SDPA (decode target <= 1.5x), decode variants timed
 #   e2e           #8  layer profile stock / unified root / incumbents ($R/incumbents_h200), throughput
 # Needs no package beyond torch and triton (the store uses only the standard library and GitPython:
 # carry GitPython, gitdb and smmap as wheels where they are missing).
