@@ -123,8 +123,13 @@ def _evaluate(report: EvalReport, contract: Contract, cand_path: Path, root_path
         raise RuntimeError(f"root implementation: {root_problem}")
     plan = contract.plan(report.profile, report.seed)
 
+    key = (root_sha, report.contract_fingerprint, report.profile, report.seed, device)
+    is_root = root_sha == report.source_sha256
+    if device.startswith("cuda") and plan.needs_root and not is_root and key not in _ROOT_CACHE:
+        # the root first: its kernels then seed the candidate's cache (none are compiled twice)
+        _root_probes(report, plan, root_path, device, timeout, key)
     t = time.monotonic()
-    cand, failure = run_probes(plan, cand_path, device, timeout)
+    cand, failure = run_probes(plan, cand_path, device, timeout, trusted=is_root)
     report.phases["probes_candidate"] = time.monotonic() - t
     if failure:
         return fail(report, "run", "runs", failure)
@@ -134,20 +139,7 @@ def _evaluate(report: EvalReport, contract: Contract, cand_path: Path, root_path
             # already failed: the root's child (only needed for output_spec here) is not worth its start
             report.checks.append(all_inputs_unchanged(plan, cand))
             return
-    if root_sha == report.source_sha256:
-        root = cand
-    else:
-        key = (root_sha, report.contract_fingerprint, report.profile, report.seed, device)
-        root = _ROOT_CACHE.get(key)
-        if root is None:
-            t = time.monotonic()
-            root, failure = run_probes(plan, root_path, device, timeout)
-            report.phases["probes_root"] = time.monotonic() - t
-            if failure:
-                raise RuntimeError(f"the root implementation failed: {failure}")
-            if len(_ROOT_CACHE) >= 8:
-                _ROOT_CACHE.pop(next(iter(_ROOT_CACHE)))
-            _ROOT_CACHE[key] = root
+    root = cand if is_root else (_ROOT_CACHE.get(key) or _root_probes(report, plan, root_path, device, timeout, key))
     t = time.monotonic()
     report.checks = evaluate_checks(plan, cand, root if plan.needs_root else None)
     report.checks += [output_spec(plan, cand, root), all_inputs_unchanged(plan, cand)]
@@ -163,8 +155,26 @@ def _evaluate(report: EvalReport, contract: Contract, cand_path: Path, root_path
 # ----------------------------------------------------------------------------- probes
 
 
-def run_probes(plan: Plan, impl: Path, device: str, timeout: float) -> tuple[dict[str, ProbeResult] | None, str | None]:
-    """Run every probe of `plan` on `impl` in a child. (results, None) or (None, one-line failure)."""
+def _root_probes(report: EvalReport, plan: Plan, root_path: Path, device: str, timeout: float,
+                 key: tuple) -> dict[str, ProbeResult]:
+    """The root's probe results, computed in a trusted child and kept for this process."""
+    t = time.monotonic()
+    root, failure = run_probes(plan, root_path, device, timeout, trusted=True)
+    report.phases["probes_root"] = time.monotonic() - t
+    if failure:
+        raise RuntimeError(f"the root implementation failed: {failure}")
+    if len(_ROOT_CACHE) >= 8:
+        _ROOT_CACHE.pop(next(iter(_ROOT_CACHE)))
+    _ROOT_CACHE[key] = root
+    return root
+
+
+def run_probes(plan: Plan, impl: Path, device: str, timeout: float,
+               trusted: bool = False) -> tuple[dict[str, ProbeResult] | None, str | None]:
+    """Run every probe of `plan` on `impl` in a child. (results, None) or (None, one-line failure).
+
+    `trusted` (the root only): the child compiles into the process's shared Triton cache, which every other
+    GPU child gets a private copy of (`sandbox.triton_cache`)."""
 
     def write_inputs(tmp: Path) -> dict:
         w = TensorWriter(tmp / "inputs.bin")
@@ -206,7 +216,8 @@ def run_probes(plan: Plan, impl: Path, device: str, timeout: float) -> tuple[dic
 
     job = {"mode": "probes", "impl": str(impl.resolve()), "device": device, "limits": limits(timeout),
            "graph_probes": graph_probe_ids(plan) if device.startswith("cuda") else []}
-    outcome = run_child(job, write_inputs, read_result, timeout)
+    cache = "private" if not device.startswith("cuda") else "trusted" if trusted else "seeded"
+    outcome = run_child(job, write_inputs, read_result, timeout, cache=cache)
     if outcome.failure:
         return None, outcome.failure
     kind, value = outcome.doc

@@ -88,7 +88,8 @@ def run_timing(contract: Contract, impls: list[tuple[str, Path]], *, device: str
         return {"cells": parsed, "floor_us": float(floor) if isinstance(floor, (int, float)) else None,
                 "import_errors": {str(k): str(v)[:300] for k, v in _dict(doc.get("import_errors", {})).items()}}
 
-    outcome = run_child(job, lambda tmp: {}, read_result, wall)
+    # a copy of the root's compiled kernels: the timing child never recompiles what the root's probes compiled
+    outcome = run_child(job, lambda tmp: {}, read_result, wall, cache="seeded" if cuda else "private")
     return outcome.doc, outcome.failure
 
 

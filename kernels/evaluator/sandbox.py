@@ -27,14 +27,45 @@ SECRET = re.compile(r"(^ANTHROPIC_|KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|^
 PACKAGE_ROOT = Path(kernels.__file__).resolve().parent.parent
 
 
-def child_env(device: str, tmp: Path) -> dict[str, str]:
+#: compiled kernels of trusted children (the root's probes) in this evaluator process, see `triton_cache`
+_TRUSTED_CACHE: Path | None = None
+
+
+def trusted_cache_dir() -> Path:
+    global _TRUSTED_CACHE
+    if _TRUSTED_CACHE is None:
+        import atexit
+
+        _TRUSTED_CACHE = Path(tempfile.mkdtemp(prefix="tik-trusted-triton-"))
+        atexit.register(shutil.rmtree, _TRUSTED_CACHE, True)
+    return _TRUSTED_CACHE
+
+
+def triton_cache(mode: str, tmp: Path) -> Path:
+    """The Triton cache directory of a child. "private": empty, its own. "trusted": the process's shared
+    directory, which only children running trusted code (the root) get, so they alone write it. "seeded": a
+    private copy of the shared directory: a candidate that keeps most of the root's kernels (a tuner changing
+    one tile bucket) loads them instead of compiling them again (Triton's key is the kernel's source and
+    constants, not the file), and what it writes or deletes stays in its copy."""
+    if mode == "trusted":
+        return trusted_cache_dir()
+    own = tmp / "triton-cache"
+    if mode == "seeded" and _TRUSTED_CACHE is not None and _TRUSTED_CACHE.is_dir():
+        shutil.copytree(_TRUSTED_CACHE, own, dirs_exist_ok=True, ignore=shutil.ignore_patterns("tmp.*"))
+    elif mode not in ("private", "seeded"):
+        raise ValueError(f"unknown cache mode {mode!r}")
+    return own
+
+
+def child_env(device: str, tmp: Path, cache_dir: Path | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not SECRET.search(k)}
     env["PYTHONPATH"] = str(PACKAGE_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
     env["TMPDIR"] = str(tmp)
-    # a private Triton cache: a candidate cannot plant compiled kernels another evaluation would load
-    env["TRITON_CACHE_DIR"] = str(tmp / "triton-cache")
+    # a private Triton cache (or a private copy of the trusted one): a candidate cannot plant compiled kernels
+    # another evaluation would load
+    env["TRITON_CACHE_DIR"] = str(cache_dir or tmp / "triton-cache")
     if device == "cpu":
         env["TRITON_INTERPRET"] = "1"
         env["CUDA_VISIBLE_DEVICES"] = ""
@@ -76,10 +107,11 @@ def _last_error_line(stderr: str) -> str:
 
 
 def run_child(job: dict, write_inputs: Callable[[Path], dict], read_result: Callable[[Path, dict], Any],
-              timeout: float) -> ChildOutcome:
+              timeout: float, cache: str = "private") -> ChildOutcome:
     """Run one job in a child. `write_inputs(dir)` adds the job's data files and returns extra job
     fields; `read_result(out_dir, doc)` turns the child's reply into trusted values (may raise
-    ProtocolError). The temporary directory is removed before this returns."""
+    ProtocolError); `cache` is the child's Triton cache (`triton_cache`). The temporary directory is
+    removed before this returns."""
     t0 = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="tik-eval-"))
     proc = None
@@ -91,7 +123,8 @@ def run_child(job: dict, write_inputs: Callable[[Path], dict], read_result: Call
         with open(tmp / "stdout.txt", "wb") as out, open(tmp / "stderr.txt", "wb") as err:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "kernels.evaluator.child", str(tmp)],
-                cwd=work, env=child_env(job["device"], tmp), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                cwd=work, env=child_env(job["device"], tmp, triton_cache(cache, tmp)), stdin=subprocess.DEVNULL,
+                stdout=out, stderr=err,
                 start_new_session=True, close_fds=True,
             )
             try:

@@ -211,3 +211,48 @@ def test_unknown_operator_is_the_callers_error():
     with pytest.raises(UnknownOperator):
         evaluate("no_such_op", FIX / "good.py")
 
+
+
+def test_only_trusted_children_write_the_shared_triton_cache_and_seeded_ones_get_a_private_copy(tmp_path,
+                                                                                               monkeypatch):
+    """GPU children compile into a Triton cache: the root's (trusted) into the process's shared one, every
+    other child into a private copy of it. A candidate that plants or deletes files there touches only its copy."""
+    from kernels.evaluator import sandbox
+    from kernels.evaluator.protocol import TensorWriter
+
+    impl = tmp_path / "cache_toucher.py"
+    impl.write_text(
+        "import os, pathlib\n"
+        "d = pathlib.Path(os.environ['TRITON_CACHE_DIR'])\n"
+        "d.mkdir(parents=True, exist_ok=True)\n"
+        "seen = sorted(p.name for p in d.iterdir())\n"
+        "for p in d.iterdir():\n"
+        "    p.unlink()\n"
+        "(d / 'planted').write_text('by a child')\n"
+        "pathlib.Path(os.environ['TIK_TEST_SEEN']).write_text(' '.join(seen))\n")
+    seen = tmp_path / "seen.txt"
+    monkeypatch.setenv("TIK_TEST_SEEN", str(seen))
+
+    def inputs(tmp):
+        return {"probes": [], "tensors": TensorWriter(tmp / "inputs.bin").close()}
+
+    def run(mode):
+        job = {"mode": "probes", "impl": str(impl), "device": "cpu", "limits": sandbox.limits(20),
+               "graph_probes": []}
+        out = sandbox.run_child(job, inputs, lambda out, doc: doc, 20.0, cache=mode)
+        assert out.failure is None, out.failure
+        return out.doc
+
+    shared = sandbox.trusted_cache_dir()
+    (shared / "root-kernel.cubin").write_text("compiled by the root")
+    run("seeded")  # sees the root's file in its copy, deletes it there, plants its own there
+    assert seen.read_text() == "root-kernel.cubin"
+    assert sorted(p.name for p in shared.iterdir()) == ["root-kernel.cubin"]
+    run("private")
+    assert seen.read_text() == ""
+    assert sorted(p.name for p in shared.iterdir()) == ["root-kernel.cubin"]
+    run("trusted")  # the root's child: its writes land in the shared directory
+    assert seen.read_text() == "root-kernel.cubin"
+    assert [p.name for p in shared.iterdir()] == ["planted"]
+    with pytest.raises(ValueError, match="cache mode"):
+        sandbox.triton_cache("shared", tmp_path)

@@ -1,0 +1,63 @@
+"""Where one evaluation's time goes: the root's probes (compiling into the trusted Triton cache) against a
+tuner-style candidate's (one CONFIG value changed, its cache seeded from the root's), in one process.
+
+    python benchmarks/eval_phases.py [--op linear] [--set M8_BLOCK_M=32] [--time]
+                                     [--out benchmarks/results/eval_phases_h200.json]
+
+The candidate is the root's source with `--set` applied to its CONFIG literal. Without `--time` only the
+check phases run (probes and checks); the JSON holds the report's `phases` (seconds) and verdict.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--op", default="linear")
+    ap.add_argument("--set", default="M8_BLOCK_M=32", help="NAME=VALUE in the root's CONFIG")
+    ap.add_argument("--time", action="store_true", help="also time the candidate (timing and control children)")
+    ap.add_argument("--timeout", type=float, default=150.0)
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/eval_phases_h200.json"))
+    a = ap.parse_args()
+    import torch
+
+    from kernels.contracts import get_contract
+    from kernels.evaluator import evaluate
+    from kernels.evaluator.report import environment
+
+    contract = get_contract(a.op)
+    name, value = a.set.split("=", 1)
+    src = contract.root_path.read_text()
+    lo = src.index("\nCONFIG = {")
+    hi = src.index("}", lo)
+    pat = re.compile(rf'("{re.escape(name)}":\s*)[^,}}\n]+')
+    if len(pat.findall(src[lo:hi])) != 1:
+        raise SystemExit(f"{name} is not in {a.op}'s CONFIG exactly once")
+    cand = Path(tempfile.mkdtemp(prefix="tik-phases-")) / f"{a.op}_candidate.py"
+    cand.write_text(src[:lo] + pat.sub(lambda m: m.group(1) + value, src[lo:hi]) + src[hi:])
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    t0 = time.perf_counter()
+    rep = evaluate(a.op, cand, device=device, timeout=a.timeout, time_it=a.time).as_dict()
+    doc = {"command": " ".join(["benchmarks/eval_phases.py", *sys.argv[1:]]), "env": environment(device),
+           "op": a.op, "change": a.set, "wall_s": round(time.perf_counter() - t0, 1), "verified": rep["verified"],
+           "failure": rep["failure"], "checks_passed": sum(c["passed"] for c in rep["checks"]),
+           "checks": len(rep["checks"]), "elapsed_s": rep["elapsed_s"], "phases": rep["phases"],
+           "objective": rep.get("objective"), "cells": len(rep.get("cells") or [])}
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(json.dumps(doc, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
