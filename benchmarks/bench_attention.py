@@ -90,9 +90,8 @@ def tunables_check() -> list[dict]:
                 {"num_stages": 3}, {"DECODE_BLOCK_M": 64}, {"DECODE_BLOCK_D": 128}, {"decode_num_warps": 1},
                 {"decode_num_stages": 1}] + [v for v in DECODE_VARIANTS if v]
     for var in variants:
-        attn.CONFIG.update(var)
         try:
-            full, decs = run()
+            full, decs = with_config(var, run)()
             out.append({
                 "variant": var,
                 "prefill_same_bits_as_default": bits_equal(full, full0),
@@ -102,9 +101,6 @@ def tunables_check() -> list[dict]:
             })
         except Exception as e:  # a variant that does not compile is a finding, not a crash
             out.append({"variant": var, "error": f"{type(e).__name__}: {str(e)[:200]}"})
-        finally:
-            attn.CONFIG.clear()
-            attn.CONFIG.update(base_cfg)
     return out
 
 
@@ -359,7 +355,6 @@ def decode_tuning(budget_s: float) -> list[dict]:
     """Graph-timed decode under CONFIG variants (bits checked against the default by `tunables`), variant by
     variant over every cell, so a variant the time budget cuts off is missing whole, never on some cells."""
     out = []
-    base_cfg = dict(attn.CONFIG)
     cells = []
     for B, L in DECODE_TUNING_CELLS:
         gen = torch.Generator("cuda").manual_seed(L + B)
@@ -372,17 +367,13 @@ def decode_tuning(budget_s: float) -> list[dict]:
             out.append({"variant": var, "skipped": "time budget"})
             continue
         for B, L, q, kc, vc, lens, ref_out in cells:
-            attn.CONFIG.update(var)
+            call = with_config(var, lambda q=q, kc=kc, vc=vc, lens=lens: attn.attention_decode(q, kc, vc, lens))
             try:
-                same = bits_equal(attn.attention_decode(q, kc, vc, lens), ref_out)
-                call = lambda q=q, kc=kc, vc=vc, lens=lens: attn.attention_decode(q, kc, vc, lens)  # noqa: E731
+                same = bits_equal(call(), ref_out)
                 r = time_interleaved({"tik": call}, reps=5, graph=True)
                 out.append({"B": B, "L": L, "variant": var, "us": r["tik"]["median_us"], "same_bits": same})
             except Exception as e:
                 out.append({"B": B, "L": L, "variant": var, "error": f"{type(e).__name__}: {str(e)[:200]}"})
-            finally:
-                attn.CONFIG.clear()
-                attn.CONFIG.update(base_cfg)
     return out
 
 
