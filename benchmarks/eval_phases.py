@@ -31,35 +31,33 @@ def main() -> int:
     a = ap.parse_args()
     import torch
 
-    from kernels.contracts import get_contract
+    from kernels.contracts import UnknownOperator, get_contract
     from kernels.evaluator import evaluate
+    from kernels.evaluator.core import warm_root
     from kernels.evaluator.report import environment
 
-    contract = get_contract(a.op)
-    name, value = a.set.split("=", 1)
+    try:
+        contract = get_contract(a.op)
+    except UnknownOperator as e:
+        raise SystemExit(f"eval_phases: {e}") from None
+    name, eq, value = a.set.partition("=")
+    if not eq or not name or not value:
+        raise SystemExit(f"eval_phases: --set takes NAME=VALUE, got {a.set!r}")
     src = contract.root_path.read_text()
     lo = src.index("\nCONFIG = {")
     hi = src.index("}", lo)
     pat = re.compile(rf'("{re.escape(name)}":\s*)[^,}}\n]+')
     if len(pat.findall(src[lo:hi])) != 1:
-        raise SystemExit(f"{name} is not in {a.op}'s CONFIG exactly once")
+        raise SystemExit(f"eval_phases: {name} is not in {a.op}'s CONFIG exactly once")
     cand = Path(tempfile.mkdtemp(prefix="tik-phases-")) / f"{a.op}_candidate.py"
     cand.write_text(src[:lo] + pat.sub(lambda m: m.group(1) + value, src[lo:hi]) + src[hi:])
     device = "cuda" if torch.cuda.is_available() else "cpu"
     t0 = time.perf_counter()
     # the root's probes first, on their own, so that their time is printed even if the run is cut short
-    from kernels.evaluator import core
-    from kernels.evaluator.report import EvalReport
-
-    profile = "gpu" if device == "cuda" else "cpu"
-    plan = contract.plan(profile, 0)
-    root_sha = core.source_problem(contract.root_path)[1]
-    probe = EvalReport(op=a.op, verified=False, failure=None)
-    core._root_probes(probe, plan, contract.root_path, device, a.timeout,
-                      (root_sha, contract.fingerprint(), profile, 0, device))
-    print(f"root probes (compiling into the trusted cache): {probe.phases['probes_root']:.1f} s", flush=True)
+    root_s = warm_root(contract, device=device, timeout=a.timeout)
+    print(f"root probes (compiling into the trusted cache): {root_s:.1f} s", flush=True)
     rep = evaluate(a.op, cand, device=device, timeout=a.timeout, time_it=a.time).as_dict()
-    rep["phases"]["probes_root"] = probe.phases["probes_root"]
+    rep["phases"]["probes_root"] = root_s
     doc = {"command": " ".join(["benchmarks/eval_phases.py", *sys.argv[1:]]), "env": environment(device),
            "op": a.op, "change": a.set, "wall_s": round(time.perf_counter() - t0, 1), "verified": rep["verified"],
            "failure": rep["failure"], "checks_passed": sum(c["passed"] for c in rep["checks"]),

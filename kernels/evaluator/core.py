@@ -123,7 +123,7 @@ def _evaluate(report: EvalReport, contract: Contract, cand_path: Path, root_path
         raise RuntimeError(f"root implementation: {root_problem}")
     plan = contract.plan(report.profile, report.seed)
 
-    key = (root_sha, report.contract_fingerprint, report.profile, report.seed, device)
+    key = _root_key(root_sha, contract, report.profile, report.seed, device)
     is_root = root_sha == report.source_sha256
     if device.startswith("cuda") and plan.needs_root and not is_root and key not in _ROOT_CACHE:
         # the root first: its kernels then seed the candidate's cache (none are compiled twice)
@@ -153,6 +153,25 @@ def _evaluate(report: EvalReport, contract: Contract, cand_path: Path, root_path
 
 
 # ----------------------------------------------------------------------------- probes
+
+
+def _root_key(root_sha: str, contract: Contract, profile: str, seed: int, device: str) -> tuple:
+    return (root_sha, contract.fingerprint(), profile, seed, device)
+
+
+def warm_root(op: str | Contract, *, device: str, timeout: float = 60.0, seed: int = 0,
+              profile: str | None = None) -> float:
+    """Run the root's probes now, in their trusted child, and keep them for this process (a later `evaluate`
+    of the same contract, profile, seed and device reuses them); the seconds it took."""
+    contract = op if isinstance(op, Contract) else get_contract(op)
+    profile = profile or ("gpu" if device.startswith("cuda") else "cpu")
+    problem, root_sha = source_problem(contract.root_path)
+    if problem:
+        raise RuntimeError(f"root implementation: {problem}")
+    report = EvalReport(op=contract.op, verified=False, failure=None)
+    _root_probes(report, contract.plan(profile, seed), contract.root_path, device, timeout,
+                 _root_key(root_sha, contract, profile, seed, device))
+    return report.phases["probes_root"]
 
 
 def _root_probes(report: EvalReport, plan: Plan, root_path: Path, device: str, timeout: float,

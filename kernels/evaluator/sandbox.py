@@ -47,13 +47,13 @@ def triton_cache(mode: str, tmp: Path) -> Path:
     private copy of the shared directory: a candidate that keeps most of the root's kernels (a tuner changing
     one tile bucket) loads them instead of compiling them again (Triton's key is the kernel's source and
     constants, not the file), and what it writes or deletes stays in its copy."""
+    if mode not in ("private", "trusted", "seeded"):
+        raise ValueError(f"unknown cache mode {mode!r}")
     if mode == "trusted":
         return trusted_cache_dir()
     own = tmp / "triton-cache"
     if mode == "seeded" and _TRUSTED_CACHE is not None and _TRUSTED_CACHE.is_dir():
         shutil.copytree(_TRUSTED_CACHE, own, dirs_exist_ok=True, ignore=shutil.ignore_patterns("tmp.*"))
-    elif mode not in ("private", "seeded"):
-        raise ValueError(f"unknown cache mode {mode!r}")
     return own
 
 
