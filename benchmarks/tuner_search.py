@@ -1,11 +1,14 @@
 """The offline tuner searching real operators on this machine, end to end through `tik search`.
 
-    python benchmarks/tuner_search.py [--ops linear rmsnorm] [--budget 8] [--max-time 400]
+    python benchmarks/tuner_search.py [--ops linear rmsnorm] [--budget 8] [--max-time 400] [--screen N]
                                       [--device cuda|cpu] [--export DIR] [--out benchmarks/results/tuner_h200]
+                                      [--workspace DIR]
 
 For each operator a fresh workspace is made (`tik init`) and `tik search --op OP --proposer tuner
---auto-promote` runs in it as a separate process, exactly as a user would run it. Afterwards the
-IR is read back and summarised:
+--auto-promote` runs in it as a separate process, exactly as a user would run it (`--workspace DIR`:
+in DIR/<op> instead, kept, and reused when it exists, so a second run goes on from the first's IR:
+its tried and screened configs are not tried again). The search's output is streamed to the .log
+as it runs. Afterwards the IR is read back and summarised:
 
 - every derivation with its status, failure, objective and the root's objective *measured in the
   same evaluation* (the evaluator times candidate, root and incumbent interleaved in one process),
@@ -13,7 +16,8 @@ IR is read back and summarised:
 - the best implementation (the incumbent at the end) and its speedup over the root;
 - every promoted node with the number of contract checks it passed on this device (an evaluation
   runs the operator's whole contract for the device before timing; a promoted node must show them
-  all passed, and the script fails if one does not).
+  all passed, and the script fails if one does not);
+- the tuner's screens (successive halving before an evaluation): rungs, configs screened, seconds.
 
 `--export DIR` writes each incumbent that is not the root to DIR/<op>.py, for
 `benchmarks/bench_e2e.py --impl-dir DIR`. Results (JSON + markdown + the search's own output)
@@ -62,6 +66,23 @@ def evaluation_phases(ws: Workspace, op: str) -> dict[int, dict]:
     return found
 
 
+def screens(ws: Workspace, op: str) -> dict:
+    """The tuner's screen events: how many rungs and configs, the seconds they took, each rung's best."""
+    evs = [e for e in ws.events(kind="screen", op=op)]
+    rungs = []
+    for e in evs:
+        p = e["payload"]
+        ok = [x for x in p.get("entries", []) if x.get("speedup") is not None]
+        top = max(ok, key=lambda x: x["speedup"], default=None)
+        rungs.append({"parent": e["impl_id"], "rung": p.get("rung"), "rounds": p.get("rounds"),
+                      "n": len(p.get("entries", [])), "seconds": p.get("seconds"), "failure": p.get("failure"),
+                      "errors": sum(1 for x in p.get("entries", []) if x.get("error")),
+                      "best": None if top is None else {"changed": top["changed"], "speedup": top["speedup"]},
+                      "picked": p.get("pick") is not None})
+    return {"rungs": rungs, "configs": sum(r["n"] for r in rungs if r["rung"] == 0),
+            "seconds": sum(r["seconds"] or 0.0 for r in rungs)}
+
+
 def summarise(ws: Workspace, op: str) -> dict:
     root = ws.root(op)
     phases = evaluation_phases(ws, op)
@@ -96,6 +117,7 @@ def summarise(ws: Workspace, op: str) -> dict:
                                         "failed_checks")} for r in promoted],
         "every_promoted_passed_contract": all(r["n_checks"] > 0 and r["n_checks"] == r["n_checks_passed"]
                                               for r in promoted),
+        "screens": screens(ws, op),
         "rows": rows,
     }
 
@@ -111,8 +133,11 @@ def markdown(doc: dict) -> str:
         sp = b.get("speedup_vs_root")
         checked = ", ".join(f"#{p['id']} {p['n_checks_passed']}/{p['n_checks']}" for p in r["promoted"]) or "-"
         lines += [f"## {op}", "",
-                  f"{r['derivations']} derivations ({r['statuses']}) in {r['search_wall_s']:.0f} s "
-                  f"({r['evals_per_hour']:.0f} evaluations/hour); stop: {r['stop_reason']}",
+                  f"{r['derivations']} derivations ({r['statuses']}), "
+                  + (f"{r['derivations'] - r['implementations_before'] + 1} of them this run, "
+                     if r.get("implementations_before") else "")
+                  + f"in {r['search_wall_s']:.0f} s ({r['evals_per_hour']:.0f} evaluations/hour); "
+                  f"stop: {r['stop_reason']}",
                   f"best: #{b.get('id')} ({b.get('rationale')}) — objective {_f(b.get('objective_us'))} µs vs root "
                   f"{_f(b.get('root_objective_us_same_run'))} µs in the same evaluation: "
                   + (f"**{sp:.3f}× faster**" if sp else "(the root stayed the incumbent)"),
@@ -137,6 +162,18 @@ def markdown(doc: dict) -> str:
                 ev = x["evaluation"]
                 lines.append(f"| {x['id']} | {_f(ev.get('elapsed_s'), 1)} | "
                              + " | ".join(_f(ev["phases"].get(k), 1) for k in names) + " |")
+        sc = r.get("screens") or {}
+        if sc.get("rungs"):
+            lines += ["", f"Screens (successive halving before an evaluation): {sc['configs']} configs screened "
+                          f"in {sc['seconds']:.0f} s", "",
+                      "| parent | rung | configs | rounds/cell | s | errors | best (speedup vs parent) | picked |",
+                      "|---|---|---|---|---|---|---|---|"]
+            for g in sc["rungs"]:
+                best = g["best"]
+                desc = (", ".join(f"{k}={v}" for k, v in best["changed"].items()) + f": {best['speedup']:.3f}"
+                        if best else (g["failure"] or "-"))
+                lines.append(f"| {g['parent']} | {g['rung']} | {g['n']} | {g['rounds']} | {_f(g['seconds'], 0)} | "
+                             f"{g['errors']} | {desc[:100].replace('|', '/')} | {'yes' if g['picked'] else '-'} |")
         lines.append("")
     return "\n".join(lines) + "\n"
 
@@ -154,6 +191,9 @@ def main() -> int:
     ap.add_argument("--device", default=None, choices=("cuda", "cpu"))
     ap.add_argument("--export", type=Path, default=None, help="write non-root incumbents to DIR/<op>.py")
     ap.add_argument("--out", type=Path, default=None, help="path prefix of the .json/.md/.log (default: by device)")
+    ap.add_argument("--screen", type=int, default=None, help="the tuner's screen width (default: tik's)")
+    ap.add_argument("--workspace", type=Path, default=None,
+                    help="keep each operator's workspace in DIR/<op>, going on from it when it exists")
     args = ap.parse_args()
     import torch
 
@@ -165,28 +205,52 @@ def main() -> int:
     doc = {"what": "tik search --proposer tuner --auto-promote per operator, fresh workspace each",
            "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]), "device": device,
            "env": environment(device), "budget": args.budget, "ops": {}}
-    log = out.with_suffix(".log").open("w")
+    log_path = out.with_suffix(".log")
+    log_path.write_text("")
+    log = log_path.open("a", buffering=1)  # appending, like the search's own output written into it
     failed = False
     for op in args.ops:
-        ws_path = Path(tempfile.mkdtemp(prefix=f"tik-tuner-{op}-")) / "ws"
-        init = tik("init", "-w", str(ws_path))
-        if init.returncode != 0:
-            doc["ops"][op] = {"error": f"tik init: {init.stderr.strip()}"}
-            failed = True
-            continue
+        if args.workspace:
+            ws_path = args.workspace / op
+        else:
+            ws_path = Path(tempfile.mkdtemp(prefix=f"tik-tuner-{op}-")) / "ws"
+        before = 0
+        if ws_path.exists():
+            with Workspace.open(ws_path) as ws:
+                before = len(ws.implementations(op))
+        else:
+            init = tik("init", "-w", str(ws_path))
+            if init.returncode != 0:
+                doc["ops"][op] = {"error": f"tik init: {init.stderr.strip()}"}
+                failed = True
+                continue
         argv = ["search", "-w", str(ws_path), "--op", op, "--proposer", "tuner", "--budget", str(args.budget),
                 "--auto-promote", "--device", device, "--timeout", str(args.timeout), "--max-time", str(args.max_time)]
+        if args.screen is not None:
+            argv += ["--screen", str(args.screen)]
         if device == "cpu":
             argv.append("--time")
-        print(f"== {op}: tik {' '.join(argv)}", file=sys.stderr, flush=True)
+        print(f"== {op}: tik {' '.join(argv)}" + (f" (going on from {before} implementations)" if before else ""),
+              file=sys.stderr, flush=True)
+        log.write(f"== {op}: tik {' '.join(argv)}\n")
+        log.flush()
         t0 = time.perf_counter()
-        try:
-            run = tik(*argv, timeout=args.max_time + 2 * args.timeout + 120)
-            stdout, stderr, rc = run.stdout, run.stderr, run.returncode
-        except subprocess.TimeoutExpired as e:
-            stdout, stderr, rc = str(e.stdout or ""), str(e.stderr or ""), "timeout"
+        # streamed into the log, so a run cut short by an outer limit still shows how far it got
+        with open(log_path, "a") as out_f:
+            start = out_f.tell()
+            proc = subprocess.Popen([sys.executable, "-m", "tik_tui.cli.main", *argv], stdout=out_f,
+                                    stderr=subprocess.STDOUT, text=True)
+            try:
+                rc = proc.wait(timeout=args.max_time + 2 * args.timeout + 120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                rc = "timeout"
+        with open(log_path) as f:
+            f.seek(start)
+            stdout = f.read()
         wall = time.perf_counter() - t0
-        log.write(f"== {op}: tik {' '.join(argv)}\n-- rc {rc}, {wall:.1f} s\n{stdout}\n{stderr}\n")
+        log.write(f"-- rc {rc}, {wall:.1f} s\n")
         log.flush()
         ws = Workspace.open(ws_path)
         try:
@@ -197,7 +261,8 @@ def main() -> int:
                 (args.export / f"{op}.py").write_text(ws.source(inc["id"]))
         finally:
             ws.close()
-        summary.update(search_rc=rc, search_wall_s=wall, evals_per_hour=summary["evaluated"] / wall * 3600,
+        summary.update(search_rc=rc, search_wall_s=wall, implementations_before=before,
+                       evals_per_hour=(summary["evaluated"] - max(0, before - 1)) / wall * 3600,
                        stop_reason=(stdout.strip().splitlines() or ["?"])[-1][:200], workspace=str(ws_path))
         failed |= rc != 0 or not summary["every_promoted_passed_contract"]
         doc["ops"][op] = summary

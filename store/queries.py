@@ -250,6 +250,19 @@ class Queries:
             r["payload"] = _loads(r["payload"], {})
         return rows
 
+    def events(self, kind: str | None = None, op: str | None = None, impl_id: int | None = None) -> list[dict]:
+        """Events of one kind / operator / implementation (each filter optional), oldest first."""
+        where, params = [], []
+        for col, val in (("kind", kind), ("op", op), ("impl_id", impl_id)):
+            if val is not None:
+                where.append(f"{col} = ?")
+                params.append(val)
+        sql = "SELECT * FROM events" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id"
+        rows = list(self.db.query(sql, params))
+        for r in rows:
+            r["payload"] = _loads(r["payload"], {})
+        return rows
+
     def last_event_id(self) -> int:
         return int(self.db.execute("SELECT coalesce(max(id), 0) FROM events").fetchone()[0])
 

@@ -165,6 +165,7 @@ CREATE TABLE IF NOT EXISTS events (
     impl_id INTEGER REFERENCES implementations(id),
     payload TEXT NOT NULL DEFAULT '{{}}'
 );
+CREATE INDEX IF NOT EXISTS events_impl_kind ON events(impl_id, kind);
 CREATE TABLE IF NOT EXISTS commands (
     id INTEGER PRIMARY KEY,
     kind TEXT NOT NULL,

@@ -99,6 +99,10 @@ def load_evaluator(spec: str) -> Callable:
     return func
 
 
+#: configs the tuner screens at a time on a timed device (`--screen`)
+DEFAULT_SCREEN = 12
+
+
 def _previous_search(ws: Any, ops: list[str], proposer_label: str) -> dict | None:
     """The search a killed worker left behind, when it was over the same ops with the same proposer."""
     st = ws.worker_state() or {}
@@ -117,8 +121,12 @@ def run_search(workspace: Any, ops: list[str] | None = None, proposer: str = "tu
                max_cost_usd: float | None = None, max_wall_s: float | None = None, patience: int | None = None,
                evidence: bool = True, explore: bool = True, seed: int = 0,
                on_event: Callable[[str, dict], None] | None = None, resume: bool = True, executor: str = "local",
-               address: str | None = None, workers: int | None = None, time_it: bool | None = None) -> dict:
+               address: str | None = None, workers: int | None = None, time_it: bool | None = None,
+               screen: int | None = None) -> dict:
     """Run the loop to its end in this process; returns the search summary (with `state` and `resumed`).
+
+    `screen`: the tuner's screen width (`SearchConfig.screen`); default DEFAULT_SCREEN with the real
+    evaluator, off with an injected one (its timings are not the screen's).
 
     `executor`, `address`, `workers`: where evaluations run (`tik_tui.agent.executor.make_executor`);
     raises `ExecutorError` (a ValueError, one line) for a bad choice or an unreachable cluster."""
@@ -155,7 +163,8 @@ def run_search(workspace: Any, ops: list[str] | None = None, proposer: str = "tu
         prev = _previous_search(ws, ops, label) if resume else None
         cfg = SearchConfig(ops=ops, budget=budget, max_tokens=max_tokens, max_cost_usd=max_cost_usd,
                            max_wall_s=max_wall_s, patience=patience, auto_promote=auto_promote, device=device,
-                           timeout=timeout, evidence=evidence, explore=explore, seed=seed, time_it=time_it)
+                           timeout=timeout, evidence=evidence, explore=explore, seed=seed, time_it=time_it,
+                           screen=(DEFAULT_SCREEN if evaluate is None else 0) if screen is None else screen)
         pool = make_executor(executor, address=address, workers=workers, device=device, evaluate=evaluate)
         search = Search(ws, prop, cfg, evaluate=evaluate, search_id=prev["search"] if prev else None,
                         on_event=on_event, should_stop=stop_flag.is_set, executor=pool)
@@ -210,6 +219,9 @@ def add_search_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time", action="store_true",
                    help="time candidates on the CPU too (Triton-interpreter wall times, compared only within this "
                         "run), so a CPU search can reach eligible candidates; on a GPU they are always timed")
+    p.add_argument("--screen", type=int, default=None, metavar="N",
+                   help=f"tuner: time N untried configs together (successive halving) before evaluating the "
+                        f"best one, where candidates are timed (default {DEFAULT_SCREEN}; 0: off)")
     p.add_argument("--max-tokens", type=int, default=None, help="stop after this many LLM tokens")
     p.add_argument("--max-cost", type=float, default=None, help="stop after this many US dollars of LLM use")
     p.add_argument("--max-time", type=float, default=None, help="stop after this many seconds")
@@ -239,7 +251,7 @@ def search_kwargs(args: argparse.Namespace) -> dict:
                 resume=not args.fresh, time_it=True if args.time else None,
                 proposer_opts={"model": args.model, "seed": args.seed},
                 evaluate=load_evaluator(args.evaluator) if args.evaluator else None, executor=args.executor,
-                address=args.address, workers=args.workers)
+                address=args.address, workers=args.workers, screen=args.screen)
 
 
 def search_argv(args: argparse.Namespace) -> list[str]:
@@ -253,7 +265,8 @@ def search_argv(args: argparse.Namespace) -> list[str]:
                       ("--device", args.device), ("--timeout", args.timeout), ("--max-tokens", args.max_tokens),
                       ("--max-cost", args.max_cost), ("--max-time", args.max_time), ("--patience", args.patience),
                       ("--model", args.model), ("--seed", args.seed), ("--evaluator", args.evaluator),
-                      ("--executor", args.executor), ("--address", args.address), ("--workers", args.workers)):
+                      ("--executor", args.executor), ("--address", args.address), ("--workers", args.workers),
+                      ("--screen", args.screen)):
         if val is not None:
             argv += [flag, str(val)]
     for flag, on in (("--auto-promote", args.auto_promote), ("--no-evidence", args.no_evidence),

@@ -160,17 +160,21 @@ def _root_key(root_sha: str, contract: Contract, profile: str, seed: int, device
 
 
 def warm_root(op: str | Contract, *, device: str, timeout: float = 60.0, seed: int = 0,
-              profile: str | None = None) -> float:
+              profile: str | None = None, root_path: str | Path | None = None) -> float:
     """Run the root's probes now, in their trusted child, and keep them for this process (a later `evaluate`
-    of the same contract, profile, seed and device reuses them); the seconds it took."""
+    of the same root source, contract, profile, seed and device reuses them); the seconds it took (0 when
+    they were already kept). `root_path` defaults to the contract's (the library's) root."""
     contract = op if isinstance(op, Contract) else get_contract(op)
     profile = profile or ("gpu" if device.startswith("cuda") else "cpu")
-    problem, root_sha = source_problem(contract.root_path)
+    root_path = Path(root_path) if root_path is not None else contract.root_path
+    problem, root_sha = source_problem(root_path)
     if problem:
         raise RuntimeError(f"root implementation: {problem}")
+    key = _root_key(root_sha, contract, profile, seed, device)
+    if key in _ROOT_CACHE:
+        return 0.0
     report = EvalReport(op=contract.op, verified=False, failure=None)
-    _root_probes(report, contract.plan(profile, seed), contract.root_path, device, timeout,
-                 _root_key(root_sha, contract, profile, seed, device))
+    _root_probes(report, contract.plan(profile, seed), root_path, device, timeout, key)
     return report.phases["probes_root"]
 
 

@@ -47,15 +47,22 @@ def _contract_file(contract: Contract) -> str:
 
 def run_timing(contract: Contract, impls: list[tuple[str, Path]], *, device: str, profile: str, seed: int,
                timeout: float, return_outputs: tuple[str, ...] = (), profile_kernels: bool = False,
-               reps: int | None = None) -> tuple[dict | None, str | None]:
+               reps: int | None = None, fixed_reps: bool = False,
+               baseline: bool = True) -> tuple[dict | None, str | None]:
+    """Time `impls` (name, file), interleaved, over every cell of `profile`, in one child.
+
+    `reps` rounds per cell at most (default GPU_REPS / CPU_REPS); on the GPU a cell stops early after
+    GPU_MIN_REPS once CELL_BUDGET_S is spent, unless `fixed_reps`. `baseline`: time stock PyTorch too."""
     cuda = device.startswith("cuda")
     cells = [c.name for c in contract.cells(profile)]
     wall = 3 * timeout + (10 * len(cells) if cuda else 0)
+    n_reps = reps or (GPU_REPS if cuda else CPU_REPS)
+    early = cuda and not fixed_reps
     job = {"mode": "time", "op": contract.op, "contract_file": _contract_file(contract), "profile": profile,
            "seed": seed, "device": device, "impls": [[n, str(p.resolve())] for n, p in impls], "cells": cells,
-           "reps": reps or (GPU_REPS if cuda else CPU_REPS), "warmup": 3 if cuda else 1, "variants": 2,
-           "min_reps": min(reps or GPU_REPS, GPU_MIN_REPS) if cuda else (reps or CPU_REPS),
-           "cell_budget_s": CELL_BUDGET_S if cuda else None,
+           "reps": n_reps, "warmup": 3 if cuda else 1, "variants": 2,
+           "min_reps": min(n_reps, GPU_MIN_REPS) if early else n_reps,
+           "cell_budget_s": CELL_BUDGET_S if early else None, "baseline": baseline,
            "return_outputs": list(return_outputs), "profile_kernels": profile_kernels, "limits": limits(wall)}
 
     def read_result(out: Path, doc: dict) -> dict:

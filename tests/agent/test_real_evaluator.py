@@ -37,3 +37,31 @@ def test_replay_search_on_rmsnorm_with_the_real_evaluator(tmp_path, capsys):
     assert main(["-w", str(w), "log", "--op", "rmsnorm", "--json"]) == 0
     log = {r["id"]: r["status"] for r in json.loads(capsys.readouterr().out)}
     assert log[good["id"]] == "promoted" and log[bad["id"]] == "failed"
+
+
+@pytest.mark.slow
+def test_tuner_screens_on_rmsnorm_with_the_real_evaluator(tmp_path, capsys):
+    """The real screen (interpreter timings) before the real evaluation; both recorded in the store.
+
+    Six moves a batch, two batches at most: that every one of twelve is slower than the root by noise
+    alone (each a coin flip in the interpreter) happens about once in 4096 runs."""
+    from store import Workspace
+
+    w = tmp_path / "ws"
+    assert main(["-w", str(w), "init"]) == 0
+    capsys.readouterr()
+    s = run_search(w, ops=["rmsnorm"], proposer="tuner", budget=1, device="cpu", timeout=300, time_it=True,
+                   screen=6)
+    assert s["state"] == "finished" and s["spent"] == 1, s
+    with Workspace.open(w) as ws:
+        root = ws.root("rmsnorm")
+        screens = [e["payload"] for e in ws.events(kind="screen", op="rmsnorm", impl_id=root["id"])]
+        assert screens and screens[0]["rung"] == 0 and screens[0]["batch"] == 6 and screens[0]["failure"] is None
+        assert all(e["error"] is None and e["speedup"] > 0 for e in screens[0]["entries"])
+        made = ws.implementation(s["derivations"][0])
+        assert made["status"] in ("verified", "eligible"), made["failure"]
+        # no screen failed, so the one derivation is the pick of a last rung (it beat the root there)
+        picks = [p for p in screens if p["last"] and p["pick"] is not None]
+        assert picks and "(screened: " in made["rationale"], made["rationale"]
+        chosen = picks[-1]["entries"][picks[-1]["pick"]]
+        assert chosen["speedup"] > 1 and made["modification"]["screen"]["speedup"] == chosen["speedup"]

@@ -59,6 +59,10 @@ class ProposalContext:
     #: tokens / dollars still allowed (None: unbounded)
     tokens_left: int | None = None
     dollars_left: float | None = None
+    #: screen(sources, rounds) -> kernels.evaluator.screen result: a quick timing of variants beside the parent
+    #: (None: no timed device, or screening off); the tuner screens `screen_width` moves at a time
+    screen: Callable[[list[str], int], dict] | None = None
+    screen_width: int = 0
     #: ablation: False hides attempts and opportunities from the proposer
     evidence: bool = True
     seed: int = 0

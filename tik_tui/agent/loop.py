@@ -66,6 +66,10 @@ class SearchConfig:
     time_it: bool | None = None
     #: seconds between control polls while paused
     poll_s: float = 0.5
+    #: the tuner's screen: moves timed together before one is evaluated (0 or 1: off). Only where the
+    #: search times (time_it, default on cuda) and with one evaluation slot, so a screen never shares the
+    #: device with an evaluation
+    screen: int = 0
 
 
 @dataclass
@@ -123,8 +127,12 @@ class Search:
 
     def __init__(self, ws: Any, proposer: Any, cfg: SearchConfig, *, evaluate: Callable | None = None,
                  search_id: str | None = None, on_event: Callable[[str, dict], None] | None = None,
-                 should_stop: Callable[[], bool] | None = None, executor: Any | None = None):
+                 should_stop: Callable[[], bool] | None = None, executor: Any | None = None,
+                 screen: Callable | None = None):
         self.ws = ws
+        #: screen(op, parent_source, sources, rounds) -> screen result; default kernels.evaluator.screen
+        self._screen = screen
+        self._warmed: set[str] = set()
         self.proposer = proposer
         self.cfg = cfg
         self._evaluate = evaluate
@@ -153,6 +161,49 @@ class Search:
 
             self._evaluate = evaluate
         return self._evaluate
+
+    def screener(self, op: str, parent: dict) -> Callable[[list[str], int], dict] | None:
+        """The context's `screen` for `parent`, or None where the search does not screen."""
+        c = self.cfg
+        if c.screen < 2 or self.executor.slots != 1:
+            return None
+        device = getattr(self.executor, "device", None) or c.device
+        if self._screen is None:
+            import torch
+
+            device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+            if not (c.time_it if c.time_it is not None else device.startswith("cuda")):
+                return None
+        source = self.ws.source(parent["id"])
+
+        def run(sources: list[str], rounds: int) -> dict:
+            self.heartbeat(op=op, message=f"screening {len(sources)} variant(s) of #{parent['id']}, {rounds} rounds")
+            if self._screen is not None:
+                return self._screen(op, source, sources, rounds)
+            return self._screen_on_device(op, source, sources, rounds, device)
+
+        return run
+
+    def _screen_on_device(self, op: str, source: str, sources: list[str], rounds: int, device: str) -> dict:
+        import tempfile
+        from pathlib import Path
+
+        from kernels.evaluator.core import warm_root
+        from kernels.evaluator.screen import screen
+
+        root = self.ws.root(op)
+        if device.startswith("cuda") and op not in self._warmed and root is not None:
+            # the root's probes (which the first evaluation needs anyway) compile the kernels the screen's copy
+            # of the cache then starts from
+            self._warmed.add(op)
+            with tempfile.TemporaryDirectory(prefix="tik-root-") as d:
+                path = Path(d) / f"{op}_root.py"
+                path.write_text(self.ws.source(root["id"]))
+                try:
+                    warm_root(op, device=device, timeout=self.cfg.timeout, root_path=path)
+                except Exception as e:  # the evaluation reports a broken root; the screen goes on
+                    self.emit("warm_root_failed", {"reason": str(e)[:300]}, op=op)
+        return screen(op, source, sources, device=device, rounds=rounds, timeout=self.cfg.timeout)
 
     def modification(self, impl_id: int) -> dict:
         """An implementation's modification record (immutable, so cached)."""
@@ -269,6 +320,7 @@ class Search:
             tokens_left=None if c.max_tokens is None else c.max_tokens - s.tokens,
             dollars_left=None if c.max_cost_usd is None else c.max_cost_usd - s.cost_usd,
             evidence=c.evidence, seed=c.seed + s.spent,
+            screen=self.screener(op, parent), screen_width=c.screen,
         )
 
     def _choose(self, op: str) -> tuple[dict, dict | None, str] | None:

@@ -8,6 +8,16 @@ Search order from a parent: its neighbours first (one key moved one step along i
 values), nearest keys in declaration order; then two-key moves; then any untried point of
 the grid. Configurations already tried anywhere for the operator are skipped, so a restart
 or a second branch never repeats one. Which parent to expand is the loop's choice.
+
+With a screen (`ProposalContext.screen`, the loop's `--screen N`, on a timed device) the tuner
+runs successive halving before it spends an evaluation: the next N untried moves are timed
+beside the parent with a few rounds per cell (rung 0), the best third are timed again with
+three times the rounds (rung 1), and so on while a rung would keep two or more; the best of
+the last rung is proposed only if it beat the parent there. Every rung is recorded as a `screen` event on the
+parent, so a restarted search (or the next proposal from that parent) reuses what was
+screened instead of timing it again; a parent whose screened moves are all slower than
+itself is exhausted for the tuner. A screen that fails (its child timed out or died) is
+recorded and the tuner falls back to proposing the next move unscreened.
 """
 
 from __future__ import annotations
@@ -91,13 +101,30 @@ def _moves(config: dict, space: dict[str, list], rng: random.Random):
             yield {**config, **{k: rng.choice(space[k]) for k in keys}}
 
 
+def _proposal(config: dict, cand: dict, source: str, note: str = "", screened: dict | None = None) -> Proposal:
+    changed = {k: (config[k], cand[k]) for k in cand if cand[k] != config[k]}
+    desc = ", ".join(f"{k} {a!r}→{b!r}" for k, (a, b) in changed.items())
+    mod = {"kind": "tune", "mechanism": "config", "config": cand, "changed": {k: b for k, (_, b) in changed.items()}}
+    if screened is not None:
+        mod["screen"] = screened
+    return Proposal(source=rewrite_config(source, cand), rationale=f"tune {desc}{note}", modification=mod)
+
+
 class TunerProposer:
-    """`tuner`: no key, no network; the default when ANTHROPIC_API_KEY is unset."""
+    """`tuner`: no key, no network; the default when ANTHROPIC_API_KEY is unset.
+
+    `screen_rounds` rounds per cell on the first rung; each later rung keeps the best 1/`eta` of the
+    moves and times them with `eta` times the rounds. The batch width is the context's (`screen_width`).
+    """
 
     name = "tuner"
 
-    def __init__(self, seed: int = 0):
+    def __init__(self, seed: int = 0, screen_rounds: int = 6, eta: int = 3):
         self.seed = seed
+        self.screen_rounds = max(1, int(screen_rounds))
+        self.eta = max(2, int(eta))
+        #: screens seen in this process when the context has no store: (op, parent id) -> event payloads
+        self._screens: dict[tuple[str, int], list[dict]] = {}
 
     def propose(self, ctx: ProposalContext) -> Proposal:
         frozen = set(ctx.contract.get("frozen_tunables") or ())
@@ -106,16 +133,94 @@ class TunerProposer:
             raise NothingToPropose(f"#{ctx.parent.get('id')} declares no movable TUNABLES")
         tried = set(ctx.tried_configs) | {config_key(config)}
         rng = random.Random(f"{self.seed}:{ctx.parent.get('id')}:{len(tried)}")
-        for cand in _moves(config, space, rng):
-            if config_key(cand) in tried:
-                continue
-            changed = {k: (config[k], cand[k]) for k in cand if cand[k] != config[k]}
-            source = rewrite_config(ctx.parent_source, cand)
-            desc = ", ".join(f"{k} {a!r}→{b!r}" for k, (a, b) in changed.items())
-            return Proposal(
-                source=source,
-                rationale=f"tune {desc}",
-                modification={"kind": "tune", "mechanism": "config", "config": cand,
-                               "changed": {k: b for k, (_, b) in changed.items()}},
-            )
-        raise NothingToPropose(f"every allowed config around #{ctx.parent.get('id')} was tried")
+        moves = (c for c in _moves(config, space, rng) if config_key(c) not in tried)
+        if ctx.screen is None or ctx.screen_width < 2:
+            for cand in moves:
+                return _proposal(config, cand, ctx.parent_source)
+            raise NothingToPropose(f"every allowed config around #{ctx.parent.get('id')} was tried")
+        return self._screened(ctx, config, tried, moves)
+
+    # ------------------------------------------------------------------ successive halving
+
+    def _history(self, ctx: ProposalContext) -> list[dict]:
+        pid = ctx.parent.get("id")
+        if ctx.store is not None and hasattr(ctx.store, "events"):
+            return [e["payload"] for e in ctx.store.events(kind="screen", op=ctx.op, impl_id=pid)]
+        return self._screens.get((ctx.op, pid), [])
+
+    def _record(self, ctx: ProposalContext, payload: dict) -> None:
+        if ctx.emit is not None:
+            ctx.emit("screen", payload)
+        if ctx.store is None or not hasattr(ctx.store, "events"):
+            self._screens.setdefault((ctx.op, ctx.parent.get("id")), []).append(payload)
+
+    def _screened(self, ctx: ProposalContext, config: dict, tried: set, moves) -> Proposal:
+        pid = ctx.parent.get("id")
+        for fresh in range(3):  # at most two fresh batches per proposal: then this parent is left for now
+            # what earlier screens of this parent left: the pick of a batch's last rung, if not evaluated yet
+            seen, best = set(), None
+            for ev in self._history(ctx):
+                entries = ev.get("entries", [])
+                for e in entries:
+                    seen.add(config_key({**config, **e.get("changed", {})}))
+                pick = ev.get("pick")
+                if ev.get("last") and isinstance(pick, int) and 0 <= pick < len(entries):
+                    e = entries[pick]
+                    cand = {**config, **e.get("changed", {})}
+                    if config_key(cand) not in tried and (best is None or e["speedup"] > best[1]["speedup"]):
+                        best = (cand, e, ev)
+            if best is not None:
+                cand, e, ev = best
+                note = (f" (screened: {e['speedup']:.3f}x #{pid} over {ev['rounds']} rounds/cell, "
+                        f"best of {ev.get('batch', '?')})")
+                return _proposal(config, cand, ctx.parent_source, note,
+                                 {"speedup": e["speedup"], "rounds": ev["rounds"], "batch": ev.get("batch")})
+            if fresh == 2:
+                break
+            batch = []
+            for cand in moves:
+                if config_key(cand) not in seen:
+                    batch.append(cand)
+                    if len(batch) >= ctx.screen_width:
+                        break
+            if not batch:
+                break
+            if not self._halve(ctx, config, batch):
+                # the screen itself failed: propose the first move of the batch unscreened
+                return _proposal(config, batch[0], ctx.parent_source, " (unscreened: the screen failed)")
+        if seen - tried:
+            raise NothingToPropose(f"#{pid}: none of the {len(seen - tried)} configs screened around it "
+                                   f"(and not yet evaluated) was faster than it")
+        raise NothingToPropose(f"every allowed config around #{pid} was tried")
+
+    def _halve(self, ctx: ProposalContext, config: dict, batch: list[dict]) -> bool:
+        """Screen `batch` rung by rung, one `screen` event per rung; False when a rung's screen failed.
+
+        The last rung's event names its `pick`: the best entry, when it beat the parent there."""
+        alive = list(range(len(batch)))
+        rounds, rung = self.screen_rounds, 0
+        while True:
+            res = ctx.screen([rewrite_config(ctx.parent_source, batch[i]) for i in alive], rounds)
+            results = list(res.get("results") or [])
+            failure = res.get("failure") or (None if len(results) == len(alive) else "screen: results missing")
+            entries = []
+            for n, i in enumerate(alive):
+                r = results[n] if not failure else {}
+                entries.append({"changed": {k: v for k, v in batch[i].items() if v != config.get(k)},
+                                "speedup": r.get("speedup"), "error": r.get("error"), "cells": r.get("cells", {})})
+            ranked = sorted((j for j, e in enumerate(entries) if e["speedup"] is not None),
+                            key=lambda j: -entries[j]["speedup"])
+            # the last rung: a failure, none faster than the parent, or a next rung would keep only one
+            keep = len(alive) // self.eta
+            last = bool(failure) or keep < 2 or not ranked or entries[ranked[0]]["speedup"] <= 1.0
+            pick = ranked[0] if last and not failure and ranked and entries[ranked[0]]["speedup"] > 1.0 else None
+            self._record(ctx, {"rung": rung, "rounds": rounds, "batch": len(batch), "last": last, "pick": pick,
+                               "failure": failure, "seconds": res.get("seconds"),
+                               "parent_objective": res.get("parent_objective"), "entries": entries})
+            if failure:
+                return False
+            if last:
+                return True
+            alive = [alive[j] for j in ranked[:keep]]
+            rounds *= self.eta
+            rung += 1

@@ -1,0 +1,128 @@
+"""The tuner's successive halving: screens batches of moves, proposes the best survivor, remembers what it screened."""
+
+import pytest
+from agent_helpers import TOY_CONTRACT, TOY_SOURCE, fake_eval
+
+from tik_tui.agent import NothingToPropose, ProposalContext
+from tik_tui.agent.base import config_key, module_literal
+from tik_tui.agent.loop import Search, SearchConfig
+from tik_tui.agent.tuner import TunerProposer, rewrite_config
+
+
+class FakeScreen:
+    """Speedup = the fake evaluator's latency factor of the parent over the variant's (no noise)."""
+
+    def __init__(self, parent_source, fail=False):
+        self.parent_source, self.fail, self.calls = parent_source, fail, []
+
+    def __call__(self, sources, rounds):
+        self.calls.append((len(sources), rounds, [module_literal(s, "CONFIG") for s in sources]))
+        if self.fail:
+            return {"failure": "screen: timed out after 6 s (killed)", "results": []}
+        f_p = fake_eval.factor(self.parent_source)
+        return {"failure": None, "rounds": rounds, "seconds": 0.1, "parent_objective": f_p,
+                "results": [{"speedup": f_p / fake_eval.factor(s), "error": None, "objective": fake_eval.factor(s),
+                             "cells": {"small": f_p / fake_eval.factor(s)}} for s in sources]}
+
+
+def _ctx(source, screen, width=6, tried=(), store=None, emit=None, pid=1):
+    return ProposalContext(op="toy", parent={"id": pid, "status": "verified"}, parent_source=source,
+                           contract=TOY_CONTRACT, tried_configs=set(tried), screen=screen, screen_width=width,
+                           store=store, emit=emit)
+
+
+def test_halving_rungs_and_the_best_survivor_is_proposed():
+    screen = FakeScreen(TOY_SOURCE)
+    tuner = TunerProposer(screen_rounds=4, eta=3)
+    p = tuner.propose(_ctx(TOY_SOURCE, screen, width=6))
+    # rung 0: 6 moves at 4 rounds; rung 1: the best 2 at 12 rounds, which is the last (a third would keep 1)
+    assert [(n, r) for n, r, _ in screen.calls] == [(6, 4), (2, 12)]
+    first = screen.calls[0][2]
+    best = min(first, key=lambda c: fake_eval.factor(rewrite_config(TOY_SOURCE, c)))
+    assert module_literal(p.source, "CONFIG") == best
+    assert p.modification["screen"]["speedup"] > 1 and p.modification["screen"]["rounds"] == 12
+    assert "screened" in p.rationale and "best of 6" in p.rationale
+    # the survivors of rung 0 are its two fastest
+    ranked = sorted(first, key=lambda c: fake_eval.factor(rewrite_config(TOY_SOURCE, c)))
+    assert screen.calls[1][2] == ranked[:2]
+
+
+def test_screened_configs_are_never_screened_again_and_the_pick_is_reused(tmp_path):
+    from agent_helpers import make_toy_workspace
+
+    ws, root = make_toy_workspace(tmp_path / "ws")
+    try:
+        def emit(kind, payload):
+            ws.append_event(kind, payload, op="toy", impl_id=root)
+
+        screen = FakeScreen(TOY_SOURCE)
+        p1 = TunerProposer(screen_rounds=2).propose(_ctx(TOY_SOURCE, screen, store=ws, emit=emit, pid=root))
+        events = ws.events(kind="screen", op="toy", impl_id=root)
+        assert [e["payload"]["rung"] for e in events] == [0, 1] and events[-1]["payload"]["last"]
+        assert isinstance(events[-1]["payload"]["pick"], int)
+        # a worker killed before recording p1: a new tuner (new process) proposes the same pick without a screen
+        again = FakeScreen(TOY_SOURCE)
+        p2 = TunerProposer(screen_rounds=2).propose(_ctx(TOY_SOURCE, again, store=ws, emit=emit, pid=root))
+        assert again.calls == [] and p2.source == p1.source
+        # once p1 is tried, the next batch holds none of the configs screened before
+        tried = {config_key(module_literal(p1.source, "CONFIG"))}
+        p3 = TunerProposer(screen_rounds=2).propose(_ctx(TOY_SOURCE, again, tried=tried, store=ws, emit=emit,
+                                                         pid=root))
+        before = {config_key(c) for _, _, cs in screen.calls for c in cs}
+        assert again.calls and not before & {config_key(c) for c in again.calls[0][2]}
+        assert config_key(module_literal(p3.source, "CONFIG")) not in tried
+    finally:
+        ws.close()
+
+
+def test_a_parent_no_move_beats_is_exhausted():
+    best = rewrite_config(TOY_SOURCE, {"BLOCK": 128, "num_warps": 2, "SPLIT": 1})  # the fake optimum
+    screen = FakeScreen(best)
+    tuner = TunerProposer(screen_rounds=2)
+    with pytest.raises(NothingToPropose, match="none of the .* was faster"):
+        tuner.propose(_ctx(best, screen, width=3))
+    # two fresh batches, each stopped at rung 0 (its best is slower than the parent)
+    assert [(n, r) for n, r, _ in screen.calls] == [(3, 2), (3, 2)]
+
+
+def test_a_failed_screen_is_recorded_and_the_tuner_goes_on_unscreened():
+    screen = FakeScreen(TOY_SOURCE, fail=True)
+    events = []
+    tuner = TunerProposer()
+    p = tuner.propose(_ctx(TOY_SOURCE, screen, emit=lambda k, pl: events.append((k, pl))))
+    assert "unscreened: the screen failed" in p.rationale
+    assert module_literal(p.source, "CONFIG") == screen.calls[0][2][0]
+    assert [k for k, _ in events] == ["screen"] and "timed out" in events[0][1]["failure"]
+    assert events[0][1]["pick"] is None
+
+
+def test_no_screen_without_width_or_callable():
+    screen = FakeScreen(TOY_SOURCE)
+    TunerProposer().propose(_ctx(TOY_SOURCE, screen, width=1))
+    TunerProposer().propose(_ctx(TOY_SOURCE, None, width=8))
+    assert screen.calls == []
+
+
+def test_the_loop_screens_with_one_slot_and_records_screens_in_the_ir(toy_ws):
+    calls = []
+
+    def screen(op, parent_source, sources, rounds):
+        calls.append((op, len(sources), rounds))
+        return FakeScreen(parent_source)(sources, rounds)
+
+    cfg = SearchConfig(ops=["toy"], budget=3, screen=6, auto_promote=True)
+    summary = Search(toy_ws, TunerProposer(screen_rounds=2), cfg, evaluate=fake_eval.evaluate, screen=screen).run()
+    assert summary["spent"] == 3 and calls and all(op == "toy" for op, _, _ in calls)
+    made = [toy_ws.implementation(i) for i in summary["derivations"]]
+    assert all("screened" in r["rationale"] for r in made), [r["rationale"] for r in made]
+    # each derivation is faster than its parent (explored branches need not beat the incumbent)
+    for r in made:
+        assert fake_eval.factor(toy_ws.source(r["id"])) < fake_eval.factor(toy_ws.source(r["parents"][0]))
+    assert made[0]["status"] == "promoted"
+    screens = toy_ws.events(kind="screen", op="toy")
+    assert screens and {e["impl_id"] for e in screens} <= {r["id"] for r in toy_ws.implementations(op="toy")}
+    # off when the search does not screen
+    calls.clear()
+    Search(toy_ws, TunerProposer(), SearchConfig(ops=["toy"], budget=1), evaluate=fake_eval.evaluate,
+           screen=screen).run()
+    assert calls == []
