@@ -5,7 +5,7 @@ positions, so every other byte of the file is kept), one value per key from `TUN
 and never touches a key the contract freezes (those change the reduction order).
 
 Search order from a parent: its neighbours first (one key moved one step along its allowed
-values), nearest keys in declaration order; then two-key moves; then any untried point of
+values), in a seeded random order; then two-key moves, likewise; then any untried point of
 the grid. Configurations already tried anywhere for the operator are skipped, so a restart
 or a second branch never repeats one. Which parent to expand is the loop's choice.
 
@@ -81,13 +81,15 @@ def _moves(config: dict, space: dict[str, list], rng: random.Random):
             return [v for v in vals]
         return [vals[j] for j in (i - 1, i + 1) if 0 <= j < len(vals)]
 
-    for k in keys:
-        for v in step(config, k):
-            yield {**config, k: v}
-    for a, b in itertools.combinations(keys, 2):
-        for va in step(config, a):
-            for vb in step(config, b):
-                yield {**config, a: va, b: vb}
+    # each tier in a seeded random order: a screen's batch then spans the keys (a tile bucket per key
+    # group, say) instead of the first few in declaration order
+    ones = [{**config, k: v} for k in keys for v in step(config, k)]
+    rng.shuffle(ones)
+    yield from ones
+    twos = [{**config, a: va, b: vb} for a, b in itertools.combinations(keys, 2)
+            for va in step(config, a) for vb in step(config, b)]
+    rng.shuffle(twos)
+    yield from twos
     size = 1
     for k in keys:
         size *= len(space[k])
