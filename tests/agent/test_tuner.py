@@ -35,6 +35,31 @@ def test_rewrite_config_touches_only_the_config_value():
     assert new.startswith(before) and new.endswith(after)
 
 
+def test_rewrite_config_keeps_lines_comments_and_other_values():
+    """Values change in place: a kernel below CONFIG keeps its line (Triton's cache key holds it)."""
+    src = ('TUNABLES = {"A": (1, 2), "B": (8, 16)}\nCONFIG = {\n    "A": 1,  # one\n    "B": 8,\n}\n\n\n'
+           "def kernel():\n    pass\n")
+    new = rewrite_config(src, {"A": 2, "B": 8})
+    assert new == src.replace('"A": 1,', '"A": 2,')
+    assert rewrite_config(src, {"B": 16, "A": 1}) == src.replace('"B": 8,', '"B": 16,')
+    # a different key set: the whole literal is rewritten
+    assert module_literal(rewrite_config(src, {"A": 2}), "CONFIG") == {"A": 2}
+
+
+def test_rewrite_config_on_the_library_linear_keeps_every_kernel_line():
+    from pathlib import Path
+
+    import kernels.ops
+
+    src = (Path(kernels.ops.__file__).parent / "linear.py").read_text()
+    cfg = module_literal(src, "CONFIG")
+    new = rewrite_config(src, {**cfg, "M256_BLOCK_M": 128, "MBIG_num_warps": 4})
+    assert module_literal(new, "CONFIG") == {**cfg, "M256_BLOCK_M": 128, "MBIG_num_warps": 4}
+    old_lines, new_lines = src.splitlines(), new.splitlines()
+    assert len(old_lines) == len(new_lines)
+    assert sum(a != b for a, b in zip(old_lines, new_lines, strict=True)) == 2
+
+
 def test_rewrite_config_multiline_literal_and_unicode():
     src = '"""µ-kernel: ünïcode before CONFIG"""\nTUNABLES = {"A": (1, 2)}\nCONFIG = {\n    "A": 1,  # one\n}\nX = 3\n'
     new = rewrite_config(src, {"A": 2})

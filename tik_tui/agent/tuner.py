@@ -40,17 +40,43 @@ def _config_node(tree: ast.Module) -> ast.Dict | None:
 
 
 def rewrite_config(source: str, config: dict) -> str:
-    """`source` with the CONFIG literal's value replaced by `config` (keys in the original order)."""
+    """`source` with the CONFIG literal holding `config`.
+
+    When `config` has exactly the literal's keys (every tuner move), only each changed value's text
+    is replaced, in place: comments, layout and line numbers stay. That matters beyond tidiness:
+    Triton's cache key holds a kernel's starting line, so a rewrite that moved the kernels below
+    CONFIG would make every kernel of the candidate compile again instead of loading the root's.
+    Otherwise the whole literal is replaced (keys in `config`'s order).
+    """
     tree = ast.parse(source)
     node = _config_node(tree)
     if node is None:
         raise ValueError("no literal CONFIG dict at module level")
     lines = source.splitlines(keepends=True)
     # ast offsets are in UTF-8 bytes per line
-    start = sum(len(line.encode()) for line in lines[: node.lineno - 1]) + node.col_offset
-    end = sum(len(line.encode()) for line in lines[: node.end_lineno - 1]) + node.end_col_offset
-    body = ", ".join(f"{k!r}: {v!r}" for k, v in config.items())
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line.encode()))
+
+    def span(n: ast.AST) -> tuple[int, int]:
+        return starts[n.lineno - 1] + n.col_offset, starts[n.end_lineno - 1] + n.end_col_offset
+
     raw = source.encode()
+    keys = [k.value if isinstance(k, ast.Constant) else None for k in node.keys]
+    if None not in keys and len(set(keys)) == len(keys) and set(keys) == set(config):
+        edits = []
+        for k, v in zip(keys, node.values, strict=True):
+            try:
+                same = ast.literal_eval(v) == config[k] and type(ast.literal_eval(v)) is type(config[k])
+            except ValueError:
+                same = False
+            if not same:
+                edits.append((*span(v), repr(config[k]).encode()))
+        for a, b, text in sorted(edits, reverse=True):
+            raw = raw[:a] + text + raw[b:]
+        return raw.decode()
+    start, end = span(node)
+    body = ", ".join(f"{k!r}: {v!r}" for k, v in config.items())
     return (raw[:start] + ("{" + body + "}").encode() + raw[end:]).decode()
 
 
