@@ -86,17 +86,19 @@ def check_outputs(out: Any, args: tuple, kwargs: dict, device: str) -> None:
 
 
 def run_probes_job(workdir: Path, job: dict) -> dict:
-    import torch  # noqa: F401
+    import torch
 
     from kernels.contract import Probe, execute_probe, load_module
-    from kernels.evaluator.protocol import TensorWriter, decode, read_tensors
+    from kernels.evaluator.protocol import TensorWriter, decode, read_tensors, same_bits
 
     tensors = read_tensors(workdir / "inputs.bin", job["tensors"])
-    probes = []
+    probes, sent = [], {}
     for p in job["probes"]:
         gos = decode(p["grad_outputs"], tensors) if p["grad_outputs"] is not None else None
         probes.append(Probe(p["id"], p["entry"], decode(p["args"], tensors), decode(p["kwargs"], tensors),
                             grad_args=tuple(p["grad_args"]), grad_outputs=gos, echo_inputs=True))
+        # the input index of each top-level tensor argument, in order (what inputs_after echoes)
+        sent[p["id"]] = [a["t"] for a in p["args"]["tuple"] if "t" in a]
     del tensors
     try:
         module = load_module(job["impl"], "tik_impl")
@@ -105,6 +107,12 @@ def run_probes_job(workdir: Path, job: dict) -> dict:
     guarded = GuardedModule(module, job["device"])
     out_dir = workdir / "out"
     w = TensorWriter(out_dir / "outputs.bin")
+
+    def echo(after: torch.Tensor, before: torch.Tensor, index: int) -> int | dict:
+        # an input left bitwise as it was sent is named, not sent back (a probe's weight is often GBs)
+        if same_bits(after, before):
+            return {"input": index}
+        return w.ref(after)
     results = {}
     for probe in probes:
         r = execute_probe(guarded, probe, job["device"])
@@ -112,7 +120,9 @@ def run_probes_job(workdir: Path, job: dict) -> dict:
             results[probe.id] = {"error": r.error, "outputs": [], "inputs_after": None}
             continue
         results[probe.id] = {"error": None, "outputs": [w.ref(t) for t in r.outputs],
-                             "inputs_after": [w.ref(t) for t in (r.inputs_after or [])]}
+                             "inputs_after": [echo(t, a, k) for t, a, k in zip(
+                                 r.inputs_after or [], [a for a in probe.args if isinstance(a, torch.Tensor)],
+                                 sent[probe.id], strict=False)]}
     graphs = {}
     if str(job["device"]).startswith("cuda"):
         for probe in probes:

@@ -30,7 +30,7 @@ from kernels.contract import Contract, Plan, ProbeResult, evaluate_checks
 from kernels.contracts import get_contract
 from kernels.evaluator.checks import GRAPH_PREFIX, all_inputs_unchanged, graph_replay_check, output_spec
 from kernels.evaluator.measure import time_candidate
-from kernels.evaluator.protocol import ProtocolError, TensorWriter, encode, index_list, read_tensors
+from kernels.evaluator.protocol import ProtocolError, TensorWriter, encode, index_list, read_tensors, tensor_index
 from kernels.evaluator.report import EvalReport, decide, environment, evaluator_fingerprint, fail
 from kernels.evaluator.sandbox import limits, run_child
 
@@ -199,13 +199,28 @@ def run_probes(plan: Plan, impl: Path, device: str, timeout: float,
     `trusted` (the root only): the child compiles into the process's shared Triton cache, which every other
     GPU child gets a private copy of (`sandbox.triton_cache`)."""
 
+    sent: list[torch.Tensor] = []  # the tensors written to the child, by input index
+
     def write_inputs(tmp: Path) -> dict:
         w = TensorWriter(tmp / "inputs.bin")
         probes = [{"id": p.id, "entry": p.entry, "args": encode(tuple(p.args), w), "kwargs": encode(dict(p.kwargs), w),
                    "grad_args": list(p.grad_args),
                    "grad_outputs": encode(tuple(p.grad_outputs), w) if p.grad_outputs is not None else None}
                   for p in plan.probes]
+        sent.extend(w.tensors)
         return {"probes": probes, "tensors": w.close()}
+
+    def echoed(x: Any, tensors: list[torch.Tensor], pid: str) -> list[torch.Tensor]:
+        """inputs_after: a tensor sent back, or {"input": k}: "input k, bitwise as it was sent"."""
+        if not isinstance(x, list) or len(x) > 4096:
+            raise ProtocolError(f"{pid}: inputs_after is not a list")
+        out = []
+        for v in x:
+            if isinstance(v, dict) and set(v) == {"input"}:
+                out.append(sent[tensor_index(v["input"], len(sent), pid)])
+            else:
+                out.append(tensors[tensor_index(v, len(tensors), pid)])
+        return out
 
     def read_result(out: Path, doc: dict) -> Any:
         if doc.get("import_error") is not None:
@@ -222,8 +237,7 @@ def run_probes(plan: Plan, impl: Path, device: str, timeout: float,
                 results[pid] = ProbeResult(error=str(r["error"])[:300])
                 continue
             outs = [tensors[i] for i in index_list(r["outputs"], len(tensors), pid)]
-            after = r["inputs_after"]
-            after = [tensors[i] for i in index_list(after, len(tensors), pid)] if after is not None else None
+            after = echoed(r["inputs_after"], tensors, pid) if r["inputs_after"] is not None else None
             results[pid] = ProbeResult(outputs=outs, inputs_after=after)
         graphs = doc.get("graphs", {})
         if not isinstance(graphs, dict) or not set(graphs) <= {p.id for p in plan.probes}:

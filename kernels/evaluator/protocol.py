@@ -41,40 +41,71 @@ class ProtocolError(Exception):
     """The child's reply is malformed: the candidate fails with this message."""
 
 
+#: every tensor's bytes start at a multiple of this in a .bin file, so the reader can view them in place
+ALIGN = 64
+
+
 class TensorWriter:
-    """Appends tensors to one binary file; `ref(t)` returns the index to put in JSON."""
+    """Appends tensors to one binary file; `ref(t)` returns the index to put in JSON.
+
+    The same tensor object referenced again (a weight shared by many probes) is written once and
+    gets the same index: what crosses the boundary is each distinct tensor's bytes, once. Every
+    entry starts at a multiple of ALIGN bytes. `tensors[i]` is the object entry i was written from.
+    """
 
     def __init__(self, path: Path):
         self.path = path
         self._f = open(path, "wb")  # noqa: SIM115 (closed in close())
         self.entries: list[dict] = []
+        self.tensors: list[torch.Tensor] = []
+        self._by_id: dict[int, int] = {}
         self._offset = 0
 
     def ref(self, t: torch.Tensor) -> int:
+        known = self._by_id.get(id(t))
+        if known is not None:
+            return known
         if t.dtype not in DTYPE_NAMES:
             raise TypeError(f"dtype {t.dtype} cannot cross the process boundary")
         c = t.detach().to("cpu").contiguous()
-        # bytes of the element type, whatever it is (bf16 has no numpy dtype)
-        raw = c.reshape(-1).view(torch.uint8).numpy().tobytes() if c.numel() else b""
-        self._f.write(raw)
+        pad = -self._offset % ALIGN
+        if pad:
+            self._f.write(b"\0" * pad)
+            self._offset += pad
+        # bytes of the element type, whatever it is (bf16 has no numpy dtype), written without a copy
+        nbytes = c.numel() * c.element_size()
+        if nbytes:
+            self._f.write(memoryview(c.reshape(-1).view(torch.uint8).numpy()))
         self.entries.append({"dtype": DTYPE_NAMES[c.dtype], "shape": list(c.shape), "offset": self._offset,
-                             "nbytes": len(raw)})
-        self._offset += len(raw)
+                             "nbytes": nbytes})
+        self._offset += nbytes
+        # kept alive with the index, so id(t) cannot be reused by another tensor while this writer lives
+        self.tensors.append(t)
+        self._by_id[id(t)] = len(self.entries) - 1
         return len(self.entries) - 1
 
     def close(self) -> list[dict]:
         self._f.close()
+        self._by_id.clear()
         return self.entries
 
 
 def read_tensors(bin_path: Path, entries: Any) -> list[torch.Tensor]:
-    """Rebuild tensors from a manifest, validating every field (the manifest may be hostile)."""
+    """Rebuild tensors from a manifest, validating every field (the manifest may be hostile).
+
+    The file is read once; each tensor whose offset suits its element size is a view of that one
+    buffer (no further copy), any other is copied out. Entries may overlap (a hostile manifest):
+    the views then share bytes, which no reader here writes to."""
     if not isinstance(entries, list):
         raise ProtocolError("tensor manifest is not a list")
     size = bin_path.stat().st_size if bin_path.exists() else 0
     if size > MAX_DATA_BYTES:
         raise ProtocolError(f"tensor data of {size} bytes exceeds the limit")
-    data = bin_path.read_bytes() if size else b""
+    data = bytearray(size)
+    if size:
+        with open(bin_path, "rb") as f:
+            if f.readinto(data) != size:
+                raise ProtocolError("tensor data changed while being read")
     out = []
     for i, e in enumerate(entries):
         if not isinstance(e, dict) or set(e) != {"dtype", "shape", "offset", "nbytes"}:
@@ -91,18 +122,30 @@ def read_tensors(bin_path: Path, entries: Any) -> list[torch.Tensor]:
         elem = 1 if dtype == torch.bool else torch.empty((), dtype=dtype).element_size()
         if nb != math.prod(shape) * elem:
             raise ProtocolError(f"tensor {i}: {nb} bytes for shape {shape} of {e['dtype']}")
-        buf = bytearray(data[off:off + nb])
+        if not nb:
+            t = torch.empty(shape, dtype=torch.uint8 if dtype == torch.bool else dtype)
+        elif off % elem == 0:
+            t = torch.frombuffer(data, dtype=torch.uint8 if dtype == torch.bool else dtype, count=nb // elem,
+                                 offset=off).reshape(shape)
+        else:
+            t = torch.frombuffer(bytearray(memoryview(data)[off:off + nb]),
+                                 dtype=torch.uint8 if dtype == torch.bool else dtype).reshape(shape)
         if dtype == torch.bool:
-            t = torch.frombuffer(buf, dtype=torch.uint8) if nb else torch.empty(0, dtype=torch.uint8)
-            t = t.reshape(shape)
             if bool((t > 1).any()):
                 raise ProtocolError(f"tensor {i}: bool bytes other than 0/1")
             t = t.to(torch.bool)
-        else:
-            t = torch.frombuffer(buf, dtype=dtype) if nb else torch.empty(0, dtype=dtype)
-            t = t.reshape(shape)
         out.append(t)
     return out
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same dtype, shape and bytes (NaNs, -0.0 and all): the test for an input left unchanged."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.dtype == torch.bool or a.element_size() == 1:
+        return bool(torch.equal(a.cpu().view(torch.uint8), b.cpu().view(torch.uint8)))
+    ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    return bool(torch.equal(a.cpu().contiguous().view(ints), b.cpu().contiguous().view(ints)))
 
 
 def encode(v: Any, w: TensorWriter) -> Any:

@@ -256,3 +256,25 @@ def test_only_trusted_children_write_the_shared_triton_cache_and_seeded_ones_get
     assert [p.name for p in shared.iterdir()] == ["planted"]
     with pytest.raises(ValueError, match="cache mode"):
         sandbox.triton_cache("shared", tmp_path)
+
+
+def test_unchanged_inputs_are_named_not_sent_back_and_a_mutation_still_crosses(tmp_path):
+    """The child names an input it left bitwise as sent ({"input": k}); the parent then holds the very tensor
+    it sent. A mutated input comes back as bytes, so the inputs_unchanged check sees the change."""
+    from kernels.contract import Plan, Probe
+    from kernels.evaluator.core import run_probes
+
+    x, w = torch.randn(4, 8), torch.ones(8)
+    plan = Plan()
+    plan.add(Probe("a", "rmsnorm", (x, w)))
+    plan.add(Probe("b", "rmsnorm", (x[:2].clone(), w)))  # w shared: written once, named twice
+    honest = tmp_path / "honest.py"
+    honest.write_text("def rmsnorm(x, w, eps=1e-6):\n    return x * w\n")
+    res, failure = run_probes(plan, honest, "cpu", timeout=60)
+    assert failure is None
+    assert res["a"].inputs_after[0] is x and res["a"].inputs_after[1] is w and res["b"].inputs_after[1] is w
+    mutating = tmp_path / "mutating.py"
+    mutating.write_text("def rmsnorm(x, w, eps=1e-6):\n    w.add_(1)\n    return x * w\n")
+    res, failure = run_probes(plan, mutating, "cpu", timeout=60)
+    assert failure is None and res["a"].inputs_after[0] is x
+    assert res["a"].inputs_after[1] is not w and torch.equal(res["a"].inputs_after[1], w + 1)

@@ -35,6 +35,39 @@ def test_tensors_round_trip_bit_exact(tmp_path):
             assert torch.equal(a, b)
 
 
+def test_a_tensor_referenced_again_crosses_once_and_entries_are_aligned(tmp_path):
+    w8 = torch.randn(64, 64).to(torch.bfloat16)
+    odd = torch.randn(3, 3).to(torch.bfloat16)  # 18 bytes: the next entry needs padding
+    w = TensorWriter(tmp_path / "t.bin")
+    doc = encode(((odd, w8), (w8, odd), (torch.arange(3),)), w)
+    entries = w.close()
+    assert len(entries) == 3 and all(e["offset"] % 64 == 0 for e in entries)
+    assert (tmp_path / "t.bin").stat().st_size == entries[-1]["offset"] + entries[-1]["nbytes"] < 2 * 64 * 64 * 2
+    back = decode(json.loads(json.dumps(doc)), read_tensors(tmp_path / "t.bin", entries))
+    assert torch.equal(back[0][1].view(torch.int16), w8.view(torch.int16))
+    assert torch.equal(back[1][1].view(torch.int16), odd.view(torch.int16))
+    assert back[2][0].tolist() == [0, 1, 2]
+
+
+def test_a_misaligned_or_overlapping_manifest_still_reads_the_right_bytes(tmp_path):
+    """A hostile child may put a float32 at an odd offset, or two entries over the same bytes."""
+    raw = b"\0" + torch.tensor([1.5, -2.0], dtype=torch.float32).numpy().tobytes()
+    (tmp_path / "o.bin").write_bytes(raw)
+    e = {"dtype": "float32", "shape": [2], "offset": 1, "nbytes": 8}
+    a, b = read_tensors(tmp_path / "o.bin", [e, e])
+    assert a.tolist() == [1.5, -2.0] and b.tolist() == [1.5, -2.0]
+
+
+def test_same_bits_sees_nan_payloads_and_signed_zeros():
+    from kernels.evaluator.protocol import same_bits
+
+    x = torch.tensor([0.0, float("nan"), 1.0])
+    assert same_bits(x, x.clone()) and not same_bits(x, torch.tensor([-0.0, float("nan"), 1.0]))
+    assert not same_bits(x, x.to(torch.float64)) and not same_bits(x, x[:2])
+    assert same_bits(torch.tensor([True, False]), torch.tensor([True, False]))
+    assert not same_bits(x.to(torch.bfloat16), (x + 1).to(torch.bfloat16))
+
+
 def _write(tmp_path, n=8):
     (tmp_path / "o.bin").write_bytes(b"\x01" * n)
     return tmp_path / "o.bin"
