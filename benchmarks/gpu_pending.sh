@@ -31,8 +31,8 @@ part() {  # part NAME SECONDS CMD...: run CMD under a limit, log to $R/NAME.log,
 for p in "$@"; do
     case $p in
         tuner_linear)
-            part tuner_linear 470 "$py" benchmarks/tuner_search.py --ops linear --budget 6 --max-time 330 \
-                --timeout 150 --out "$R/tuner_h200_linear" --export "$R/incumbents_h200" ;;
+            part tuner_linear 570 "$py" benchmarks/tuner_search.py --ops linear --budget 10 --max-time 360 \
+                --timeout 150 --screen 16 --out "$R/tuner_h200_linear" --export "$R/incumbents_h200" ;;
         scaleout)
             part scaleout 250 "$py" benchmarks/bench_scaleout.py --op rmsnorm --evals 3 --timeout 120 \
                 --out "$R/scaleout_h200.json" ;;
