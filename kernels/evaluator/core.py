@@ -36,6 +36,23 @@ from kernels.evaluator.sandbox import limits, run_child
 
 #: root results already computed in this process: (root sha, contract, profile, seed, device) -> results
 _ROOT_CACHE: dict[tuple, dict[str, ProbeResult]] = {}
+#: plans already built in this process (linear's GPU plan takes ~25 s of CPU to build: GBs of inputs)
+_PLAN_CACHE: dict[tuple, tuple[Contract, Plan]] = {}
+_PLANS_KEPT = 2
+
+
+def plan_for(contract: Contract, profile: str, seed: int) -> Plan:
+    """`contract.plan(profile, seed)`, built once per process. A plan is deterministic in its contract
+    (source fingerprint), profile and seed, and nothing writes to its tensors: the child gets copies,
+    and the checks only read."""
+    key = (id(contract), contract.fingerprint(), profile, seed)
+    hit = _PLAN_CACHE.pop(key, None)
+    if hit is None:
+        hit = (contract, contract.plan(profile, seed))  # the contract is kept so its id stays its own
+        while len(_PLAN_CACHE) >= _PLANS_KEPT:
+            _PLAN_CACHE.pop(next(iter(_PLAN_CACHE)))
+    _PLAN_CACHE[key] = hit
+    return hit[1]
 
 
 def one_line(e: BaseException) -> str:
@@ -121,7 +138,9 @@ def _evaluate(report: EvalReport, contract: Contract, cand_path: Path, root_path
     root_problem, root_sha = source_problem(root_path)
     if root_problem:
         raise RuntimeError(f"root implementation: {root_problem}")
-    plan = contract.plan(report.profile, report.seed)
+    t = time.monotonic()
+    plan = plan_for(contract, report.profile, report.seed)
+    report.phases["plan"] = time.monotonic() - t
 
     key = _root_key(root_sha, contract, report.profile, report.seed, device)
     is_root = root_sha == report.source_sha256
@@ -174,7 +193,7 @@ def warm_root(op: str | Contract, *, device: str, timeout: float = 60.0, seed: i
     if key in _ROOT_CACHE:
         return 0.0
     report = EvalReport(op=contract.op, verified=False, failure=None)
-    _root_probes(report, contract.plan(profile, seed), root_path, device, timeout, key)
+    _root_probes(report, plan_for(contract, profile, seed), root_path, device, timeout, key)
     return report.phases["probes_root"]
 
 

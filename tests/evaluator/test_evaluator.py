@@ -278,3 +278,14 @@ def test_unchanged_inputs_are_named_not_sent_back_and_a_mutation_still_crosses(t
     res, failure = run_probes(plan, mutating, "cpu", timeout=60)
     assert failure is None and res["a"].inputs_after[0] is x
     assert res["a"].inputs_after[1] is not w and torch.equal(res["a"].inputs_after[1], w + 1)
+
+
+def test_a_plan_is_built_once_per_contract_profile_and_seed():
+    from kernels.contracts import get_contract
+    from kernels.evaluator.core import plan_for
+
+    c = get_contract("rmsnorm")
+    a = plan_for(c, "cpu", 0)
+    assert plan_for(c, "cpu", 0) is a and plan_for(c, "cpu", 1) is not a
+    # two plans are kept: the first is still there after the second
+    assert plan_for(c, "cpu", 0) is a
