@@ -126,3 +126,16 @@ def test_the_loop_screens_with_one_slot_and_records_screens_in_the_ir(toy_ws):
     Search(toy_ws, TunerProposer(), SearchConfig(ops=["toy"], budget=1), evaluate=fake_eval.evaluate,
            screen=screen).run()
     assert calls == []
+
+
+def test_a_screen_event_reads_as_one_line():
+    from tik_tui.agent.tuner import screen_summary
+
+    p = {"rung": 1, "rounds": 18, "seconds": 19.4, "last": True, "pick": 0, "failure": None,
+         "entries": [{"changed": {"M64_num_stages": 8}, "speedup": 1.0061}, {"changed": {"A": 1}, "speedup": None,
+                                                                           "error": "OutOfResources"}]}
+    line = screen_summary(p)
+    assert line == ("screened 2 config(s), rung 1, 18 rounds/cell, 19 s: best M64_num_stages=8 1.006x, 1 failed; "
+                    "picked")
+    assert "timed out" in screen_summary({**p, "failure": "screen: timed out after 6 s"})
+    assert screen_summary({**p, "pick": None}).endswith("none faster than the parent")

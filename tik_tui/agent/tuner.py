@@ -252,3 +252,21 @@ class TunerProposer:
             alive = [alive[j] for j in ranked[:keep]]
             rounds *= self.eta
             rung += 1
+
+
+def screen_summary(p: dict) -> str:
+    """One rung of a screen (a `screen` event's payload) in a line, for the progress display and the UI."""
+    entries = p.get("entries") or []
+    head = (f"screened {len(entries)} config(s), rung {p.get('rung')}, {p.get('rounds')} rounds/cell, "
+            f"{p.get('seconds') or 0:.0f} s")
+    if p.get("failure"):
+        return f"{head}: {p['failure']}"
+    timed = [e for e in entries if e.get("speedup") is not None]
+    if not timed:
+        return f"{head}: none timed"
+    best = max(timed, key=lambda e: e["speedup"])
+    desc = ", ".join(f"{k}={v}" for k, v in (best.get("changed") or {}).items())
+    errs = len(entries) - len(timed)
+    pick = "picked" if p.get("pick") is not None else ("none faster than the parent" if p.get("last")
+                                                         else "best kept for the next rung")
+    return f"{head}: best {desc} {best['speedup']:.3f}x" + (f", {errs} failed" if errs else "") + f"; {pick}"

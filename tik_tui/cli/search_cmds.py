@@ -73,6 +73,10 @@ def _progress(kind: str, p: dict) -> None:
     elif kind in ("decided", "queued"):
         line = f"{op}: #{p['id']} " + ("promoted (auto)" if kind == "decided" else "queued for approval "
                                        f"(tik approve {p['id']})")
+    elif kind == "screen":
+        from tik_tui.agent.tuner import screen_summary
+
+        line = f"{op}: #{p.get('impl_id')}: {screen_summary(p)}"
     elif kind == "eval_retry":
         line = f"{op}: #{p['id']} evaluation lost, retrying: {p.get('reason')}"
     elif kind in ("exhausted", "duplicate", "llm_retry", "proposal_error", "resume_evaluate", "search_resumed",

@@ -125,6 +125,10 @@ def _summary(kind: str, p: dict) -> str:
         return f"{p.get('from')} → {p.get('state')}" + (f"  {p['message']}" if p.get("message") else "")
     if kind == "command":
         return str(p.get("kind"))
+    if kind == "screen":
+        from tik_tui.agent.tuner import screen_summary
+
+        return screen_summary(p)
     if "message" in p:
         return str(p["message"])
     if "reason" in p:
