@@ -11,8 +11,8 @@ check phases run (probes and checks); the JSON holds the report's `phases` (seco
 from __future__ import annotations
 
 import argparse
+import ast
 import json
-import re
 import sys
 import tempfile
 import time
@@ -35,6 +35,8 @@ def main() -> int:
     from kernels.evaluator import evaluate
     from kernels.evaluator.core import warm_root
     from kernels.evaluator.report import environment
+    from tik_tui.agent.base import module_literal
+    from tik_tui.agent.tuner import rewrite_config
 
     try:
         contract = get_contract(a.op)
@@ -43,14 +45,17 @@ def main() -> int:
     name, eq, value = a.set.partition("=")
     if not eq or not name or not value:
         raise SystemExit(f"eval_phases: --set takes NAME=VALUE, got {a.set!r}")
+    try:
+        value = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        raise SystemExit(f"eval_phases: --set {name}: {value!r} is not a Python literal") from None
     src = contract.root_path.read_text()
-    lo = src.index("\nCONFIG = {")
-    hi = src.index("}", lo)
-    pat = re.compile(rf'("{re.escape(name)}":\s*)[^,}}\n]+')
-    if len(pat.findall(src[lo:hi])) != 1:
-        raise SystemExit(f"eval_phases: {name} is not in {a.op}'s CONFIG exactly once")
+    config = module_literal(src, "CONFIG")
+    if not isinstance(config, dict) or name not in config:
+        raise SystemExit(f"eval_phases: {name} is not in {a.op}'s CONFIG")
     cand = Path(tempfile.mkdtemp(prefix="tik-phases-")) / f"{a.op}_candidate.py"
-    cand.write_text(src[:lo] + pat.sub(lambda m: m.group(1) + value, src[lo:hi]) + src[hi:])
+    # the tuner's own rewrite: the value changes in place, so every kernel keeps its line (and cache key)
+    cand.write_text(rewrite_config(src, {**config, name: value}))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     t0 = time.perf_counter()
     # the root's probes first, on their own, so that their time is printed even if the run is cut short

@@ -56,21 +56,14 @@ def objectives(cells: list[dict]) -> tuple[float | None, float | None]:
 
 def evaluation_phases(ws: Workspace, op: str) -> dict[int, dict]:
     """impl id -> {elapsed_s, phases} of its last evaluation, from the IR's evaluation events."""
-    found, last = {}, 0
-    while batch := ws.events_since(last, 500):
-        last = batch[-1]["id"]
-        for e in batch:
-            if e["kind"] == "evaluation" and e["op"] == op and e["impl_id"] is not None:
-                found[e["impl_id"]] = {"elapsed_s": e["payload"].get("elapsed_s"),
-                                       "phases": e["payload"].get("phases") or {}}
-    return found
+    return {e["impl_id"]: {"elapsed_s": e["payload"].get("elapsed_s"), "phases": e["payload"].get("phases") or {}}
+            for e in ws.events(kind="evaluation", op=op) if e["impl_id"] is not None}
 
 
 def screens(ws: Workspace, op: str) -> dict:
     """The tuner's screen events: how many rungs and configs, the seconds they took, each rung's best."""
-    evs = [e for e in ws.events(kind="screen", op=op)]
     rungs = []
-    for e in evs:
+    for e in ws.events(kind="screen", op=op):
         p = e["payload"]
         ok = [x for x in p.get("entries", []) if x.get("speedup") is not None]
         top = max(ok, key=lambda x: x["speedup"], default=None)

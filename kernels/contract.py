@@ -259,6 +259,11 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(view)
 
 
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same dtype, shape and raw bits (NaN payloads, -0.0): `bitwise_equal` without the detail."""
+    return a.dtype == b.dtype and a.shape == b.shape and bool(torch.equal(_bits(a.cpu()), _bits(b.cpu())))
+
+
 def bitwise_equal(a: torch.Tensor, b: torch.Tensor, what: str = "") -> tuple[bool, str, float | None]:
     """Exact equality of raw bits (NaN payloads included). Returns (passed, detail, max_abs_diff)."""
     prefix = f"{what}: " if what else ""

@@ -244,11 +244,14 @@ class Queries:
                              self.db.query(f"SELECT model, {_USAGE_SUM} FROM llm_usage GROUP BY model ORDER BY model")}
         return total
 
-    def events_since(self, last_id: int = 0, limit: int = 500) -> list[dict]:
-        rows = list(self.db.query("SELECT * FROM events WHERE id > ? ORDER BY id LIMIT ?", [int(last_id), int(limit)]))
+    def _event_rows(self, sql: str, params: list) -> list[dict]:
+        rows = list(self.db.query(sql, params))
         for r in rows:
             r["payload"] = _loads(r["payload"], {})
         return rows
+
+    def events_since(self, last_id: int = 0, limit: int = 500) -> list[dict]:
+        return self._event_rows("SELECT * FROM events WHERE id > ? ORDER BY id LIMIT ?", [int(last_id), int(limit)])
 
     def events(self, kind: str | None = None, op: str | None = None, impl_id: int | None = None) -> list[dict]:
         """Events of one kind / operator / implementation (each filter optional), oldest first."""
@@ -257,11 +260,8 @@ class Queries:
             if val is not None:
                 where.append(f"{col} = ?")
                 params.append(val)
-        sql = "SELECT * FROM events" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id"
-        rows = list(self.db.query(sql, params))
-        for r in rows:
-            r["payload"] = _loads(r["payload"], {})
-        return rows
+        return self._event_rows("SELECT * FROM events" + (" WHERE " + " AND ".join(where) if where else "")
+                                + " ORDER BY id", params)
 
     def last_event_id(self) -> int:
         return int(self.db.execute("SELECT coalesce(max(id), 0) FROM events").fetchone()[0])

@@ -88,8 +88,8 @@ def check_outputs(out: Any, args: tuple, kwargs: dict, device: str) -> None:
 def run_probes_job(workdir: Path, job: dict) -> dict:
     import torch
 
-    from kernels.contract import Probe, execute_probe, load_module
-    from kernels.evaluator.protocol import TensorWriter, decode, read_tensors, same_bits
+    from kernels.contract import Probe, execute_probe, load_module, same_bits
+    from kernels.evaluator.protocol import TensorWriter, decode, read_tensors
 
     tensors = read_tensors(workdir / "inputs.bin", job["tensors"])
     probes, sent = [], {}

@@ -138,16 +138,6 @@ def read_tensors(bin_path: Path, entries: Any) -> list[torch.Tensor]:
     return out
 
 
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Same dtype, shape and bytes (NaNs, -0.0 and all): the test for an input left unchanged."""
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    if a.dtype == torch.bool or a.element_size() == 1:
-        return bool(torch.equal(a.cpu().view(torch.uint8), b.cpu().view(torch.uint8)))
-    ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-    return bool(torch.equal(a.cpu().contiguous().view(ints), b.cpu().contiguous().view(ints)))
-
-
 def encode(v: Any, w: TensorWriter) -> Any:
     """A probe argument as tagged JSON (tensors by reference into the binary file)."""
     if isinstance(v, torch.Tensor):

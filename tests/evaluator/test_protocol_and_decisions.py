@@ -59,7 +59,7 @@ def test_a_misaligned_or_overlapping_manifest_still_reads_the_right_bytes(tmp_pa
 
 
 def test_same_bits_sees_nan_payloads_and_signed_zeros():
-    from kernels.evaluator.protocol import same_bits
+    from kernels.contract import same_bits
 
     x = torch.tensor([0.0, float("nan"), 1.0])
     assert same_bits(x, x.clone()) and not same_bits(x, torch.tensor([-0.0, float("nan"), 1.0]))
