@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from store import Workspace  # noqa: E402
+from store import Workspace, WorkspaceError  # noqa: E402
 
 
 def tik(*argv: str, timeout: float | None = None) -> subprocess.CompletedProcess:
@@ -209,8 +209,14 @@ def main() -> int:
             ws_path = Path(tempfile.mkdtemp(prefix=f"tik-tuner-{op}-")) / "ws"
         before = 0
         if ws_path.exists():
-            with Workspace.open(ws_path) as ws:
-                before = len(ws.implementations(op))
+            try:
+                with Workspace.open(ws_path) as ws:
+                    before = len(ws.implementations(op))
+            except WorkspaceError as e:
+                print(f"tuner_search: {op}: {e}", file=sys.stderr)
+                doc["ops"][op] = {"error": str(e)}
+                failed = True
+                continue
         else:
             init = tik("init", "-w", str(ws_path))
             if init.returncode != 0:
