@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 import triton
 
-import kernels  # noqa: F401  (sets the runtime up before Triton kernels load)
-from kernels.ops import attention as attn
+import tik_kernels  # noqa: F401  (sets the runtime up before Triton kernels load)
+from tik_kernels.ops import attention as attn
 
 HQ, HK, D = 32, 8, 128
 ANSWER = 128

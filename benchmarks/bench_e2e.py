@@ -21,10 +21,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import kernels  # noqa: E402,F401
-from kernels.e2e.model import PRESETS, make_backend  # noqa: E402
-from kernels.e2e.profile import profile_layer  # noqa: E402
-from kernels.e2e.run import E2EConfig, run_e2e  # noqa: E402
+import tik_kernels  # noqa: E402,F401
+from tik_kernels.e2e.model import PRESETS, make_backend  # noqa: E402
+from tik_kernels.e2e.profile import profile_layer  # noqa: E402
+from tik_kernels.e2e.run import E2EConfig, run_e2e  # noqa: E402
 
 
 def throughput(args, out: Path) -> dict:

@@ -28,9 +28,9 @@ from pathlib import Path
 
 import torch
 
-import kernels  # noqa: F401  (sets up Triton before anything imports it)
-from kernels.contracts import get_contract
-from kernels.evaluator import evaluate, measure
+import tik_kernels  # noqa: F401  (sets up Triton before anything imports it)
+from tik_kernels.contracts import get_contract
+from tik_kernels.evaluator import evaluate, measure
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -38,7 +38,7 @@ RESULTS = HERE / "results"
 CHEATS = {
     "side_stream": '''
 import torch
-from kernels.ops.rmsnorm import rmsnorm as _root
+from tik_kernels.ops.rmsnorm import rmsnorm as _root
 
 _side = []
 
@@ -56,7 +56,7 @@ def rmsnorm(x, w, eps=1e-6):
 ''',
     "lazy_when_timed": '''
 import torch
-from kernels.ops.rmsnorm import rmsnorm as _root
+from tik_kernels.ops.rmsnorm import rmsnorm as _root
 
 _last = {}
 
@@ -73,7 +73,7 @@ def rmsnorm(x, w, eps=1e-6):
     return y
 ''',
     "address_cache": '''
-from kernels.ops.rmsnorm import rmsnorm as _root
+from tik_kernels.ops.rmsnorm import rmsnorm as _root
 
 _cache = {}
 
@@ -89,10 +89,10 @@ def rmsnorm(x, w, eps=1e-6):
     "patches_harness": '''
 import importlib
 
-from kernels.ops.rmsnorm import rmsnorm as _root
+from tik_kernels.ops.rmsnorm import rmsnorm as _root
 
 # spelled so that a static screen for the evaluator's module names does not see it
-_t = importlib.import_module("kernels." + "evalu" + "ator.timing")
+_t = importlib.import_module("tik_kernels." + "evalu" + "ator.timing")
 _orig = _t.Timer.sample
 _mine = [False]
 
@@ -114,7 +114,7 @@ def rmsnorm(x, w, eps=1e-6):
 ''',
     "slows_neighbours": '''
 import torch
-from kernels.ops.rmsnorm import rmsnorm as _root
+from tik_kernels.ops.rmsnorm import rmsnorm as _root
 
 _empty = torch.empty
 _inside = [False]

@@ -3,7 +3,7 @@
     PYTHONPATH=. python benchmarks/bench_linear.py --out benchmarks/results            # CONFIG as baked
     PYTHONPATH=. python benchmarks/bench_linear.py --sweep --out benchmarks/results    # offline tile sweep
 
-Cells: the six projection shapes of Qwen3-8B / Llama-3-8B (kernels.contracts.linear) × M in
+Cells: the six projection shapes of Qwen3-8B / Llama-3-8B (tik_kernels.contracts.linear) × M in
 DECODE_BATCHES + TRAIN_TOKENS. Timing: CUDA events around one call, the providers interleaved
 rep by rep (order alternating), each call after a 256 MB write that evicts L2 (a layer's
 weights are never in L2 in a real forward); medians in µs. The flush also hides the CPU launch
@@ -15,7 +15,7 @@ configuration equal the rows of the entry point `linear` at M = 4096, bit for bi
 
 --sweep times every candidate tile per M bucket for each BLOCK_K and prints the CONFIG literal
 that minimises the geomean ratio (BLOCK_K one value for all buckets: it is frozen); the result
-is baked into kernels/ops/linear.py by hand, never chosen at run time.
+is baked into tik_kernels/ops/linear.py by hand, never chosen at run time.
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-import kernels  # noqa: E402,F401  (before triton)
-import kernels.ops.linear as L  # noqa: E402
-from kernels.contracts.linear import CONTRACT  # noqa: E402
+import tik_kernels  # noqa: E402,F401  (before triton)
+import tik_kernels.ops.linear as L  # noqa: E402
+from tik_kernels.contracts.linear import CONTRACT  # noqa: E402
 
 BUCKETS = ("M8", "M64", "M256", "M1024", "MBIG")
 #: candidate tiles (BLOCK_M, BLOCK_N, num_warps, num_stages) per bucket for the offline sweep (run 1's best kept)
@@ -85,7 +85,7 @@ def env_info() -> dict:
 
 def _compile_jobs(jobs: list) -> list:
     """Child process: run each (tile, BLOCK_K) once on a small problem so Triton's disk cache holds it."""
-    import kernels.ops.linear as lin
+    import tik_kernels.ops.linear as lin
 
     out = []
     x = torch.randn(16, 256, device="cuda").to(torch.bfloat16)

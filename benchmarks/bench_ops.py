@@ -27,9 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-import kernels  # noqa: E402,F401
-from kernels.contracts import all_contracts  # noqa: E402
-from kernels.evaluator import timing  # noqa: E402
+import tik_kernels  # noqa: E402,F401
+from tik_kernels.contracts import all_contracts  # noqa: E402
+from tik_kernels.evaluator import timing  # noqa: E402
 
 #: attention has its own benchmark (bench_attention.py: SDPA prefill and decode at B × context)
 DEFAULT_OPS = ("embedding", "rmsnorm", "add_rmsnorm", "rope", "silu_mul", "linear", "logprob", "entropy", "sample")

@@ -25,10 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-import kernels  # noqa: E402,F401
-from kernels.contracts import get_contract  # noqa: E402
-from kernels.evaluator.core import plan_for  # noqa: E402
-from kernels.evaluator.protocol import TensorWriter, read_tensors  # noqa: E402
+import tik_kernels  # noqa: E402,F401
+from tik_kernels.contracts import get_contract  # noqa: E402
+from tik_kernels.evaluator.core import plan_for  # noqa: E402
+from tik_kernels.evaluator.protocol import TensorWriter, read_tensors  # noqa: E402
 
 
 def references(plan) -> list[torch.Tensor]:

@@ -38,7 +38,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def environment(device: str) -> dict:
-    from kernels.evaluator.report import environment as env
+    from tik_kernels.evaluator.report import environment as env
 
     return env(device)
 
@@ -52,7 +52,7 @@ def default_out(env: dict, device: str) -> Path:
 
 
 def one_count(op: str, n: int, evals: int, device: str, timeout: float) -> dict:
-    from store import Workspace
+    from tik_store import Workspace
     from tik_tui.cli.main import main as tik
     from tik_tui.worker import run_search
 

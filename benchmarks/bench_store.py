@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from store import Workspace  # noqa: E402
+from tik_store import Workspace  # noqa: E402
 from tik_tui.cli.main import main as tik  # noqa: E402
 
 

@@ -20,9 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-import kernels  # noqa: E402,F401
-from kernels.contract import run_plan  # noqa: E402
-from kernels.contracts import all_contracts  # noqa: E402
+import tik_kernels  # noqa: E402,F401
+from tik_kernels.contract import run_plan  # noqa: E402
+from tik_kernels.contracts import all_contracts  # noqa: E402
 
 
 def main() -> int:

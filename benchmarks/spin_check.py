@@ -3,7 +3,7 @@
     PYTHONPATH=. python benchmarks/spin_check.py
 
 The old calibration timed one 200k-cycle spin on a cold GPU (first launch of the spin kernel, idle
-clock); the new one (kernels.evaluator.timing.Timer) loads the kernel first, raises the clock and
+clock); the new one (tik_kernels.evaluator.timing.Timer) loads the kernel first, raises the clock and
 keeps the fastest of three rates. Each resulting spin is then timed on a warm GPU, where the timed
 calls run: it must last at least timing.SPIN_US for the host's launch to stay hidden.
 """
@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from kernels.evaluator import timing  # noqa: E402
+from tik_kernels.evaluator import timing  # noqa: E402
 
 
 def main() -> None:

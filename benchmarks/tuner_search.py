@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from store import Workspace, WorkspaceError  # noqa: E402
+from tik_store import Workspace, WorkspaceError  # noqa: E402
 
 
 def tik(*argv: str, timeout: float | None = None) -> subprocess.CompletedProcess:
@@ -190,7 +190,7 @@ def main() -> int:
     args = ap.parse_args()
     import torch
 
-    from kernels.evaluator.report import environment
+    from tik_kernels.evaluator.report import environment
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     out = args.out or Path("benchmarks/results") / ("tuner_h200" if device == "cuda" else "tuner_cpu")

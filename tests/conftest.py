@@ -4,7 +4,7 @@ before anything imports Triton."""
 import pytest
 import torch
 
-import kernels  # noqa: F401  (must precede any triton import)
+import tik_kernels  # noqa: F401  (must precede any triton import)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -130,7 +130,7 @@ def run_search(workspace: Any, ops: list[str] | None = None, proposer: str = "tu
 
     `executor`, `address`, `workers`: where evaluations run (`tik_tui.agent.executor.make_executor`);
     raises `ExecutorError` (a ValueError, one line) for a bad choice or an unreachable cluster."""
-    from store import Workspace
+    from tik_store import Workspace
     from tik_tui.agent import default_proposer, make_proposer
     from tik_tui.agent.executor import make_executor
     from tik_tui.agent.loop import Search, SearchConfig
@@ -178,7 +178,7 @@ def run_search(workspace: Any, ops: list[str] | None = None, proposer: str = "tu
                             heartbeat=time.time(), message="starting")
 
         def beat() -> None:
-            from store import Workspace as W
+            from tik_store import Workspace as W
 
             with W.open(path) as bws:
                 while not beat_stop.wait(HEARTBEAT_S):

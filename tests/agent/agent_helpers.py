@@ -33,7 +33,7 @@ fake_eval = _load(FIXTURES / "fake_eval.py", "tik_test_fake_eval")
 
 
 def make_toy_workspace(path: Path):
-    from store import Workspace
+    from tik_store import Workspace
 
     ws = Workspace.init(path)
     ws.ensure_operator("toy", "identity", TOY_CONTRACT, "toy-fp")

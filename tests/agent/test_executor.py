@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def ir(path: Path, op: str) -> list[tuple]:
     """The derivations as the IR holds them, without what differs run to run (ids of searches, timings)."""
-    from store import Workspace
+    from tik_store import Workspace
 
     with Workspace.open(path) as ws:
         out = []
@@ -37,7 +37,7 @@ def ir(path: Path, op: str) -> list[tuple]:
 
 
 def evaluated(path: Path) -> list[dict]:
-    from store import Workspace
+    from tik_store import Workspace
 
     with Workspace.open(path) as ws:
         return [e["payload"] for e in ws.events_since(0, 10000) if e["kind"] == "evaluated"]

@@ -40,7 +40,7 @@ def test_export_refuses_unverified_and_unknown(tmp_path, capsys):
 def test_export_without_a_promotion(tmp_path, capsys):
     from agent_helpers import TOY_CONTRACT, TOY_SOURCE
 
-    from store import Workspace
+    from tik_store import Workspace
 
     ws = Workspace.init(tmp_path / "ws")
     ws.ensure_operator("toy", "identity", TOY_CONTRACT, "fp")

@@ -163,7 +163,7 @@ def test_evaluator_crash_fails_the_candidate_not_the_search(toy_ws):
 def test_pause_resume_stop_commands(toy_ws):
     from agent_helpers import fake_eval
 
-    from store import Workspace
+    from tik_store import Workspace
 
     def slow(op, path, **kw):
         time.sleep(0.05)

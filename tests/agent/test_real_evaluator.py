@@ -11,7 +11,7 @@ from tik_tui.worker import run_search
 
 @pytest.mark.slow
 def test_replay_search_on_rmsnorm_with_the_real_evaluator(tmp_path, capsys):
-    from store import Workspace
+    from tik_store import Workspace
 
     w = tmp_path / "ws"
     assert main(["-w", str(w), "init"]) == 0
@@ -47,7 +47,7 @@ def test_tuner_screens_on_rmsnorm_with_the_real_evaluator(tmp_path, capsys):
 
     Six moves a batch, two batches at most: that every one of twelve is slower than the root by noise
     alone (each a coin flip in the interpreter) happens about once in 4096 runs."""
-    from store import Workspace
+    from tik_store import Workspace
 
     w = tmp_path / "ws"
     assert main(["-w", str(w), "init"]) == 0

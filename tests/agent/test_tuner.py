@@ -49,9 +49,9 @@ def test_rewrite_config_keeps_lines_comments_and_other_values():
 def test_rewrite_config_on_the_library_linear_keeps_every_kernel_line():
     from pathlib import Path
 
-    import kernels.ops
+    import tik_kernels.ops
 
-    src = (Path(kernels.ops.__file__).parent / "linear.py").read_text()
+    src = (Path(tik_kernels.ops.__file__).parent / "linear.py").read_text()
     cfg = module_literal(src, "CONFIG")
     new = rewrite_config(src, {**cfg, "M256_BLOCK_M": 128, "MBIG_num_warps": 4})
     assert module_literal(new, "CONFIG") == {**cfg, "M256_BLOCK_M": 128, "MBIG_num_warps": 4}
@@ -129,9 +129,9 @@ def test_nothing_to_tune(source):
 def test_tuner_on_the_library_rmsnorm():
     from pathlib import Path
 
-    import kernels.ops
+    import tik_kernels.ops
 
-    src = (Path(kernels.ops.__file__).parent / "rmsnorm.py").read_text()
+    src = (Path(tik_kernels.ops.__file__).parent / "rmsnorm.py").read_text()
     p = make_proposer("tuner").propose(_ctx(src, contract={"entries": ["rmsnorm"], "frozen_tunables": []}))
     cfg = module_literal(p.source, "CONFIG")
     assert cfg != module_literal(src, "CONFIG")

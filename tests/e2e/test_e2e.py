@@ -12,13 +12,13 @@ import random
 import pytest
 import torch
 
-import kernels  # noqa: F401
-from kernels.e2e.model import PRESETS, StockBackend, bf16_weights, forward_packed, init_params, load_hf
-from kernels.e2e.rollout import Request, RolloutEngine
-from kernels.e2e.run import E2EConfig, run_e2e
-from kernels.e2e.safetensors_io import CheckpointError, load_file, save_file
-from kernels.e2e.task import make_requests
-from kernels.e2e.trainer import pack
+import tik_kernels  # noqa: F401
+from tik_kernels.e2e.model import PRESETS, StockBackend, bf16_weights, forward_packed, init_params, load_hf
+from tik_kernels.e2e.rollout import Request, RolloutEngine
+from tik_kernels.e2e.run import E2EConfig, run_e2e
+from tik_kernels.e2e.safetensors_io import CheckpointError, load_file, save_file
+from tik_kernels.e2e.task import make_requests
+from tik_kernels.e2e.trainer import pack
 
 
 def test_mode_b_rollout_logprobs_equal_trainer_bitwise_under_changing_batches():
@@ -34,7 +34,7 @@ def test_mode_b_rollout_logprobs_equal_trainer_bitwise_under_changing_batches():
 
 def test_same_request_same_tokens_whatever_the_batch():
     """A request's tokens and log-probs do not depend on which other requests share its batches."""
-    from kernels.e2e.model import make_backend
+    from tik_kernels.e2e.model import make_backend
 
     mc = PRESETS["tiny"]
     params = init_params(mc, 1)
@@ -51,7 +51,7 @@ def test_same_request_same_tokens_whatever_the_batch():
 
 
 def test_pack_rows_point_at_the_tokens_that_predict_the_answer():
-    from kernels.e2e.rollout import Completion
+    from tik_kernels.e2e.rollout import Completion
 
     c1 = Completion(Request([1, 2, 3], 2, 0), tokens=[7, 8])
     c2 = Completion(Request([4, 5], 3, 0), tokens=[9, 10, 11])

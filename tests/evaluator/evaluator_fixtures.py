@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from kernels.contract import Contract, load_module
+from tik_kernels.contract import Contract, load_module
 
 FIX = Path(__file__).with_name("fixtures")
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 from evaluator_fixtures import FIX, tiny
 
-from kernels.evaluator import evaluate
-from kernels.evaluator.sandbox import child_env
+from tik_kernels.evaluator import evaluate
+from tik_kernels.evaluator.sandbox import child_env
 
 TIMEOUT = 20.0
 LOOP_TIMEOUT = 8.0
@@ -77,7 +77,7 @@ def test_good_candidate_is_verified(reports):
     ("strided", "output 0 is not contiguous"),
     ("aliases", "output 0 aliases an input"),
     ("forges", "protocol error"),
-    ("patches_timer", "the source references the evaluator ('kernels.evaluator')"),
+    ("patches_timer", "the source references the evaluator ('tik_kernels.evaluator')"),
 ])
 def test_broken_candidate_fails_with_reason(reports, name, reason):
     rep = reports[name]
@@ -145,7 +145,7 @@ def test_good_candidate_timed_on_cpu_is_marked_interpreter(reports):
 
 
 def test_timing_rounds_stop_at_the_cell_budget_past_the_minimum(tmp_path):
-    from kernels.evaluator.timing import run_timing_job
+    from tik_kernels.evaluator.timing import run_timing_job
 
     (tmp_path / "out").mkdir()
     job = {"op": tiny().op, "contract_file": str(FIX / "tiny_contract.py"), "profile": "cpu", "seed": 0,
@@ -206,7 +206,7 @@ def test_child_environment_is_scrubbed(monkeypatch, tmp_path):
 
 
 def test_unknown_operator_is_the_callers_error():
-    from kernels.contracts import UnknownOperator
+    from tik_kernels.contracts import UnknownOperator
 
     with pytest.raises(UnknownOperator):
         evaluate("no_such_op", FIX / "good.py")
@@ -217,8 +217,8 @@ def test_only_trusted_children_write_the_shared_triton_cache_and_seeded_ones_get
                                                                                                monkeypatch):
     """GPU children compile into a Triton cache: the root's (trusted) into the process's shared one, every
     other child into a private copy of it. A candidate that plants or deletes files there touches only its copy."""
-    from kernels.evaluator import sandbox
-    from kernels.evaluator.protocol import TensorWriter
+    from tik_kernels.evaluator import sandbox
+    from tik_kernels.evaluator.protocol import TensorWriter
 
     impl = tmp_path / "cache_toucher.py"
     impl.write_text(
@@ -261,8 +261,8 @@ def test_only_trusted_children_write_the_shared_triton_cache_and_seeded_ones_get
 def test_unchanged_inputs_are_named_not_sent_back_and_a_mutation_still_crosses(tmp_path):
     """The child names an input it left bitwise as sent ({"input": k}); the parent then holds the very tensor
     it sent. A mutated input comes back as bytes, so the inputs_unchanged check sees the change."""
-    from kernels.contract import Plan, Probe
-    from kernels.evaluator.core import run_probes
+    from tik_kernels.contract import Plan, Probe
+    from tik_kernels.evaluator.core import run_probes
 
     x, w = torch.randn(4, 8), torch.ones(8)
     plan = Plan()
@@ -281,8 +281,8 @@ def test_unchanged_inputs_are_named_not_sent_back_and_a_mutation_still_crosses(t
 
 
 def test_a_plan_is_built_once_per_contract_profile_and_seed():
-    from kernels.contracts import get_contract
-    from kernels.evaluator.core import plan_for
+    from tik_kernels.contracts import get_contract
+    from tik_kernels.evaluator.core import plan_for
 
     c = get_contract("rmsnorm")
     a = plan_for(c, "cpu", 0)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from evaluator_fixtures import FIX, tiny
 
-from kernels.contracts import all_contracts
-from kernels.evaluator import evaluate
+from tik_kernels.contracts import all_contracts
+from tik_kernels.evaluator import evaluate
 
 pytestmark = pytest.mark.gpu
 

@@ -2,12 +2,12 @@
 
 from pathlib import Path
 
-import kernels.ops
-from kernels.evaluator.screen import screen
+import tik_kernels.ops
+from tik_kernels.evaluator.screen import screen
 from tik_tui.agent.base import module_literal
 from tik_tui.agent.tuner import rewrite_config
 
-SRC = (Path(kernels.ops.__file__).parent / "rmsnorm.py").read_text()
+SRC = (Path(tik_kernels.ops.__file__).parent / "rmsnorm.py").read_text()
 
 
 def test_screen_ranks_variants_and_names_the_broken_ones():

@@ -8,11 +8,11 @@ import json
 import pytest
 import torch
 
-from kernels.contract import CheckResult
-from kernels.evaluator.measure import close_to, integrity_ok
-from kernels.evaluator.protocol import ProtocolError, TensorWriter, decode, encode, read_tensors
-from kernels.evaluator.report import EvalReport, decide
-from kernels.evaluator.timing import summarize
+from tik_kernels.contract import CheckResult
+from tik_kernels.evaluator.measure import close_to, integrity_ok
+from tik_kernels.evaluator.protocol import ProtocolError, TensorWriter, decode, encode, read_tensors
+from tik_kernels.evaluator.report import EvalReport, decide
+from tik_kernels.evaluator.timing import summarize
 
 
 def test_tensors_round_trip_bit_exact(tmp_path):
@@ -59,7 +59,7 @@ def test_a_misaligned_or_overlapping_manifest_still_reads_the_right_bytes(tmp_pa
 
 
 def test_same_bits_sees_nan_payloads_and_signed_zeros():
-    from kernels.contract import same_bits
+    from tik_kernels.contract import same_bits
 
     x = torch.tensor([0.0, float("nan"), 1.0])
     assert same_bits(x, x.clone()) and not same_bits(x, torch.tensor([-0.0, float("nan"), 1.0]))
@@ -193,8 +193,8 @@ def test_close_to():
 
 
 def test_graph_replay_check():
-    from kernels.contract import Plan, ProbeResult
-    from kernels.evaluator.checks import GRAPH_PREFIX, graph_replay_check
+    from tik_kernels.contract import Plan, ProbeResult
+    from tik_kernels.evaluator.checks import GRAPH_PREFIX, graph_replay_check
 
     plan = Plan()
     x = torch.randn(4, 8)

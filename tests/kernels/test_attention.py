@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels._runtime import DEVICE
-from kernels.contract import Results, execute_probe, load_module
-from kernels.contracts import get_contract
-from kernels.reference import attention as ref
+from tik_kernels._runtime import DEVICE
+from tik_kernels.contract import Results, execute_probe, load_module
+from tik_kernels.contracts import get_contract
+from tik_kernels.reference import attention as ref
 
 CONTRACT = get_contract("attention")
 ROOT_PATH = CONTRACT.root_path
@@ -107,8 +107,8 @@ def test_decode_every_position_equals_prefill(S, scheme, monkeypatch):
     """A direct check outside the plan: odd lengths, MHA and GQA 4:1, a strided (over-allocated) cache; every
     decode scheme (S=41 spans 6 KV blocks: the precomputed running max is taken over several chunks, and a
     prefetch runs past the last block)."""
-    from kernels.ops import attention as attn
-    from kernels.ops.attention import attention_decode, attention_prefill
+    from tik_kernels.ops import attention as attn
+    from tik_kernels.ops.attention import attention_decode, attention_prefill
 
     if S == 41 and scheme not in LONG_SCHEMES:
         pytest.skip("the long case is there for the chunked running max")
@@ -131,7 +131,7 @@ def test_decode_every_position_equals_prefill(S, scheme, monkeypatch):
 
 
 def test_entry_points_validate_inputs():
-    from kernels.ops.attention import attention_decode, attention_prefill
+    from tik_kernels.ops.attention import attention_decode, attention_prefill
 
     q = torch.randn(1, 3, 4, 16).bfloat16()
     with pytest.raises(ValueError, match="multiple"):

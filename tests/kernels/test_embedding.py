@@ -5,10 +5,10 @@ import types
 import pytest
 import torch
 
-import kernels.ops.embedding as root
-from kernels.contract import run_plan
-from kernels.contracts import get_contract
-from kernels.contracts.embedding import CPU_SIZES, configs, make_plan
+import tik_kernels.ops.embedding as root
+from tik_kernels.contract import run_plan
+from tik_kernels.contracts import get_contract
+from tik_kernels.contracts.embedding import CPU_SIZES, configs, make_plan
 
 
 def _failed(results) -> dict[str, str]:

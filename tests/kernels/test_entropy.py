@@ -6,12 +6,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import kernels.ops.entropy as root
-from kernels.contract import load_module, run_plan, tokenwise_plan
-from kernels.contracts import get_contract
-from kernels.contracts._lmhead import CPU_SIZES
-from kernels.contracts.entropy import config, configs
-from kernels.reference.logprob import entropy as entropy_ref
+import tik_kernels.ops.entropy as root
+from tik_kernels.contract import load_module, run_plan, tokenwise_plan
+from tik_kernels.contracts import get_contract
+from tik_kernels.contracts._lmhead import CPU_SIZES
+from tik_kernels.contracts.entropy import config, configs
+from tik_kernels.reference.logprob import entropy as entropy_ref
 
 ROOT_SRC = Path(root.__file__).read_text()
 SMALL = {"BLOCK_T": 16, "BLOCK_V": 16, "BLOCK_K": 16, "V_CHUNK": 48,

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import kernels.ops.linear as L
-from kernels.contract import load_module, run_plan
-from kernels.contracts import get_contract
-from kernels.contracts.linear import CONTRACT, GPU_SIZES, projections
+import tik_kernels.ops.linear as L
+from tik_kernels.contract import load_module, run_plan
+from tik_kernels.contracts import get_contract
+from tik_kernels.contracts.linear import CONTRACT, GPU_SIZES, projections
 
 ROOT_SRC = Path(L.__file__).read_text()
 
@@ -134,7 +134,7 @@ def linear(x, w):
 @pytest.mark.parametrize("K", [40, 64, 112], ids=["K40-tail", "K64", "K112-tail"])
 def test_k_unroll_and_tile_change_no_bits(K):
     """K_UNROLL (chunks loaded per iteration) and the output tile are free; BLOCK_K is not (interpreter)."""
-    from kernels.contracts.linear import _cancelling
+    from tik_kernels.contracts.linear import _cancelling
 
     x, w = _cancelling(32, K)(12, torch.Generator().manual_seed(3))
     ref = L._matmul(x, w, tile=(16, 16, 4, 2, 1), block_k=16)

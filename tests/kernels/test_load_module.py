@@ -1,4 +1,4 @@
-"""kernels.contract.load_module: how implementation and contract files are imported by path."""
+"""tik_kernels.contract.load_module: how implementation and contract files are imported by path."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from kernels.contract import load_module
+from tik_kernels.contract import load_module
 
 
 def test_module_is_registered_while_its_body_runs(tmp_path):

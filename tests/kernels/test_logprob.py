@@ -6,12 +6,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import kernels.ops.logprob as root
-from kernels.contract import load_module, run_plan, tokenwise_plan
-from kernels.contracts import get_contract
-from kernels.contracts._lmhead import CPU_SIZES
-from kernels.contracts.logprob import config, configs
-from kernels.reference.logprob import logprob as logprob_ref
+import tik_kernels.ops.logprob as root
+from tik_kernels.contract import load_module, run_plan, tokenwise_plan
+from tik_kernels.contracts import get_contract
+from tik_kernels.contracts._lmhead import CPU_SIZES
+from tik_kernels.contracts.logprob import config, configs
+from tik_kernels.reference.logprob import logprob as logprob_ref
 
 ROOT_SRC = Path(root.__file__).read_text()
 #: tiny tiles: several V chunks, K steps and token blocks even at CPU sizes

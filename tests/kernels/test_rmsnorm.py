@@ -5,11 +5,11 @@ import types
 import pytest
 import torch
 
-import kernels.ops.rmsnorm as root
-from kernels.contract import run_plan
-from kernels.contracts import get_contract
-from kernels.contracts.rmsnorm import CPU_SIZES, configs, make_plan
-from kernels.reference.rmsnorm import rmsnorm as rmsnorm_ref
+import tik_kernels.ops.rmsnorm as root
+from tik_kernels.contract import run_plan
+from tik_kernels.contracts import get_contract
+from tik_kernels.contracts.rmsnorm import CPU_SIZES, configs, make_plan
+from tik_kernels.reference.rmsnorm import rmsnorm as rmsnorm_ref
 
 
 def _failed(results) -> dict[str, str]:

@@ -5,11 +5,11 @@ import types
 import pytest
 import torch
 
-import kernels.ops.rope as root
-from kernels.contract import run_plan
-from kernels.contracts import get_contract
-from kernels.contracts.rope import CPU_SIZES, configs, make_plan, torch_rope
-from kernels.reference.rope import rope as rope_ref
+import tik_kernels.ops.rope as root
+from tik_kernels.contract import run_plan
+from tik_kernels.contracts import get_contract
+from tik_kernels.contracts.rope import CPU_SIZES, configs, make_plan, torch_rope
+from tik_kernels.reference.rope import rope as rope_ref
 
 
 def _failed(results) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""kernels._runtime on a CPU machine: the interpreter is switched on, and its dot has an order that does not
+"""tik_kernels._runtime on a CPU machine: the interpreter is switched on, and its dot has an order that does not
 follow the tile shape (np.matmul's did, with the BLAS library and the machine)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._runtime import INTERPRET
+from tik_kernels._runtime import INTERPRET
 
 pytestmark = pytest.mark.skipif(not INTERPRET, reason="interpreter only")
 

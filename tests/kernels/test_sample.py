@@ -6,15 +6,15 @@ from pathlib import Path
 import pytest
 import torch
 
-import kernels.ops.logprob as logprob_root
-import kernels.ops.sample as root
-from kernels.contract import Plan, load_module, run_plan, tokenwise_plan
-from kernels.contracts import get_contract
-from kernels.contracts._lmhead import CPU_SIZES, hidden_and_weight
-from kernels.contracts.sample import _accuracy_check, _distribution_check, chi2, chi2_quantile, config
-from kernels.reference.logprob import logits as logits_ref
-from kernels.reference.sample import gumbel, noise_bits, uniform
-from kernels.reference.sample import sample as sample_ref
+import tik_kernels.ops.logprob as logprob_root
+import tik_kernels.ops.sample as root
+from tik_kernels.contract import Plan, load_module, run_plan, tokenwise_plan
+from tik_kernels.contracts import get_contract
+from tik_kernels.contracts._lmhead import CPU_SIZES, hidden_and_weight
+from tik_kernels.contracts.sample import _accuracy_check, _distribution_check, chi2, chi2_quantile, config
+from tik_kernels.reference.logprob import logits as logits_ref
+from tik_kernels.reference.sample import gumbel, noise_bits, uniform
+from tik_kernels.reference.sample import sample as sample_ref
 
 ROOT_SRC = Path(root.__file__).read_text()
 SMALL = {"BLOCK_T": 16, "BLOCK_V": 16, "BLOCK_K": 16, "V_CHUNK": 48}

@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import kernels.ops.silu_mul as root
-from kernels.contract import run_plan
-from kernels.contracts import get_contract
-from kernels.contracts.silu_mul import CPU_SIZES, configs, make_plan
+import tik_kernels.ops.silu_mul as root
+from tik_kernels.contract import run_plan
+from tik_kernels.contracts import get_contract
+from tik_kernels.contracts.silu_mul import CPU_SIZES, configs, make_plan
 
 
 def _failed(results) -> dict[str, str]:

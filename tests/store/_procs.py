@@ -16,8 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from store import Workspace  # noqa: E402
-from store.gitrepo import GitRepo  # noqa: E402
+from tik_store import Workspace  # noqa: E402
+from tik_store.gitrepo import GitRepo  # noqa: E402
 
 
 def source(tag: str, i: int) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from store import Workspace
+from tik_store import Workspace
 
 TOY = "def toy(x):\n    return x\n"
 

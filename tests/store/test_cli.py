@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from store_support import report, toy_source
 
-import kernels.contracts
-from store import Workspace
+import tik_kernels.contracts
+from tik_store import Workspace
 from tik_tui.cli.main import main
 
 
@@ -37,7 +37,7 @@ def fake_ops(tmp_path, monkeypatch):
         files[op] = tmp_path / f"{op}.py"
         files[op].write_text(f"def {op}(x):\n    return x\n")
     fakes = {op: FakeContract(op, p) for op, p in files.items()}
-    monkeypatch.setattr(kernels.contracts, "all_contracts", lambda: fakes)
+    monkeypatch.setattr(tik_kernels.contracts, "all_contracts", lambda: fakes)
     return files
 
 
@@ -68,7 +68,7 @@ def test_init_seeds_a_promoted_root_per_operator(wsdir, fake_ops, capsys):
 
 
 def test_init_with_no_operators_yet(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(kernels.contracts, "all_contracts", lambda: {})
+    monkeypatch.setattr(tik_kernels.contracts, "all_contracts", lambda: {})
     code, out, err = tik(capsys, "init", "-w", str(tmp_path / "w"), "--json")
     assert code == 0 and json.loads(out) == {"workspace": str(tmp_path / "w"), "operators": []}
 
@@ -77,7 +77,7 @@ def test_init_seeds_the_real_library(tmp_path, capsys):
     code, out, err = tik(capsys, "-w", str(tmp_path / "w"), "init", "--json")
     assert code == 0, err
     seeded = json.loads(out)["operators"]
-    contracts = kernels.contracts.all_contracts()
+    contracts = tik_kernels.contracts.all_contracts()
     assert [s["op"] for s in seeded] == [op for op, c in contracts.items() if c.root_path.exists()]
     with Workspace.open(tmp_path / "w") as ws:
         for s in seeded:

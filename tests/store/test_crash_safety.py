@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from store_support import report, toy_source
 
-from store import Workspace
-from store.gitrepo import PENDING_PREFIX
+from tik_store import Workspace
+from tik_store.gitrepo import PENDING_PREFIX
 
 PROCS = Path(__file__).with_name("_procs.py")
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from store_support import TOY, report, toy_source
 
-from store import Workspace, WorkspaceError
-from store.gitfiles import PENDING_PREFIX, read_loose, read_refs
+from tik_store import Workspace, WorkspaceError
+from tik_store.gitfiles import PENDING_PREFIX, read_loose, read_refs
 from tik_tui.cli.store_cmds import _write_json_list
 
 PROCS = Path(__file__).with_name("_procs.py")

@@ -9,8 +9,8 @@ import git
 import pytest
 from store_support import TOY, report, toy_source
 
-from store import STATUSES, Workspace, WorkspaceError
-from store.errors import UnknownImplementation
+from tik_store import STATUSES, Workspace, WorkspaceError
+from tik_store.errors import UnknownImplementation
 
 
 def test_derivation_is_a_git_commit_whose_parent_is_the_parent_commit(ws, root):

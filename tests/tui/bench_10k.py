@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from tui_support import SRC, report  # noqa: E402
 
-from store import Workspace  # noqa: E402
+from tik_store import Workspace  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 from tui_support import make_app, wait_for
 
-from store import Workspace
+from tik_store import Workspace
 from tik_tui.screens.detail import DetailScreen
 from tik_tui.screens.dialogs import RejectDialog, StartSearchDialog
 from tik_tui.widgets.derivation_tree import DerivationTree

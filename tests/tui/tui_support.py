@@ -61,7 +61,7 @@ def report(verified: bool, eligible: bool = False, ratios=(1.0, 1.0, 1.0), inc=N
 
 @pytest.fixture
 def frozen_store_clock(monkeypatch):
-    import store.workspace as sw
+    import tik_store.workspace as sw
 
     ticks = itertools.count()
     monkeypatch.setattr(sw, "now", lambda: (T0 + timedelta(seconds=next(ticks))).isoformat(
@@ -70,7 +70,7 @@ def frozen_store_clock(monkeypatch):
 
 def build_workspace(path: Path) -> dict[str, int]:
     """Three operators; rmsnorm has a lineage with every status. Returns name -> implementation id."""
-    from store import Workspace
+    from tik_store import Workspace
 
     ids: dict[str, int] = {}
     with Workspace.init(path) as ws:

@@ -59,7 +59,7 @@ class ProposalContext:
     #: tokens / dollars still allowed (None: unbounded)
     tokens_left: int | None = None
     dollars_left: float | None = None
-    #: screen(sources, rounds) -> kernels.evaluator.screen result: a quick timing of variants beside the parent
+    #: screen(sources, rounds) -> tik_kernels.evaluator.screen result: a quick timing of variants beside the parent
     #: (None: no timed device, or screening off); the tuner screens `screen_width` moves at a time
     screen: Callable[[list[str], int], dict] | None = None
     screen_width: int = 0

@@ -95,7 +95,7 @@ def run_job(job: EvalJob, evaluate: Callable | None = None, worker: dict | None 
     """Write the job's sources to a private directory and evaluate there (wherever "there" is)."""
     worker = {"host": socket.gethostname(), "pid": os.getpid(), **(worker or {}), "started": time.time()}
     if evaluate is None:
-        from kernels.evaluator import evaluate
+        from tik_kernels.evaluator import evaluate
     tmp = Path(tempfile.mkdtemp(prefix="tik-job-"))
     try:
         def write(impl_id: int | None, source: str | None) -> str | None:
@@ -332,7 +332,7 @@ def slot_main() -> None:
     try:
         evaluate, problem = load_portable(hello.get("evaluator")), None
         if evaluate is None:
-            import kernels.evaluator  # noqa: F401  (warm: torch and triton load before the first job)
+            import tik_kernels.evaluator  # noqa: F401  (warm: torch and triton load before the first job)
     except Exception as e:
         evaluate, problem = None, f"cannot load the evaluator in the worker process: {one_line(e)}"
     where = {"executor": "local", "slot": hello.get("slot"), "gpu": os.environ.get("CUDA_VISIBLE_DEVICES")}

@@ -130,7 +130,7 @@ class Search:
                  should_stop: Callable[[], bool] | None = None, executor: Any | None = None,
                  screen: Callable | None = None):
         self.ws = ws
-        #: screen(op, parent_source, sources, rounds) -> screen result; default kernels.evaluator.screen
+        #: screen(op, parent_source, sources, rounds) -> screen result; default tik_kernels.evaluator.screen
         self._screen = screen
         self._warmed: set[str] = set()
         self.proposer = proposer
@@ -157,7 +157,7 @@ class Search:
 
     def evaluate_fn(self) -> Callable:
         if self._evaluate is None:
-            from kernels.evaluator import evaluate
+            from tik_kernels.evaluator import evaluate
 
             self._evaluate = evaluate
         return self._evaluate
@@ -188,8 +188,8 @@ class Search:
         import tempfile
         from pathlib import Path
 
-        from kernels.evaluator.core import warm_root
-        from kernels.evaluator.screen import screen
+        from tik_kernels.evaluator.core import warm_root
+        from tik_kernels.evaluator.screen import screen
 
         root = self.ws.root(op)
         if device.startswith("cuda") and op not in self._warmed and root is not None:

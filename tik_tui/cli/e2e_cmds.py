@@ -27,9 +27,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    import kernels  # noqa: F401  (sets the interpreter up before triton loads)
-    from kernels.e2e.run import MODES, E2EConfig, run_e2e
-    from kernels.e2e.safetensors_io import CheckpointError
+    import tik_kernels  # noqa: F401  (sets the interpreter up before triton loads)
+    from tik_kernels.e2e.run import MODES, E2EConfig, run_e2e
+    from tik_kernels.e2e.safetensors_io import CheckpointError
 
     modes = tuple(m.strip().upper() for m in args.modes.split(",") if m.strip())
     bad = [m for m in modes if m not in MODES]

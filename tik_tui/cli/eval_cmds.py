@@ -38,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _contract(op: str):
-    from kernels.contracts import UnknownOperator, get_contract
+    from tik_kernels.contracts import UnknownOperator, get_contract
 
     try:
         return get_contract(op)
@@ -47,7 +47,7 @@ def _contract(op: str):
 
 
 def _source(path: Path, what: str = "implementation") -> Path:
-    from kernels.evaluator import source_problem
+    from tik_kernels.evaluator import source_problem
 
     if not path.exists():
         raise TikError(f"no such {what} file: {path}")
@@ -76,7 +76,7 @@ def _common(args: argparse.Namespace):
 
 
 def cmd_ops(args: argparse.Namespace) -> int:
-    from kernels.contracts import all_contracts
+    from tik_kernels.contracts import all_contracts
 
     docs = []
     for c in all_contracts().values():
@@ -97,7 +97,7 @@ def cmd_ops(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from kernels.evaluator import evaluate
+    from tik_kernels.evaluator import evaluate
 
     contract, impl, device = _common(args)
     rep = evaluate(contract, impl, device=device, timeout=args.timeout, time_it=False, seed=args.seed)
@@ -131,7 +131,7 @@ def _x(v: float | None) -> str:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from kernels.evaluator import evaluate
+    from tik_kernels.evaluator import evaluate
 
     contract, impl, device = _common(args)
     incumbent = _source(args.incumbent, "incumbent") if args.incumbent is not None else None

@@ -32,16 +32,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                            help="wait up to S seconds for the worker to exit")
         q.set_defaults(func=cmd_control, kind=kind)
 
-    e = sub.add_parser("export", parents=[common_parent()], help="write the incumbent (or ID) back into kernels/")
+    e = sub.add_parser("export", parents=[common_parent()], help="write the incumbent (or ID) back into tik_kernels/")
     e.add_argument("op")
     e.add_argument("id", nargs="?", type=int)
-    e.add_argument("--to", type=Path, default=None, help="directory to write <op>.py into (default: kernels/ops/)")
+    e.add_argument("--to", type=Path, default=None, help="directory to write <op>.py into (default: tik_kernels/ops/)")
     e.add_argument("--force", action="store_true", help="export even an implementation that is not verified")
     e.set_defaults(func=cmd_export)
 
 
 def _open(path: Path):
-    from store import Workspace, WorkspaceError
+    from tik_store import Workspace, WorkspaceError
 
     try:
         return Workspace.open(path)
@@ -181,14 +181,14 @@ def cmd_control(args: argparse.Namespace) -> int:
 
 
 def library_ops_dir() -> Path:
-    spec = importlib.util.find_spec("kernels")
+    spec = importlib.util.find_spec("tik_kernels")
     if spec is None or not spec.submodule_search_locations:
-        raise TikError("the kernels package is not importable here: pass --to DIR")
+        raise TikError("the tik_kernels package is not importable here: pass --to DIR")
     return Path(list(spec.submodule_search_locations)[0]) / "ops"
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from store import WorkspaceError
+    from tik_store import WorkspaceError
 
     ws = _open(args.workspace)
     try:

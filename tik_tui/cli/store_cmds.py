@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from store import STATUSES, Workspace, WorkspaceError
+from tik_store import STATUSES, Workspace, WorkspaceError
 from tik_tui.cli.common import TikError, common_parent, print_json
 
 
@@ -70,7 +70,7 @@ def _first_line(text: str, width: int = 60) -> str:
 def seed(ws: Workspace) -> list[dict]:
     """One root implementation per operator that has a contract, promoted by `library` (the initial
     incumbent). Operators whose contract or root file is not importable are reported on stderr."""
-    from kernels.contracts import all_contracts
+    from tik_kernels.contracts import all_contracts
 
     seeded = []
     for op, c in all_contracts().items():

@@ -24,7 +24,7 @@ def register(sub) -> None:
 
 def _check_workspace(args: argparse.Namespace) -> None:
     """Fail before the application starts: a UI on a missing workspace would only show an error."""
-    from store import Workspace, WorkspaceError
+    from tik_store import Workspace, WorkspaceError
 
     try:
         Workspace.open(args.workspace).close()

@@ -59,7 +59,7 @@ class StoreClient:
             if self._opener is not None:
                 self._ws = self._opener(self.path)
             else:
-                from store import Workspace
+                from tik_store import Workspace
 
                 self._ws = Workspace.open(self.path)
         return self._ws

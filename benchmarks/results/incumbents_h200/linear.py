@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._runtime import INTERPRET
+from tik_kernels._runtime import INTERPRET
 
 #: allowed values; per-bucket keys are <bucket>_<name>, buckets by the number of rows M
 TUNABLES = {

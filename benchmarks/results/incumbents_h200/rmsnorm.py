@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._runtime import INTERPRET
+from tik_kernels._runtime import INTERPRET
 
 #: Triton's interpreter truncates fp32 -> bf16 casts (the GPU rounds to nearest even): round by hand there
 _INTERPRET = tl.constexpr(INTERPRET)

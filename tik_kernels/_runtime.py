@@ -1,0 +1,71 @@
+"""Where kernels run: a CUDA GPU, or Triton's interpreter on the CPU.
+
+Imported by `tik_kernels/__init__.py` before anything imports Triton, because Triton reads
+TRITON_INTERPRET at import time. On a machine without a GPU TIK sets it itself.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+HAS_GPU: bool = torch.cuda.is_available()
+
+if not HAS_GPU:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+#: True when Triton kernels run in the CPU interpreter (no GPU bits are meaningful there).
+INTERPRET: bool = os.environ.get("TRITON_INTERPRET") == "1"
+
+#: Device the library's tensors live on by default.
+DEVICE: str = "cuda" if HAS_GPU and not INTERPRET else "cpu"
+
+
+def default_device() -> str:
+    return DEVICE
+
+
+def _order_defined_interpreter_dot() -> None:
+    """Make the interpreter's `tl.dot` sum over K in order, the same for every tile shape.
+
+    Triton's interpreter computes a dot with `np.matmul`, whose summation order is the BLAS
+    library's and follows the matrix shape: on an AMD EPYC host (OpenBLAS 0.3.31) a 1-row product
+    differed from the same row inside a 2-, 3- or 5-row one, so the CPU contract tests' bitwise
+    checks (batch invariance, tile changes that must not change bits) failed or passed with the
+    machine. Here every output element is `sum_k a[m, k] * b[k, n]`, added k = 0, 1, ... in fp32
+    (one rounding per product and per add), then `+ acc`: a function of that element's row and
+    column alone, as a K-sequential GPU dot is. Integer and fp8 dots keep Triton's own path
+    (integer sums are exact; fp8 never reaches it in TIK).
+    """
+    import numpy as np
+    from triton.runtime import interpreter as it
+
+    original = it.InterpreterBuilder.create_dot
+    if getattr(original, "_tik_order_defined", False):
+        return
+
+    def as_float(h, dtype):
+        if h.dtype.scalar.is_bf16():
+            return (h.data.astype(np.uint32) << 16).view(np.float32).astype(dtype)
+        return h.data.astype(dtype)
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        out = d.data.dtype
+        floats = (a.dtype.scalar.is_floating() and b.dtype.scalar.is_floating() and np.issubdtype(out, np.floating)
+                  and a.dtype.scalar.primitive_bitwidth > 8 and b.dtype.scalar.primitive_bitwidth > 8)
+        if not floats:
+            return original(self, a, b, d, input_precision, max_num_imprecise_acc)
+        x, y = as_float(a, out), as_float(b, out)
+        acc = x[..., :, 0:1] * y[..., 0:1, :]
+        for k in range(1, x.shape[-1]):
+            acc += x[..., :, k:k + 1] * y[..., k:k + 1, :]
+        return it.TensorHandle(acc + d.data, d.dtype.scalar)
+
+    create_dot._tik_order_defined = True
+    it.InterpreterBuilder.create_dot = create_dot
+    it.interpreter_builder.create_dot = create_dot.__get__(it.interpreter_builder)
+
+
+if INTERPRET:
+    _order_defined_interpreter_dot()

@@ -1,0 +1,373 @@
+"""A Qwen3-style decoder (GQA, q/k RMSNorm, RoPE, SwiGLU) written against a kernel *backend*.
+
+The same forward code runs on `StockBackend` (cuBLAS, SDPA, F.rms_norm, log_softmax: what
+a trainer uses today) or `UnifiedBackend` (TIK's operators). Activations are token-major:
+a packed batch of T tokens is `[T, H]` whatever its origin (prefill, decode, training).
+
+Parameters are fp32 master weights; every forward casts them to bf16, so rollout and trainer
+read the very same bf16 bits.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from tik_kernels.e2e.safetensors_io import CheckpointError, load_file
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    rope_theta: float = 1_000_000.0
+    eps: float = 1e-6
+
+    def with_layers(self, n: int) -> ModelConfig:
+        return replace(self, layers=n)
+
+    def n_params(self) -> int:
+        H, D = self.hidden, self.head_dim
+        layer = H * D * (self.heads * 2 + self.kv_heads * 2) + 3 * H * self.ffn + 2 * H + 2 * D
+        return 2 * self.vocab * H + H + self.layers * layer
+
+
+PRESETS: dict[str, ModelConfig] = {
+    # CPU tests: runs in the Triton interpreter in seconds
+    "tiny": ModelConfig(vocab=48, hidden=32, layers=2, heads=4, kv_heads=2, head_dim=16, ffn=64, rope_theta=10_000.0),
+    # GPU learning demo: small enough to learn the synthetic task by GRPO in minutes
+    "small": ModelConfig(vocab=64, hidden=256, layers=4, heads=8, kv_heads=4, head_dim=32, ffn=768,
+                         rope_theta=10_000.0),
+    # real shapes (layer count is reduced by the caller to fit the time)
+    "qwen3-0.6b": ModelConfig(vocab=151936, hidden=1024, layers=28, heads=16, kv_heads=8, head_dim=128, ffn=3072),
+    "qwen3-1.7b": ModelConfig(vocab=151936, hidden=2048, layers=28, heads=16, kv_heads=8, head_dim=128, ffn=6144),
+}
+
+
+def init_params(cfg: ModelConfig, seed: int = 0, device: str = "cpu") -> dict[str, torch.Tensor]:
+    """Random fp32 master weights (requires_grad), scaled so activations stay O(1)."""
+    g = torch.Generator().manual_seed(seed)
+    H, D = cfg.hidden, cfg.head_dim
+
+    def w(*shape, std):
+        return (torch.randn(*shape, generator=g) * std).to(device)
+
+    p: dict[str, torch.Tensor] = {"embed": w(cfg.vocab, H, std=1.0), "norm": torch.ones(H, device=device),
+                                  "lm_head": w(cfg.vocab, H, std=1 / math.sqrt(H))}
+    for i in range(cfg.layers):
+        s_in, s_attn, s_ffn = 1 / math.sqrt(H), 1 / math.sqrt(cfg.heads * D), 1 / math.sqrt(cfg.ffn)
+        p |= {
+            f"l{i}.ln1": torch.ones(H, device=device),
+            f"l{i}.wq": w(cfg.heads * D, H, std=s_in),
+            f"l{i}.wk": w(cfg.kv_heads * D, H, std=s_in),
+            f"l{i}.wv": w(cfg.kv_heads * D, H, std=s_in),
+            f"l{i}.q_norm": torch.ones(D, device=device),
+            f"l{i}.k_norm": torch.ones(D, device=device),
+            f"l{i}.wo": w(H, cfg.heads * D, std=s_attn / math.sqrt(2 * cfg.layers)),
+            f"l{i}.ln2": torch.ones(H, device=device),
+            f"l{i}.w_gate_up": w(2 * cfg.ffn, H, std=s_in),
+            f"l{i}.w_down": w(H, cfg.ffn, std=s_ffn / math.sqrt(2 * cfg.layers)),
+        }
+    for t in p.values():
+        t.requires_grad_(True)
+    return p
+
+
+def load_hf(directory: str | Path, device: str = "cpu") -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """Load a Hugging Face Qwen3/Llama-style checkpoint (config.json + *.safetensors) from a local directory."""
+    d = Path(directory)
+    try:
+        hf = json.loads((d / "config.json").read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{d}: no config.json") from None
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{d}/config.json: {e}") from None
+    try:
+        heads = hf["num_attention_heads"]
+        cfg = ModelConfig(
+            vocab=hf["vocab_size"], hidden=hf["hidden_size"], layers=hf["num_hidden_layers"], heads=heads,
+            kv_heads=hf.get("num_key_value_heads", heads), head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+            ffn=hf["intermediate_size"], rope_theta=float(hf.get("rope_theta", 10_000.0)),
+            eps=float(hf.get("rms_norm_eps", 1e-6)),
+        )
+    except KeyError as e:
+        raise CheckpointError(f"{d}/config.json lacks {e.args[0]}") from None
+    files = sorted(d.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{d}: no *.safetensors files")
+    sd: dict[str, torch.Tensor] = {}
+    for f in files:
+        sd |= load_file(f)
+
+    def get(name: str) -> torch.Tensor:
+        for key in (name, "model." + name):
+            if key in sd:
+                return sd[key].float()
+        raise CheckpointError(f"{d}: checkpoint lacks {name}")
+
+    p = {"embed": get("embed_tokens.weight"), "norm": get("norm.weight")}
+    p["lm_head"] = sd["lm_head.weight"].float() if "lm_head.weight" in sd else p["embed"].clone()
+    for i in range(cfg.layers):
+        pre = f"layers.{i}."
+        p[f"l{i}.ln1"] = get(pre + "input_layernorm.weight")
+        for ours, theirs in (("wq", "q_proj"), ("wk", "k_proj"), ("wv", "v_proj"), ("wo", "o_proj")):
+            p[f"l{i}.{ours}"] = get(pre + f"self_attn.{theirs}.weight")
+        ones = torch.ones(cfg.head_dim)
+        p[f"l{i}.q_norm"] = get(pre + "self_attn.q_norm.weight") if any("q_norm" in k for k in sd) else ones
+        p[f"l{i}.k_norm"] = get(pre + "self_attn.k_norm.weight") if any("k_norm" in k for k in sd) else ones.clone()
+        p[f"l{i}.ln2"] = get(pre + "post_attention_layernorm.weight")
+        p[f"l{i}.w_gate_up"] = torch.cat([get(pre + "mlp.gate_proj.weight"), get(pre + "mlp.up_proj.weight")])
+        p[f"l{i}.w_down"] = get(pre + "mlp.down_proj.weight")
+    return cfg, {k: v.to(device).requires_grad_(True) for k, v in p.items()}
+
+
+def config_dict(cfg: ModelConfig) -> dict:
+    return asdict(cfg)
+
+
+# ----------------------------------------------------------------------------- backends
+
+
+class StockBackend:
+    """Stock PyTorch kernels: what rollout engines and trainers run without TIK."""
+
+    name = "stock"
+
+    def embedding(self, ids, table):
+        return F.embedding(ids, table)
+
+    def rmsnorm(self, x, w, eps):
+        return F.rms_norm(x.float(), (x.shape[-1],), w.float(), eps).to(x.dtype)
+
+    def add_rmsnorm(self, x, residual, w, eps):
+        r = x + residual
+        return self.rmsnorm(r, w, eps), r
+
+    def linear(self, x, w):
+        return F.linear(x, w)
+
+    def silu_mul(self, x):
+        a, b = x.chunk(2, dim=-1)
+        return F.silu(a) * b
+
+    def rope(self, q, k, pos, theta):
+        D = q.shape[-1]
+        inv = theta ** (-torch.arange(0, D, 2, device=q.device, dtype=torch.float32) / D)
+        ang = pos.to(torch.float32)[:, None] * inv[None]
+        cos, sin = torch.cat([ang.cos()] * 2, -1)[:, None], torch.cat([ang.sin()] * 2, -1)[:, None]
+
+        def rot(x):
+            x1, x2 = x.float().chunk(2, -1)
+            return (x.float() * cos + torch.cat([-x2, x1], -1) * sin).to(x.dtype)
+
+        return rot(q), rot(k)
+
+    def attention_varlen(self, q, k, v, cu_seqlens):
+        outs = []
+        cu = cu_seqlens.tolist()
+        for s, e in zip(cu[:-1], cu[1:], strict=True):
+            qs, ks, vs = (t[s:e].transpose(0, 1)[None] for t in (q, k, v))
+            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
+            outs.append(o[0].transpose(0, 1))
+        return torch.cat(outs)
+
+    def attention_decode(self, q, k_cache, v_cache, lens):
+        L = int(lens.max())
+        k_cache, v_cache = k_cache[:, :, :L], v_cache[:, :, :L]
+        mask = (torch.arange(L, device=q.device)[None, :] < lens[:, None])[:, None, None, :]
+        return F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask, enable_gqa=True)
+
+    def logprob(self, hidden, w, targets, temperature):
+        logits = F.linear(hidden, w).float() / temperature
+        return logits.log_softmax(-1).gather(-1, targets[:, None].long())[:, 0]
+
+    def entropy(self, hidden, w, temperature):
+        logp = (F.linear(hidden, w).float() / temperature).log_softmax(-1)
+        return -(logp.exp() * logp).sum(-1)
+
+    def sample(self, hidden, w, temperature, seeds):
+        logits = F.linear(hidden, w).float() / temperature
+        return torch.multinomial(logits.softmax(-1), 1)[:, 0]
+
+
+class UnifiedBackend:
+    """TIK's operators, from the library (`tik_kernels.ops.*`) or from given implementation files."""
+
+    name = "unified"
+
+    def __init__(self, impl_files: dict[str, str | Path] | None = None):
+        import importlib
+
+        from tik_kernels.contract import load_module
+
+        self.sources: dict[str, str] = {}
+        mods = {}
+        for op in ("embedding", "rmsnorm", "add_rmsnorm", "rope", "linear", "silu_mul", "attention", "logprob",
+                   "entropy", "sample"):
+            if impl_files and op in impl_files:
+                mods[op] = load_module(impl_files[op], f"tik_e2e_{op}")
+                self.sources[op] = str(impl_files[op])
+            else:
+                mods[op] = importlib.import_module(f"tik_kernels.ops.{op}")
+                self.sources[op] = f"tik_kernels.ops.{op}"
+        self.m = mods
+
+    def embedding(self, ids, table):
+        return self.m["embedding"].embedding(ids, table)
+
+    def rmsnorm(self, x, w, eps):
+        if x.dim() == 3:  # per-head q/k norm: every (token, head) row normalized over D
+            T, Hh, D = x.shape
+            return self.m["rmsnorm"].rmsnorm(x.reshape(T * Hh, D), w, eps).view(T, Hh, D)
+        return self.m["rmsnorm"].rmsnorm(x, w, eps)
+
+    def add_rmsnorm(self, x, residual, w, eps):
+        return self.m["add_rmsnorm"].add_rmsnorm(x, residual, w, eps)
+
+    def linear(self, x, w):
+        return self.m["linear"].linear(x, w)
+
+    def silu_mul(self, x):
+        return self.m["silu_mul"].silu_mul(x)
+
+    def rope(self, q, k, pos, theta):
+        return self.m["rope"].rope(q, k, pos, theta)
+
+    def attention_varlen(self, q, k, v, cu_seqlens):
+        mod = self.m["attention"]
+        if hasattr(mod, "attention_varlen"):
+            return mod.attention_varlen(q, k, v, cu_seqlens)
+        outs = []
+        cu = cu_seqlens.tolist()
+        for s, e in zip(cu[:-1], cu[1:], strict=True):
+            qs, ks, vs = (t[s:e].transpose(0, 1)[None].contiguous() for t in (q, k, v))
+            outs.append(mod.attention_prefill(qs, ks, vs)[0].transpose(0, 1))
+        return torch.cat(outs)
+
+    def attention_decode(self, q, k_cache, v_cache, lens):
+        return self.m["attention"].attention_decode(q, k_cache, v_cache, lens)
+
+    def logprob(self, hidden, w, targets, temperature):
+        return self.m["logprob"].logprob(hidden, w, targets, temperature)
+
+    def entropy(self, hidden, w, temperature):
+        return self.m["entropy"].entropy(hidden, w, temperature)
+
+    def sample(self, hidden, w, temperature, seeds):
+        return self.m["sample"].sample(hidden, w, temperature, seeds)
+
+
+def make_backend(name: str, impl_files: dict[str, str | Path] | None = None):
+    if name == "stock":
+        return StockBackend()
+    if name == "unified":
+        return UnifiedBackend(impl_files)
+    raise ValueError(f"unknown backend {name!r} (stock or unified)")
+
+
+# ----------------------------------------------------------------------------- the decoder
+
+
+def bf16_weights(params: dict[str, torch.Tensor], grad: bool) -> dict[str, torch.Tensor]:
+    """The bf16 weights every kernel reads; with `grad` the cast is part of the autograd graph."""
+    if grad:
+        return {k: v.to(torch.bfloat16) for k, v in params.items()}
+    with torch.no_grad():
+        return {k: v.detach().to(torch.bfloat16) for k, v in params.items()}
+
+
+class KVCache:
+    """Per-layer `[slots, Hk, max_len, D]` bf16 caches of roped keys and values, slot-major."""
+
+    def __init__(self, cfg: ModelConfig, slots: int, max_len: int, device: str):
+        shape = (cfg.layers, slots, cfg.kv_heads, max_len, cfg.head_dim)
+        self.k = torch.zeros(shape, dtype=torch.bfloat16, device=device)
+        self.v = torch.zeros(shape, dtype=torch.bfloat16, device=device)
+        self.max_len = max_len
+
+    def move(self, src: int, dst: int) -> None:
+        """Compact the active slots: slot `src`'s contents go to slot `dst`."""
+        self.k[:, dst] = self.k[:, src]
+        self.v[:, dst] = self.v[:, src]
+
+
+def _qkv(cfg: ModelConfig, be, W, i: int, x: torch.Tensor, pos: torch.Tensor):
+    T, D = x.shape[0], cfg.head_dim
+    q = be.linear(x, W[f"l{i}.wq"]).view(T, cfg.heads, D)
+    k = be.linear(x, W[f"l{i}.wk"]).view(T, cfg.kv_heads, D)
+    v = be.linear(x, W[f"l{i}.wv"]).view(T, cfg.kv_heads, D)
+    q = be.rmsnorm(q, W[f"l{i}.q_norm"], cfg.eps)
+    k = be.rmsnorm(k, W[f"l{i}.k_norm"], cfg.eps)
+    q, k = be.rope(q, k, pos, cfg.rope_theta)
+    return q, k, v
+
+
+def _mlp(cfg: ModelConfig, be, W, i: int, x: torch.Tensor) -> torch.Tensor:
+    return be.linear(be.silu_mul(be.linear(x, W[f"l{i}.w_gate_up"])), W[f"l{i}.w_down"])
+
+
+def forward(cfg: ModelConfig, be, W: dict[str, torch.Tensor], ids: torch.Tensor, pos: torch.Tensor,
+            attend) -> torch.Tensor:
+    """Final-normed hidden states `[T, H]` for tokens `ids` at positions `pos`.
+
+    `attend(i, q, k, v) -> [T, Hq, D]` supplies the attention of layer i: varlen causal over a
+    packed batch, or a decode step against the KV cache (which it also fills).
+    """
+    h = be.embedding(ids, W["embed"])
+    residual = None
+    T = ids.shape[0]
+    for i in range(cfg.layers):
+        if residual is None:
+            residual, x = h, be.rmsnorm(h, W[f"l{i}.ln1"], cfg.eps)
+        else:
+            x, residual = be.add_rmsnorm(h, residual, W[f"l{i}.ln1"], cfg.eps)
+        q, k, v = _qkv(cfg, be, W, i, x, pos)
+        a = attend(i, q, k, v)
+        h = be.linear(a.reshape(T, cfg.heads * cfg.head_dim), W[f"l{i}.wo"])
+        x, residual = be.add_rmsnorm(h, residual, W[f"l{i}.ln2"], cfg.eps)
+        h = _mlp(cfg, be, W, i, x)
+    out, _ = be.add_rmsnorm(h, residual, W["norm"], cfg.eps)
+    return out
+
+
+def forward_packed(cfg: ModelConfig, be, W, ids: torch.Tensor, cu_seqlens: torch.Tensor,
+                   cache: KVCache | None = None, slots: list[int] | None = None) -> torch.Tensor:
+    """Packed varlen forward over whole sequences (trainer; rollout prefill, which also fills `cache`)."""
+    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+    pos = torch.cat([torch.arange(n, device=ids.device) for n in lens])
+
+    def attend(i, q, k, v):
+        if cache is not None:
+            cu = cu_seqlens.tolist()
+            for j, slot in enumerate(slots):
+                s, e = cu[j], cu[j + 1]
+                cache.k[i, slot, :, : e - s] = k[s:e].transpose(0, 1)
+                cache.v[i, slot, :, : e - s] = v[s:e].transpose(0, 1)
+        return be.attention_varlen(q, k, v, cu_seqlens)
+
+    return forward(cfg, be, W, ids, pos, attend)
+
+
+def forward_decode(cfg: ModelConfig, be, W, ids: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    """One decode step for B active requests held in cache slots 0..B-1; token b sits at position pos[b]."""
+    B = ids.shape[0]
+    rows = torch.arange(B, device=ids.device)
+    lens = (pos + 1).to(torch.int32)
+
+    def attend(i, q, k, v):
+        cache.k[i, rows, :, pos] = k
+        cache.v[i, rows, :, pos] = v
+        o = be.attention_decode(q[:, :, None, :], cache.k[i, :B], cache.v[i, :B], lens)
+        return o[:, :, 0, :]
+
+    return forward(cfg, be, W, ids, pos, attend)

@@ -1,0 +1,157 @@
+"""`tik e2e`: one RL step loop in three modes that share every line of code but the kernels.
+
+A — stock PyTorch kernels for rollout and trainer; old log-probs recomputed by an extra forward.
+C — the unified kernels; still recomputing.
+B — the unified kernels; the rollout's log-probs reused as the old log-probs (no recompute pass).
+
+For every mode it reports how many rollout log-probs equal the trainer's own computation bit
+for bit, the max |Δlogp|, and the time split rollout / recompute / train.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import time
+from dataclasses import dataclass
+
+import torch
+
+from tik_kernels.e2e.model import PRESETS, ModelConfig, config_dict, init_params, make_backend
+from tik_kernels.e2e.rollout import RolloutEngine
+from tik_kernels.e2e.task import make_requests, rewards
+from tik_kernels.e2e.trainer import group_advantages, grpo_step, pack, sequence_logprobs
+
+MODES = {"A": ("stock", True), "C": ("unified", True), "B": ("unified", False)}
+
+
+@dataclass
+class E2EConfig:
+    preset: str = "tiny"
+    layers: int | None = None
+    modes: tuple[str, ...] = ("A", "C", "B")
+    steps: int = 2
+    warmup: int = 0
+    prompts: int = 4
+    group: int = 4
+    prompt_len: tuple[int, int] = (3, 9)
+    answer_len: tuple[int, int] = (2, 6)
+    max_slots: int = 8
+    temperature: float = 1.0
+    lr: float = 1e-3
+    seed: int = 0
+    device: str | None = None
+    checkpoint: str | None = None
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def model_for(cfg: E2EConfig, device: str) -> tuple[ModelConfig, dict]:
+    if cfg.checkpoint:
+        from tik_kernels.e2e.model import load_hf
+
+        mc, params = load_hf(cfg.checkpoint, device)
+        if cfg.layers:
+            mc = mc.with_layers(cfg.layers)
+        return mc, params
+    if cfg.preset not in PRESETS:
+        raise ValueError(f"unknown model preset {cfg.preset!r} (known: {', '.join(PRESETS)})")
+    mc = PRESETS[cfg.preset]
+    if cfg.layers:
+        mc = mc.with_layers(cfg.layers)
+    return mc, init_params(mc, cfg.seed, device)
+
+
+def run_mode(mode: str, cfg: E2EConfig, mc: ModelConfig, params0: dict, device: str, impl_files=None,
+             on_step=None) -> dict:
+    backend_name, recompute = MODES[mode]
+    be = make_backend(backend_name, impl_files)
+    params = {k: v.detach().clone().requires_grad_(True) for k, v in params0.items()}
+    opt = torch.optim.AdamW(list(params.values()), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
+    max_len = cfg.prompt_len[1] + cfg.answer_len[1] + 1
+    engine = RolloutEngine(mc, be, max_slots=cfg.max_slots, max_len=max_len, temperature=cfg.temperature,
+                           device=device)
+    rng = random.Random(cfg.seed)
+    times = {"rollout": [], "recompute": [], "train": []}
+    equal = total = 0
+    max_diff = 0.0
+    recompute_equal = 0
+    reward_curve, batch_sizes = [], []
+    for step in range(cfg.warmup + cfg.steps):
+        reqs = make_requests(mc.vocab, cfg.prompts, cfg.group, rng, prompt_len=cfg.prompt_len,
+                             answer_len=cfg.answer_len, seed_base=step * 100_000)
+        _sync(device)
+        t0 = time.perf_counter()
+        comps = engine.generate(params, reqs)
+        _sync(device)
+        t1 = time.perf_counter()
+        packed = pack(comps, device)
+        rollout_lp = torch.cat([c.old_logprobs() for c in comps]).to(device)
+        if recompute:
+            old, _ = sequence_logprobs(mc, be, params, packed, cfg.temperature, grad=False)
+        else:
+            old = rollout_lp
+        _sync(device)
+        t2 = time.perf_counter()
+        r = rewards(comps).to(device)
+        adv = group_advantages(r, torch.tensor([c.request.group for c in comps], device=device))
+        res = grpo_step(mc, be, params, opt, packed, old.detach(), adv, temperature=cfg.temperature)
+        _sync(device)
+        t3 = time.perf_counter()
+        # the trainer's own log-probs (the training forward) against what the rollout recorded
+        eq = torch.eq(res.logprobs.view(torch.int32), rollout_lp.view(torch.int32))
+        equal += int(eq.sum())
+        total += eq.numel()
+        max_diff = max(max_diff, float((res.logprobs - rollout_lp).abs().max()))
+        if recompute:
+            recompute_equal += int(torch.eq(old.view(torch.int32), rollout_lp.view(torch.int32)).sum())
+        reward_curve.append(float(r.mean()))
+        batch_sizes.extend(engine.stats.batch_sizes)
+        engine.stats.batch_sizes = []
+        if step >= cfg.warmup:
+            times["rollout"].append(t1 - t0)
+            times["recompute"].append(t2 - t1)
+            times["train"].append(t3 - t2)
+        if on_step:
+            on_step(mode, step, float(r.mean()), res)
+    total_t = sum(sum(v) for v in times.values())
+    return {
+        "mode": mode,
+        "backend": backend_name,
+        "recompute": recompute,
+        "steps": cfg.steps,
+        "steps_per_s": cfg.steps / total_t if total_t > 0 else None,
+        "time_s": {k: sum(v) for k, v in times.items()},
+        "tokens": total,
+        "equal_tokens": equal,
+        "equal_frac": equal / total if total else None,
+        "recompute_equal_tokens": recompute_equal if recompute else None,
+        "max_abs_dlogp": max_diff,
+        "rewards": reward_curve,
+        "decode_batch_sizes": sorted(set(batch_sizes)),
+        "kernels": getattr(be, "sources", {}),
+    }
+
+
+def run_e2e(cfg: E2EConfig, impl_files=None, on_step=None) -> dict:
+    device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    mc, params0 = model_for(cfg, device)
+    out = {"model": config_dict(mc) | {"preset": cfg.preset, "params": mc.n_params()}, "device": device,
+           "config": {k: v for k, v in cfg.__dict__.items() if k != "checkpoint"}, "modes": {}}
+    if device.startswith("cuda"):
+        out["gpu"] = torch.cuda.get_device_name()
+    for m in cfg.modes:
+        if m not in MODES:
+            raise ValueError(f"unknown mode {m!r} (A, B or C)")
+        out["modes"][m] = run_mode(m, cfg, mc, copy.copy(params0), device, impl_files, on_step)
+    ms = out["modes"]
+    sp = {}
+    if "B" in ms and "C" in ms and ms["B"]["steps_per_s"] and ms["C"]["steps_per_s"]:
+        sp["B_over_C"] = ms["B"]["steps_per_s"] / ms["C"]["steps_per_s"]
+    if "B" in ms and "A" in ms and ms["B"]["steps_per_s"] and ms["A"]["steps_per_s"]:
+        sp["B_over_A"] = ms["B"]["steps_per_s"] / ms["A"]["steps_per_s"]
+    out["speedup"] = sp
+    return out

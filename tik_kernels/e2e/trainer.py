@@ -1,0 +1,84 @@
+"""The trainer side: a packed varlen forward over prompt + answer, log-probs (and entropy) of
+the answer tokens, a GRPO loss with importance ratios and clipping, backward, AdamW step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tik_kernels.e2e.model import ModelConfig, bf16_weights, forward_packed
+from tik_kernels.e2e.rollout import Completion
+
+
+@dataclass
+class Packed:
+    ids: torch.Tensor  # [T] prompt + answer[:-1] of every sequence, back to back
+    cu_seqlens: torch.Tensor  # [n+1] int32
+    rows: torch.Tensor  # [A] rows whose hidden state predicts an answer token
+    targets: torch.Tensor  # [A] the answer tokens
+    seq_of_row: torch.Tensor  # [A] which sequence each answer token belongs to
+
+
+def pack(completions: list[Completion], device) -> Packed:
+    ids, cu, rows, targets, seq = [], [0], [], [], []
+    for j, c in enumerate(completions):
+        P, A = len(c.request.prompt), len(c.tokens)
+        toks = c.request.prompt + c.tokens[:-1]
+        start = cu[-1]
+        rows.extend(range(start + P - 1, start + P - 1 + A))
+        targets.extend(c.tokens)
+        seq.extend([j] * A)
+        ids.extend(toks)
+        cu.append(start + len(toks))
+    t = lambda v, dt=torch.int64: torch.tensor(v, dtype=dt, device=device)  # noqa: E731
+    return Packed(t(ids), t(cu, torch.int32), t(rows), t(targets), t(seq))
+
+
+def sequence_logprobs(cfg: ModelConfig, be, params, packed: Packed, temperature: float, *, grad: bool,
+                      with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of every answer token as the trainer computes them (one packed forward)."""
+    with torch.set_grad_enabled(grad):
+        W = bf16_weights(params, grad=grad)
+        hidden = forward_packed(cfg, be, W, packed.ids, packed.cu_seqlens)
+        h = hidden.index_select(0, packed.rows)
+        lp = be.logprob(h, W["lm_head"], packed.targets, temperature)
+        ent = be.entropy(h, W["lm_head"], temperature) if with_entropy else None
+    return lp, ent
+
+
+def group_advantages(rewards: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """GRPO: each reward normalized by its group's mean and std."""
+    adv = torch.zeros_like(rewards)
+    for g in groups.unique():
+        m = groups == g
+        r = rewards[m]
+        adv[m] = (r - r.mean()) / (r.std(unbiased=False) + 1e-4)
+    return adv
+
+
+@dataclass
+class StepResult:
+    loss: float
+    logprobs: torch.Tensor  # the trainer's log-probs of the answer tokens (detached, fp32)
+    entropy: float
+    ratio_max_dev: float
+    clip_frac: float
+
+
+def grpo_step(cfg: ModelConfig, be, params, opt: torch.optim.Optimizer, packed: Packed, old_logprobs: torch.Tensor,
+              advantages: torch.Tensor, *, temperature: float = 1.0, clip: float = 0.2, entropy_coef: float = 0.0,
+              max_grad_norm: float = 1.0) -> StepResult:
+    lp, ent = sequence_logprobs(cfg, be, params, packed, temperature, grad=True, with_entropy=True)
+    adv = advantages[packed.seq_of_row]
+    ratio = torch.exp(lp - old_logprobs)
+    surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv)
+    loss = -surrogate.mean() - entropy_coef * ent.mean()
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(list(params.values()), max_grad_norm)
+    opt.step()
+    with torch.no_grad():
+        dev = (ratio - 1).abs().max().item() if ratio.numel() else 0.0
+        clipped = ((ratio - 1).abs() > clip).float().mean().item() if ratio.numel() else 0.0
+    return StepResult(float(loss.detach()), lp.detach(), float(ent.detach().mean()), dev, clipped)

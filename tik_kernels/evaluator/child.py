@@ -1,0 +1,215 @@
+"""The candidate side: `python -m tik_kernels.evaluator.child WORKDIR`, spawned by the trusted parent.
+
+Everything in this process is untrusted once the implementation file is imported. It reads
+`WORKDIR/job.json` (+ `inputs.bin`), imports the implementation(s) by path, runs the job and
+writes `WORKDIR/out/result.json` + `out/outputs.bin`. It never sees a reference output or a
+check: those stay in the parent, which validates whatever comes back. stdout and stderr go to
+files the parent only tails for a failure line, so printing cannot break the protocol.
+
+Jobs: `probes` (run the contract's probes on one implementation) and `time` (the timing
+harness of `tik_kernels.evaluator.timing` on the candidate, root, incumbent and baseline).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def one_line(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {msg}"[:300] if msg else type(e).__name__
+
+
+def _limit_resources(job: dict) -> None:
+    """No core dumps (a segfault must die fast); on CPU a cap on address space and CPU seconds."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    limits = job.get("limits", {})
+    if limits.get("cpu_s"):
+        s = int(limits["cpu_s"])
+        resource.setrlimit(resource.RLIMIT_CPU, (s, s + 5))
+    # CUDA reserves huge virtual ranges: an address-space cap only makes sense without a GPU
+    if limits.get("address_space_bytes") and not str(job.get("device", "cpu")).startswith("cuda"):
+        n = int(limits["address_space_bytes"])
+        resource.setrlimit(resource.RLIMIT_AS, (n, n))
+
+
+class GuardedModule:
+    """The implementation seen through a filter: every entry point's outputs must be plain, dense,
+    contiguous tensors on the probe's device that own their storage and alias no input."""
+
+    def __init__(self, module: Any, device: str):
+        self._module = module
+        self._device = device
+
+    def __getattr__(self, name: str) -> Any:
+        fn = getattr(self._module, name, None)
+        if not callable(fn):
+            return None
+
+        def call(*args, **kwargs):
+            try:
+                out = fn(*args, **kwargs)
+            except Exception:
+                raise
+            except BaseException as e:  # SystemExit / KeyboardInterrupt from the candidate
+                raise RuntimeError(f"entry point raised {type(e).__name__}") from None
+            check_outputs(out, args, kwargs, self._device)
+            return out
+
+        return call
+
+
+def check_outputs(out: Any, args: tuple, kwargs: dict, device: str) -> None:
+    import torch
+
+    items = list(out) if isinstance(out, (tuple, list)) else [out]
+    inputs = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+    in_ptrs = {a.untyped_storage().data_ptr() for a in inputs if a.numel()}
+    for i, t in enumerate(items):
+        if type(t) is not torch.Tensor:
+            raise TypeError(f"output {i} is {type(t).__name__}, not a plain torch.Tensor")
+        if t.layout != torch.strided or t.is_meta:
+            raise TypeError(f"output {i} is not a dense strided tensor")
+        if t.device.type != torch.device(device).type:
+            raise TypeError(f"output {i} is on {t.device}, expected {device}")
+        if not t.is_contiguous():
+            raise TypeError(f"output {i} is not contiguous (shape {tuple(t.shape)}, strides {t.stride()})")
+        if t.numel() and (t.storage_offset() != 0 or t.untyped_storage().nbytes() != t.numel() * t.element_size()):
+            raise TypeError(f"output {i} is a view into a larger buffer")
+        if t.numel() and t.untyped_storage().data_ptr() in in_ptrs:
+            raise TypeError(f"output {i} aliases an input")
+
+
+def run_probes_job(workdir: Path, job: dict) -> dict:
+    import torch
+
+    from tik_kernels.contract import Probe, execute_probe, load_module, same_bits
+    from tik_kernels.evaluator.protocol import TensorWriter, decode, read_tensors
+
+    tensors = read_tensors(workdir / "inputs.bin", job["tensors"])
+    probes, sent = [], {}
+    for p in job["probes"]:
+        gos = decode(p["grad_outputs"], tensors) if p["grad_outputs"] is not None else None
+        probes.append(Probe(p["id"], p["entry"], decode(p["args"], tensors), decode(p["kwargs"], tensors),
+                            grad_args=tuple(p["grad_args"]), grad_outputs=gos, echo_inputs=True))
+        # the input index of each top-level tensor argument, in order (what inputs_after echoes)
+        sent[p["id"]] = [a["t"] for a in p["args"]["tuple"] if "t" in a]
+    del tensors
+    try:
+        module = load_module(job["impl"], "tik_impl")
+    except BaseException as e:  # noqa: B036 (SystemExit at import is an import failure too)
+        return {"import_error": one_line(e)}
+    guarded = GuardedModule(module, job["device"])
+    out_dir = workdir / "out"
+    w = TensorWriter(out_dir / "outputs.bin")
+
+    def echo(after: torch.Tensor, before: torch.Tensor, index: int) -> int | dict:
+        # an input left bitwise as it was sent is named, not sent back (a probe's weight is often GBs)
+        if same_bits(after, before):
+            return {"input": index}
+        return w.ref(after)
+    results = {}
+    for probe in probes:
+        r = execute_probe(guarded, probe, job["device"])
+        if r.error is not None:
+            results[probe.id] = {"error": r.error, "outputs": [], "inputs_after": None}
+            continue
+        results[probe.id] = {"error": None, "outputs": [w.ref(t) for t in r.outputs],
+                             "inputs_after": [echo(t, a, k) for t, a, k in zip(
+                                 r.inputs_after or [], [a for a in probe.args if isinstance(a, torch.Tensor)],
+                                 sent[probe.id], strict=False)]}
+    graphs = {}
+    if str(job["device"]).startswith("cuda"):
+        for probe in probes:
+            if probe.id in set(job.get("graph_probes", ())):
+                graphs[probe.id] = graph_replay(guarded, probe, job["device"], w)
+    return {"import_error": None, "probes": results, "graphs": graphs, "tensors": w.close()}
+
+
+def graph_replay(module: Any, probe: Any, device: str, w: Any) -> dict:
+    """Capture the call in a CUDA graph, change the inputs in place (AReaL-TIK's q.neg_(), mul_(0.5),
+    add_(0.125) on every float input), replay, then call eagerly on copies of the changed inputs: the
+    parent requires both to have the same bits (a kernel that bakes in its inputs, or caches by address,
+    differs)."""
+    import torch
+
+    fn = getattr(module, probe.entry, None)
+    if fn is None:
+        return {"error": f"entry point {probe.entry}() missing", "replay": [], "eager": []}
+    with torch.no_grad():
+        return _graph_replay(fn, probe, device, w)
+
+
+def _graph_replay(fn: Any, probe: Any, device: str, w: Any) -> dict:
+    import torch
+
+    from tik_kernels.contract import flatten_outputs
+
+    try:
+        args = tuple(a.detach().to(device, copy=True) if isinstance(a, torch.Tensor) else a for a in probe.args)
+        kwargs = {k: v.detach().to(device, copy=True) if isinstance(v, torch.Tensor) else v
+                  for k, v in probe.kwargs.items()}
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                fn(*args, **kwargs)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = flatten_outputs(fn(*args, **kwargs))
+        for a in (*args, *kwargs.values()):
+            if isinstance(a, torch.Tensor) and a.is_floating_point():
+                a.neg_()
+                a.mul_(0.5)
+                a.add_(0.125)
+        graph.replay()
+        torch.cuda.synchronize()
+        replay = [t.detach().to("cpu", copy=True) for t in captured]
+        # the fresh call gets copies at new addresses: a result cached by address cannot match the replay
+        fresh_args = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+        fresh_kwargs = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+        eager = [t.detach().to("cpu", copy=True) for t in flatten_outputs(fn(*fresh_args, **fresh_kwargs))]
+        torch.cuda.synchronize()
+        del graph
+        return {"error": None, "replay": [w.ref(t) for t in replay], "eager": [w.ref(t) for t in eager]}
+    except Exception as e:
+        try:
+            torch.cuda.synchronize()
+        except Exception:  # a poisoned context: the parent sees the first error
+            pass
+        return {"error": one_line(e), "replay": [], "eager": []}
+
+
+def main(argv: list[str]) -> int:
+    workdir = Path(argv[1])
+    job = json.loads((workdir / "job.json").read_text())
+    _limit_resources(job)
+    # kernels first: it sets TRITON_INTERPRET before anything imports Triton
+    import tik_kernels  # noqa: F401
+    from tik_kernels.evaluator.protocol import write_json
+
+    (workdir / "out").mkdir(exist_ok=True)
+    if job["mode"] == "probes":
+        doc = run_probes_job(workdir, job)
+    elif job["mode"] == "time":
+        from tik_kernels.evaluator.timing import run_timing_job
+
+        doc = run_timing_job(workdir, job)
+    else:
+        raise SystemExit(f"unknown job mode {job['mode']!r}")
+    doc["done"] = True
+    write_json(workdir / "out" / "result.json", doc)
+    sys.stdout.flush()
+    # skip interpreter teardown: a candidate's atexit hooks or thread joins cannot hang the reply
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,294 @@
+"""`evaluate()`: the trusted side of an evaluation.
+
+1. The candidate's source is read and compiled (not executed) here: a missing file, a file that
+   is not UTF-8 Python or a syntax error fails without starting anything.
+2. The contract's probes (inputs only) go to a child that runs the candidate; the root runs in
+   its own child on the same probes (cached per root source, contract, profile, seed, device).
+3. Every check runs here, on the bytes that came back: the contract's, plus the generic ones —
+   outputs have the root's dtypes and shapes; every probe's inputs are bitwise unchanged; on the
+   GPU a CUDA graph replayed on changed inputs matches a fresh call (`checks.py`).
+4. Only a verified candidate is timed: one child times candidate, root, incumbent and baseline
+   interleaved; the timed outputs must match a reference computed here; on the GPU a control
+   child times root and incumbent alone (a candidate that slows its neighbours is caught) and the
+   profiler / wall-time evidence must show the candidate's work inside the timed window
+   (`measure.py` here, `timing.py` in the child).
+
+A bad candidate never raises: every failure is a one-line `failure` and failed checks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tik_kernels.contract import Contract, Plan, ProbeResult, evaluate_checks
+from tik_kernels.contracts import get_contract
+from tik_kernels.evaluator.checks import GRAPH_PREFIX, all_inputs_unchanged, graph_replay_check, output_spec
+from tik_kernels.evaluator.measure import time_candidate
+from tik_kernels.evaluator.protocol import ProtocolError, TensorWriter, encode, index_list, read_tensors, tensor_index
+from tik_kernels.evaluator.report import EvalReport, decide, environment, evaluator_fingerprint, fail
+from tik_kernels.evaluator.sandbox import limits, run_child
+
+#: root results already computed in this process: (root sha, contract, profile, seed, device) -> results
+_ROOT_CACHE: dict[tuple, dict[str, ProbeResult]] = {}
+#: plans already built in this process (linear's GPU plan takes ~25 s of CPU to build: GBs of inputs)
+_PLAN_CACHE: dict[tuple, tuple[Contract, Plan]] = {}
+_PLANS_KEPT = 2
+
+
+def plan_for(contract: Contract, profile: str, seed: int) -> Plan:
+    """`contract.plan(profile, seed)`, built once per process. A plan is deterministic in its contract
+    (source fingerprint), profile and seed, and nothing writes to its tensors: the child gets copies,
+    and the checks only read."""
+    key = (id(contract), contract.fingerprint(), profile, seed)
+    hit = _PLAN_CACHE.pop(key, None)
+    if hit is None:
+        hit = (contract, contract.plan(profile, seed))  # the contract is kept so its id stays its own
+        while len(_PLAN_CACHE) >= _PLANS_KEPT:
+            _PLAN_CACHE.pop(next(iter(_PLAN_CACHE)))
+    _PLAN_CACHE[key] = hit
+    return hit[1]
+
+
+def one_line(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {msg}"[:300] if msg else type(e).__name__
+
+
+def evaluate(
+    op: str | Contract,
+    candidate_path: str | Path,
+    *,
+    root_path: str | Path | None = None,
+    incumbent_path: str | Path | None = None,
+    device: str | None = None,
+    timeout: float = 60.0,
+    time_it: bool | None = None,
+    seed: int = 0,
+    profile: str | None = None,
+) -> EvalReport:
+    """Check (and on a GPU time) one implementation file against its operator's contract.
+
+    `op` is an operator name (raises `UnknownOperator` if unknown: a caller's error) or a
+    `Contract`. `timeout` bounds each child's check phase; the timing child gets 3 × timeout.
+    """
+    t0 = time.monotonic()
+    contract = op if isinstance(op, Contract) else get_contract(op)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    cuda = device.startswith("cuda")
+    profile = profile or ("gpu" if cuda else "cpu")
+    time_it = cuda if time_it is None else time_it
+    report = EvalReport(op=contract.op, verified=False, failure=None, env=environment(device),
+                        contract_fingerprint=contract.fingerprint(), evaluator_fingerprint=evaluator_fingerprint(),
+                        profile=profile, seed=seed)
+    try:
+        _evaluate(report, contract, Path(candidate_path), root_path, incumbent_path, device, timeout, time_it)
+    except Exception as e:  # an evaluator bug must still leave a report, and never pass
+        report.failure = "evaluator error: " + one_line(e)
+    decide(report)
+    report.elapsed_s = time.monotonic() - t0
+    return report
+
+
+def source_problem(path: Path) -> tuple[str | None, str]:
+    """(failure or None, sha256) of an implementation file, without executing it."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return f"candidate file not found: {path}", ""
+    except OSError as e:
+        return f"cannot read {path}: {e.strerror}", ""
+    sha = hashlib.sha256(raw).hexdigest()
+    try:
+        compile(raw.decode("utf-8"), str(path), "exec", dont_inherit=True)
+    except UnicodeDecodeError:
+        return "not a Python source file (not UTF-8 text)", sha
+    except SyntaxError as e:
+        return f"syntax error: {e.msg} (line {e.lineno})", sha
+    except ValueError as e:  # NUL bytes
+        return f"not a Python source file ({e})", sha
+    return None, sha
+
+
+#: an implementation has no business naming the evaluator or the modules it loads implementations as
+_EVALUATOR_NAMES = re.compile(r"kernels\.evaluator|\bevaluator\.(timing|child|core|protocol|sandbox|checks|measure"
+                              r"|report)\b|\btik_(root|incumbent|candidate|impl|contract)\b")
+
+
+def source_policy(src: str) -> str | None:
+    """A static screen (not a sandbox): sources that reach for the evaluator's own modules are rejected."""
+    m = _EVALUATOR_NAMES.search(src)
+    return f"the source references the evaluator ({m.group(0)!r})" if m else None
+
+
+def _evaluate(report: EvalReport, contract: Contract, cand_path: Path, root_path, incumbent_path, device: str,
+              timeout: float, time_it: bool) -> None:
+    problem, report.source_sha256 = source_problem(cand_path)
+    if problem:
+        return fail(report, "source", "runs", problem)
+    problem = source_policy(cand_path.read_text(encoding="utf-8"))
+    if problem:
+        return fail(report, "source_policy", "source_policy", problem)
+    root_path = Path(root_path) if root_path is not None else contract.root_path
+    root_problem, root_sha = source_problem(root_path)
+    if root_problem:
+        raise RuntimeError(f"root implementation: {root_problem}")
+    t = time.monotonic()
+    plan = plan_for(contract, report.profile, report.seed)
+    report.phases["plan"] = time.monotonic() - t
+
+    key = _root_key(root_sha, contract, report.profile, report.seed, device)
+    is_root = root_sha == report.source_sha256
+    if device.startswith("cuda") and plan.needs_root and not is_root and key not in _ROOT_CACHE:
+        # the root first: its kernels then seed the candidate's cache (none are compiled twice)
+        _root_probes(report, plan, root_path, device, timeout, key)
+    t = time.monotonic()
+    cand, failure = run_probes(plan, cand_path, device, timeout, trusted=is_root)
+    report.phases["probes_candidate"] = time.monotonic() - t
+    if failure:
+        return fail(report, "run", "runs", failure)
+    if not plan.needs_root:
+        report.checks = evaluate_checks(plan, cand, None)
+        if not all(c.passed for c in report.checks):
+            # already failed: the root's child (only needed for output_spec here) is not worth its start
+            report.checks.append(all_inputs_unchanged(plan, cand))
+            return
+    root = cand if is_root else (_ROOT_CACHE.get(key) or _root_probes(report, plan, root_path, device, timeout, key))
+    t = time.monotonic()
+    report.checks = evaluate_checks(plan, cand, root if plan.needs_root else None)
+    report.checks += [output_spec(plan, cand, root), all_inputs_unchanged(plan, cand)]
+    graph = graph_replay_check(plan, cand, root)
+    if graph is not None:
+        report.checks.append(graph)
+    report.phases["checks"] = time.monotonic() - t
+    if not time_it or not all(c.passed for c in report.checks):
+        return
+    time_candidate(report, contract, cand_path, root_path, incumbent_path, device, timeout)
+
+
+# ----------------------------------------------------------------------------- probes
+
+
+def _root_key(root_sha: str, contract: Contract, profile: str, seed: int, device: str) -> tuple:
+    return (root_sha, contract.fingerprint(), profile, seed, device)
+
+
+def warm_root(op: str | Contract, *, device: str, timeout: float = 60.0, seed: int = 0,
+              profile: str | None = None, root_path: str | Path | None = None) -> float:
+    """Run the root's probes now, in their trusted child, and keep them for this process (a later `evaluate`
+    of the same root source, contract, profile, seed and device reuses them); the seconds it took (0 when
+    they were already kept). `root_path` defaults to the contract's (the library's) root."""
+    contract = op if isinstance(op, Contract) else get_contract(op)
+    profile = profile or ("gpu" if device.startswith("cuda") else "cpu")
+    root_path = Path(root_path) if root_path is not None else contract.root_path
+    problem, root_sha = source_problem(root_path)
+    if problem:
+        raise RuntimeError(f"root implementation: {problem}")
+    key = _root_key(root_sha, contract, profile, seed, device)
+    if key in _ROOT_CACHE:
+        return 0.0
+    report = EvalReport(op=contract.op, verified=False, failure=None)
+    _root_probes(report, plan_for(contract, profile, seed), root_path, device, timeout, key)
+    return report.phases["probes_root"]
+
+
+def _root_probes(report: EvalReport, plan: Plan, root_path: Path, device: str, timeout: float,
+                 key: tuple) -> dict[str, ProbeResult]:
+    """The root's probe results, computed in a trusted child and kept for this process."""
+    t = time.monotonic()
+    root, failure = run_probes(plan, root_path, device, timeout, trusted=True)
+    report.phases["probes_root"] = time.monotonic() - t
+    if failure:
+        raise RuntimeError(f"the root implementation failed: {failure}")
+    if len(_ROOT_CACHE) >= 8:
+        _ROOT_CACHE.pop(next(iter(_ROOT_CACHE)))
+    _ROOT_CACHE[key] = root
+    return root
+
+
+def run_probes(plan: Plan, impl: Path, device: str, timeout: float,
+               trusted: bool = False) -> tuple[dict[str, ProbeResult] | None, str | None]:
+    """Run every probe of `plan` on `impl` in a child. (results, None) or (None, one-line failure).
+
+    `trusted` (the root only): the child compiles into the process's shared Triton cache, which every other
+    GPU child gets a private copy of (`sandbox.triton_cache`)."""
+
+    sent: list[torch.Tensor] = []  # the tensors written to the child, by input index
+
+    def write_inputs(tmp: Path) -> dict:
+        w = TensorWriter(tmp / "inputs.bin")
+        probes = [{"id": p.id, "entry": p.entry, "args": encode(tuple(p.args), w), "kwargs": encode(dict(p.kwargs), w),
+                   "grad_args": list(p.grad_args),
+                   "grad_outputs": encode(tuple(p.grad_outputs), w) if p.grad_outputs is not None else None}
+                  for p in plan.probes]
+        sent.extend(w.tensors)
+        return {"probes": probes, "tensors": w.close()}
+
+    def echoed(x: Any, tensors: list[torch.Tensor], pid: str) -> list[torch.Tensor]:
+        """inputs_after: a tensor sent back, or {"input": k}: "input k, bitwise as it was sent"."""
+        if not isinstance(x, list) or len(x) > 4096:
+            raise ProtocolError(f"{pid}: inputs_after is not a list")
+        out = []
+        for v in x:
+            if isinstance(v, dict) and set(v) == {"input"}:
+                out.append(sent[tensor_index(v["input"], len(sent), pid)])
+            else:
+                out.append(tensors[tensor_index(v, len(tensors), pid)])
+        return out
+
+    def read_result(out: Path, doc: dict) -> Any:
+        if doc.get("import_error") is not None:
+            return ("import", str(doc["import_error"])[:300])
+        tensors = read_tensors(out / "outputs.bin", doc.get("tensors"))
+        got = doc.get("probes")
+        if not isinstance(got, dict) or set(got) != {p.id for p in plan.probes}:
+            raise ProtocolError("probe results do not match the probes sent")
+        results = {}
+        for pid, r in got.items():
+            if not isinstance(r, dict) or set(r) != {"error", "outputs", "inputs_after"}:
+                raise ProtocolError(f"probe {pid}: malformed result")
+            if r["error"] is not None:
+                results[pid] = ProbeResult(error=str(r["error"])[:300])
+                continue
+            outs = [tensors[i] for i in index_list(r["outputs"], len(tensors), pid)]
+            after = echoed(r["inputs_after"], tensors, pid) if r["inputs_after"] is not None else None
+            results[pid] = ProbeResult(outputs=outs, inputs_after=after)
+        graphs = doc.get("graphs", {})
+        if not isinstance(graphs, dict) or not set(graphs) <= {p.id for p in plan.probes}:
+            raise ProtocolError("graph replay results do not match the probes sent")
+        for pid, g in graphs.items():
+            if not isinstance(g, dict) or set(g) != {"error", "replay", "eager"}:
+                raise ProtocolError(f"graph replay {pid}: malformed result")
+            results[GRAPH_PREFIX + pid] = ProbeResult(
+                outputs=[tensors[i] for i in index_list(g["replay"], len(tensors), pid)],
+                inputs_after=[tensors[i] for i in index_list(g["eager"], len(tensors), pid)],
+                error=str(g["error"])[:300] if g["error"] is not None else None)
+        return ("ok", results)
+
+    job = {"mode": "probes", "impl": str(impl.resolve()), "device": device, "limits": limits(timeout),
+           "graph_probes": graph_probe_ids(plan) if device.startswith("cuda") else []}
+    cache = "private" if not device.startswith("cuda") else "trusted" if trusted else "seeded"
+    outcome = run_child(job, write_inputs, read_result, timeout, cache=cache)
+    if outcome.failure:
+        return None, outcome.failure
+    kind, value = outcome.doc
+    if kind == "import":
+        return None, f"import failed: {value}"
+    return value, None
+
+
+def graph_probe_ids(plan: Plan) -> list[str]:
+    """The probes replayed through a CUDA graph: the first forward probe of each entry that echoes its inputs."""
+    seen, ids = set(), []
+    for p in plan.probes:
+        if p.echo_inputs and not p.grad_args and p.entry not in seen:
+            seen.add(p.entry)
+            ids.append(p.id)
+    return ids
+
+

@@ -1,0 +1,346 @@
+"""The parent side of timing: run the harness child (and, on the GPU, a control child without the
+candidate), turn samples into the report's cells, and judge the timed run — the candidate's timed outputs
+against a reference computed here, and the evidence that its work ran inside its timed window."""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tik_kernels.contract import CheckResult, Contract, error_stats
+from tik_kernels.evaluator.checks import spec
+from tik_kernels.evaluator.protocol import ProtocolError, read_tensors, tensor_index
+from tik_kernels.evaluator.report import EvalReport, fail
+from tik_kernels.evaluator.sandbox import limits, run_child
+from tik_kernels.evaluator.timing import summarize, variant_seeds
+
+#: a candidate's timed output must be this close (relative RMS) to the reference, at least
+MIN_TIMED_BOUND = 0.05
+#: the root may run at most this much slower beside the candidate than alone (control run)
+NEIGHBOUR_SLOWDOWN = 1.15
+#: the control run (root and incumbent alone) is reused for this long within one process
+CONTROL_TTL_S = 600.0
+_CONTROL_CACHE: dict[tuple, tuple[float, dict]] = {}
+#: interleaved rounds per cell (each round times every implementation once). 100: on the H200 the
+#: rmsnorm root against itself came out within 0.15% per cell at 100 rounds and 3.1% at 15
+#: (benchmarks/results/evaluator_h200.md vs evaluator_h200_reps15.md); a round costs ~1.3 ms per
+#: implementation (L2 flush + 1 ms spin), so 100 rounds of 7 cells x 4 implementations are ~4 s
+GPU_REPS = 100
+CPU_REPS = 5
+#: past GPU_MIN_REPS rounds a cell stops once its rounds have taken CELL_BUDGET_S: a cell whose round is
+#: over 10 ms (kernels of a millisecond and more, where a sample varies by well under 1%) gets fewer than
+#: GPU_REPS rounds, the microsecond cells the 100 rounds were measured on keep all of them
+GPU_MIN_REPS = 20
+CELL_BUDGET_S = 1.0
+
+
+def _contract_file(contract: Contract) -> str:
+    return str(Path(inspect.getfile(contract.build_plan)).resolve())
+
+
+def run_timing(contract: Contract, impls: list[tuple[str, Path]], *, device: str, profile: str, seed: int,
+               timeout: float, return_outputs: tuple[str, ...] = (), profile_kernels: bool = False,
+               reps: int | None = None, fixed_reps: bool = False,
+               baseline: bool = True) -> tuple[dict | None, str | None]:
+    """Time `impls` (name, file), interleaved, over every cell of `profile`, in one child.
+
+    `reps` rounds per cell at most (default GPU_REPS / CPU_REPS); on the GPU a cell stops early after
+    GPU_MIN_REPS once CELL_BUDGET_S is spent, unless `fixed_reps`. `baseline`: time stock PyTorch too."""
+    cuda = device.startswith("cuda")
+    cells = [c.name for c in contract.cells(profile)]
+    wall = 3 * timeout + (10 * len(cells) if cuda else 0)
+    n_reps = reps or (GPU_REPS if cuda else CPU_REPS)
+    early = cuda and not fixed_reps
+    job = {"mode": "time", "op": contract.op, "contract_file": _contract_file(contract), "profile": profile,
+           "seed": seed, "device": device, "impls": [[n, str(p.resolve())] for n, p in impls], "cells": cells,
+           "reps": n_reps, "warmup": 3 if cuda else 1, "variants": 2,
+           "min_reps": min(n_reps, GPU_MIN_REPS) if early else n_reps,
+           "cell_budget_s": CELL_BUDGET_S if early else None, "baseline": baseline,
+           "return_outputs": list(return_outputs), "profile_kernels": profile_kernels, "limits": limits(wall)}
+
+    def read_result(out: Path, doc: dict) -> dict:
+        tensors = read_tensors(out / "outputs.bin", doc.get("tensors"))
+        raw = doc.get("cells")
+        if not isinstance(raw, dict) or set(raw) != set(cells):
+            raise ProtocolError("timed cells do not match the cells asked for")
+        parsed = {}
+        for name, c in raw.items():
+            if not isinstance(c, dict):
+                raise ProtocolError(f"cell {name}: malformed")
+            if "error" in c:
+                parsed[name] = {"error": str(c["error"])[:300]}
+                continue
+            if c.get("seeds") != variant_seeds(seed, job["variants"]):
+                raise ProtocolError(f"cell {name}: wrong input seeds")
+            parsed[name] = {
+                "samples": {str(k): {"event_us": _floats(v["event_us"]), "wall_us": _floats(v["wall_us"])}
+                            for k, v in _dict(c["samples"]).items()},
+                "errors": {str(k): str(v)[:300] for k, v in _dict(c["errors"]).items()},
+                "profile": {str(k): _dict(v) for k, v in _dict(c["profile"]).items()},
+                "outputs": {str(k): [[_sent(o, tensors, name) for o in per_v] for per_v in _list(v)]
+                            for k, v in _dict(c["outputs"]).items()},
+                "seeds": c["seeds"],
+                "rounds": c.get("rounds") if type(c.get("rounds")) is int else None,
+                "seconds": {k: float(v) for k, v in _dict(c.get("seconds", {})).items()
+                            if k in ("warmup", "timed") and type(v) in (int, float) and math.isfinite(v)},
+            }
+        floor = doc.get("floor_us")
+        return {"cells": parsed, "floor_us": float(floor) if isinstance(floor, (int, float)) else None,
+                "import_errors": {str(k): str(v)[:300] for k, v in _dict(doc.get("import_errors", {})).items()}}
+
+    # a copy of the root's compiled kernels: the timing child never recompiles what the root's probes compiled
+    outcome = run_child(job, lambda tmp: {}, read_result, wall, cache="seeded" if cuda else "private")
+    return outcome.doc, outcome.failure
+
+
+def _dict(x: Any) -> dict:
+    if not isinstance(x, dict):
+        raise ProtocolError("expected an object")
+    return x
+
+
+def _list(x: Any) -> list:
+    if not isinstance(x, list) or len(x) > 4096:
+        raise ProtocolError("expected a list")
+    return x
+
+
+def _sent(o: Any, tensors: list[torch.Tensor], what: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(data, rows): a whole timed output (rows None) or the rows `rows` of it."""
+    if not isinstance(o, dict) or set(o) != {"data", "rows"}:
+        raise ProtocolError(f"{what}: malformed timed output")
+    data = tensors[tensor_index(o["data"], len(tensors), what)]
+    if o["rows"] is None:
+        return data, None
+    rows = tensors[tensor_index(o["rows"], len(tensors), what)]
+    if rows.dtype != torch.int64 or rows.dim() != 1 or data.dim() == 0 or data.shape[0] != rows.numel():
+        raise ProtocolError(f"{what}: malformed row sample")
+    return data, rows
+
+
+def _floats(x: Any) -> list[float]:
+    if not isinstance(x, list) or len(x) > 100_000:
+        raise ProtocolError("expected a list of samples")
+    out = []
+    for v in x:
+        if type(v) not in (int, float) or not math.isfinite(v) or v < 0:
+            raise ProtocolError("a timing sample is not a finite non-negative number")
+        out.append(float(v))
+    return out
+
+
+def time_candidate(report: EvalReport, contract: Contract, cand_path: Path, root_path: Path, incumbent_path,
+          device: str, timeout: float) -> None:
+    cuda = device.startswith("cuda")
+    report.timing = "gpu" if cuda else "interpreter"
+    trusted = [("root", root_path)] + ([("incumbent", Path(incumbent_path))] if incumbent_path else [])
+    t = time.monotonic()
+    doc, failure = run_timing(contract, trusted + [("candidate", cand_path)], device=device, profile=report.profile,
+                              seed=report.seed, timeout=timeout, return_outputs=("candidate", "root"),
+                              profile_kernels=cuda)
+    report.phases["timing_child"] = time.monotonic() - t
+    if failure:
+        return fail(report, "timing/run", "timed_outputs", f"timing run: {failure}")
+    for part in ("warmup", "timed"):  # as the child reports them: diagnostics, never used to decide
+        report.phases[f"timing_cells_{part}"] = sum(c.get("seconds", {}).get(part, 0.0)
+                                                    for c in doc["cells"].values())
+    errs = doc["import_errors"]
+    if "candidate" in errs:
+        return fail(report, "timing/run", "timed_outputs", f"timing run: {errs['candidate']}")
+    if errs:
+        raise RuntimeError(f"timing run: {'; '.join(f'{k} {v}' for k, v in errs.items())}")
+    control = None
+    if cuda:
+        key = (tuple((n, hashlib.sha256(p.read_bytes()).hexdigest()) for n, p in trusted), report.contract_fingerprint,
+               tuple(c.name for c in contract.cells(report.profile)), report.profile, report.seed, device, GPU_REPS)
+        hit = _CONTROL_CACHE.get(key)
+        if hit is not None and time.monotonic() - hit[0] < CONTROL_TTL_S:
+            control = hit[1]
+        else:
+            t = time.monotonic()
+            control, failure = run_timing(contract, trusted, device=device, profile=report.profile, seed=report.seed,
+                                          timeout=timeout)
+            report.phases["control_child"] = time.monotonic() - t
+            if failure:
+                raise RuntimeError(f"control timing run: {failure}")
+            _CONTROL_CACHE.clear()
+            _CONTROL_CACHE[key] = (time.monotonic(), control)
+    report.floor_us = doc["floor_us"]
+    outputs_check, integrity = _TimedChecks("timing/outputs", "timed_outputs"), _TimedChecks(
+        "timing/integrity", "timing_integrity")
+    bound = max([MIN_TIMED_BOUND] + [4 * t.rel_rms for t in contract.tolerances.values()])
+    for cell in contract.cells(report.profile):
+        c = doc["cells"][cell.name]
+        if "error" in c:
+            raise RuntimeError(f"timing cell {cell.name}: {c['error']}")
+        if "candidate" in c["errors"]:
+            outputs_check.fail(cell.name, f"the candidate failed while timed: {c['errors']['candidate']}")
+            report.cells.append(_cell_row(cell, c, None))
+            continue
+        if "root" in c["errors"]:
+            raise RuntimeError(f"timing cell {cell.name}: root: {c['errors']['root']}")
+        outputs_check.add(cell.name, timed_outputs_ok(contract, cell, c, device, bound))
+        if cuda:
+            integrity.add(cell.name, integrity_ok(c, control["cells"][cell.name]))
+        report.cells.append(_cell_row(cell, c, control["cells"][cell.name] if control else None))
+    report.checks.append(outputs_check.result())
+    if cuda:
+        report.checks.append(integrity.result())
+
+
+class _TimedChecks:
+    """One check aggregated over the cells: passes if every cell passed; the first failing cell is the detail."""
+
+    def __init__(self, name: str, requirement: str):
+        self.name, self.requirement, self.bad, self.n, self.notes = name, requirement, None, 0, []
+
+    def add(self, cell: str, verdict: tuple[bool, str]) -> None:
+        ok, detail = verdict
+        if ok:
+            self.n += 1
+            if detail.startswith("skipped"):
+                self.notes.append(f"{cell}: {detail}")
+        else:
+            self.fail(cell, detail)
+
+    def fail(self, cell: str, detail: str) -> None:
+        if self.bad is None:
+            self.bad = f"{cell}: {detail}"
+
+    def result(self) -> CheckResult:
+        if self.bad is not None:
+            return CheckResult(self.name, self.requirement, False, self.bad[:300])
+        note = f" ({len(self.notes)} skipped: {self.notes[0]})" if self.notes else ""
+        return CheckResult(self.name, self.requirement, True, f"{self.n} cells passed{note}"[:300])
+
+
+def _cell_row(cell, c: dict, control: dict | None) -> dict:
+    s = c["samples"]
+    cand = summarize(s.get("candidate", {}).get("event_us", []))
+    root = summarize(s.get("root", {}).get("event_us", []))
+    inc = summarize(s["incumbent"]["event_us"]) if "incumbent" in s else root
+    base = summarize(s["baseline"]["event_us"]) if "baseline" in s else summarize([])
+    wall = summarize(s.get("candidate", {}).get("wall_us", []))
+    med = cand["median_us"]
+    row = {
+        "cell": cell.name, "coeff": cell.coeff, "limit": cell.limit,
+        "median_us": med, "spread_us": cand["spread_us"], "samples": cand["samples"],
+        "root_median_us": root["median_us"], "incumbent_median_us": inc["median_us"],
+        "baseline_median_us": base["median_us"],
+        "ratio_vs_root": med / root["median_us"] if med is not None and root["median_us"] else None,
+        "ratio_vs_baseline": med / base["median_us"] if med is not None and base["median_us"] else None,
+        "root_spread_us": root["spread_us"], "wall_median_us": wall["median_us"], "rounds": c.get("rounds"),
+    }
+    if control is not None and "samples" in control and "root" in control["samples"]:
+        row["root_alone_median_us"] = summarize(control["samples"]["root"]["event_us"])["median_us"]
+    return row
+
+
+def close_to(outs: list, refs: list[torch.Tensor], bound: float) -> tuple[bool, str]:
+    """Timed outputs (tensors, or (data, rows) pairs) against reference tensors, loosely (see MIN_TIMED_BOUND)."""
+    if len(outs) != len(refs):
+        return False, f"{len(outs)} outputs, reference has {len(refs)}"
+    worst = 0.0
+    for k, (o, r) in enumerate(zip(outs, refs, strict=True)):
+        if isinstance(o, tuple):
+            o, rows = o
+            if rows is not None:
+                if r.dim() == 0 or (rows.numel() and (int(rows.max()) >= r.shape[0] or int(rows.min()) < 0)):
+                    return False, f"output {k}: row sample outside the output"
+                r = r[rows]
+        if o.shape != r.shape or o.dtype != r.dtype:
+            return False, f"output {k} is {spec(o)}, reference {spec(r)}"
+        if o.is_floating_point():
+            _, rel = error_stats(o, r)
+            if not rel <= bound:
+                return False, f"output {k}: rel_rms {rel:.3g} from the reference (bound {bound:g})"
+            worst = max(worst, rel)
+        else:
+            frac = float((o == r).double().mean()) if o.numel() else 1.0
+            if frac < 0.99:
+                return False, f"output {k}: only {frac:.1%} of elements equal to the reference"
+    return True, f"rel_rms <= {worst:.3g}"
+
+
+def timed_outputs_ok(contract: Contract, cell, c: dict, device: str, bound: float) -> tuple[bool, str]:
+    """The outputs of the candidate's timed calls, per input variant, against a reference computed here:
+    the stock-PyTorch baseline when the root's timed outputs agree with it, else the root's timed outputs."""
+    cand = c["outputs"].get("candidate", [])
+    root = c["outputs"].get("root", [])
+    seeds = c["seeds"]
+    if len(cand) != len(seeds):
+        return False, f"{len(cand)} timed outputs for {len(seeds)} input variants"
+    for v, s in enumerate(seeds):
+        case = contract.bench_case(cell, s, device)
+        refs, what = None, "root's timed output"
+        if case.baseline is not None:
+            from tik_kernels.contract import flatten_outputs
+
+            base = [t.detach().to("cpu") for t in flatten_outputs(case.baseline())]
+            if v < len(root) and close_to(root[v], base, bound)[0]:
+                refs, what = base, "stock-PyTorch output"
+        del case
+        outs = cand[v]
+        if refs is None:
+            if v >= len(root) or len(root[v]) != len(outs):
+                return False, "no reference for the timed outputs"
+            # the root's outputs went through the same row sample: compare the sampled data directly
+            if any((a[1] is None) != (b[1] is None) or (a[1] is not None and not torch.equal(a[1], b[1]))
+                   for a, b in zip(outs, root[v], strict=True)):
+                return False, "timed outputs sampled differently from the root's"
+            refs, outs = [d for d, _ in root[v]], [d for d, _ in outs]
+        ok, detail = close_to(outs, refs, bound)
+        if not ok:
+            return False, f"timed call on input variant {v} is wrong vs the {what}: {detail}"
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return True, f"timed outputs match the reference on {len(seeds)} input variants"
+
+
+def integrity_ok(c: dict, control: dict) -> tuple[bool, str]:
+    """Evidence that the candidate's work ran inside its timed window and did not slow its neighbours."""
+    s = c["samples"]
+    prof = c["profile"]
+    cp, rp = prof.get("candidate", {}), prof.get("root", {})
+    notes = []
+    if "error" in rp or not rp.get("kernels") or "error" in cp:
+        notes.append("profiler unusable: " + str(rp.get("error") or cp.get("error") or "no kernels seen for the root"))
+    else:
+        if not cp.get("kernels"):
+            return False, "no GPU kernel ran during a profiled call (nothing computed on the device?)"
+        if cp.get("overlap_spin"):
+            return False, (f"{cp['overlap_spin']} kernels ran concurrently with the harness's spin kernel: "
+                           "work on another stream escapes the timing events")
+        if cp["kernel_us"] > 1.10 * cp["window_us"] + 2.0:
+            return False, (f"{cp['kernel_us']:.1f} us of kernels in a {cp['window_us']:.1f} us event window: "
+                           "work on another stream escapes the timing events")
+    med_c = statistics.median(s["candidate"]["event_us"])
+    if not notes and cp.get("kernels") and med_c < 0.7 * cp["kernel_us"] - 2.0:
+        return False, (f"timed median {med_c:.1f} us is below the {cp['kernel_us']:.1f} us its own kernels took "
+                       "under the profiler: the timings were tampered with")
+    gap_c = statistics.median([w - e for w, e in zip(s["candidate"]["wall_us"], s["candidate"]["event_us"],
+                                                      strict=True)])
+    gap_r = statistics.median([w - e for w, e in zip(s["root"]["wall_us"], s["root"]["event_us"], strict=True)])
+    med_r = statistics.median(s["root"]["event_us"])
+    if gap_c - gap_r > 200.0 + 2.0 * max(med_c, med_r):
+        return False, (f"host wall time exceeds the event time by {gap_c:.0f} us (root: {gap_r:.0f} us): "
+                       "work escapes the timing events")
+    if "samples" in control:
+        for name in ("root", "incumbent"):
+            if name in s and name in control["samples"]:
+                beside, alone = med_of(s[name]), med_of(control["samples"][name])
+                if beside > NEIGHBOUR_SLOWDOWN * alone + 2.0:
+                    return False, (f"the {name} ran {beside / alone:.2f}x slower beside the candidate than alone "
+                                   f"({beside:.1f} vs {alone:.1f} us)")
+    return True, "skipped: " + notes[0] if notes else "kernels inside the timed window; neighbours not slowed"
+
+
+def med_of(samples: dict) -> float:
+    return statistics.median(samples["event_us"])

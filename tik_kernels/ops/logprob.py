@@ -1,0 +1,368 @@
+"""Fused lm_head + temperature + log-softmax + gather, batch-invariant:
+`logprob(hidden[T, H], w[V, H], targets[T], temperature) -> fp32[T]`.
+
+out[t] = log_softmax(hidden @ w.T / temperature)[t, targets[t]], never materializing [T, V] logits.
+
+Invariance: a token's result depends only on its own row. The grid is (token blocks, V chunks);
+BLOCK_T, BLOCK_V, BLOCK_K and V_CHUNK are fixed by CONFIG (never chosen by T). A program
+computes the logits of its BLOCK_T tokens over one chunk of V_CHUNK vocabulary entries, one
+[BLOCK_T, BLOCK_V] tile at a time, each tile a K-sequential `tl.dot` over H in BLOCK_K steps
+(no split-K), divided by the temperature in fp32; it keeps an online (max, Σexp) per token over
+the tiles in increasing v. A second kernel merges the V_CHUNK partials of each token in
+increasing chunk order. So the reduction order of every token is fixed by (V, H, CONFIG) alone:
+the same whatever T, the token's slot in its block, or which other tokens share the call.
+Masked rows load zeros and their results are never stored.
+
+The logits tile (dot, then `/ temperature`) is the same code in `entropy` and `sample`, so the
+three operators see the same fp32 logits: a sampled token's logprob is the logit the sampler used.
+
+Backward recomputes the logits tiles: dz = g·(onehot − p)/temperature for BWD_CHUNK_T tokens at a
+time (a fixed-size [BWD_CHUNK_T, V] fp32 scratch, never [T, V]), then grad_hidden = dz @ w and
+grad_w = Σ_t dz[t]ᵀ hidden[t], both plain K-sequential matmul kernels; grad_w accumulates the
+token chunks in order into an fp32 [V, H] buffer owned tile by tile (no atomics): deterministic.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tik_kernels._runtime import INTERPRET
+
+#: Triton's interpreter computes tl.dot on bf16 wrongly and truncates fp32 -> bf16 casts: fp32 there
+_INTERPRET = tl.constexpr(INTERPRET)
+
+TUNABLES = {
+    "BLOCK_T": (16, 32, 64, 128),
+    "BLOCK_V": (64, 128, 256),
+    "BLOCK_K": (32, 64, 128),
+    "V_CHUNK": (256, 512, 1024, 2048, 4096),
+    "num_warps": (4, 8),
+    "num_stages": (2, 3, 4),
+    "BWD_CHUNK_T": (256, 512, 1024, 2048),
+    "BWD_BLOCK_M": (64, 128),
+    "BWD_BLOCK_N": (64, 128),
+    "BWD_BLOCK_K": (32, 64),
+}
+CONFIG = {
+    "BLOCK_T": 64,
+    "BLOCK_V": 128,
+    "BLOCK_K": 64,
+    "V_CHUNK": 512,
+    "num_warps": 8,
+    "num_stages": 3,
+    "BWD_CHUNK_T": 1024,
+    "BWD_BLOCK_M": 128,
+    "BWD_BLOCK_N": 128,
+    "BWD_BLOCK_K": 32,
+}
+
+
+@triton.jit
+def _round_to(x, DTYPE: tl.constexpr):
+    """x (fp32) cast to DTYPE, round-to-nearest-even on the GPU and in the interpreter alike."""
+    if _INTERPRET and DTYPE == tl.bfloat16:
+        b = x.to(tl.uint32, bitcast=True)
+        b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+        x = b.to(tl.float32, bitcast=True)
+    return x.to(DTYPE)
+
+
+@triton.jit
+def _logits_tile(h_ptr, w_ptr, o_t, m_t, o_v, m_v, H, stride_h, stride_w, temperature,
+                 BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr):
+    """[BLOCK_T, BLOCK_V] fp32 logits / temperature: a K-sequential dot over H, BLOCK_K at a time."""
+    acc = tl.zeros([BLOCK_T, BLOCK_V], dtype=tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        o_k = k0 + tl.arange(0, BLOCK_K)
+        m_k = o_k < H
+        b_h = tl.load(h_ptr + o_t[:, None] * stride_h + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
+        b_w = tl.load(w_ptr + o_v[None, :] * stride_w + o_k[:, None], mask=m_v[None, :] & m_k[:, None], other=0.0)
+        if _INTERPRET:
+            b_h = b_h.to(tl.float32)
+            b_w = b_w.to(tl.float32)
+        acc = tl.dot(b_h, b_w, acc)  # [BT, BK] @ [BK, BV]
+    return acc / temperature
+
+
+@triton.jit
+def _logprob_fwd_kernel(
+    h_ptr,  # [T, H] hidden (row stride stride_h, unit column stride)
+    w_ptr,  # [V, H] lm_head weight (row stride stride_w)
+    tgt_ptr,  # [T] int64 target ids
+    m_part_ptr,  # [NC, T] fp32 running max of each V chunk
+    s_part_ptr,  # [NC, T] fp32 Σ exp(z - max) of each V chunk
+    zt_ptr,  # [T] fp32 the target's logit, written by the chunk that holds it
+    T,
+    V,
+    H,
+    stride_h,
+    stride_w,
+    temperature,
+    BLOCK_T: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    V_CHUNK: tl.constexpr,
+):
+    pid_t = tl.program_id(0).to(tl.int64)
+    pid_c = tl.program_id(1).to(tl.int64)
+    o_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    m_t = o_t < T
+    b_tgt = tl.load(tgt_ptr + o_t, mask=m_t, other=-1)
+    b_m = tl.full([BLOCK_T], float("-inf"), dtype=tl.float32)
+    b_s = tl.zeros([BLOCK_T], dtype=tl.float32)
+    b_zt = tl.zeros([BLOCK_T], dtype=tl.float32)
+    v_start = pid_c * V_CHUNK
+    v_end = tl.minimum(v_start + V_CHUNK, V)
+    # tiles in increasing v; the chunk's first tile always holds a valid entry, so b_m is finite after it
+    for v0 in range(v_start, v_end, BLOCK_V):
+        o_v = v0 + tl.arange(0, BLOCK_V)
+        m_v = o_v < v_end
+        b_z = _logits_tile(h_ptr, w_ptr, o_t, m_t, o_v, m_v, H, stride_h, stride_w, temperature,
+                           BLOCK_T, BLOCK_V, BLOCK_K)
+        b_z = tl.where(m_v[None, :], b_z, float("-inf"))  # [BT, BV]
+        b_new = tl.maximum(b_m, tl.max(b_z, axis=1))
+        b_s = b_s * tl.exp(b_m - b_new) + tl.sum(tl.exp(b_z - b_new[:, None]), axis=1)
+        b_m = b_new
+        # one entry at most matches: a sum of it and exact zeros is exact
+        b_zt += tl.sum(tl.where(o_v[None, :] == b_tgt[:, None], b_z, 0.0), axis=1)
+    tl.store(m_part_ptr + pid_c * T + o_t, b_m, mask=m_t)
+    tl.store(s_part_ptr + pid_c * T + o_t, b_s, mask=m_t)
+    in_chunk = (b_tgt >= v_start) & (b_tgt < v_end)
+    tl.store(zt_ptr + o_t, b_zt, mask=m_t & in_chunk)
+
+
+@triton.jit
+def _logprob_combine_kernel(
+    m_part_ptr,  # [NC, T] fp32 chunk maxima
+    s_part_ptr,  # [NC, T] fp32 chunk sums
+    zt_ptr,  # [T] fp32 target logits (-inf for a target outside [0, V))
+    out_ptr,  # [T] fp32 log-probabilities
+    lse_ptr,  # [T] fp32 log Σ exp(z), saved for backward
+    T,
+    NC,
+    BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0).to(tl.int64)
+    o_t = pid * BLOCK + tl.arange(0, BLOCK)
+    m_t = o_t < T
+    b_m = tl.full([BLOCK], float("-inf"), dtype=tl.float32)
+    b_s = tl.zeros([BLOCK], dtype=tl.float32)
+    # chunks in increasing order: the merge order is fixed by V and V_CHUNK
+    for c in range(0, NC):
+        c_m = tl.load(m_part_ptr + c * T + o_t, mask=m_t, other=0.0)
+        c_s = tl.load(s_part_ptr + c * T + o_t, mask=m_t, other=0.0)
+        b_new = tl.maximum(b_m, c_m)
+        b_s = b_s * tl.exp(b_m - b_new) + c_s * tl.exp(c_m - b_new)
+        b_m = b_new
+    # masked rows have b_s = 0: keep log() finite there (never stored)
+    b_lse = b_m + tl.log(tl.where(m_t, b_s, 1.0))
+    b_zt = tl.load(zt_ptr + o_t, mask=m_t, other=0.0)
+    tl.store(out_ptr + o_t, b_zt - b_lse, mask=m_t)
+    tl.store(lse_ptr + o_t, b_lse, mask=m_t)
+
+
+@triton.jit
+def _logprob_bwd_dz_kernel(
+    h_ptr,  # [n, H] hidden rows of this token chunk
+    w_ptr,  # [V, H] lm_head weight
+    tgt_ptr,  # [n] int64 targets
+    lse_ptr,  # [n] fp32 saved log Σ exp(z)
+    g_ptr,  # [n] fp32 upstream gradient
+    dz_ptr,  # [n, V] fp32 gradient w.r.t. the un-tempered logits (hidden @ w.T)
+    n,
+    V,
+    H,
+    stride_h,
+    stride_w,
+    temperature,
+    BLOCK_T: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pid_t = tl.program_id(0).to(tl.int64)
+    pid_v = tl.program_id(1).to(tl.int64)
+    o_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    o_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    m_t = o_t < n
+    m_v = o_v < V
+    b_z = _logits_tile(h_ptr, w_ptr, o_t, m_t, o_v, m_v, H, stride_h, stride_w, temperature,
+                       BLOCK_T, BLOCK_V, BLOCK_K)
+    b_lse = tl.load(lse_ptr + o_t, mask=m_t, other=0.0)
+    b_g = tl.load(g_ptr + o_t, mask=m_t, other=0.0)
+    b_tgt = tl.load(tgt_ptr + o_t, mask=m_t, other=-1)
+    b_p = tl.exp(b_z - b_lse[:, None])
+    b_hit = (o_v[None, :] == b_tgt[:, None]).to(tl.float32)
+    b_dz = b_g[:, None] * (b_hit - b_p) / temperature
+    tl.store(dz_ptr + o_t[:, None] * V + o_v[None, :], b_dz, mask=m_t[:, None] & m_v[None, :])
+
+
+@triton.jit
+def _grad_hidden_kernel(
+    dz_ptr,  # [n, V] fp32
+    w_ptr,  # [V, H] lm_head weight (row stride stride_w)
+    gh_ptr,  # [n, H] grad of hidden (row stride stride_gh)
+    n,
+    V,
+    H,
+    stride_w,
+    stride_gh,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pid_m = tl.program_id(0).to(tl.int64)
+    pid_n = tl.program_id(1).to(tl.int64)
+    o_t = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    o_h = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_t = o_t < n
+    m_h = o_h < H
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    # reduction over V in increasing order, no split: grad_hidden = dz @ w
+    for v0 in range(0, V, BLOCK_K):
+        o_v = (v0 + tl.arange(0, BLOCK_K)).to(tl.int64)  # v · stride reaches 6e8 at V = 151,936
+        m_v = o_v < V
+        b_dz = tl.load(dz_ptr + o_t[:, None] * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
+        b_w = tl.load(w_ptr + o_v[:, None] * stride_w + o_h[None, :], mask=m_v[:, None] & m_h[None, :], other=0.0)
+        if _INTERPRET:
+            b_w = b_w.to(tl.float32)
+        else:
+            b_dz = b_dz.to(b_w.dtype)
+        acc = tl.dot(b_dz, b_w, acc)  # [BM, BK] @ [BK, BN]
+    tl.store(gh_ptr + o_t[:, None] * stride_gh + o_h[None, :], _round_to(acc, gh_ptr.dtype.element_ty),
+             mask=m_t[:, None] & m_h[None, :])
+
+
+@triton.jit
+def _grad_weight_kernel(
+    dz_ptr,  # [n, V] fp32
+    h_ptr,  # [n, H] hidden rows of this token chunk (row stride stride_h)
+    gw_ptr,  # [V, H] fp32 accumulator of grad w, owned tile by tile
+    n,
+    V,
+    H,
+    stride_h,
+    ACCUMULATE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pid_m = tl.program_id(0).to(tl.int64)
+    pid_n = tl.program_id(1).to(tl.int64)
+    o_v = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    o_h = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_v = o_v < V
+    m_h = o_h < H
+    p_gw = gw_ptr + o_v[:, None] * H + o_h[None, :]
+    m_gw = m_v[:, None] & m_h[None, :]
+    if ACCUMULATE:
+        acc = tl.load(p_gw, mask=m_gw, other=0.0)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    # reduction over the chunk's tokens in increasing order; chunks are launched in order
+    for t0 in range(0, n, BLOCK_K):
+        o_t = (t0 + tl.arange(0, BLOCK_K)).to(tl.int64)
+        m_t = o_t < n
+        b_dzt = tl.load(dz_ptr + o_t[None, :] * V + o_v[:, None], mask=m_v[:, None] & m_t[None, :], other=0.0)
+        b_h = tl.load(h_ptr + o_t[:, None] * stride_h + o_h[None, :], mask=m_t[:, None] & m_h[None, :], other=0.0)
+        if _INTERPRET:
+            b_h = b_h.to(tl.float32)
+        else:
+            b_dzt = b_dzt.to(b_h.dtype)
+        acc = tl.dot(b_dzt, b_h, acc)  # [BM, BK] @ [BK, BN]
+    tl.store(p_gw, acc, mask=m_gw)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def logprob_fwd(hidden: torch.Tensor, w: torch.Tensor, targets: torch.Tensor,
+                temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logprob[T], lse[T]) for hidden[T, H]; both fp32."""
+    T, H = hidden.shape
+    V = w.shape[0]
+    cfg = CONFIG
+    out = torch.empty((T,), dtype=torch.float32, device=hidden.device)
+    lse = torch.empty((T,), dtype=torch.float32, device=hidden.device)
+    if T == 0:
+        return out, lse
+    n_chunks = triton.cdiv(V, cfg["V_CHUNK"])
+    m_part = torch.empty((n_chunks, T), dtype=torch.float32, device=hidden.device)
+    s_part = torch.empty((n_chunks, T), dtype=torch.float32, device=hidden.device)
+    z_tgt = torch.full((T,), float("-inf"), dtype=torch.float32, device=hidden.device)
+    _logprob_fwd_kernel[(triton.cdiv(T, cfg["BLOCK_T"]), n_chunks)](
+        hidden, w, targets, m_part, s_part, z_tgt, T, V, H, hidden.stride(0), w.stride(0), float(temperature),
+        BLOCK_T=cfg["BLOCK_T"], BLOCK_V=cfg["BLOCK_V"], BLOCK_K=cfg["BLOCK_K"], V_CHUNK=cfg["V_CHUNK"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    _logprob_combine_kernel[(triton.cdiv(T, 128),)](m_part, s_part, z_tgt, out, lse, T, n_chunks, BLOCK=128)
+    return out, lse
+
+
+def logprob_bwd(g: torch.Tensor, hidden: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor,
+                temperature: float, need_hidden: bool, need_w: bool):
+    T, H = hidden.shape
+    V = w.shape[0]
+    cfg = CONFIG
+    g = g.reshape(T).float().contiguous()
+    grad_h = torch.empty_like(hidden, memory_format=torch.contiguous_format) if need_hidden else None
+    gw_acc = torch.zeros((V, H), dtype=torch.float32, device=w.device) if need_w else None
+    chunk = cfg["BWD_CHUNK_T"]
+    dz = torch.empty((min(chunk, T), V), dtype=torch.float32, device=hidden.device) if T else None
+    BM, BN, BK = cfg["BWD_BLOCK_M"], cfg["BWD_BLOCK_N"], cfg["BWD_BLOCK_K"]
+    for t0 in range(0, T, chunk):
+        n = min(chunk, T - t0)
+        h_c = hidden[t0 : t0 + n]
+        _logprob_bwd_dz_kernel[(triton.cdiv(n, cfg["BLOCK_T"]), triton.cdiv(V, cfg["BLOCK_V"]))](
+            h_c, w, targets[t0 : t0 + n], lse[t0 : t0 + n], g[t0 : t0 + n], dz, n, V, H,
+            hidden.stride(0), w.stride(0), float(temperature),
+            BLOCK_T=cfg["BLOCK_T"], BLOCK_V=cfg["BLOCK_V"], BLOCK_K=cfg["BLOCK_K"],
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        )
+        if need_hidden:
+            _grad_hidden_kernel[(triton.cdiv(n, BM), triton.cdiv(H, BN))](
+                dz, w, grad_h[t0 : t0 + n], n, V, H, w.stride(0), grad_h.stride(0),
+                BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+            )
+        if need_w:
+            _grad_weight_kernel[(triton.cdiv(V, BM), triton.cdiv(H, BN))](
+                dz, h_c, gw_acc, n, V, H, hidden.stride(0), ACCUMULATE=t0 > 0,
+                BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+            )
+    return grad_h, (gw_acc.to(w.dtype) if need_w else None)
+
+
+class LogprobFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, temperature: float):
+        out, lse = logprob_fwd(hidden, w, targets, temperature)
+        ctx.save_for_backward(hidden, w, targets, lse)
+        ctx.temperature = temperature
+        return out
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        hidden, w, targets, lse = ctx.saved_tensors
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_h, grad_w = logprob_bwd(g, hidden, w, targets, lse, ctx.temperature, need_h, need_w)
+        return grad_h, grad_w, None, None
+
+
+def logprob(hidden: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log_softmax(hidden @ w.T / temperature)[t, targets[t]] in fp32; leading dims of hidden are token dims.
+
+    A target outside [0, V) gives -inf. temperature must be > 0.
+    """
+    if not temperature > 0:
+        raise ValueError(f"logprob: temperature must be > 0, got {temperature}")
+    H = hidden.shape[-1]
+    if w.dim() != 2 or w.shape[1] != H:
+        raise ValueError(f"logprob: weight shape {tuple(w.shape)} does not match hidden size {H}")
+    lead = hidden.shape[:-1]
+    h2 = _rows(hidden.reshape(-1, H))
+    t = targets.reshape(-1).to(torch.int64).contiguous()
+    if t.shape[0] != h2.shape[0]:
+        raise ValueError(f"logprob: {t.shape[0]} targets for {h2.shape[0]} tokens")
+    return LogprobFunction.apply(h2, _rows(w), t, float(temperature)).reshape(lead)

@@ -1,0 +1,185 @@
+"""RMSNorm over the last dimension, batch-invariant: `rmsnorm(x[..., H], w[H], eps) -> y[..., H]`.
+
+Also the per-head q/k norm of Qwen3: `rmsnorm(q[T, Hh, D], w[D], eps)` normalizes every head's
+D-vector with the same w[D]; any leading dims are flattened into rows (there is no separate
+`qk_norm` entry point).
+
+Invariance: a row's result depends only on that row. Rows are laid out in a tile of
+[BLOCK_R, BLOCK_H]; BLOCK_H = next_pow2(H) covers the whole row, BLOCK_R and num_warps are
+functions of H (the problem width) only, never of the number of rows, so the sum of squares of
+a row is one `tl.sum` over axis 1 with the same reduction tree whatever T is, which tile the row
+lands in, or its slot in the tile. Masked lanes contribute exact zeros.
+
+Cast order follows the Hugging Face Llama/Qwen3 RMSNorm (and PRIOR_ART.md): fp32 x·rsqrt(mean
+x² + eps), rounded to the input dtype, *then* multiplied by w in fp32 and rounded again — so a
+model using this kernel keeps its reference numerics.
+
+Backward: dx is per row (invariant too). dw = Σ_rows g·x̂ is reduced deterministically: each
+program sums a fixed block of BWD_ROWS rows in order into a fp32 partial, and the partials
+[P, H] are summed by `torch.sum(dim=0)` (fixed tree for a fixed shape, no atomics). dw is
+deterministic on rerun, not batch-invariant (it is a sum over the batch).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tik_kernels._runtime import INTERPRET
+
+#: Triton's interpreter truncates fp32 -> bf16 casts (the GPU rounds to nearest even): round by hand there
+_INTERPRET = tl.constexpr(INTERPRET)
+
+TUNABLES = {
+    "TILE_ELEMS": (1024, 2048, 4096, 8192),
+    "MAX_WARPS": (1, 2, 4, 8, 16),
+    "BWD_ROWS": (32, 64, 128, 256),
+}
+CONFIG = {"TILE_ELEMS": 4096, "MAX_WARPS": 8, "BWD_ROWS": 128}
+
+
+@triton.jit
+def _round_to(x, DTYPE: tl.constexpr):
+    """x (fp32) cast to DTYPE, round-to-nearest-even on the GPU and in the interpreter alike."""
+    if _INTERPRET and DTYPE == tl.bfloat16:
+        b = x.to(tl.uint32, bitcast=True)
+        b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+        x = b.to(tl.float32, bitcast=True)
+    return x.to(DTYPE)
+
+
+@triton.jit
+def _rmsnorm_fwd_kernel(
+    x_ptr,  # [R, H] input rows (row stride stride_x, unit column stride)
+    w_ptr,  # [H] weight
+    y_ptr,  # [R, H] output, contiguous
+    rstd_ptr,  # [R] fp32 1/rms per row, saved for backward
+    R,
+    H,
+    stride_x,
+    eps,
+    BLOCK_R: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    pid = tl.program_id(0).to(tl.int64)
+    o_r = pid * BLOCK_R + tl.arange(0, BLOCK_R)
+    o_h = tl.arange(0, BLOCK_H)
+    m_r = o_r < R
+    m_h = o_h < H
+    m = m_r[:, None] & m_h[None, :]
+    b_x = tl.load(x_ptr + o_r[:, None] * stride_x + o_h[None, :], mask=m, other=0.0).to(tl.float32)  # [BR, BH]
+    b_w = tl.load(w_ptr + o_h, mask=m_h, other=0.0).to(tl.float32)  # [BH]
+    b_rstd = 1.0 / tl.sqrt(tl.sum(b_x * b_x, axis=1) / H + eps)  # [BR]
+    # HF cast order: normalize in fp32, round to the activation dtype, then scale by w
+    b_xn = _round_to(b_x * b_rstd[:, None], y_ptr.dtype.element_ty).to(tl.float32)
+    b_y = b_xn * b_w[None, :]
+    tl.store(y_ptr + o_r[:, None] * H + o_h[None, :], _round_to(b_y, y_ptr.dtype.element_ty), mask=m)
+    tl.store(rstd_ptr + o_r, b_rstd, mask=m_r)
+
+
+@triton.jit
+def _rmsnorm_bwd_kernel(
+    x_ptr,  # [R, H] forward input (row stride stride_x)
+    w_ptr,  # [H] weight
+    g_ptr,  # [R, H] upstream gradient, contiguous
+    rstd_ptr,  # [R] fp32 saved 1/rms
+    dx_ptr,  # [R, H] input gradient, contiguous
+    dw_part_ptr,  # [P, H] fp32 per-program partial weight gradients
+    R,
+    H,
+    stride_x,
+    BLOCK_R: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BWD_ROWS: tl.constexpr,
+):
+    pid = tl.program_id(0).to(tl.int64)
+    o_h = tl.arange(0, BLOCK_H)
+    m_h = o_h < H
+    b_w = tl.load(w_ptr + o_h, mask=m_h, other=0.0).to(tl.float32)
+    b_dw = tl.zeros([BLOCK_H], dtype=tl.float32)
+    # the program's rows, in order, one tile of BLOCK_R rows at a time: a fixed summation order for dw
+    for i in range(0, BWD_ROWS, BLOCK_R):
+        o_r = pid * BWD_ROWS + i + tl.arange(0, BLOCK_R)
+        m_r = o_r < R
+        m = m_r[:, None] & m_h[None, :]
+        b_x = tl.load(x_ptr + o_r[:, None] * stride_x + o_h[None, :], mask=m, other=0.0).to(tl.float32)
+        b_g = tl.load(g_ptr + o_r[:, None] * H + o_h[None, :], mask=m, other=0.0).to(tl.float32)
+        b_rstd = tl.load(rstd_ptr + o_r, mask=m_r, other=0.0)
+        b_xhat = b_x * b_rstd[:, None]  # [BR, BH]
+        b_gw = b_g * b_w[None, :]
+        b_c = tl.sum(b_gw * b_xhat, axis=1) / H  # [BR]
+        b_dx = (b_gw - b_xhat * b_c[:, None]) * b_rstd[:, None]
+        tl.store(dx_ptr + o_r[:, None] * H + o_h[None, :], _round_to(b_dx, dx_ptr.dtype.element_ty), mask=m)
+        b_dw += tl.sum(b_g * b_xhat, axis=0)
+    tl.store(dw_part_ptr + pid * H + o_h, b_dw, mask=m_h)
+
+
+def _tile(H: int) -> tuple[int, int, int]:
+    """(BLOCK_R, BLOCK_H, num_warps) from the row width only."""
+    block_h = triton.next_power_of_2(H)
+    if block_h > 65536:
+        raise ValueError(f"rmsnorm: row width {H} exceeds the single-block limit 65536")
+    block_r = max(1, CONFIG["TILE_ELEMS"] // block_h)
+    num_warps = max(1, min(CONFIG["MAX_WARPS"], block_r * block_h // 512))
+    return block_r, block_h, num_warps
+
+
+def _rows(x: torch.Tensor, H: int) -> torch.Tensor:
+    x2 = x.reshape(-1, H)
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
+def rmsnorm_fwd(x: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    H = x.shape[-1]
+    if w.shape != (H,):
+        raise ValueError(f"rmsnorm: weight shape {tuple(w.shape)} != ({H},)")
+    x2 = _rows(x, H)
+    R = x2.shape[0]
+    y = torch.empty((R, H), dtype=x.dtype, device=x.device)
+    rstd = torch.empty((R,), dtype=torch.float32, device=x.device)
+    block_r, block_h, num_warps = _tile(H)
+    if R:
+        _rmsnorm_fwd_kernel[(triton.cdiv(R, block_r),)](
+            x2, w, y, rstd, R, H, x2.stride(0), float(eps), BLOCK_R=block_r, BLOCK_H=block_h, num_warps=num_warps
+        )
+    return y.view(x.shape), x2, rstd
+
+
+def rmsnorm_bwd(
+    g: torch.Tensor, x2: torch.Tensor, w: torch.Tensor, rstd: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    R, H = x2.shape
+    g2 = g.reshape(R, H).contiguous()
+    dx = torch.empty((R, H), dtype=x2.dtype, device=x2.device)
+    block_r, block_h, num_warps = _tile(H)
+    bwd_rows = max(CONFIG["BWD_ROWS"], block_r)
+    n_prog = triton.cdiv(R, bwd_rows)
+    part = torch.empty((n_prog, H), dtype=torch.float32, device=x2.device)
+    if R:
+        _rmsnorm_bwd_kernel[(n_prog,)](
+            x2, w, g2, rstd, dx, part, R, H, x2.stride(0),
+            BLOCK_R=block_r, BLOCK_H=block_h, BWD_ROWS=bwd_rows, num_warps=num_warps,
+        )
+    dw = part.sum(dim=0) if R else torch.zeros((H,), dtype=torch.float32, device=x2.device)
+    return dx, dw.to(w.dtype)
+
+
+class RMSNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+        y, x2, rstd = rmsnorm_fwd(x, w, eps)
+        ctx.save_for_backward(x2, w, rstd)
+        ctx.x_shape = x.shape
+        return y
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        x2, w, rstd = ctx.saved_tensors
+        dx, dw = rmsnorm_bwd(g, x2, w, rstd)
+        return dx.view(ctx.x_shape), dw, None
+
+
+def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """RMSNorm of x over its last dim with weight w: x[T, H] (hidden) or x[T, Hh, D] (per-head q/k norm)."""
+    return RMSNormFunction.apply(x, w, eps)

@@ -1,0 +1,149 @@
+"""Rotary position embedding, batch-invariant: `rope(q[T, Hq, D], k[T, Hk, D], pos[T], theta) -> (q, k)`.
+
+Convention (Llama / Qwen3, "neox" half rotation): for i < D/2 the pair (x[i], x[i + D/2]) is rotated by
+angle pos · θ^(-2i/D): out[i] = x[i]·cos − x[i+D/2]·sin, out[i+D/2] = x[i+D/2]·cos + x[i]·sin.
+New tensors are returned (inputs are never written); q and k may be strided views of a fused qkv output
+as long as their last dim is contiguous.
+
+Invariance: a token's result depends only on its own q, k and pos. cos and sin are computed in-kernel in
+fp32 from pos and θ alone — inv_freq = exp2(−(2i/D)·log2 θ) with log2 θ taken in float64 on the host,
+angle = fp32(pos)·inv_freq, then a two-constant Cody–Waite reduction to [−π, π] so `tl.cos`/`tl.sin`
+are accurate whether or not they lower to approximate instructions — and the rotation is elementwise,
+rounded once to the output dtype. No cos/sin cache whose layout or length could follow the batch.
+
+Backward is the inverse rotation (angle −θ) of the output gradients, by the same kernel.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from tik_kernels._runtime import INTERPRET
+
+#: Triton's interpreter truncates fp32 -> bf16 casts (the GPU rounds to nearest even): round by hand there
+_INTERPRET = tl.constexpr(INTERPRET)
+
+#: elementwise: any BLOCK_T (tokens per program) gives the same bits
+TUNABLES = {"BLOCK_T": (1, 2, 4, 8, 16), "num_warps": (1, 2, 4, 8)}
+CONFIG = {"BLOCK_T": 8, "num_warps": 4}
+
+
+@triton.jit
+def _round_to(x, DTYPE: tl.constexpr):
+    """x (fp32) cast to DTYPE, round-to-nearest-even on the GPU and in the interpreter alike."""
+    if _INTERPRET and DTYPE == tl.bfloat16:
+        b = x.to(tl.uint32, bitcast=True)
+        b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+        x = b.to(tl.float32, bitcast=True)
+    return x.to(DTYPE)
+
+
+@triton.jit
+def _rotate_heads(
+    x_ptr, y_ptr, o_t, m_t, stride_t, stride_h, NH, b_cos, b_sin,
+    HALF: tl.constexpr, BLOCK_NH: tl.constexpr, BLOCK_HALF: tl.constexpr,
+):
+    o_h = tl.arange(0, BLOCK_NH)
+    o_i = tl.arange(0, BLOCK_HALF)
+    m = m_t[:, None, None] & (o_h < NH)[None, :, None] & (o_i < HALF)[None, None, :]
+    o_x = o_t[:, None, None] * stride_t + o_h[None, :, None] * stride_h + o_i[None, None, :]  # [BT, BNH, BHALF]
+    b_x1 = tl.load(x_ptr + o_x, mask=m, other=0.0).to(tl.float32)
+    b_x2 = tl.load(x_ptr + o_x + HALF, mask=m, other=0.0).to(tl.float32)
+    b_c, b_s = b_cos[:, None, :], b_sin[:, None, :]
+    b_y1 = b_x1 * b_c - b_x2 * b_s
+    b_y2 = b_x2 * b_c + b_x1 * b_s
+    o_y = o_t[:, None, None] * (NH * 2 * HALF) + o_h[None, :, None] * (2 * HALF) + o_i[None, None, :]
+    tl.store(y_ptr + o_y, _round_to(b_y1, y_ptr.dtype.element_ty), mask=m)
+    tl.store(y_ptr + o_y + HALF, _round_to(b_y2, y_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _rope_kernel(
+    q_ptr,  # [T, Hq, D] input q (strides stride_qt, stride_qh; unit stride over D)
+    k_ptr,  # [T, Hk, D] input k (strides stride_kt, stride_kh)
+    pos_ptr,  # [T] integer positions
+    qo_ptr,  # [T, Hq, D] output q, contiguous
+    ko_ptr,  # [T, Hk, D] output k, contiguous
+    T,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    HQ,
+    HK,
+    log2_theta,
+    SIGN: tl.constexpr,  # +1 forward, -1 backward (inverse rotation)
+    HALF: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_HQ: tl.constexpr,
+    BLOCK_HK: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+):
+    pid = tl.program_id(0).to(tl.int64)
+    o_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
+    m_t = o_t < T
+    o_i = tl.arange(0, BLOCK_HALF)
+    b_pos = tl.load(pos_ptr + o_t, mask=m_t, other=0).to(tl.float32)  # [BT]
+    b_inv = tl.exp2(-(o_i.to(tl.float32) * 2.0 / (2 * HALF)) * log2_theta)  # [BHALF]
+    b_ang = b_pos[:, None] * b_inv[None, :]  # [BT, BHALF]
+    # reduce to [-pi, pi]: k·6.28125 is exact (6.28125 has 8 significant bits), the rest is 2π − 6.28125
+    b_k = tl.floor(b_ang * 0.15915494309189535 + 0.5)
+    b_r = (b_ang - b_k * 6.28125) - b_k * 0.0019353071795864769
+    b_cos = tl.cos(b_r)
+    b_sin = tl.sin(b_r) * SIGN
+    _rotate_heads(q_ptr, qo_ptr, o_t, m_t, stride_qt, stride_qh, HQ, b_cos, b_sin, HALF, BLOCK_HQ, BLOCK_HALF)
+    _rotate_heads(k_ptr, ko_ptr, o_t, m_t, stride_kt, stride_kh, HK, b_cos, b_sin, HALF, BLOCK_HK, BLOCK_HALF)
+
+
+def _heads(x: torch.Tensor) -> torch.Tensor:
+    if x.dim() != 3:
+        raise ValueError(f"rope: expected [T, heads, D], got shape {tuple(x.shape)}")
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def rope_apply(q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, theta: float, sign: int):
+    q, k = _heads(q), _heads(k)
+    T, HQ, D = q.shape
+    if k.shape[0] != T or k.shape[2] != D or pos.shape != (T,) or D % 2:
+        raise ValueError(f"rope: q {tuple(q.shape)}, k {tuple(k.shape)}, pos {tuple(pos.shape)} do not agree")
+    HK = k.shape[1]
+    qo = torch.empty((T, HQ, D), dtype=q.dtype, device=q.device)
+    ko = torch.empty((T, HK, D), dtype=k.dtype, device=k.device)
+    if T:
+        _rope_kernel[(triton.cdiv(T, CONFIG["BLOCK_T"]),)](
+            q, k, pos.contiguous(), qo, ko, T, q.stride(0), q.stride(1), k.stride(0), k.stride(1), HQ, HK,
+            math.log2(theta), SIGN=sign, HALF=D // 2, BLOCK_T=CONFIG["BLOCK_T"], BLOCK_HQ=triton.next_power_of_2(HQ),
+            BLOCK_HK=triton.next_power_of_2(HK), BLOCK_HALF=triton.next_power_of_2(D // 2),
+            num_warps=CONFIG["num_warps"],
+        )
+    return qo, ko
+
+
+class RopeFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, theta: float):
+        ctx.save_for_backward(pos)
+        ctx.theta, ctx.q_shape, ctx.k_shape = theta, q.shape, k.shape
+        return rope_apply(q, k, pos, theta, 1)
+
+    @staticmethod
+    def backward(ctx, gq: torch.Tensor | None, gk: torch.Tensor | None):
+        (pos,) = ctx.saved_tensors
+        # an output left out of the loss has no gradient: rotate zeros for it
+        if gq is None:
+            gq = torch.zeros(ctx.q_shape, dtype=gk.dtype, device=gk.device)
+        if gk is None:
+            gk = torch.zeros(ctx.k_shape, dtype=gq.dtype, device=gq.device)
+        dq, dk = rope_apply(gq, gk, pos, ctx.theta, -1)
+        return dq, dk, None, None
+
+
+def rope(
+    q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, theta: float = 1e6
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate q[T, Hq, D] and k[T, Hk, D] by their token's position pos[T] (neox half rotation, base theta)."""
+    return RopeFunction.apply(q, k, pos, theta)

@@ -1,0 +1,185 @@
+"""Fused lm_head + seeded Gumbel-max sampling, batch-invariant:
+`sample(hidden[T, H], w[V, H], temperature, seeds[T]) -> int64 ids[T]`.
+
+ids[t] = argmax_v (z[t, v] + g(seeds[t], v)), z = hidden @ w.T / temperature in fp32, ties to the
+lowest v; temperature 0 is greedy: argmax_v of hidden @ w.T, no noise. g is standard Gumbel noise
+from a counter-based hash of (seed, v) computed in the kernel — the function is specified in
+`tik_kernels/reference/sample.py` and must be reproduced bit for bit — so a token's noise depends on
+its seed and v only: the same seed gives the same token whatever T, order or batch composition.
+
+Invariance: the grid is (token blocks, V chunks) with BLOCK_T, BLOCK_V, BLOCK_K and V_CHUNK fixed
+by CONFIG (never chosen by T). The logits tile is the same code as `logprob` and `entropy` (a
+K-sequential `tl.dot` over H in BLOCK_K steps, then `/ temperature`), so a sampled token's
+logprob() is computed from the very logit the sampler used. Each program scans its chunk's tiles
+in increasing v and keeps (best score, index), replacing it only on a strictly greater score;
+`tl.argmax` inside a tile returns the lowest index of the maximum; a second kernel merges the
+chunks in increasing order the same way. A NaN score never wins. Not differentiable.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tik_kernels._runtime import INTERPRET
+
+#: Triton's interpreter computes tl.dot on bf16 wrongly: fp32 operands there
+_INTERPRET = tl.constexpr(INTERPRET)
+
+TUNABLES = {
+    "BLOCK_T": (16, 32, 64, 128),
+    "BLOCK_V": (64, 128, 256),
+    "BLOCK_K": (32, 64, 128),
+    "V_CHUNK": (256, 512, 1024, 2048, 4096),
+    "num_warps": (4, 8),
+    "num_stages": (2, 3, 4),
+}
+CONFIG = {"BLOCK_T": 64, "BLOCK_V": 128, "BLOCK_K": 64, "V_CHUNK": 512, "num_warps": 8, "num_stages": 3}
+
+
+@triton.jit
+def _logits_tile(h_ptr, w_ptr, o_t, m_t, o_v, m_v, H, stride_h, stride_w, temperature,
+                 BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr):
+    """[BLOCK_T, BLOCK_V] fp32 logits / temperature: a K-sequential dot over H, BLOCK_K at a time."""
+    acc = tl.zeros([BLOCK_T, BLOCK_V], dtype=tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        o_k = k0 + tl.arange(0, BLOCK_K)
+        m_k = o_k < H
+        b_h = tl.load(h_ptr + o_t[:, None] * stride_h + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
+        b_w = tl.load(w_ptr + o_v[None, :] * stride_w + o_k[:, None], mask=m_v[None, :] & m_k[:, None], other=0.0)
+        if _INTERPRET:
+            b_h = b_h.to(tl.float32)
+            b_w = b_w.to(tl.float32)
+        acc = tl.dot(b_h, b_w, acc)  # [BT, BK] @ [BK, BV]
+    return acc / temperature
+
+
+@triton.jit
+def _fmix32(x):
+    """murmur3's 32-bit finalizer on uint32 (wrapping multiplies)."""
+    x = x ^ (x >> 16)
+    x = x * 0x85EBCA6B
+    x = x ^ (x >> 13)
+    x = x * 0xC2B2AE35
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def _sample_fwd_kernel(
+    h_ptr,  # [T, H] hidden (row stride stride_h, unit column stride)
+    w_ptr,  # [V, H] lm_head weight (row stride stride_w)
+    seed_ptr,  # [T] int64 seeds
+    best_part_ptr,  # [NC, T] fp32 best score of each V chunk
+    idx_part_ptr,  # [NC, T] int64 its index
+    T,
+    V,
+    H,
+    stride_h,
+    stride_w,
+    temperature,
+    GREEDY: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    V_CHUNK: tl.constexpr,
+):
+    pid_t = tl.program_id(0).to(tl.int64)
+    pid_c = tl.program_id(1).to(tl.int64)
+    o_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    m_t = o_t < T
+    b_seed = tl.load(seed_ptr + o_t, mask=m_t, other=0)
+    # per-token key of the noise hash (tik_kernels/reference/sample.py: key(s))
+    b_key = _fmix32(b_seed.to(tl.uint32) + _fmix32((b_seed >> 32).to(tl.uint32) ^ 0x6A09E667))  # [BT]
+    b_best = tl.full([BLOCK_T], float("-inf"), dtype=tl.float32)
+    b_idx = tl.full([BLOCK_T], V, dtype=tl.int64)
+    v_start = pid_c * V_CHUNK
+    v_end = tl.minimum(v_start + V_CHUNK, V)
+    for v0 in range(v_start, v_end, BLOCK_V):
+        o_v = v0 + tl.arange(0, BLOCK_V)
+        m_v = o_v < v_end
+        b_z = _logits_tile(h_ptr, w_ptr, o_t, m_t, o_v, m_v, H, stride_h, stride_w, temperature,
+                           BLOCK_T, BLOCK_V, BLOCK_K)
+        if not GREEDY:
+            b_x = _fmix32(o_v.to(tl.uint32)[None, :] * 0x9E3779B1 + b_key[:, None])
+            b_x = _fmix32(b_x ^ b_key[:, None])  # [BT, BV] uint32
+            # (2k + 1)·2^-24 with k < 2^23: exact in fp32, strictly inside (0, 1)
+            b_u = ((b_x >> 9).to(tl.float32) * 2.0 + 1.0) * 5.9604644775390625e-08
+            b_z = b_z - tl.log(-tl.log(b_u))
+        b_z = tl.where(m_v[None, :] & (b_z == b_z), b_z, float("-inf"))
+        b_tile_best = tl.max(b_z, axis=1)
+        b_tile_idx = v0 + tl.argmax(b_z, axis=1).to(tl.int64)
+        # strictly greater: an earlier (lower-index) tile keeps a tie
+        b_take = b_tile_best > b_best
+        b_best = tl.where(b_take, b_tile_best, b_best)
+        b_idx = tl.where(b_take, b_tile_idx, b_idx)
+    tl.store(best_part_ptr + pid_c * T + o_t, b_best, mask=m_t)
+    tl.store(idx_part_ptr + pid_c * T + o_t, b_idx, mask=m_t)
+
+
+@triton.jit
+def _sample_combine_kernel(
+    best_part_ptr,  # [NC, T] fp32 chunk best scores
+    idx_part_ptr,  # [NC, T] int64 their indices
+    out_ptr,  # [T] int64 sampled ids
+    T,
+    NC,
+    BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0).to(tl.int64)
+    o_t = pid * BLOCK + tl.arange(0, BLOCK)
+    m_t = o_t < T
+    b_best = tl.full([BLOCK], float("-inf"), dtype=tl.float32)
+    b_idx = tl.load(idx_part_ptr + o_t, mask=m_t, other=0)
+    # chunks in increasing order, strictly greater wins: ties go to the lowest index
+    for c in range(0, NC):
+        c_best = tl.load(best_part_ptr + c * T + o_t, mask=m_t, other=float("-inf"))
+        c_idx = tl.load(idx_part_ptr + c * T + o_t, mask=m_t, other=0)
+        b_take = c_best > b_best
+        b_best = tl.where(b_take, c_best, b_best)
+        b_idx = tl.where(b_take, c_idx, b_idx)
+    tl.store(out_ptr + o_t, b_idx, mask=m_t)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def sample_fwd(hidden: torch.Tensor, w: torch.Tensor, temperature: float, seeds: torch.Tensor) -> torch.Tensor:
+    T, H = hidden.shape
+    V = w.shape[0]
+    cfg = CONFIG
+    out = torch.empty((T,), dtype=torch.int64, device=hidden.device)
+    if T == 0:
+        return out
+    n_chunks = triton.cdiv(V, cfg["V_CHUNK"])
+    best = torch.empty((n_chunks, T), dtype=torch.float32, device=hidden.device)
+    idx = torch.empty((n_chunks, T), dtype=torch.int64, device=hidden.device)
+    greedy = temperature == 0
+    _sample_fwd_kernel[(triton.cdiv(T, cfg["BLOCK_T"]), n_chunks)](
+        hidden, w, seeds, best, idx, T, V, H, hidden.stride(0), w.stride(0), 1.0 if greedy else float(temperature),
+        GREEDY=greedy, BLOCK_T=cfg["BLOCK_T"], BLOCK_V=cfg["BLOCK_V"], BLOCK_K=cfg["BLOCK_K"],
+        V_CHUNK=cfg["V_CHUNK"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    _sample_combine_kernel[(triton.cdiv(T, 128),)](best, idx, out, T, n_chunks, BLOCK=128)
+    return out
+
+
+@torch.no_grad()
+def sample(hidden: torch.Tensor, w: torch.Tensor, temperature: float, seeds: torch.Tensor) -> torch.Tensor:
+    """Token ids int64 drawn from softmax(hidden @ w.T / temperature), one per token, by seeded Gumbel-max.
+
+    seeds[t] (int64) fixes token t's noise; temperature 0 is greedy argmax (seeds unused).
+    Leading dims of hidden are token dims.
+    """
+    if not temperature >= 0:
+        raise ValueError(f"sample: temperature must be >= 0, got {temperature}")
+    H = hidden.shape[-1]
+    if w.dim() != 2 or w.shape[1] != H:
+        raise ValueError(f"sample: weight shape {tuple(w.shape)} does not match hidden size {H}")
+    lead = hidden.shape[:-1]
+    h2 = _rows(hidden.reshape(-1, H))
+    s = seeds.reshape(-1).to(torch.int64).contiguous()
+    if s.shape[0] != h2.shape[0]:
+        raise ValueError(f"sample: {s.shape[0]} seeds for {h2.shape[0]} tokens")
+    return sample_fwd(h2.detach(), _rows(w.detach()), float(temperature), s).reshape(lead)
