@@ -121,16 +121,17 @@ def tree_bits_equal(a, b) -> bool:
 
 
 def tensor_bytes(args) -> int:
-    """Bytes of the distinct tensor storages in args (nested tuples/lists/dicts)."""
+    """Bytes the tensors in args (nested tuples/lists/dicts) cover, each distinct tensor once: what one call
+    reads from its inputs. A view counts its own elements, not its base's storage (a clone copies only those)."""
     seen, total = set(), 0
     stack = [args]
     while stack:
         a = stack.pop()
         if isinstance(a, torch.Tensor):
-            key = (a.untyped_storage().data_ptr(), a.device)
+            key = (a.data_ptr(), tuple(a.shape), a.stride(), a.dtype, a.device)
             if key not in seen:
                 seen.add(key)
-                total += a.untyped_storage().nbytes()
+                total += a.numel() * a.element_size()
         elif isinstance(a, (tuple, list)):
             stack.extend(a)
         elif isinstance(a, dict):
@@ -245,7 +246,8 @@ def compare(contenders: dict[str, Callable], args: tuple, *, rounds: int = 15, n
     """Time every contender on rotating copies of args, interleaved over rounds; medians per call.
 
     contenders: name -> fn(*args). nbytes / flops: what one call must move / compute (for TB/s, TFLOP/s).
-    Returns {"contenders": {name: {median_us, p10_us, p90_us, min_us, rounds, graph, [fallback], tbps...}},
+    Returns {"contenders": {name: {median_us, p10_us, p90_us, min_us, rounds, samples_us, graph, [fallback],
+    tbps...}},
     "copies", "calls", "working_set_bytes", "below_l2_factor" (copies capped: the inputs may sit in L2), "timer"}.
     A contender that raises when called is reported with
     its error and no times.
@@ -309,7 +311,7 @@ def compare(contenders: dict[str, Callable], args: tuple, *, rounds: int = 15, n
                 runners[n]()
                 samples[n].append((time.perf_counter() - t) * 1e6 / calls)
     for n, xs in samples.items():
-        results[n].update(summarize(xs))
+        results[n].update(summarize(xs), samples_us=xs)
         results[n].update(rates(results[n]["median_us"], nbytes, flops))
     del runners, sets
     return {"contenders": results, "copies": copies, "calls": calls, "working_set_bytes": per_copy * copies,
