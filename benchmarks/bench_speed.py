@@ -406,7 +406,7 @@ def markdown(doc: dict) -> str:
         lines.append(f"| {k} | {val} | {'≤ ' + str(tgt) if tgt else 'no slower than before'} | {met} |")
     for section, rows in doc["sections"].items():
         lines += ["", f"## {section}", "",
-                  "| cell | bits gate | TIK µs | stock µs | stock | ratio | TIK rate | graph |",
+                  "| cell | bits gate | TIK µs (p10–p90) | stock µs | stock | ratio | TIK rate | graph |",
                   "|---|---|---|---|---|---|---|---|"]
         for r in rows:
             if "skipped" in r:
@@ -416,7 +416,8 @@ def markdown(doc: dict) -> str:
                 lines.append(f"| {r['cell']} | {gate} | | | | {r.get('error', 'no ratio')} | | |")
             else:
                 tik = r["timing"]["contenders"]["tik"]
-                lines.append(f"| {r['cell']} | green | {r['tik_us']:.2f} | {r['stock_us']:.2f} | {r['stock']} | "
+                lines.append(f"| {r['cell']} | green | {r['tik_us']:.2f} ({tik['p10_us']:.2f}–{tik['p90_us']:.2f}) | "
+                             f"{r['stock_us']:.2f} | {r['stock']} | "
                              f"{r['ratio']:.3f} | {rate_text(tik)} | {'yes' if r['graph'] else 'no (eager)'} |")
     return "\n".join(lines) + "\n"
 

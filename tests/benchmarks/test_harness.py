@@ -137,3 +137,23 @@ def test_provenance():
         assert env[k]
     cmd = H.command_line([str(H.REPO / "benchmarks" / "bench_speed.py"), "--only", "decode", "--out", "a b"])
     assert cmd == "PYTHONPATH=. python benchmarks/bench_speed.py --only decode --out 'a b'"
+
+
+@pytest.mark.gpu
+def test_compare_on_gpu_graphs_rotation_and_fallback():
+    """On a GPU: graph replay, copies past 4 x L2, and a contender that syncs the host falls back and says so."""
+    x = torch.randn(1024, 1024, device="cuda")  # 4 MiB: 50 copies to pass 200 MiB
+
+    def syncs(x):
+        y = x * 2
+        y.sum().item()  # a host sync: not capturable
+        return y
+
+    t = H.compare({"mul": lambda x: x * 2, "add": lambda x: x + 1, "syncs": syncs}, (x,), rounds=5,
+                  nbytes=2 * x.numel() * 4)
+    assert t["copies"] * x.numel() * 4 >= H.L2_FACTOR * H.L2_BYTES and not t["below_l2_factor"]
+    assert t["calls"] % t["copies"] == 0
+    c = t["contenders"]
+    assert c["mul"]["graph"] and c["add"]["graph"] and c["mul"]["median_us"] > 0
+    assert c["syncs"]["graph"] is False and "graph capture failed" in c["syncs"]["fallback"]
+    assert 0 < c["mul"]["copy_fraction"] < 1.5
