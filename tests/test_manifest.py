@@ -54,7 +54,20 @@ def aggregate(values, agg: str | None):
         return 100 * max(abs(v - 1) for v in values)
     if agg == "giga":
         return values / 1e9
+    if agg == "len":
+        return len(values)
     raise ValueError(f"unknown agg {agg!r}")
+
+
+_PARSED: dict = {}
+
+
+def parsed(path: Path):
+    """A results file's JSON, parsed once per (path, mtime): some are megabytes, read by many checks."""
+    key = (path, path.stat().st_mtime_ns)
+    if key not in _PARSED:
+        _PARSED[key] = json.loads(path.read_text())
+    return _PARSED[key]
 
 
 def problems(entry: dict, readme: str, root: Path = ROOT) -> list[str]:
@@ -80,7 +93,7 @@ def problems(entry: dict, readme: str, root: Path = ROOT) -> list[str]:
             elif fig is not None and fig not in check["text"]:
                 out.append(f"{entry['id']}: figure {fig!r} is not in the file's line {check['text']!r}")
             continue
-        value = lookup(json.loads(path.read_text()), check["key"])
+        value = lookup(parsed(path), check["key"])
         if value is None or value == []:
             out.append(f"{entry['id']}: {path.name} has no {check['key']}")
             continue
