@@ -94,3 +94,17 @@ def test_imports_only_torch_triton_tik_kernels_and_the_harness():
     from_benchmarks = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "benchmarks"
                        for a in n.names}
     assert from_benchmarks == {"harness"}
+
+
+def test_section_summary_withholds_on_failed_cells():
+    ok = [{"cell": "a", "M": 1, "ratio": 0.5, "gate_green": True},
+          {"cell": "b", "M": 64, "ratio": 2.0, "gate_green": True}]
+    s = bench_speed.section_summary("linear", ok)
+    assert s["linear_geomean"] == pytest.approx(1.0) and s["linear_worst"] == 2.0
+    assert s["linear_m_le_16_geomean"] == pytest.approx(0.5)
+    mem = ok + [{"cell": "c", "M": 4, "skipped": "does not fit in GPU memory"}]
+    assert bench_speed.section_summary("linear", mem) == s  # a memory skip is reported, not a failure
+    failed = ok + [{"cell": "c", "M": 4, "error": "RuntimeError: boom"}]
+    assert set(bench_speed.section_summary("linear", failed).values()) == {None}
+    red = ok + [{"cell": "d", "M": 4, "gate_green": False}]
+    assert set(bench_speed.section_summary("linear", red).values()) == {None}
