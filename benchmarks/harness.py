@@ -286,7 +286,8 @@ def compare(contenders: dict[str, Callable], args: tuple, *, rounds: int = 15, n
             results[name]["fallback"] = "eager (graphs off)"
         else:
             results[name]["fallback"] = "eager, CPU wall clock"
-        run()  # warm the eager path the same way a capture would
+        if cuda:
+            run()  # warm every copy's path the same way a capture would (a CPU call is warm after estimating)
         runners[name] = run
     _sync(device)
     samples: dict[str, list[float]] = {n: [] for n in runners}
