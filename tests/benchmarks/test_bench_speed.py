@@ -108,3 +108,14 @@ def test_section_summary_withholds_on_failed_cells():
     assert set(bench_speed.section_summary("linear", failed).values()) == {None}
     red = ok + [{"cell": "d", "M": 4, "gate_green": False}]
     assert set(bench_speed.section_summary("linear", red).values()) == {None}
+
+
+@pytest.mark.gpu
+def test_quick_on_gpu_replays_graphs(tmp_path):
+    """On the H200: the quick cells of linear and decode pass the bits gate and every timed row replayed graphs."""
+    rc = bench_speed.main(["--quick", "--only", "linear", "--only", "decode", "--rounds", "3", "--out", str(tmp_path)])
+    doc = json.loads((tmp_path / "speed_h200_linear_decode_quick.json").read_text())
+    rows = [r for rs in doc["sections"].values() for r in rs if "skipped" not in r]
+    assert rc == 0 and rows and all(r["gate_green"] and r["graph"] and r["ratio"] > 0 for r in rows), rows
+    assert all(not r["timing"]["below_l2_factor"] for r in rows)
+    assert not (tmp_path / "summary_h200.json").exists()  # --quick never writes the summary
