@@ -1,6 +1,6 @@
 """TIK's kernels against the strongest stock kernel, at the shapes an RL step on Qwen3-8B runs (issue 16's targets).
 
-    PYTHONPATH=. python benchmarks/bench_speed.py --out benchmarks/results          # the H200 run, < 8 min
+    PYTHONPATH=. python benchmarks/bench_speed.py --out benchmarks/results          # the H200 run (--budget-s 420)
     PYTHONPATH=. python benchmarks/bench_speed.py --only decode --quick              # a few cells
     PYTHONPATH=. python benchmarks/bench_speed.py --impl linear=cand.py --only linear  # another file
     PYTHONPATH=. python benchmarks/bench_speed.py --smoke --out /tmp/s               # CPU: the code path only
