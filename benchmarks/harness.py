@@ -246,11 +246,13 @@ def compare(contenders: dict[str, Callable], args: tuple, *, rounds: int = 15, n
     """Time every contender on rotating copies of args, interleaved over rounds; medians per call.
 
     contenders: name -> fn(*args). nbytes / flops: what one call must move / compute (for TB/s, TFLOP/s).
+    All contenders read the same copies in the same round-robin order, so the one replayed next never starts
+    on inputs the previous one left in L2.
+
     Returns {"contenders": {name: {median_us, p10_us, p90_us, min_us, rounds, samples_us, graph, [fallback],
-    tbps...}},
-    "copies", "calls", "working_set_bytes", "below_l2_factor" (copies capped: the inputs may sit in L2), "timer"}.
-    A contender that raises when called is reported with
-    its error and no times.
+    tbps, copy_fraction, tflops, bf16_fraction}}, "copies", "calls" (per replay), "working_set_bytes",
+    "below_l2_factor" (True when the copies were capped short of 4 x L2: the inputs may sit in L2), "timer"}.
+    A contender that raises when called is reported with its error and no times.
     """
     device = _first_device(args)
     cuda = device.type == "cuda"
