@@ -7,9 +7,11 @@
    prompt-only prefill == prompt rows of prompt + answer; decode at every answer position (lengths mixed
    within the batch, cache past lens = NaN) == prefill rows; the last sequence alone == its batch rows;
 3. decode tunables timed (CUDA graphs), each variant's bits compared with the default's;
-4. timings, medians of interleaved repetitions in one run, CUDA-graph replay (kernel time) and eager (with
-   Python launch cost): prefill vs SDPA (flash backend, causal, GQA), decode vs SDPA with a length mask
-   (default backend) and vs SDPA flash on an exactly-sized cache.
+4. timings (benchmarks/harness.py: back-to-back calls on rotating input copies, interleaved rounds, medians),
+   CUDA-graph replay (kernel time) and eager (with Python launch cost): prefill vs SDPA (flash backend,
+   causal, GQA), decode vs SDPA with a length mask (default backend) and vs SDPA flash on an exactly-sized
+   cache. issue 16's attention figures (decode vs SDPA with GQA folded into query rows) come from
+   bench_speed.py; this script owns the bitwise sweep and the decode tunables.
 Writes attention_h200.json and attention_h200.md to --out. No ratio is reported as a result on a red gate.
 """
 
@@ -18,37 +20,24 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import shlex
-import statistics
-import subprocess
+import sys
 import time
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
-import triton
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import tik_kernels  # noqa: F401  (sets the runtime up before Triton kernels load)
-from tik_kernels.ops import attention as attn
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import tik_kernels  # noqa: E402,F401  (sets the runtime up before Triton kernels load)
+from benchmarks import harness as H  # noqa: E402
+from benchmarks.harness import bits_equal, geomean  # noqa: E402
+from tik_kernels.ops import attention as attn  # noqa: E402
 
 HQ, HK, D = 32, 8, 128
 ANSWER = 128
 T0 = time.time()
-
-
-def env() -> dict:
-    try:
-        drv = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20).stdout.strip()
-    except Exception:
-        drv = "?"
-    return {"gpu": torch.cuda.get_device_name(), "driver": drv, "torch": torch.__version__,
-            "triton": triton.__version__, "python": platform.python_version()}
-
-
-def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and torch.equal(a.contiguous().view(torch.int16), b.contiguous().view(torch.int16))
 
 
 def rand(*shape, gen):
@@ -144,59 +133,18 @@ def sweep(budget_s: float) -> list[dict]:
 # ----------------------------------------------------------------------------- 3. timings
 
 
-def as_graph(f):
-    """f captured in a CUDA graph (what a rollout engine replays); None when it cannot be captured."""
-    try:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            f()
-            f()
-        torch.cuda.current_stream().wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            f()
-        torch.cuda.synchronize()
-        return g.replay
-    except Exception:
-        torch.cuda.synchronize()
-        return None
-
-
-def time_interleaved(fns: dict, reps: int = 9, graph: bool = False) -> dict:
-    """Median per-call µs of each provider; providers alternate within every repetition.
-
-    graph=True times CUDA-graph replays (kernel time, no Python launch cost), as AReaL-TIK does.
-    """
-    captured = {}
-    if graph:
-        graphs = {n: as_graph(f) for n, f in fns.items()}
-        captured = {n: g is not None for n, g in graphs.items()}
-        # a provider that cannot be captured is timed eagerly (and says so)
-        fns = {n: graphs[n] or f for n, f in fns.items()}
-    for f in fns.values():
-        f()
-    torch.cuda.synchronize()
-    n = {}
-    for name, f in fns.items():
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        f()
-        e.record()
-        torch.cuda.synchronize()
-        n[name] = max(1, min(200, int(3.0 / max(s.elapsed_time(e), 1e-3))))
-    samples = {name: [] for name in fns}
-    for _ in range(reps):
-        for name, f in fns.items():
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            for _ in range(n[name]):
-                f()
-            e.record()
-            torch.cuda.synchronize()
-            samples[name].append(s.elapsed_time(e) * 1e3 / n[name])
-    return {name: {"median_us": statistics.median(v), "min_us": min(v), "max_us": max(v),
-                   "graph": captured.get(name, False)} for name, v in samples.items()}
+def time_interleaved(fns: dict, args: tuple, reps: int = 9, graph: bool = False) -> dict:
+    """Median per-call µs of each provider fn(*args): the harness's back-to-back calls on rotating copies of
+    args, providers interleaved every round. graph=True replays CUDA graphs (kernel time, no Python launch
+    cost, as AReaL-TIK runs); a provider that cannot be captured is timed eagerly and says so (graph False)."""
+    t = H.compare(fns, args, rounds=reps, graph=graph)
+    out = {}
+    for name, c in t["contenders"].items():
+        if "error" in c:
+            raise RuntimeError(f"{name}: {c['error']}")
+        out[name] = {"median_us": c["median_us"], "min_us": c["min_us"], "max_us": max(c["samples_us"]),
+                     "graph": c["graph"]}
+    return out
 
 
 def sdpa_flash(q, k, v, **kw):
@@ -210,11 +158,11 @@ def prefill_cell(hq: int, hk: int, B: int, S: int) -> dict:
     gen = torch.Generator("cuda").manual_seed(S + B)
     q, k, v = rand(B, hq, S, D, gen=gen), rand(B, hk, S, D, gen=gen), rand(B, hk, S, D, gen=gen)
     row = {"hq": hq, "hk": hk, "B": B, "S": S}
-    fns = {"tik": lambda: attn.attention_prefill(q, k, v), "sdpa_flash": lambda: sdpa_flash(q, k, v, is_causal=True)}
-    r = time_interleaved(fns, graph=True)
+    fns = {"tik": attn.attention_prefill, "sdpa_flash": lambda q, k, v: sdpa_flash(q, k, v, is_causal=True)}
+    r = time_interleaved(fns, (q, k, v), graph=True)
     flops = 2 * B * hq * S * S * D
     row.update({f"{n}_us": t["median_us"] for n, t in r.items()})
-    eager = time_interleaved(fns, reps=5)
+    eager = time_interleaved(fns, (q, k, v), reps=5)
     row.update({f"eager_{n}_us": t["median_us"] for n, t in eager.items()})
     row["eager_ratio_vs_sdpa"] = row["eager_tik_us"] / row["eager_sdpa_flash_us"]
     row["tik_tflops"] = flops / (row["tik_us"] * 1e6)
@@ -246,26 +194,28 @@ def decode_cell(hq: int, hk: int, B: int, L: int, tuned: dict | None = None) -> 
     lens = torch.full((B,), L, dtype=torch.int32, device="cuda")
     mask = (torch.arange(L, device="cuda")[None, :] < lens[:, None])[:, None, None, :]
     row = {"hq": hq, "hk": hk, "B": B, "L": L}
-    fns = {"tik": lambda: attn.attention_decode(q, kc, vc, lens)}
+    fns = {"tik": attn.attention_decode}
     if tuned:
         fns["tik_tuned"] = with_config(tuned, fns["tik"])
-    fns |= {"sdpa_mask": lambda: F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, enable_gqa=True),
-           "sdpa_flash": lambda: sdpa_flash(q, kc, vc)}
+    fns |= {"sdpa_mask": lambda q, kc, vc, lens: F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask,
+                                                                                enable_gqa=True),
+            "sdpa_flash": lambda q, kc, vc, lens: sdpa_flash(q, kc, vc)}
+    args = (q, kc, vc, lens)
     try:
         sdpa_flash(q, kc, vc)
     except Exception as e:
         fns.pop("sdpa_flash")
         row["sdpa_flash_error"] = str(e)[:120]
-    r = time_interleaved(fns, graph=True)
+    r = time_interleaved(fns, args, graph=True)
     row.update({f"{n}_us": t["median_us"] for n, t in r.items()})
     row["graph_captured"] = {n: t["graph"] for n, t in r.items()}
-    eager = time_interleaved(fns, reps=5)
+    eager = time_interleaved(fns, args, reps=5)
     row.update({f"eager_{n}_us": t["median_us"] for n, t in eager.items()})
     row["eager_ratio_vs_best_sdpa"] = row["eager_tik_us"] / min(row.get("eager_sdpa_mask_us", math.inf),
                                                                 row.get("eager_sdpa_flash_us", math.inf))
     best = min(v_ for k_, v_ in row.items() if k_.startswith("sdpa") and k_.endswith("_us"))
     if tuned:
-        row["tuned_same_bits"] = bits_equal(fns["tik_tuned"](), fns["tik"]())
+        row["tuned_same_bits"] = bits_equal(fns["tik_tuned"](*args), fns["tik"](*args))
     row["ratio_vs_best_sdpa"] = row["tik_us"] / best
     row["ratio_vs_sdpa_mask"] = row["tik_us"] / row["sdpa_mask_us"]
     if tuned:
@@ -322,11 +272,11 @@ DECODE_TUNING_CELLS = ((1, 1024), (1, 16384), (4, 4096), (16, 4096), (16, 16384)
 def with_config(var: dict, fn):
     """fn run with CONFIG updated by var (a CUDA graph captured through it keeps the variant's kernels)."""
 
-    def call():
+    def call(*args):
         saved = dict(attn.CONFIG)
         attn.CONFIG.update(var)
         try:
-            return fn()
+            return fn(*args)
         finally:
             attn.CONFIG.clear()
             attn.CONFIG.update(saved)
@@ -367,24 +317,19 @@ def decode_tuning(budget_s: float) -> list[dict]:
             out.append({"variant": var, "skipped": "time budget"})
             continue
         for B, L, q, kc, vc, lens, ref_out in cells:
-            call = with_config(var, lambda q=q, kc=kc, vc=vc, lens=lens: attn.attention_decode(q, kc, vc, lens))
+            call = with_config(var, attn.attention_decode)
             try:
-                same = bits_equal(call(), ref_out)
-                r = time_interleaved({"tik": call}, reps=5, graph=True)
+                same = bits_equal(call(q, kc, vc, lens), ref_out)
+                r = time_interleaved({"tik": call}, (q, kc, vc, lens), reps=5, graph=True)
                 out.append({"B": B, "L": L, "variant": var, "us": r["tik"]["median_us"], "same_bits": same})
             except Exception as e:
                 out.append({"B": B, "L": L, "variant": var, "error": f"{type(e).__name__}: {str(e)[:200]}"})
     return out
 
 
-def geomean(xs):
-    xs = [x for x in xs if x and x > 0]
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
-
-
 def write(out_dir: Path, res: dict) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "attention_h200.json").write_text(json.dumps(res, indent=1, default=str))
+    H.write_json(out_dir / "attention_h200.json", res)
     gate = res.get("gate_green")
     lines = [f"# attention on {res['env']['gpu']} (torch {res['env']['torch']}, triton {res['env']['triton']}, "
              f"driver {res['env']['driver']})", "",
@@ -453,7 +398,8 @@ def main() -> None:
     attn.CONFIG.update(a.config)
     if a.variants == "phase2":
         DECODE_VARIANTS[:] = PHASE2_VARIANTS
-    res = {"env": env(), "command": "PYTHONPATH=. python benchmarks/bench_attention.py " + " ".join(
+    H.line_buffered()
+    res = {"env": H.environment(), "command": "PYTHONPATH=. python benchmarks/bench_attention.py " + " ".join(
                f"--{k} {shlex.quote(json.dumps(v)) if k == 'config' else v}" for k, v in vars(a).items()),
            "config": dict(attn.CONFIG)}
     out_dir = Path(a.out)

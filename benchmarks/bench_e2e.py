@@ -22,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import tik_kernels  # noqa: E402,F401
+from benchmarks import harness as H  # noqa: E402
 from tik_kernels.e2e.model import PRESETS, make_backend  # noqa: E402
 from tik_kernels.e2e.profile import profile_layer  # noqa: E402
 from tik_kernels.e2e.run import E2EConfig, run_e2e  # noqa: E402
@@ -122,17 +123,16 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     import torch
 
-    doc = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
-    import triton
-
-    doc["triton"] = triton.__version__
+    env = H.environment()
+    doc = {"gpu": env["gpu"], "torch": torch.__version__, "triton": env["triton"], "env": env,
+           "command": H.command_line()}
     full = args.only == ["throughput", "learning", "layers"]
     name = "e2e_h200.json" if full else f"e2e_h200_{'_'.join(args.only)}.json"
     for part, fn in (("layers", lambda: layers(args)), ("throughput", lambda: throughput(args, args.out)),
                      ("learning", lambda: learning(args, args.out))):
         if part in args.only:
             doc[part] = fn()
-            (args.out / name).write_text(json.dumps(doc, indent=1))  # after every part: a cut run keeps its part
+            H.write_json(args.out / name, doc)  # after every part: a cut run keeps its part
     return 0
 
 

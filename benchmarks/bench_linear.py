@@ -4,10 +4,12 @@
     PYTHONPATH=. python benchmarks/bench_linear.py --sweep --out benchmarks/results    # offline tile sweep
 
 Cells: the six projection shapes of Qwen3-8B / Llama-3-8B (tik_kernels.contracts.linear) × M in
-DECODE_BATCHES + TRAIN_TOKENS. Timing: CUDA events around one call, the providers interleaved
-rep by rep (order alternating), each call after a 256 MB write that evicts L2 (a layer's
-weights are never in L2 in a real forward); medians in µs. The flush also hides the CPU launch
-overhead, so these are GPU times, what a CUDA-graphed decode step sees.
+DECODE_BATCHES + TRAIN_TOKENS. Timing: benchmarks/harness.py's (CUDA-graph replay of back-to-back
+calls on rotating copies of x and w, several times L2 together, so weights come from HBM as in a real
+forward; providers interleaved over rounds; medians in µs): GPU times, what a CUDA-graphed decode step
+sees. (Results saved before the harness, e.g. linear_h200_sweep.md, timed one call after a 256 MB
+L2-evicting write instead.) issue 16's linear figures come from bench_speed.py; this script owns the
+CONFIG confirmation and the offline tile sweep.
 
 Bits gate (no ratio is claimed on a red gate): for every tile configuration used (the five
 buckets of CONFIG; in --sweep every candidate), rows of M = 1 and M = 4096 computed with that
@@ -25,9 +27,6 @@ import json
 import math
 import multiprocessing as mp
 import os
-import platform
-import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -39,6 +38,8 @@ import torch.nn.functional as F  # noqa: E402
 
 import tik_kernels  # noqa: E402,F401  (before triton)
 import tik_kernels.ops.linear as L  # noqa: E402
+from benchmarks import harness as H  # noqa: E402
+from benchmarks.harness import bits_equal  # noqa: E402
 from tik_kernels.contracts.linear import CONTRACT  # noqa: E402
 
 BUCKETS = ("M8", "M64", "M256", "M1024", "MBIG")
@@ -70,19 +71,6 @@ def candidates(bucket: str, bk: int) -> list:
     return list(dict.fromkeys(clamp_stages(t + (u,), bk) for u in SWEEP_BLOCK_K[bk] for t in SWEEP[bucket]))
 
 
-def env_info() -> dict:
-    import triton
-
-    try:
-        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                capture_output=True, text=True, timeout=20).stdout.strip().splitlines()[0]
-    except Exception:  # no nvidia-smi: the rest of the line still identifies the run
-        driver = "unknown"
-    return {"gpu": torch.cuda.get_device_name(), "driver": driver, "cuda": torch.version.cuda,
-            "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
-            "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
-
-
 def _compile_jobs(jobs: list) -> list:
     """Child process: run each (tile, BLOCK_K) once on a small problem so Triton's disk cache holds it."""
     import tik_kernels.ops.linear as lin
@@ -109,42 +97,28 @@ def compile_parallel(jobs: list, workers: int) -> dict:
     return {(t, bk): err for chunk in results for t, bk, err in chunk}
 
 
-def time_interleaved(fns: dict, reps: int, flush: torch.Tensor) -> dict:
-    """Median / p20 / p80 µs per provider; providers interleaved, order alternating every rep."""
-    for f in fns.values():
-        f()
-    torch.cuda.synchronize()
-    order = list(fns)
-    events = {k: [] for k in order}
-    for r in range(reps):
-        for k in order if r % 2 == 0 else order[::-1]:
-            flush.zero_()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fns[k]()
-            end.record()
-            events[k].append((start, end))
-    torch.cuda.synchronize()
+def time_interleaved(fns: dict, reps: int, x: torch.Tensor, w: torch.Tensor) -> dict:
+    """Median / p20 / p80 µs per provider fn(x, w): the harness's graph replay on rotating copies of x and w."""
+    t = H.compare(fns, (x, w), rounds=reps)
     out = {}
-    for k, ev in events.items():
-        ts = sorted(s.elapsed_time(e) * 1e3 for s, e in ev)
-        out[k] = {"median": statistics.median(ts), "p20": ts[int(0.2 * (len(ts) - 1))],
-                  "p80": ts[int(0.8 * (len(ts) - 1))], "samples": len(ts)}
+    for k, c in t["contenders"].items():
+        if "error" in c:
+            raise RuntimeError(f"{k}: {c['error']}")
+        out[k] = {"median": c["median_us"], "p20": H.quantile(c["samples_us"], 0.2),
+                  "p80": H.quantile(c["samples_us"], 0.8), "samples": c["rounds"], "graph": c["graph"]}
     return out
 
 
 def reps_for(M: int, N: int, K: int, n_fns: int, budget_s: float) -> int:
-    est_s = max(2 * N * K / 3.0e12, 2 * M * N * K / 5.0e14) + 80e-6  # a call + the flush
+    # a replay is about 2 ms of calls (harness.plan_calls), or one call when a call is longer
+    est_s = max(2e-3, 2 * N * K / 3.0e12, 2 * M * N * K / 5.0e14)
     return int(min(41, max(5, budget_s / (est_s * n_fns))))
 
 
 def geomean(xs) -> float:
-    xs = list(xs)
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
-
-
-def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and torch.equal(a.view(torch.int16), b.view(torch.int16))
+    """H.geomean, NaN (printable) where there is nothing to average."""
+    g = H.geomean(xs)
+    return float("nan") if g is None else g
 
 
 def make_inputs(N: int, K: int, M: int, seed: int) -> tuple:
@@ -170,7 +144,7 @@ def cell_groups() -> dict:
 # ----------------------------------------------------------------------------- the baked CONFIG
 
 
-def run_confirm(args, flush) -> dict:
+def run_confirm(args) -> dict:
     bk = L.CONFIG["BLOCK_K"]
     tiles = config_tiles()
     bits, rows = [], []
@@ -186,8 +160,8 @@ def run_confirm(args, flush) -> dict:
         for c in cells:
             M = c.params["M"]
             xm = x[:M]
-            fns = {"tik": lambda xm=xm, w=w: L.linear(xm, w), "cublas": lambda xm=xm, w=w: F.linear(xm, w)}
-            t = time_interleaved(fns, reps_for(M, N, K, 2, args.cell_budget_s), flush)
+            fns = {"tik": L.linear, "cublas": F.linear}
+            t = time_interleaved(fns, reps_for(M, N, K, 2, args.cell_budget_s), xm, w)
             rows.append({"cell": c.name, "proj": proj, "models": c.params["models"], "M": M, "N": N, "K": K,
                          "coeff": c.coeff, "bucket": L._bucket(M), "tik_us": t["tik"]["median"],
                          "tik_p20_us": t["tik"]["p20"], "tik_p80_us": t["tik"]["p80"],
@@ -239,7 +213,7 @@ def write_confirm_md(doc: dict, path: Path) -> None:
 # ----------------------------------------------------------------------------- the offline sweep
 
 
-def run_sweep(args, flush) -> dict:
+def run_sweep(args) -> dict:
     t0 = time.time()
     jobs = [(REF_TILE, bk) for bk in SWEEP_BLOCK_K]
     jobs += [(t, bk) for bk in SWEEP_BLOCK_K for b in BUCKETS for t in candidates(b, bk)]
@@ -275,11 +249,11 @@ def run_sweep(args, flush) -> dict:
             M = c.params["M"]
             b = L._bucket(M)
             xm = x[:M]
-            fns = {"cublas": lambda xm=xm, w=w: F.linear(xm, w), "linear()": lambda xm=xm, w=w: L.linear(xm, w)}
+            fns = {"cublas": F.linear, "linear()": L.linear}
             for bk in SWEEP_BLOCK_K:
                 for tile in cand[(b, bk)]:
-                    fns[f"{bk}:{tile}"] = lambda xm=xm, w=w, tile=tile, bk=bk: L._matmul(xm, w, tile=tile, block_k=bk)
-            t = time_interleaved(fns, reps_for(M, N, K, len(fns), args.cell_budget_s), flush)
+                    fns[f"{bk}:{tile}"] = lambda xm, w, tile=tile, bk=bk: L._matmul(xm, w, tile=tile, block_k=bk)
+            t = time_interleaved(fns, reps_for(M, N, K, len(fns), args.cell_budget_s), xm, w)
             base = t["cublas"]["median"]
             timings.append({"cell": c.name, "M": M, "N": N, "K": K, "bucket": b, "cublas_us": base,
                             "us": {k: v["median"] for k, v in t.items()}})
@@ -364,22 +338,22 @@ def main() -> int:
         print("bench_linear needs a CUDA GPU", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    flush = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device="cuda")
-    command = "PYTHONPATH=. python benchmarks/bench_linear.py " + " ".join(sys.argv[1:])
+    H.line_buffered()
+    command = H.command_line()
     if args.sweep:
-        doc = run_sweep(args, flush)
+        doc = run_sweep(args)
         name = "linear_h200_sweep"
-        doc.update(env=env_info(), command=command)
+        doc.update(env=H.environment(), command=command)
         write_sweep_md(doc, args.out / f"{name}.md")
     else:
-        doc = run_confirm(args, flush)
+        doc = run_confirm(args)
         name = "linear_h200"
-        doc.update(env=env_info(), command=command)
+        doc.update(env=H.environment(), command=command)
         write_confirm_md(doc, args.out / f"{name}.md")
         s = doc["summary"]
         print(f"bits gate {'passed' if doc['bits_gate_passed'] else 'FAILED'}; geomean {s['geomean_all']:.3f}, "
               f"M<=64 {s['geomean_m_le_64']:.3f}", flush=True)
-    (args.out / f"{name}.json").write_text(json.dumps(doc, indent=1, default=str))
+    H.write_json(args.out / f"{name}.json", doc)
     return 0 if doc["bits_gate_passed"] else 1
 
 

@@ -1,13 +1,15 @@
 """Every token-wise operator's root against its stock-PyTorch counterpart, per workload cell, in one run.
 
-For each cell of the contract's "gpu" profile the harness builds the inputs (`bench_case`) and
-times, interleaved in random order every round (the evaluator's `Timer`: L2 flushed, device
-synchronized, launch latency hidden behind a spin kernel): the root implementation, the stock
-counterpart the contract names (`F.rms_norm`, `torch.matmul`, eager log_softmax + gather, ...) and
-a device copy of the cell's `bytes_moved` (half read, half written), which gives the copy bandwidth
-the memory-bound ops are measured against. Reported per cell: medians, root / stock, root GB/s and
-its fraction of the copy's GB/s; per op: the geomean ratio (all cells, decode cells, training
-cells) and the median copy fraction at training sizes.
+For each cell of the contract's "gpu" profile the contract builds the inputs (`bench_case`) and this
+script times, interleaved in random order every round: the root implementation, the stock counterpart
+the contract names (`F.rms_norm`, `torch.matmul`, eager log_softmax + gather, ...) and a device copy of
+the cell's `bytes_moved` (half read, half written), which gives the copy bandwidth the memory-bound ops
+are measured against. The timer is the evaluator's `Timer` (L2 flushed, device synchronized, launch
+latency hidden behind a spin kernel), on purpose: these are the figures a search's evaluation sees.
+(benchmarks/harness.py's graph replay is bench_speed.py's method; here the harness gives the geomean,
+environment and command.) Reported per cell: medians, root / stock, root GB/s and its fraction of the
+copy's GB/s; per op: the geomean ratio (all cells, decode cells, training cells) and the median copy
+fraction at training sizes.
 
     PYTHONPATH=. python benchmarks/bench_ops.py --out benchmarks/results [--ops rmsnorm ...]
 """
@@ -28,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 import tik_kernels  # noqa: E402,F401
+from benchmarks import harness as H  # noqa: E402
 from tik_kernels.contracts import all_contracts  # noqa: E402
 from tik_kernels.evaluator import timing  # noqa: E402
 
@@ -38,11 +41,6 @@ DEFAULT_OPS = ("embedding", "rmsnorm", "add_rmsnorm", "rope", "silu_mul", "linea
 def of(rows: list[dict], key: str, regime_: str | None = None) -> list:
     """`key` of every row (of one regime), None where a row lacks it."""
     return [r.get(key) for r in rows if regime_ is None or r.get("regime") == regime_]
-
-
-def geomean(xs: list) -> float | None:
-    xs = [x for x in xs if x is not None and x > 0]
-    return statistics.geometric_mean(xs) if xs else None
 
 
 def med(xs: list) -> float | None:
@@ -101,13 +99,14 @@ def main() -> int:
     ap.add_argument("--max-cells", type=int, default=0, help="at most this many cells per op (0: all)")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    import triton
-
+    H.line_buffered()
+    env = H.environment()
     timing.SPIN_US = args.spin_us  # read when the Timer calibrates its spin kernel
     timer = timing.Timer(device)
     contracts = all_contracts()
     doc = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu (interpreter timings)",
-           "torch": torch.__version__, "triton": triton.__version__, "rounds": args.rounds, "ops": {}}
+           "torch": torch.__version__, "triton": env["triton"], "rounds": args.rounds, "env": env,
+           "command": H.command_line(), "ops": {}}
     name = "ops_h200" if device == "cuda" else "ops_cpu"
     args.out.mkdir(parents=True, exist_ok=True)
     for op in args.ops:
@@ -146,16 +145,16 @@ def main() -> int:
                                    if k not in ("times",)}}), flush=True)
         summary = {
             "cells": len(rows), "errors": sum(1 for r in rows if "error" in r), "seconds": time.time() - t0,
-            "geomean_ratio": geomean(of(rows, "ratio_root_over_stock")),
-            "geomean_ratio_decode": geomean(of(rows, "ratio_root_over_stock", "decode")),
-            "geomean_ratio_train": geomean(of(rows, "ratio_root_over_stock", "train")),
+            "geomean_ratio": H.geomean(of(rows, "ratio_root_over_stock")),
+            "geomean_ratio_decode": H.geomean(of(rows, "ratio_root_over_stock", "decode")),
+            "geomean_ratio_train": H.geomean(of(rows, "ratio_root_over_stock", "train")),
             "median_host_us_root": med([r["times"]["root"].get("host_us") for r in rows if "times" in r]),
             "median_host_us_stock": med([r["times"].get("stock", {}).get("host_us") for r in rows if "times" in r]),
             "median_copy_fraction_train": med(of(rows, "copy_fraction", "train")),
         }
         doc["ops"][op] = {"summary": summary, "cells": rows}
         print(json.dumps({op: summary}), flush=True)
-        (args.out / f"{name}.json").write_text(json.dumps(doc, indent=1))  # after every op: a cut run keeps its part
+        H.write_json(args.out / f"{name}.json", doc)  # after every op: a cut run keeps its part
     lines = [f"# Token-wise operators vs stock PyTorch ({doc['device']}, torch {doc['torch']}, triton {doc['triton']})",
              "", "Medians of interleaved rounds in one run; ratio = root time / stock time (lower is better); "
              "copy fraction = root GB/s over a device copy of the same bytes. GPU times are device times with the "

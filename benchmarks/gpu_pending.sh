@@ -9,6 +9,8 @@
 #   scaleout      #9  evaluations per hour on the visible GPUs (1, and more where lent)
 #   attention     #4  bitwise sweep + prefill/decode vs SDPA (decode target <= 1.5x), decode variants timed
 #   e2e           #8  layer profile stock / unified root / incumbents ($R/incumbents_h200), throughput
+#   speed         #16 bench_speed: linear / decode / prefill / fwd+bwd / ops vs stock, bits-gated;
+#                     $R/speed_h200.{md,json} and its keys of $R/summary_h200.json
 # Needs no package beyond torch and triton (the store uses only the standard library and GitPython:
 # carry GitPython, gitdb and smmap as wheels where they are missing).
 set -u
@@ -41,7 +43,9 @@ for p in "$@"; do
         e2e)
             part e2e 400 "$py" benchmarks/bench_e2e.py --out "$R" --only layers throughput --steps 6 \
                 --impl-dir "$R/incumbents_h200" ;;
+        speed)
+            part speed 590 "$py" benchmarks/bench_speed.py --out "$R" ;;
         *)
-            echo "unknown part $p (tuner_linear scaleout attention e2e)" >&2 ;;
+            echo "unknown part $p (tuner_linear scaleout attention e2e speed)" >&2 ;;
     esac
 done

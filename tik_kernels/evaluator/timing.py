@@ -80,7 +80,7 @@ class Timer:
         The spin kernel counts clock cycles, so its length in time follows the SM clock, which an
         idle GPU drops (an idle H200 sat at 345 of 1980 MHz). Calibrated cold, the spin came out
         ~6x too short once the clock rose, host launch time leaked into the event window, and the
-        rmsnorm root timed 80-150 us instead of 4 (benchmarks/results/evaluator_h200_badspin.md).
+        rmsnorm root timed 80-150 us instead of 4 (benchmarks/results/archive/evaluator_h200_badspin.md).
         So: the spin's module is loaded first (its first launch is not measured), a long spin
         raises the clock, three measured spins follow back to back with no host gap, and the
         fastest rate is kept — a lower clock or any host delay only ever makes a spin longer.

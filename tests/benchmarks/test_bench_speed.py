@@ -1,0 +1,121 @@
+"""benchmarks/bench_speed.py end to end on the CPU (--smoke: interpreter, tiny shapes, eager timing), its bits
+gate with a planted batch-variant linear, and what it may import."""
+
+import ast
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import bench_speed
+
+ROOT = Path(__file__).resolve().parents[2]
+SUMMARY_KEYS = {"linear_geomean", "linear_worst", "linear_m_le_16_geomean", "decode_geomean", "decode_worst",
+                "prefill_geomean", "fwd_bwd_geomean"}
+
+#: a linear whose rows follow the batch size (a split that changes with M): the gate must go red
+BATCH_VARIANT_LINEAR = '''
+import torch
+
+def linear(x, w):
+    y = x.float() @ w.float().T
+    if x.shape[0] > 1:
+        y = y * (1 + 2 ** -6)
+    return y.to(x.dtype)
+'''
+
+
+def test_smoke_end_to_end(tmp_path):
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"kept": 1}))
+    assert bench_speed.main(["--smoke", "--out", str(tmp_path), "--summary", str(summary)]) == 0
+    doc = json.loads((tmp_path / "speed_smoke.json").read_text())
+    assert list(doc["sections"]) == list(bench_speed.SECTIONS)
+    for section, rows in doc["sections"].items():
+        assert rows, section
+        for r in rows:
+            assert r["gate_green"] and r["ratio"] > 0, r
+            assert r["timing"]["contenders"]["tik"]["fallback"].startswith("eager")
+    assert doc["env"]["git_commit"] and doc["command"].startswith("PYTHONPATH=. python benchmarks/bench_speed.py")
+    s = json.loads(summary.read_text())
+    assert SUMMARY_KEYS <= set(s) and all(s[k] > 0 for k in SUMMARY_KEYS)
+    assert s["kept"] == 1 and s["_provenance"]["decode_worst"]["file"].endswith("speed_smoke.json")
+    md = (tmp_path / "speed_smoke.md").read_text()
+    assert "lower is better" in md and "| linear_geomean |" in md
+
+
+def test_red_gate_withholds_ratios(tmp_path):
+    impl = tmp_path / "variant_linear.py"
+    impl.write_text(BATCH_VARIANT_LINEAR)
+    summary = tmp_path / "summary.json"
+    rc = bench_speed.main(["--smoke", "--only", "linear", "--impl", f"linear={impl}", "--out", str(tmp_path),
+                           "--summary", str(summary)])
+    assert rc == 1
+    rows = json.loads((tmp_path / "speed_smoke.json").read_text())["sections"]["linear"]
+    red = [r for r in rows if not r["gate_green"]]
+    assert red and all("ratio" not in r and "timing" not in r for r in red)
+    assert any(r["gate_green"] for r in rows)  # M = 1 has no other row to differ from
+    s = json.loads(summary.read_text())
+    assert s["linear_geomean"] is None and s["linear_worst"] is None
+    assert "RED" in (tmp_path / "speed_smoke.md").read_text()
+
+
+def test_impl_errors_are_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        bench_speed.main(["--smoke", "--impl", "nosuchop=x.py", "--out", str(tmp_path)])
+    assert "OP=FILE" in str(e.value)
+    with pytest.raises(SystemExit) as e:
+        bench_speed.main(["--smoke", "--impl", f"linear={tmp_path / 'missing.py'}", "--out", str(tmp_path)])
+    assert "no file" in str(e.value)
+
+
+@pytest.mark.skipif(bench_speed.tik_kernels.DEVICE == "cuda", reason="checks the CPU refusal")
+def test_needs_gpu_without_smoke(tmp_path):
+    assert bench_speed.main(["--out", str(tmp_path)]) == 2
+
+
+def _imports(path: Path) -> set:
+    roots = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            roots |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+def test_imports_only_torch_triton_tik_kernels_and_the_harness():
+    allowed = set(sys.stdlib_module_names) | {"torch", "triton", "tik_kernels", "benchmarks"}
+    for name in ("bench_speed.py", "harness.py"):
+        extra = _imports(ROOT / "benchmarks" / name) - allowed
+        assert not extra, f"{name} imports {extra}"
+    tree = ast.parse((ROOT / "benchmarks" / "bench_speed.py").read_text())
+    from_benchmarks = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "benchmarks"
+                       for a in n.names}
+    assert from_benchmarks == {"harness"}
+
+
+def test_section_summary_withholds_on_failed_cells():
+    ok = [{"cell": "a", "M": 1, "ratio": 0.5, "gate_green": True},
+          {"cell": "b", "M": 64, "ratio": 2.0, "gate_green": True}]
+    s = bench_speed.section_summary("linear", ok)
+    assert s["linear_geomean"] == pytest.approx(1.0) and s["linear_worst"] == 2.0
+    assert s["linear_m_le_16_geomean"] == pytest.approx(0.5)
+    mem = ok + [{"cell": "c", "M": 4, "skipped": "does not fit in GPU memory"}]
+    assert bench_speed.section_summary("linear", mem) == s  # a memory skip is reported, not a failure
+    failed = ok + [{"cell": "c", "M": 4, "error": "RuntimeError: boom"}]
+    assert set(bench_speed.section_summary("linear", failed).values()) == {None}
+    red = ok + [{"cell": "d", "M": 4, "gate_green": False}]
+    assert set(bench_speed.section_summary("linear", red).values()) == {None}
+
+
+@pytest.mark.gpu
+def test_quick_on_gpu_replays_graphs(tmp_path):
+    """On the H200: the quick cells of linear and decode pass the bits gate and every timed row replayed graphs."""
+    rc = bench_speed.main(["--quick", "--only", "linear", "--only", "decode", "--rounds", "3", "--out", str(tmp_path)])
+    doc = json.loads((tmp_path / "speed_h200_linear_decode_quick.json").read_text())
+    rows = [r for rs in doc["sections"].values() for r in rs if "skipped" not in r]
+    assert rc == 0 and rows and all(r["gate_green"] and r["graph"] and r["ratio"] > 0 for r in rows), rows
+    assert all(not r["timing"]["below_l2_factor"] for r in rows)
+    assert not (tmp_path / "summary_h200.json").exists()  # --quick never writes the summary
