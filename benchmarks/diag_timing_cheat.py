@@ -16,9 +16,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "evaluator")]
 
-import tik_kernels  # noqa: E402,F401
 from evaluator_fixtures import FIX, tiny  # noqa: E402
 
+import tik_kernels  # noqa: E402,F401
 from tik_kernels.evaluator import evaluate, measure  # noqa: E402
 
 
