@@ -116,8 +116,8 @@ def source_problem(path: Path) -> tuple[str | None, str]:
 
 
 #: an implementation has no business naming the evaluator or the modules it loads implementations as
-_EVALUATOR_NAMES = re.compile(r"(?:tik_)?kernels\.evaluator|\bevaluator\.(timing|child|core|protocol|sandbox|checks|measure"
-                              r"|report)\b|\btik_(root|incumbent|candidate|impl|contract)\b")
+_EVALUATOR_NAMES = re.compile(r"(?:tik_)?kernels\.evaluator|\bevaluator\.(timing|child|core|protocol|sandbox|checks"
+                              r"|measure|report)\b|\btik_(root|incumbent|candidate|impl|contract)\b")
 
 
 def source_policy(src: str) -> str | None:
