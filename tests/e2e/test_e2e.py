@@ -63,7 +63,7 @@ def test_pack_rows_point_at_the_tokens_that_predict_the_answer():
 
 
 def _write_hf_checkpoint(d, mc, params):
-    cfg = {"vocab_size": mc.vocab, "hidden_size": mc.hidden, "num_hidden_layers": mc.layers,
+    cfg = {"model_type": "qwen3", "vocab_size": mc.vocab, "hidden_size": mc.hidden, "num_hidden_layers": mc.layers,
            "num_attention_heads": mc.heads, "num_key_value_heads": mc.kv_heads, "head_dim": mc.head_dim,
            "intermediate_size": mc.ffn, "rope_theta": mc.rope_theta, "rms_norm_eps": mc.eps}
     (d / "config.json").write_text(json.dumps(cfg))
@@ -109,8 +109,11 @@ def test_safetensors_rejects_garbage(tmp_path):
     f.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!")
     with pytest.raises(CheckpointError, match="not JSON"):
         load_file(f)
-    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "config.json").write_text('{"model_type": "qwen3"}')
     with pytest.raises(CheckpointError, match="lacks"):
+        load_hf(tmp_path)
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(CheckpointError, match="model_type None is not supported"):
         load_hf(tmp_path)
 
 

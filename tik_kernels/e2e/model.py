@@ -32,13 +32,15 @@ class ModelConfig:
     ffn: int
     rope_theta: float = 1_000_000.0
     eps: float = 1e-6
+    #: per-head RMSNorm of q and k before the rotary embedding (Qwen3); Llama has none
+    qk_norm: bool = True
 
     def with_layers(self, n: int) -> ModelConfig:
         return replace(self, layers=n)
 
     def n_params(self) -> int:
         H, D = self.hidden, self.head_dim
-        layer = H * D * (self.heads * 2 + self.kv_heads * 2) + 3 * H * self.ffn + 2 * H + 2 * D
+        layer = H * D * (self.heads * 2 + self.kv_heads * 2) + 3 * H * self.ffn + 2 * H + 2 * D * self.qk_norm
         return 2 * self.vocab * H + H + self.layers * layer
 
 
@@ -71,16 +73,20 @@ def init_params(cfg: ModelConfig, seed: int = 0, device: str = "cpu") -> dict[st
             f"l{i}.wq": w(cfg.heads * D, H, std=s_in),
             f"l{i}.wk": w(cfg.kv_heads * D, H, std=s_in),
             f"l{i}.wv": w(cfg.kv_heads * D, H, std=s_in),
-            f"l{i}.q_norm": torch.ones(D, device=device),
-            f"l{i}.k_norm": torch.ones(D, device=device),
             f"l{i}.wo": w(H, cfg.heads * D, std=s_attn / math.sqrt(2 * cfg.layers)),
             f"l{i}.ln2": torch.ones(H, device=device),
             f"l{i}.w_gate_up": w(2 * cfg.ffn, H, std=s_in),
             f"l{i}.w_down": w(H, cfg.ffn, std=s_ffn / math.sqrt(2 * cfg.layers)),
         }
+        if cfg.qk_norm:
+            p |= {f"l{i}.q_norm": torch.ones(D, device=device), f"l{i}.k_norm": torch.ones(D, device=device)}
     for t in p.values():
         t.requires_grad_(True)
     return p
+
+
+#: Hugging Face `model_type`s whose checkpoints map onto this decoder (no biases, default rotary embedding)
+HF_MODEL_TYPES = ("qwen3", "llama")
 
 
 def load_hf(directory: str | Path, device: str = "cpu") -> tuple[ModelConfig, dict[str, torch.Tensor]]:
@@ -92,13 +98,24 @@ def load_hf(directory: str | Path, device: str = "cpu") -> tuple[ModelConfig, di
         raise CheckpointError(f"{d}: no config.json") from None
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{d}/config.json: {e}") from None
+    kind = hf.get("model_type")
+    if kind not in HF_MODEL_TYPES:
+        raise CheckpointError(f"{d}: model_type {kind!r} is not supported (supported: {', '.join(HF_MODEL_TYPES)})")
+    if hf.get("attention_bias") or hf.get("mlp_bias"):
+        raise CheckpointError(f"{d}: projections with biases are not supported by this model")
+    # transformers 5 writes rope_parameters {rope_type, rope_theta}; 4.x wrote rope_theta / rope_scaling
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    if rope.get("rope_type", rope.get("type", "default")) != "default":
+        raise CheckpointError(f"{d}: rope type {rope.get('rope_type', rope.get('type'))!r} is not supported "
+                              "(only the default rotary embedding)")
     try:
         heads = hf["num_attention_heads"]
         cfg = ModelConfig(
             vocab=hf["vocab_size"], hidden=hf["hidden_size"], layers=hf["num_hidden_layers"], heads=heads,
-            kv_heads=hf.get("num_key_value_heads", heads), head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
-            ffn=hf["intermediate_size"], rope_theta=float(hf.get("rope_theta", 10_000.0)),
-            eps=float(hf.get("rms_norm_eps", 1e-6)),
+            kv_heads=hf.get("num_key_value_heads") or heads,
+            head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+            ffn=hf["intermediate_size"], rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10_000.0))),
+            eps=float(hf.get("rms_norm_eps", 1e-6)), qk_norm=kind == "qwen3",
         )
     except KeyError as e:
         raise CheckpointError(f"{d}/config.json lacks {e.args[0]}") from None
@@ -116,15 +133,18 @@ def load_hf(directory: str | Path, device: str = "cpu") -> tuple[ModelConfig, di
         raise CheckpointError(f"{d}: checkpoint lacks {name}")
 
     p = {"embed": get("embed_tokens.weight"), "norm": get("norm.weight")}
+    biases = sorted(k for k in sd if k.endswith(".bias"))
+    if biases:
+        raise CheckpointError(f"{d}: checkpoint has biases ({biases[0]}, ...), which this model does not support")
     p["lm_head"] = sd["lm_head.weight"].float() if "lm_head.weight" in sd else p["embed"].clone()
     for i in range(cfg.layers):
         pre = f"layers.{i}."
         p[f"l{i}.ln1"] = get(pre + "input_layernorm.weight")
         for ours, theirs in (("wq", "q_proj"), ("wk", "k_proj"), ("wv", "v_proj"), ("wo", "o_proj")):
             p[f"l{i}.{ours}"] = get(pre + f"self_attn.{theirs}.weight")
-        ones = torch.ones(cfg.head_dim)
-        p[f"l{i}.q_norm"] = get(pre + "self_attn.q_norm.weight") if any("q_norm" in k for k in sd) else ones
-        p[f"l{i}.k_norm"] = get(pre + "self_attn.k_norm.weight") if any("k_norm" in k for k in sd) else ones.clone()
+        if cfg.qk_norm:
+            p[f"l{i}.q_norm"] = get(pre + "self_attn.q_norm.weight")
+            p[f"l{i}.k_norm"] = get(pre + "self_attn.k_norm.weight")
         p[f"l{i}.ln2"] = get(pre + "post_attention_layernorm.weight")
         p[f"l{i}.w_gate_up"] = torch.cat([get(pre + "mlp.gate_proj.weight"), get(pre + "mlp.up_proj.weight")])
         p[f"l{i}.w_down"] = get(pre + "mlp.down_proj.weight")
@@ -172,19 +192,28 @@ class StockBackend:
 
         return rot(q), rot(k)
 
-    def attention_varlen(self, q, k, v, cu_seqlens):
-        outs = []
-        cu = cu_seqlens.tolist()
-        for s, e in zip(cu[:-1], cu[1:], strict=True):
-            qs, ks, vs = (t[s:e].transpose(0, 1)[None] for t in (q, k, v))
-            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
-            outs.append(o[0].transpose(0, 1))
-        return torch.cat(outs)
+    def attention_varlen(self, q, k, v, cu_seqlens, lens: list[int]):
+        """Causal attention over packed sequences the way a trainer runs stock kernels: the sequences padded
+        (at the right) into one [B, H, S_max, D] batch for SDPA's flash backend, the valid rows gathered back.
+        Right padding keeps every valid query's causal window free of padding, so no mask is needed; the
+        scatter/gather indices come from the host-side lengths, so nothing waits on the GPU."""
+        B, S = len(lens), max(lens)
+        T, hq, D = q.shape
+        rows = to_device([b * S + s for b, n in enumerate(lens) for s in range(n)], q.device)
 
-    def attention_decode(self, q, k_cache, v_cache, lens):
-        L = int(lens.max())
-        k_cache, v_cache = k_cache[:, :, :L], v_cache[:, :, :L]
-        mask = (torch.arange(L, device=q.device)[None, :] < lens[:, None])[:, None, None, :]
+        def pad(t):
+            out = t.new_zeros(B * S, t.shape[1], D)
+            out[rows] = t
+            return out.view(B, S, t.shape[1], D).transpose(1, 2)
+
+        o = F.scaled_dot_product_attention(pad(q), pad(k), pad(v), is_causal=True, enable_gqa=True)
+        return o.transpose(1, 2).reshape(B * S, hq, D)[rows]
+
+    def attention_decode(self, q, k_cache, v_cache, lens, kv_len: int):
+        """SDPA over the first `kv_len` (the longest active context, known on the host) cache entries, a key
+        mask for the shorter ones."""
+        k_cache, v_cache = k_cache[:, :, :kv_len], v_cache[:, :, :kv_len]
+        mask = (torch.arange(kv_len, device=q.device)[None, :] < lens[:, None])[:, None, None, :]
         return F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask, enable_gqa=True)
 
     def logprob(self, hidden, w, targets, temperature):
@@ -243,18 +272,18 @@ class UnifiedBackend:
     def rope(self, q, k, pos, theta):
         return self.m["rope"].rope(q, k, pos, theta)
 
-    def attention_varlen(self, q, k, v, cu_seqlens):
+    def attention_varlen(self, q, k, v, cu_seqlens, lens: list[int]):
         mod = self.m["attention"]
         if hasattr(mod, "attention_varlen"):
-            return mod.attention_varlen(q, k, v, cu_seqlens)
-        outs = []
-        cu = cu_seqlens.tolist()
-        for s, e in zip(cu[:-1], cu[1:], strict=True):
-            qs, ks, vs = (t[s:e].transpose(0, 1)[None].contiguous() for t in (q, k, v))
+            return mod.attention_varlen(q, k, v, cu_seqlens, max_seqlen=max(lens))
+        outs, s = [], 0
+        for n in lens:
+            qs, ks, vs = (t[s : s + n].transpose(0, 1)[None].contiguous() for t in (q, k, v))
             outs.append(mod.attention_prefill(qs, ks, vs)[0].transpose(0, 1))
+            s += n
         return torch.cat(outs)
 
-    def attention_decode(self, q, k_cache, v_cache, lens):
+    def attention_decode(self, q, k_cache, v_cache, lens, kv_len: int):
         return self.m["attention"].attention_decode(q, k_cache, v_cache, lens)
 
     def logprob(self, hidden, w, targets, temperature):
@@ -306,8 +335,9 @@ def _qkv(cfg: ModelConfig, be, W, i: int, x: torch.Tensor, pos: torch.Tensor):
     q = be.linear(x, W[f"l{i}.wq"]).view(T, cfg.heads, D)
     k = be.linear(x, W[f"l{i}.wk"]).view(T, cfg.kv_heads, D)
     v = be.linear(x, W[f"l{i}.wv"]).view(T, cfg.kv_heads, D)
-    q = be.rmsnorm(q, W[f"l{i}.q_norm"], cfg.eps)
-    k = be.rmsnorm(k, W[f"l{i}.k_norm"], cfg.eps)
+    if cfg.qk_norm:
+        q = be.rmsnorm(q, W[f"l{i}.q_norm"], cfg.eps)
+        k = be.rmsnorm(k, W[f"l{i}.k_norm"], cfg.eps)
     q, k = be.rope(q, k, pos, cfg.rope_theta)
     return q, k, v
 
@@ -340,34 +370,54 @@ def forward(cfg: ModelConfig, be, W: dict[str, torch.Tensor], ids: torch.Tensor,
     return out
 
 
+def to_device(values: list[int], device, dtype=torch.int64) -> torch.Tensor:
+    """A host list as a device tensor without waiting for the GPU (pinned memory, asynchronous copy)."""
+    t = torch.tensor(values, dtype=dtype)
+    if torch.device(device).type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 def forward_packed(cfg: ModelConfig, be, W, ids: torch.Tensor, cu_seqlens: torch.Tensor,
-                   cache: KVCache | None = None, slots: list[int] | None = None) -> torch.Tensor:
-    """Packed varlen forward over whole sequences (trainer; rollout prefill, which also fills `cache`)."""
-    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
-    pos = torch.cat([torch.arange(n, device=ids.device) for n in lens])
+                   cache: KVCache | None = None, slots: list[int] | None = None,
+                   lens: list[int] | None = None) -> torch.Tensor:
+    """Packed varlen forward over whole sequences (trainer; rollout prefill, which also fills `cache`).
+
+    `lens` are the sequence lengths on the host (the caller packed them; passing them keeps the forward
+    free of host syncs); without them they are read back from `cu_seqlens` once."""
+    if lens is None:
+        lens = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+    pos = to_device([p for n in lens for p in range(n)], ids.device)
+    starts = [0]
+    for n in lens:
+        starts.append(starts[-1] + n)
 
     def attend(i, q, k, v):
         if cache is not None:
-            cu = cu_seqlens.tolist()
             for j, slot in enumerate(slots):
-                s, e = cu[j], cu[j + 1]
+                s, e = starts[j], starts[j + 1]
                 cache.k[i, slot, :, : e - s] = k[s:e].transpose(0, 1)
                 cache.v[i, slot, :, : e - s] = v[s:e].transpose(0, 1)
-        return be.attention_varlen(q, k, v, cu_seqlens)
+        return be.attention_varlen(q, k, v, cu_seqlens, lens)
 
     return forward(cfg, be, W, ids, pos, attend)
 
 
-def forward_decode(cfg: ModelConfig, be, W, ids: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:
-    """One decode step for B active requests held in cache slots 0..B-1; token b sits at position pos[b]."""
+def forward_decode(cfg: ModelConfig, be, W, ids: torch.Tensor, pos: torch.Tensor, cache: KVCache,
+                   kv_len: int | None = None) -> torch.Tensor:
+    """One decode step for B active requests held in cache slots 0..B-1; token b sits at position pos[b].
+
+    `kv_len` (host int) bounds the cache entries any request reads (the longest context + 1); default: the
+    cache's capacity. The unified kernel ignores it (its launch depends on the capacity only)."""
     B = ids.shape[0]
     rows = torch.arange(B, device=ids.device)
     lens = (pos + 1).to(torch.int32)
+    kv_len = kv_len or cache.max_len
 
     def attend(i, q, k, v):
         cache.k[i, rows, :, pos] = k
         cache.v[i, rows, :, pos] = v
-        o = be.attention_decode(q[:, :, None, :], cache.k[i, :B], cache.v[i, :B], lens)
+        o = be.attention_decode(q[:, :, None, :], cache.k[i, :B], cache.v[i, :B], lens, kv_len)
         return o[:, :, 0, :]
 
     return forward(cfg, be, W, ids, pos, attend)

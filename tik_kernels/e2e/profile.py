@@ -52,15 +52,15 @@ def profile_layer(mc: ModelConfig, backends: dict, *, prefill_seqs=(8, 256), dec
     def phases(be):
         def prefill():
             with torch.no_grad():
-                forward_packed(mc, be, W, ids_p, cu_p)
+                forward_packed(mc, be, W, ids_p, cu_p, lens=[s] * n)
 
         def dec():
             with torch.no_grad():
-                forward_decode(mc, be, W, ids_d, pos_d, cache)
+                forward_decode(mc, be, W, ids_d, pos_d, cache, kv_len=L)
 
         def train():
             Wg = bf16_weights(params, grad=True)
-            h = forward_packed(mc, be, Wg, ids_t, cu_t)
+            h = forward_packed(mc, be, Wg, ids_t, cu_t, lens=[st] * nt)
             h.float().square().mean().backward()
 
         return {"prefill": prefill, "decode": dec, "train_fwd_bwd": train}

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tik_kernels.e2e.model import KVCache, ModelConfig, bf16_weights, forward_decode, forward_packed
+from tik_kernels.e2e.model import KVCache, ModelConfig, bf16_weights, forward_decode, forward_packed, to_device
 
 
 @dataclass
@@ -73,10 +73,12 @@ class RolloutEngine:
             seeds = token_seeds([c.request.seed for c in comps], positions, self.device)
             ids = be.sample(hidden, W["lm_head"], self.temperature, seeds)
             lp = be.logprob(hidden, W["lm_head"], ids, self.temperature)
+            # one read-back per step: the engine needs the tokens on the host to retire requests
+            ids_h, lp_h = ids.tolist(), lp.tolist()
             for j, c in enumerate(comps):
-                c.tokens.append(int(ids[j]))
+                c.tokens.append(ids_h[j])
                 c.logprob_bits.append(lp[j : j + 1].clone())
-                c.logprobs.append(float(lp[j]))
+                c.logprobs.append(lp_h[j])
 
         def retire() -> None:
             j = 0
@@ -99,9 +101,9 @@ class RolloutEngine:
             if joining:
                 slots = list(range(len(active), len(active) + len(joining)))
                 lens = [len(c.request.prompt) for c in joining]
-                ids = torch.tensor([t for c in joining for t in c.request.prompt], device=self.device)
-                cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=self.device)
-                hidden = forward_packed(cfg, be, W, ids, cu, self.cache, slots)
+                ids = to_device([t for c in joining for t in c.request.prompt], self.device)
+                cu = to_device([0, *torch.tensor(lens).cumsum(0).tolist()], self.device, torch.int32)
+                hidden = forward_packed(cfg, be, W, ids, cu, self.cache, slots, lens)
                 last_rows = (cu[1:] - 1).long()
                 emit(joining, hidden.index_select(0, last_rows), [n - 1 for n in lens])
                 active.extend(joining)
@@ -109,9 +111,10 @@ class RolloutEngine:
                 retire()
             if not active:
                 continue
-            ids = torch.tensor([c.tokens[-1] for c in active], device=self.device)
+            ids = to_device([c.tokens[-1] for c in active], self.device)
             positions = [len(c.request.prompt) + len(c.tokens) - 1 for c in active]
-            hidden = forward_decode(cfg, be, W, ids, torch.tensor(positions, device=self.device), self.cache)
+            hidden = forward_decode(cfg, be, W, ids, to_device(positions, self.device), self.cache,
+                                    kv_len=max(positions) + 1)
             emit(active, hidden, positions)
             self.stats.decode_steps += 1
             self.stats.batch_sizes.append(len(active))

@@ -39,6 +39,10 @@ class E2EConfig:
     max_slots: int = 8
     temperature: float = 1.0
     lr: float = 1e-3
+    #: optimizer updates per rollout (PPO epochs); > 1 moves the ratio off 1 so the clip binds
+    ppo_epochs: int = 2
+    #: weight of the KL(policy || initial policy) term; 0 = none (then no reference forward is run)
+    kl_coef: float = 0.0
     seed: int = 0
     device: str | None = None
     checkpoint: str | None = None
@@ -74,7 +78,10 @@ def run_mode(mode: str, cfg: E2EConfig, mc: ModelConfig, params0: dict, device: 
     max_len = cfg.prompt_len[1] + cfg.answer_len[1] + 1
     engine = RolloutEngine(mc, be, max_slots=cfg.max_slots, max_len=max_len, temperature=cfg.temperature,
                            device=device)
+    ref_params = {k: v.detach().clone() for k, v in params0.items()} if cfg.kl_coef else None
     rng = random.Random(cfg.seed)
+    clip_fracs: list[float] = []
+    ratio_devs: list[float] = []
     times = {"rollout": [], "recompute": [], "train": []}
     equal = total = 0
     max_diff = 0.0
@@ -98,14 +105,23 @@ def run_mode(mode: str, cfg: E2EConfig, mc: ModelConfig, params0: dict, device: 
         t2 = time.perf_counter()
         r = rewards(comps).to(device)
         adv = group_advantages(r, torch.tensor([c.request.group for c in comps], device=device))
-        res = grpo_step(mc, be, params, opt, packed, old.detach(), adv, temperature=cfg.temperature)
+        ref = None
+        if cfg.kl_coef:
+            ref, _ = sequence_logprobs(mc, be, ref_params, packed, cfg.temperature, grad=False)
+        first = None
+        for _ in range(cfg.ppo_epochs):
+            res = grpo_step(mc, be, params, opt, packed, old.detach(), adv, temperature=cfg.temperature,
+                            ref_logprobs=ref, kl_coef=cfg.kl_coef)
+            first = first or res
+            clip_fracs.append(res.clip_frac)
+            ratio_devs.append(res.ratio_max_dev)
         _sync(device)
         t3 = time.perf_counter()
-        # the trainer's own log-probs (the training forward) against what the rollout recorded
-        eq = torch.eq(res.logprobs.view(torch.int32), rollout_lp.view(torch.int32))
+        # the trainer's own log-probs (the first training forward, before any update) against the rollout's
+        eq = torch.eq(first.logprobs.view(torch.int32), rollout_lp.view(torch.int32))
         equal += int(eq.sum())
         total += eq.numel()
-        max_diff = max(max_diff, float((res.logprobs - rollout_lp).abs().max()))
+        max_diff = max(max_diff, float((first.logprobs - rollout_lp).abs().max()))
         if recompute:
             recompute_equal += int(torch.eq(old.view(torch.int32), rollout_lp.view(torch.int32)).sum())
         reward_curve.append(float(r.mean()))
@@ -130,6 +146,9 @@ def run_mode(mode: str, cfg: E2EConfig, mc: ModelConfig, params0: dict, device: 
         "equal_frac": equal / total if total else None,
         "recompute_equal_tokens": recompute_equal if recompute else None,
         "max_abs_dlogp": max_diff,
+        "ppo_epochs": cfg.ppo_epochs,
+        "clip_frac_mean": sum(clip_fracs) / len(clip_fracs) if clip_fracs else 0.0,
+        "ratio_max_dev": max(ratio_devs, default=0.0),
         "rewards": reward_curve,
         "decode_batch_sizes": sorted(set(batch_sizes)),
         "kernels": getattr(be, "sources", {}),

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tik_kernels.e2e.model import ModelConfig, bf16_weights, forward_packed
+from tik_kernels.e2e.model import ModelConfig, bf16_weights, forward_packed, to_device
 from tik_kernels.e2e.rollout import Completion
 
 
@@ -18,6 +18,7 @@ class Packed:
     rows: torch.Tensor  # [A] rows whose hidden state predicts an answer token
     targets: torch.Tensor  # [A] the answer tokens
     seq_of_row: torch.Tensor  # [A] which sequence each answer token belongs to
+    lens: list[int]  # sequence lengths on the host, so the forward never reads them back from the GPU
 
 
 def pack(completions: list[Completion], device) -> Packed:
@@ -31,8 +32,8 @@ def pack(completions: list[Completion], device) -> Packed:
         seq.extend([j] * A)
         ids.extend(toks)
         cu.append(start + len(toks))
-    t = lambda v, dt=torch.int64: torch.tensor(v, dtype=dt, device=device)  # noqa: E731
-    return Packed(t(ids), t(cu, torch.int32), t(rows), t(targets), t(seq))
+    t = lambda v, dt=torch.int64: to_device(v, device, dt)  # noqa: E731
+    return Packed(t(ids), t(cu, torch.int32), t(rows), t(targets), t(seq), [b - a for a, b in zip(cu, cu[1:])])
 
 
 def sequence_logprobs(cfg: ModelConfig, be, params, packed: Packed, temperature: float, *, grad: bool,
@@ -40,7 +41,7 @@ def sequence_logprobs(cfg: ModelConfig, be, params, packed: Packed, temperature:
     """Log-probs of every answer token as the trainer computes them (one packed forward)."""
     with torch.set_grad_enabled(grad):
         W = bf16_weights(params, grad=grad)
-        hidden = forward_packed(cfg, be, W, packed.ids, packed.cu_seqlens)
+        hidden = forward_packed(cfg, be, W, packed.ids, packed.cu_seqlens, lens=packed.lens)
         h = hidden.index_select(0, packed.rows)
         lp = be.logprob(h, W["lm_head"], packed.targets, temperature)
         ent = be.entropy(h, W["lm_head"], temperature) if with_entropy else None
@@ -68,12 +69,19 @@ class StepResult:
 
 def grpo_step(cfg: ModelConfig, be, params, opt: torch.optim.Optimizer, packed: Packed, old_logprobs: torch.Tensor,
               advantages: torch.Tensor, *, temperature: float = 1.0, clip: float = 0.2, entropy_coef: float = 0.0,
-              max_grad_norm: float = 1.0) -> StepResult:
+              max_grad_norm: float = 1.0, ref_logprobs: torch.Tensor | None = None,
+              kl_coef: float = 0.0) -> StepResult:
+    """One optimizer update. Called `ppo_epochs` times on one rollout: from the second update on the policy
+    has moved, so the importance ratio leaves 1 and the clip binds. With `kl_coef` > 0 the loss adds the
+    k3 estimator of KL(policy || reference) (non-negative, unbiased) against `ref_logprobs`."""
     lp, ent = sequence_logprobs(cfg, be, params, packed, temperature, grad=True, with_entropy=True)
     adv = advantages[packed.seq_of_row]
     ratio = torch.exp(lp - old_logprobs)
     surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv)
     loss = -surrogate.mean() - entropy_coef * ent.mean()
+    if kl_coef and ref_logprobs is not None:
+        d = ref_logprobs - lp
+        loss = loss + kl_coef * (torch.exp(d) - d - 1).mean()
     opt.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(list(params.values()), max_grad_norm)
