@@ -86,8 +86,9 @@ TUNABLES = {
     "MBIG_SPLIT": (0, 1, 2, 4, 8),
 }
 
-#: tiles of the large buckets from the previous root's H200 sweep (BLOCK_K = 64, the fastest from
-#: M = 1024 on); the split buckets are first choices for `benchmarks/sweep_linear_tree.py` to replace
+#: M1024 / MBIG tiles from the previous root's H200 sweep (BLOCK_K = 64 was the fastest from M = 1024 on).
+#: The small buckets are first guesses, untimed, for `benchmarks/sweep_linear_tree.py` to replace: at
+#: K = 4096, N = 4096 they give 256 programs of two per SM (operand stages within 228 KB of shared memory)
 CONFIG = {
     "BLOCK_K": 64,
     "KCHUNK": 1024,
@@ -95,20 +96,20 @@ CONFIG = {
     "M16_BLOCK_M": 16,
     "M16_BLOCK_N": 64,
     "M16_num_warps": 4,
-    "M16_num_stages": 6,
+    "M16_num_stages": 4,
     "M16_K_UNROLL": 2,
     "M16_SPLIT": 4,
     "M64_BLOCK_M": 64,
     "M64_BLOCK_N": 64,
     "M64_num_warps": 4,
-    "M64_num_stages": 4,
+    "M64_num_stages": 3,
     "M64_K_UNROLL": 2,
     "M64_SPLIT": 2,
     "M256_BLOCK_M": 64,
     "M256_BLOCK_N": 128,
     "M256_num_warps": 4,
     "M256_num_stages": 4,
-    "M256_K_UNROLL": 2,
+    "M256_K_UNROLL": 1,
     "M256_SPLIT": 1,
     "M1024_BLOCK_M": 128,
     "M1024_BLOCK_N": 128,
