@@ -22,7 +22,11 @@ The parallelization (tunable per M bucket, none of it changes bits):
   own (fewest chunks per program that reach that count): each writes its chunk sums, fp32, to a
   workspace [n_chunks, M, N], and the tile's chunk sums are added in the same left-to-right
   order by `_sum_chunks`, from the same fp32 values, so the result is bit for bit the one-program
-  result. Decode-size linear streams the weights, and needs the programs to do it at HBM speed;
+  result. A program with several chunks still writes each chunk's sum on its own: adding them
+  first would make the tree follow the split. Both paths run one chunk through the same loop
+  code, so the compiler cannot treat a chunk differently when it is walked or split. Decode-size
+  linear streams the weights, and needs many programs to do it at HBM speed (the interpreter
+  assumes the H200's 132 SMs, so it takes the same decisions at the same shape);
 - FUSED_COMBINE: who runs `_sum_chunks` after a split: 1 = the last program of a tile to
   finish (an arrival counter per tile, reset by that program: one launch, nothing to wait on),
   0 = a second kernel over the whole output.
