@@ -3,14 +3,17 @@
 Frozen. A row of the output must have the same bits for any T (1 … 4096 on the GPU profile),
 any order of the rows, repeated rows, packed or padded batches, because the rollout engine
 (decode, T = batch size) and the trainer (packed micro-batches, T up to 16k) call the same
-linear. BLOCK_K is a frozen tunable: it fixes the order of the K reduction. The output tile may
-follow T (CONFIG buckets), and these checks are what proves it changes no bits.
+linear. BLOCK_K and KCHUNK are frozen tunables: they fix the reduction tree over K. The output
+tile and how the K chunks are spread over programs (split or not) may follow T (CONFIG buckets),
+and these checks are what proves they change no bits.
 
 Inputs: x ~ N(0, 1) and w ~ N(0, 1/K), in bf16. The CPU profile adds a "cancel" configuration:
 pairs of weight columns that cancel exactly (x[:, j] = x[:, i], w[:, j] = -w[:, i], scaled by
 2^12), so the fp32 partial sums are ~2^24 while the result is O(1): any change in the
 summation order (a T-dependent BLOCK_K, a split-K for large T) then moves the bf16 outputs,
-which the invariance checks see even at K = 64 in the interpreter.
+which the invariance checks see even at K = 64 in the interpreter. A second CPU plan runs
+them at K = 3112: four K chunks of 1024, the last one partial, and T from 1 to 20 across two
+CONFIG buckets, so a chunk size or a merge order that follows T moves bits there.
 
 Tolerances (against float64 on the same bf16 inputs): output rounded to bf16 once after fp32
 accumulation: rel_rms 1.6e-3 on the GPU (round to nearest), 3.3e-3 in the interpreter (its cast
@@ -42,7 +45,7 @@ from tik_kernels.contract import (
     bitwise_equal,
     tokenwise_plan,
 )
-from tik_kernels.models import DECODE_BATCHES, LLAMA3_8B, QWEN3_8B, TRAIN_TOKENS, ModelShape
+from tik_kernels.models import LLAMA3_8B, QWEN3_8B, TRAIN_TOKENS, ModelShape
 from tik_kernels.reference.linear import linear as linear_ref
 from tik_kernels.reference.linear import linear_grads
 
@@ -50,7 +53,12 @@ TOL = Tolerance(rel_rms=6e-3)
 GRAD_TOL = Tolerance(rel_rms=6e-3)
 
 CPU_SIZES = (1, 2, 3, 7, 8, 9, 16)
-GPU_SIZES = (1, 7, 64, 256, 1024, 4096)
+#: the CPU plan of a K cut into several chunks: T on both sides of the M16 / M64 bucket edge
+CPU_CHUNK_SIZES = (1, 3, 16, 17, 20)
+CPU_CHUNK_SHAPE = (16, 3 * 1024 + 40)
+GPU_SIZES = (1, 7, 16, 17, 64, 256, 1024, 4096)
+#: rows a rollout's linear sees (decode batches, the last prefill steps) beside the training token counts
+ROLLOUT_ROWS = (1, 4, 16, 64, 256)
 #: tokens in the accuracy / gradient probes (float64 references are computed on the CPU)
 CPU_ACC_T, GPU_ACC_T = 13, 64
 
@@ -205,6 +213,10 @@ def build_plan(profile: str, seed: int) -> Plan:
         TokenwiseConfig(s.name, (_cancelling if s.cancel else _normal)(s.N, s.K), token_args=(0,)) for s in shapes
     ]
     plan = tokenwise_plan("linear", configs, sizes, seed)
+    if profile == "cpu":
+        N, K = CPU_CHUNK_SHAPE
+        chunked = TokenwiseConfig(f"chunks[N={N},K={K}]", _cancelling(N, K), token_args=(0,))
+        plan.extend(tokenwise_plan("linear", [chunked], CPU_CHUNK_SIZES, seed + 2))
     rng = random.Random(seed + 1)
     for s in shapes:
         if not s.cancel:
@@ -218,11 +230,11 @@ def _roofline_us(M: int, N: int, K: int) -> float:
 
 
 def cells(profile: str) -> list[Cell]:
-    """Each projection × M in the decode batches and training token counts.
+    """Each projection × M in the rollout row counts (decode batches) and training token counts.
 
     coeff = 1 / roofline time in µs, so every cell weighs about the same in Σ coeff · median
     (the objective is then a sum of "multiples of the floor"); without it the 16k-token cells
-    would decide everything and decode none. Decode cells (≤ 64 rows, 8–25 µs) get a 10% limit:
+    would decide everything and decode none. Decode cells (≤ 64 rows, 5–25 µs) get a 10% limit:
     their medians move by a few % run to run.
     """
     if profile == "cpu":
@@ -230,7 +242,7 @@ def cells(profile: str) -> list[Cell]:
                 for M in (1, 16)]
     out = []
     for p in projections():
-        for M in DECODE_BATCHES + TRAIN_TOKENS:
+        for M in ROLLOUT_ROWS + TRAIN_TOKENS:
             out.append(Cell(
                 f"{p.name}[N={p.N},K={p.K}]/M={M}",
                 {"M": M, "N": p.N, "K": p.K, "proj": p.name, "models": list(p.models)},
@@ -264,5 +276,5 @@ CONTRACT = Contract(
     build_plan=build_plan,
     cells=cells,
     bench_case=bench_case,
-    frozen_tunables=frozenset({"BLOCK_K"}),
+    frozen_tunables=frozenset({"BLOCK_K", "KCHUNK"}),
 )

@@ -1,0 +1,321 @@
+"""Launch configs of the linear root per M bucket, timed against cuBLAS in the same run (H200).
+
+    PYTHONPATH=. python benchmarks/sweep_linear_tree.py --out benchmarks/results/linear_tree_sweep
+
+Cells: Qwen3-8B's projections (qkv, o, gate_up, down) × M in 1 … 16384, and lm_head at M = 1,
+16, 256. Per bucket of tik_kernels.ops.linear, ~10-15 candidate launches (tile, warps, stages,
+K_UNROLL, SPLIT, fused or separate combine); none may change bits, so each candidate's output
+is compared with the entry point's, bit for bit, and a candidate that differs is reported and
+never chosen. The entry point's rows at every M are also compared with the same rows of the
+largest M of that shape (batch invariance at real shapes).
+
+Timing: each provider (cuBLAS `x @ w.T`, the entry point `linear`, each candidate) is captured
+in a CUDA graph of back-to-back calls on rotating copies of x and w (more bytes than L2 holds,
+so the weights come from HBM as in a real layer); graphs replayed in interleaved rounds, the
+order rotating every round; medians of the per-call time. Candidates are compiled first in
+parallel processes (Triton's disk cache), so the timed process only loads them.
+
+Writes <out>/sweep.json and <out>/sweep.md: per cell cuBLAS µs and each candidate's ratio, per
+bucket the candidate with the lowest geomean ratio, and the CONFIG literal those make (to be
+baked into tik_kernels/ops/linear.py by hand; nothing is chosen at run time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing as mp
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+import tik_kernels  # noqa: E402,F401  (before triton)
+import tik_kernels.ops.linear as L  # noqa: E402
+from tik_kernels.contracts.linear import projections  # noqa: E402
+from tik_kernels.models import QWEN3_8B  # noqa: E402
+
+MS = (1, 4, 16, 64, 256, 1024, 4096, 16384)
+LM_HEAD_MS = (1, 16, 256)
+BUCKETS = tuple(name for _, name in L.M_BUCKETS) + ("MBIG",)
+KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "K_UNROLL", "SPLIT")
+#: candidate launches per bucket: (BLOCK_M, BLOCK_N, num_warps, num_stages, K_UNROLL, SPLIT); each also
+#: with the combine CONFIG does not use for the bucket's own tile (fused vs a second kernel)
+CANDIDATES = {
+    "M16": [(16, bn, 4, 6, 2, s) for bn in (32, 64) for s in (0, 2, 4, 8)]
+    + [(16, 128, 4, 4, 2, 0), (16, 128, 4, 4, 2, 4), (16, 64, 4, 8, 1, 4), (16, 32, 2, 8, 2, 4),
+       (16, 64, 8, 4, 4, 4), (16, 16, 2, 8, 4, 4)],
+    "M64": [(64, 64, 4, 4, 2, s) for s in (0, 1, 2, 4)] + [(64, 32, 4, 6, 2, s) for s in (0, 2, 4)]
+    + [(64, 128, 4, 4, 2, 0), (64, 128, 4, 4, 2, 2), (64, 128, 8, 4, 1, 1), (32, 64, 4, 6, 2, 2),
+       (64, 64, 4, 6, 1, 2), (64, 256, 8, 3, 1, 1)],
+    "M256": [(64, 128, 4, 4, 2, s) for s in (0, 1, 2)] + [(128, 128, 8, 3, 1, s) for s in (0, 1, 2)]
+    + [(128, 64, 4, 4, 2, 0), (128, 64, 4, 4, 2, 1), (64, 64, 4, 4, 2, 1), (128, 256, 8, 3, 1, 1),
+       (64, 256, 8, 3, 1, 1), (128, 128, 8, 4, 1, 1), (128, 128, 4, 4, 1, 1)],
+    "M1024": [(128, 128, 8, 3, 1, s) for s in (0, 1)] + [(128, 256, 8, 3, 1, s) for s in (0, 1)]
+    + [(128, 128, 8, 4, 1, 0), (128, 128, 4, 4, 1, 0), (128, 128, 8, 3, 2, 0), (256, 128, 8, 3, 1, 0),
+       (64, 128, 4, 4, 1, 1), (128, 64, 4, 4, 1, 1)],
+    "MBIG": [(128, 128, 8, 3, 1, 0), (128, 128, 8, 4, 1, 0), (128, 256, 8, 3, 1, 0), (256, 128, 8, 3, 1, 0),
+             (128, 128, 4, 4, 1, 0), (128, 128, 8, 3, 2, 0), (128, 256, 8, 4, 1, 0), (256, 128, 8, 4, 1, 0),
+             (128, 128, 8, 5, 1, 0)],
+}
+SMEM_BYTES = 220 * 1024
+#: where the timed run happens (a dry run of the bookkeeping in the tests sets "cpu")
+DEVICE = "cuda"
+#: bytes of rotating input copies per provider (H200 L2 is 60 MB: the weights never stay resident)
+ROTATE_BYTES = 256 << 20
+
+
+def bucket_tile(b: str) -> tuple:
+    return tuple(L.CONFIG[f"{b}_{k}"] for k in KEYS)
+
+
+def clamp(tile: tuple) -> tuple:
+    """Fewer pipeline stages when the operand tiles would not fit in shared memory."""
+    bm, bn, w, s, u, sp = tile
+    per_stage = (bm + bn) * L.CONFIG["BLOCK_K"] * u * 2
+    return (bm, bn, w, max(2, min(s, SMEM_BYTES // per_stage)), u, sp)
+
+
+def candidates(b: str) -> list:
+    """(tile, fused) per bucket: the CONFIG tile first (the default every bit comparison uses)."""
+    fused = bool(L.CONFIG["FUSED_COMBINE"])
+    tiles = list(dict.fromkeys([bucket_tile(b)] + [clamp(t) for t in CANDIDATES[b]]))
+    out = [(t, fused) for t in tiles]
+    if bucket_tile(b)[-1]:
+        out.append((bucket_tile(b), not fused))
+    return out
+
+
+def label(tile: tuple, fused: bool) -> str:
+    return ",".join(map(str, tile)) + ("" if not tile[-1] else ",fused" if fused else ",kernel")
+
+
+def _compile_jobs(jobs: list) -> list:
+    """Child process: launch each candidate on a small problem (2 chunks) so Triton's disk cache holds it."""
+    import tik_kernels.ops.linear as lin
+
+    out = []
+    x = torch.randn(16, 2 * lin.CONFIG["KCHUNK"], device="cuda").to(torch.bfloat16)
+    w = torch.randn(256, 2 * lin.CONFIG["KCHUNK"], device="cuda").to(torch.bfloat16)
+    for tile, fused in jobs:
+        try:
+            lin._matmul(x, w, tile=tuple(tile), chunks_per_prog=2)
+            if tile[-1]:
+                lin._matmul(x, w, tile=tuple(tile), chunks_per_prog=1, fused=fused)
+            torch.cuda.synchronize()
+            out.append((tuple(tile), fused, None))
+        except Exception as e:  # out of shared memory and the like: the candidate is dropped
+            out.append((tuple(tile), fused, f"{type(e).__name__}: {str(e).strip().splitlines()[0][:160]}"))
+    return out
+
+
+def compile_parallel(jobs: list, workers: int) -> dict:
+    jobs = list(dict.fromkeys(jobs))
+    chunks = [jobs[i::workers] for i in range(workers) if jobs[i::workers]]
+    with mp.get_context("spawn").Pool(len(chunks)) as pool:
+        results = pool.map(_compile_jobs, chunks)
+    return {(t, f): err for chunk in results for t, f, err in chunk}
+
+
+def graph_of(fn, reps: int) -> torch.cuda.CUDAGraph:
+    """`reps` calls of fn(i) back to back in one CUDA graph (fn(i) uses input copy i mod n)."""
+    fn(0)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(reps):
+            fn(i)
+    return g
+
+
+def time_graphs(graphs: dict, reps: int, rounds: int) -> dict:
+    """Median µs per call of each graph; graphs replayed in interleaved rounds, the order rotating."""
+    names = list(graphs)
+    for g in graphs.values():
+        g.replay()
+    torch.cuda.synchronize()
+    events = {k: [] for k in names}
+    for r in range(rounds):
+        k0 = r % len(names)
+        for k in names[k0:] + names[:k0]:
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            graphs[k].replay()
+            e.record()
+            events[k].append((s, e))
+    torch.cuda.synchronize()
+    return {k: statistics.median(s.elapsed_time(e) * 1e3 / reps for s, e in ev) for k, ev in events.items()}
+
+
+def geomean(xs) -> float:
+    xs = list(xs)
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+def shapes() -> list:
+    out = [(p.name, p.N, p.K, MS) for p in projections((QWEN3_8B,))]
+    return out + [("lm_head", QWEN3_8B.vocab, QWEN3_8B.hidden, LM_HEAD_MS)]
+
+
+def env_info() -> dict:
+    import triton
+
+    return {"gpu": torch.cuda.get_device_name(), "cuda": torch.version.cuda, "torch": torch.__version__,
+            "triton": triton.__version__, "python": platform.python_version(),
+            "sms": torch.cuda.get_device_properties(0).multi_processor_count,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+
+
+def run(args) -> dict:
+    t0 = time.time()
+    cand = {b: candidates(b) for b in BUCKETS}
+    errors = compile_parallel([c for cs in cand.values() for c in cs], args.workers)
+    cand = {b: [c for c in cs if errors.get(c) is None] for b, cs in cand.items()}
+    print(f"compiled {sum(e is None for e in errors.values())}/{len(errors)} candidates in "
+          f"{time.time() - t0:.0f}s", flush=True)
+    gen = torch.Generator(device=DEVICE).manual_seed(args.seed)
+    cells, bits_bad, rows_checked = [], [], []
+    for proj, N, K, ms in shapes():
+        if time.time() - t0 > args.budget_s:
+            print(f"time budget reached before {proj}", flush=True)
+            break
+        m_max = max(ms)
+        w0 = (torch.randn(N, K, generator=gen, device=DEVICE) / math.sqrt(K)).to(torch.bfloat16)
+        x0 = torch.randn(m_max, K, generator=gen, device=DEVICE).to(torch.bfloat16)
+        big = L.linear(x0, w0)
+        for M in ms:
+            b = L._bucket(M)
+            n_cp = max(2, math.ceil(ROTATE_BYTES / (2 * (N * K + M * K))))
+            xs = [x0[:M].clone()] + [torch.randn(M, K, generator=gen, device=DEVICE).to(torch.bfloat16)
+                                     for _ in range(n_cp - 1)]
+            ws = [w0] + [w0.clone() for _ in range(n_cp - 1)]
+            ref = L.linear(xs[0], ws[0])
+            rows_checked.append({"proj": proj, "M": M, "equal": same_bits(ref, big[:M])})
+            fns = {"cublas": lambda i, xs=xs, ws=ws: xs[i % len(xs)] @ ws[i % len(ws)].t(),
+                   "linear": lambda i, xs=xs, ws=ws: L.linear(xs[i % len(xs)], ws[i % len(ws)])}
+            for tile, fused in cand[b]:
+                y = L._matmul(xs[0], ws[0], tile=tile, fused=fused)
+                if not same_bits(y, ref):
+                    bits_bad.append({"proj": proj, "M": M, "candidate": label(tile, fused)})
+                    continue
+                fns[label(tile, fused)] = (lambda i, xs=xs, ws=ws, tile=tile, fused=fused:
+                                           L._matmul(xs[i % len(xs)], ws[i % len(ws)], tile=tile, fused=fused))
+            est_s = max(2 * (N * K + M * K + M * N) / 3.5e12, 2 * M * N * K / 6e14)
+            reps = int(min(100, max(1, round(1e-3 / est_s))))
+            graphs = {k: graph_of(f, reps) for k, f in fns.items()}
+            us = time_graphs(graphs, reps, args.rounds)
+            del graphs
+            base = us["cublas"]
+            cells.append({"proj": proj, "M": M, "N": N, "K": K, "bucket": b, "cublas_us": base,
+                          "linear_us": us["linear"], "us": {k: v for k, v in us.items() if k not in ("cublas",)}})
+            best = min((k for k in us if k not in ("cublas", "linear")), key=us.get, default="linear")
+            print(f"{proj:8s} M={M:<6d} cublas {base:9.1f} us  linear {us['linear'] / base:.3f}  "
+                  f"best {best} {us[best] / base:.3f}", flush=True)
+            del xs, ws, ref, fns
+        del w0, x0, big
+        torch.cuda.empty_cache()
+
+    choice, config, combines = {}, dict(L.CONFIG), []
+    for b in BUCKETS:
+        rows = [c for c in cells if c["bucket"] == b]
+        scored = []
+        for tile, fused in cand[b]:
+            key = label(tile, fused)
+            if rows and all(key in r["us"] for r in rows):
+                scored.append((geomean(r["us"][key] / r["cublas_us"] for r in rows), key, tile, fused))
+        if not scored:
+            continue
+        g, key, tile, fused = min(scored)
+        choice[b] = {"best": key, "geomean": g, "default": label(*cand[b][0]),
+                     "default_geomean": next((s for s, k, *_ in scored if k == label(*cand[b][0])), None),
+                     "all": {k: s for s, k, *_ in sorted(scored)}}
+        config.update({f"{b}_{k}": v for k, v in zip(KEYS, tile, strict=True)})
+        if tile[-1]:
+            combines.append(int(fused))
+    # one combine for every bucket (a global tunable): the one most buckets' best launch uses
+    if combines:
+        config["FUSED_COMBINE"] = max(set(combines), key=combines.count)
+    best_ratio = [c["us"][choice[c["bucket"]]["best"]] / c["cublas_us"] for c in cells if c["bucket"] in choice]
+
+    def summary(ratios: list, small: list) -> dict:
+        return {"geomean": geomean(ratios), "worst": max(ratios, default=float("nan")),
+                "m_le_16_geomean": geomean(small)}
+
+    linear_ratio = [c["linear_us"] / c["cublas_us"] for c in cells]
+    return {
+        "config": dict(L.CONFIG), "suggested_config": config, "choice": choice,
+        "summary_linear": summary(linear_ratio, [c["linear_us"] / c["cublas_us"] for c in cells if c["M"] <= 16]),
+        "summary_best": summary(best_ratio, [c["us"][choice[c["bucket"]]["best"]] / c["cublas_us"]
+                                             for c in cells if c["M"] <= 16 and c["bucket"] in choice]),
+        "bits_gate_passed": not bits_bad and all(r["equal"] for r in rows_checked),
+        "bits_failures": bits_bad, "rows_vs_largest_m": rows_checked,
+        "compile_errors": {label(t, f): e for (t, f), e in errors.items() if e},
+        "cells": cells, "elapsed_s": time.time() - t0,
+    }
+
+
+def write_md(doc: dict, path: Path) -> None:
+    e = doc["env"]
+    lines = [f"# linear tree root: launch configs per M bucket vs cuBLAS on {e['gpu']}", "",
+             f"`{doc['command']}`  ", f"torch {e['torch']}, triton {e['triton']}, {e['date']}", "",
+             f"Bits gate: **{'passed' if doc['bits_gate_passed'] else 'FAILED'}** (every candidate's output equals "
+             "the entry point's; the entry point's rows at every M equal the rows of the shape's largest M)", ""]
+    if not doc["bits_gate_passed"]:
+        lines += ["```", json.dumps(doc["bits_failures"][:20]), json.dumps(
+            [r for r in doc["rows_vs_largest_m"] if not r["equal"]][:20]), "```", ""]
+    for name in ("summary_linear", "summary_best"):
+        s = doc[name]
+        lines.append(f"- {name.removeprefix('summary_')}: geomean {s['geomean']:.3f}× cuBLAS, worst {s['worst']:.3f}×, "
+                     f"M ≤ 16 geomean {s['m_le_16_geomean']:.3f}×")
+    lines += ["", "| bucket | CONFIG's launch | its geomean | best launch | best geomean |", "|---|---|---|---|---|"]
+    for b, c in doc["choice"].items():
+        dg = f"{c['default_geomean']:.3f}" if c["default_geomean"] else "-"
+        lines.append(f"| {b} | {c['default']} | {dg} | {c['best']} | {c['geomean']:.3f} |")
+    lines += ["", "Launch = BLOCK_M,BLOCK_N,num_warps,num_stages,K_UNROLL,SPLIT[,combine].", "",
+              "| cell | cuBLAS µs | linear µs | ratio | best ratio (bucket's best launch) |", "|---|---|---|---|---|"]
+    for c in doc["cells"]:
+        best = doc["choice"].get(c["bucket"], {}).get("best")
+        br = f"{c['us'][best] / c['cublas_us']:.3f}" if best in c["us"] else "-"
+        lines.append(f"| {c['proj']} M={c['M']} (N={c['N']}, K={c['K']}) | {c['cublas_us']:.1f} | "
+                     f"{c['linear_us']:.1f} | {c['linear_us'] / c['cublas_us']:.3f} | {br} |")
+    lines += ["", "Suggested CONFIG (best launch per bucket):", "", "```",
+              "CONFIG = " + json.dumps(doc["suggested_config"], indent=4), "```", ""]
+    if doc["compile_errors"]:
+        lines += ["Candidates that failed to compile:", "", "```", json.dumps(doc["compile_errors"], indent=1), "```"]
+    path.write_text("\n".join(lines))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True, help="folder for sweep.json and sweep.md")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--workers", type=int, default=12, help="compile processes")
+    ap.add_argument("--budget-s", type=float, default=240.0, help="start no new shape after this many seconds")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("sweep_linear_tree: needs a CUDA GPU")
+    doc = run(args)
+    doc["env"] = env_info()
+    doc["command"] = "python benchmarks/sweep_linear_tree.py " + " ".join(sys.argv[1:])
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sweep.json").write_text(json.dumps(doc, indent=1))
+    write_md(doc, out / "sweep.md")
+    print(f"wrote {out / 'sweep.json'} and {out / 'sweep.md'} in {doc['elapsed_s']:.0f}s; "
+          f"linear {doc['summary_linear']['geomean']:.3f}x, best per bucket {doc['summary_best']['geomean']:.3f}x",
+          flush=True)
+
+
+if __name__ == "__main__":
+    main()
