@@ -84,13 +84,13 @@ def test_root_passes_cpu_plan(plan, root):
 
 def test_split_choices_pass_the_whole_plan_with_the_roots_bits(plan, root, tmp_path):
     """The tuner may move how decode spreads the chunks over programs (chunks per program, combine loads): the
-    candidate keeps every contract check, root_bits included."""
+    candidate keeps every decode check of the plan, root_bits included (prefill's kernels are the root's)."""
     cand = patched(tmp_path, "split_choices",
                    '"DECODE_CHUNKS_PER_PROG": 1,\n    "DECODE_FOLD_GROUPS": 1024,\n    "COMBINE_BLOCK_D": 32,\n'
                    '    "COMBINE_CHUNKS": 8,',
                    '"DECODE_CHUNKS_PER_PROG": 3,\n    "DECODE_FOLD_GROUPS": 1024,\n    "COMBINE_BLOCK_D": 16,\n'
                    '    "COMBINE_CHUNKS": 2,')
-    results = run_checks(plan, cand, root)
+    results = run_checks(plan, cand, root, select=lambda n: "decode" in n)
     bad = {n: r.detail for n, r in results.items() if not r.passed}
     assert not bad, bad
     assert any(r.requirement == "root_bits" for r in results.values())
@@ -107,8 +107,9 @@ def test_folded_decode_passes_decode_checks_with_the_roots_bits(plan, root, tmp_
 
 #: every way decode may spread the chunks: chunks per program (2 and 3 end a program inside a sequence and
 #: leave programs past its end), no split, combine loading 1 or 2 chunk states per step, narrow head-dim slices
-SPLITS = {"per_prog=1": {}, "per_prog=2": {"DECODE_CHUNKS_PER_PROG": 2}, "per_prog=3": {"DECODE_CHUNKS_PER_PROG": 3},
-          "fold": {"DECODE_FOLD_GROUPS": 1}, "combine=1x16": {"COMBINE_CHUNKS": 1, "COMBINE_BLOCK_D": 16}}
+SPLITS = {"per_prog=1": {}, "per_prog=2,combine=1x16": {"DECODE_CHUNKS_PER_PROG": 2, "COMBINE_CHUNKS": 1,
+                                                        "COMBINE_BLOCK_D": 16},
+          "per_prog=3": {"DECODE_CHUNKS_PER_PROG": 3}, "fold": {"DECODE_FOLD_GROUPS": 1}}
 
 
 @pytest.mark.parametrize("split", list(SPLITS))
@@ -229,7 +230,6 @@ def test_decode_chunk_following_length_fails_decode_matches_prefill(plan, root, 
                   'bn, chunk = cfg["BLOCK_N"], cfg["CHUNK_BLOCKS"] * (2 if cap > 24 else 1)\n')
     results = run_checks(plan, bad, root, select=_sharp_decode)
     assert failed(results, "decode_matches_prefill")
-    assert not failed(results, "accuracy")
 
 
 def test_merge_order_following_chunk_count_fails_decode_matches_prefill(plan, root, tmp_path):

@@ -53,9 +53,10 @@ TOL = Tolerance(rel_rms=1e-2, max_abs=5e-2)
 GRAD_TOL = Tolerance(rel_rms=4e-2)
 
 
-def _tol(amp: float) -> Tolerance:
+def _tol(sh: Shape) -> Tolerance:
     """max-abs scales with the values' magnitude (bf16 output rounding is relative)."""
-    return Tolerance(rel_rms=TOL.rel_rms, max_abs=TOL.max_abs * max(1.0, amp))
+    return Tolerance(rel_rms=TOL.rel_rms, max_abs=TOL.max_abs * max(1.0, sh.amp) * (sh.mirror_scale if sh.mirror
+                                                                                      else 1.0))
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,12 @@ class Shape:
     grad_shape: tuple[int, int] | None = None
     #: decode at every position of every sequence (tiny shapes), not only the answer and `early`
     every_position: bool = False
+    #: keys of one chunk (0: off). Chunk 3 repeats chunk 2's keys with negated values, scaled by `mirror_scale`:
+    #: the two chunk states then cancel exactly when merged one after the other (chunk 0, 1, 2, 3, ... in
+    #: sequence) and leave an fp32 rounding error of the scaled values in any other order (reversed, pairwise),
+    #: large enough to show in bf16 outputs; unstructured inputs hide a reordered merge below bf16 rounding
+    mirror: int = 0
+    mirror_scale: float = 1024.0
 
     @property
     def seq(self) -> int:
@@ -92,14 +99,15 @@ class Shape:
 def shapes(profile: str) -> list[Shape]:
     if profile == "cpu":
         # in the interpreter a KV block is 4 keys and a chunk 2 blocks (8 keys): 16 keys span two chunks, every
-        # position decoded; the sharp shape's 34 keys span five (the last partial), so a merge order that is
-        # not chunk 0, 1, 2, ... in sequence (reversed, pairwise) changes bits; prefixes and early decode
-        # positions end inside, at and past block and chunk edges
+        # position decoded; the sharp shape's 34 keys span five (the last partial) with mirrored chunks 2 and 3,
+        # so a merge order that is not chunk 0, 1, 2, ... in sequence (reversed, pairwise) changes bits;
+        # prefixes and early decode positions end inside, at and past block and chunk edges
         return [
             Shape("gqa[Hq=4,Hk=2,D=32]", 4, 2, 32, batch=3, prompt=10, answer=6, prefixes=(1, 7, 8, 9, 10),
                   every_position=True),
             Shape("sharp[Hq=4,Hk=2,D=16,scale=0.3]", 4, 2, 16, batch=2, prompt=30, answer=4, amp=3.0, scale=0.3,
-                  prefixes=(3, 16, 17, 30), early=(0, 3, 4, 7, 8, 15, 16, 23, 24, 25), grad_shape=(1, 19)),
+                  prefixes=(3, 16, 17, 30), early=(0, 3, 4, 7, 8, 15, 16, 23, 24, 25), grad_shape=(1, 19),
+                  mirror=8),
         ]
     if profile == "gpu":
         # KV block 128, chunk 512 keys on the GPU: prefixes and early positions at block and chunk edges
@@ -138,6 +146,10 @@ def _build_shape(plan: Plan, sh: Shape, gen: torch.Generator) -> None:
     B, S, P, A = sh.batch, sh.seq, sh.prompt, sh.answer
     kw = {} if sh.scale is None else {"scale": sh.scale}
     q, k, v = _qkv(B, sh.hq, sh.hk, S, sh.d, sh.amp, gen)
+    if sh.mirror:
+        c = sh.mirror
+        v[:, :, 2 * c:3 * c] *= sh.mirror_scale  # a power of two: exact in bf16
+        k[:, :, 3 * c:4 * c], v[:, :, 3 * c:4 * c] = k[:, :, 2 * c:3 * c], -v[:, :, 2 * c:3 * c]
     full = plan.add(Probe(p + f"prefill[B={B},S={S}]", "attention_prefill", (q, k, v), dict(kw), echo_inputs=True))
     again = plan.add(Probe(p + "prefill/rerun", "attention_prefill", (q, k, v), dict(kw)))
 
@@ -240,10 +252,10 @@ def _build_shape(plan: Plan, sh: Shape, gen: torch.Generator) -> None:
         acc_rows = torch.cat([torch.tensor([0, S - 1]), torch.randperm(S, generator=gen)[: sh.acc_rows - 2]]).sort()[0]
     want = ref.attention_prefill(q, k, v, sh.scale, rows=acc_rows)
     plan.check(p + "accuracy[prefill]", "accuracy",
-               lambda res, f=full, r=acc_rows, w=want: accurate(res[f][0][:, :, r], w, _tol(sh.amp), f"{len(r)} rows"))
+               lambda res, f=full, r=acc_rows, w=want: accurate(res[f][0][:, :, r], w, _tol(sh), f"{len(r)} rows"))
     want_d = ref.attention_decode(q[rows, :, pos0][:, :, None], kc, vc, pos0 + 1, sh.scale)
     plan.check(p + "accuracy[decode]", "accuracy",
-               lambda res, d0=d0, w=want_d: accurate(res[d0][0], w, _tol(sh.amp), "decode"))
+               lambda res, d0=d0, w=want_d: accurate(res[d0][0], w, _tol(sh), "decode"))
 
     # backward: dense and packed, vs float64 autograd, rerun, and packed grads == dense grads
     gb, gs = sh.grad_shape or (B, S)
