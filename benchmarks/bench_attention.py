@@ -8,8 +8,9 @@
    within the batch, cache past lens = NaN) == prefill rows; the last sequence alone == its batch rows;
 3. decode tunables timed (CUDA graphs), each variant's bits compared with the default's;
 4. timings, medians of interleaved repetitions in one run, CUDA-graph replay (kernel time) and eager (with
-   Python launch cost): prefill vs SDPA (flash backend, causal, GQA), decode vs SDPA with a length mask
-   (default backend) and vs SDPA flash on an exactly-sized cache.
+   Python launch cost): prefill vs SDPA (flash backend, causal, GQA), forward + backward vs SDPA flash (eager),
+   decode (B {1, 8, 32, 128} x L {1k ... 32k}) vs SDPA with a length mask (default backend) and vs SDPA flash on
+   an exactly-sized cache.
 Writes attention_h200.json and attention_h200.md to --out. No ratio is reported as a result on a red gate.
 """
 
@@ -87,7 +88,7 @@ def tunables_check() -> list[dict]:
     default_ok = all(bits_equal(d[:, :, 0], full0[rows, :, pos]) for d, pos in zip(dec0, steps, strict=True))
     out = [{"variant": "default", "config": base_cfg, "decode_matches_prefill": default_ok}]
     variants = [{"BLOCK_M": 64, "num_warps": 4}, {"BLOCK_M": 64, "num_warps": 8}, {"BLOCK_M": 128, "num_warps": 4},
-                {"num_stages": 3}, {"DECODE_BLOCK_M": 64}, {"DECODE_BLOCK_D": 128}, {"decode_num_warps": 1},
+                {"num_stages": 1}, {"DECODE_BLOCK_M": 64}, {"decode_num_warps": 4},
                 {"decode_num_stages": 1}] + [v for v in DECODE_VARIANTS if v]
     for var in variants:
         try:
@@ -239,6 +240,37 @@ def bench_prefill(budget_s: float) -> list[dict]:
     return out
 
 
+def train_cell(hq: int, hk: int, B: int, S: int) -> dict:
+    """Forward + backward (eager: autograd does not replay in a graph), against SDPA flash with GQA."""
+    gen = torch.Generator("cuda").manual_seed(S + B + 7)
+    q, k, v = (rand(B, h, S, D, gen=gen).requires_grad_(True) for h in (hq, hk, hk))
+    go = rand(B, hq, S, D, gen=gen)
+
+    def step(f):
+        return lambda: torch.autograd.grad(f(q, k, v), (q, k, v), go)
+
+    fns = {"tik": step(attn.attention_prefill), "sdpa_flash": step(lambda a, b, c: sdpa_flash(a, b, c, is_causal=True))}
+    r = time_interleaved(fns, reps=7)
+    row = {"hq": hq, "hk": hk, "B": B, "S": S, **{f"{n}_us": t["median_us"] for n, t in r.items()}}
+    row["ratio_vs_sdpa"] = row["tik_us"] / row["sdpa_flash_us"]
+    row["grads_deterministic"] = all(bits_equal(a, b) for a, b in zip(fns["tik"](), fns["tik"](), strict=True))
+    return row
+
+
+def bench_train(budget_s: float) -> list[dict]:
+    out = []
+    for hq, hk in ((32, 8), (16, 8)):
+        for B, S in ((1, 1024), (4, 1024), (1, 4096), (4, 4096), (1, 16384)):
+            if time.time() - T0 > budget_s:
+                out.append({"hq": hq, "hk": hk, "B": B, "S": S, "skipped": "time budget"})
+                continue
+            try:
+                out.append(train_cell(hq, hk, B, S))
+            except Exception as e:
+                out.append({"hq": hq, "hk": hk, "B": B, "S": S, "error": f"{type(e).__name__}: {str(e)[:200]}"})
+    return out
+
+
 def decode_cell(hq: int, hk: int, B: int, L: int, tuned: dict | None = None) -> dict:
     gen = torch.Generator("cuda").manual_seed(L + B)
     q = rand(B, hq, 1, D, gen=gen)
@@ -278,8 +310,8 @@ def decode_cell(hq: int, hk: int, B: int, L: int, tuned: dict | None = None) -> 
 
 def bench_decode(budget_s: float, tuned: dict | None = None) -> list[dict]:
     out = []
-    shapes = [(32, 8, B, L) for L in (1024, 4096, 8192, 16384) for B in (1, 4, 8, 16)]
-    shapes += [(16, 8, B, L) for B, L in ((1, 4096), (16, 4096), (16, 16384))]
+    shapes = [(32, 8, B, L) for L in (1024, 2048, 4096, 8192, 16384, 32768) for B in (1, 8, 32, 128)]
+    shapes += [(16, 8, B, L) for B, L in ((1, 4096), (1, 32768), (32, 16384))]
     for hq, hk, B, L in shapes:
         if time.time() - T0 > budget_s:
             out.append({"hq": hq, "hk": hk, "B": B, "L": L, "skipped": "time budget"})
@@ -291,32 +323,20 @@ def bench_decode(budget_s: float, tuned: dict | None = None) -> list[dict]:
     return out
 
 
-_P, _S = {"DECODE_PRECOMPUTE_P": 1}, {"DECODE_SPLIT_HEADS": 1}
-_F1, _F2 = {"DECODE_PREFETCH": 1}, {"DECODE_PREFETCH": 2}
-#: decode CONFIG variants: bits checked against the default by `tunables`, timed by `decode_tuning`
+_FOLD = {"DECODE_FOLD_GROUPS": 1}
+#: decode CONFIG variants (how the fixed chunks are spread over programs: none changes bits): bits checked against
+#: the default by `tunables`, timed by `decode_tuning`
 DECODE_VARIANTS = [
-    {}, _F1, _F2, {**_F1, "decode_num_stages": 2}, {**_F2, "decode_num_stages": 2}, {**_F1, "DECODE_BLOCK_D": 16},
-    {**_F2, "DECODE_BLOCK_D": 16}, {**_F1, "decode_num_warps": 8}, {**_F2, "decode_num_warps": 8},
-    {**_F1, **_S}, {**_F2, **_S}, {**_F1, **_P}, {**_F2, **_P}, {**_F2, **_P, "DECODE_BLOCK_D": 16},
-    {**_F2, **_P, **_S},
-    {"decode_num_warps": 2}, {"decode_num_warps": 8}, {"DECODE_BLOCK_D": 16}, {"DECODE_BLOCK_D": 64},
-    {"decode_num_stages": 2}, {"decode_num_stages": 4}, {"decode_num_warps": 2, "DECODE_BLOCK_D": 16},
-    {"decode_num_warps": 1, "DECODE_BLOCK_D": 16},
-    _P, {**_P, "DECODE_BLOCK_D": 16}, {**_P, "DECODE_BLOCK_D": 64}, {**_P, "decode_num_warps": 2},
-    {**_P, "decode_num_stages": 4}, {**_P, "decode_num_warps": 8}, {**_P, "decode_num_stages": 2},
-    _S, {**_S, "DECODE_BLOCK_D": 16}, {**_S, "DECODE_BLOCK_D": 64}, {**_S, "decode_num_warps": 2},
-    {**_P, **_S}, {**_P, **_S, "DECODE_BLOCK_D": 16}, {**_P, **_S, "DECODE_BLOCK_D": 64},
-    {**_P, **_S, "DECODE_BLOCK_D": 128}, {**_P, **_S, "decode_num_warps": 2},
-    {**_P, **_S, "decode_num_warps": 2, "DECODE_BLOCK_D": 16}, {**_P, **_S, "decode_num_stages": 2},
-    {**_P, **_S, "decode_num_stages": 4}, {**_P, **_S, "decode_num_warps": 8, "DECODE_BLOCK_D": 128},
+    {}, _FOLD, {"DECODE_CHUNKS_PER_PROG": 2}, {"DECODE_CHUNKS_PER_PROG": 4}, {"decode_num_warps": 4},
+    {"decode_num_stages": 2}, {"decode_num_stages": 4}, {"decode_num_warps": 4, "decode_num_stages": 4},
+    {**_FOLD, "decode_num_warps": 4}, {"COMBINE_BLOCK_D": 16}, {"COMBINE_BLOCK_D": 64}, {"COMBINE_BLOCK_D": 128},
+    {"COMBINE_CHUNKS": 4}, {"COMBINE_CHUNKS": 16}, {"combine_num_warps": 2}, {"combine_num_warps": 4},
+    {"DECODE_FOLD_GROUPS": 256}, {"DECODE_FOLD_GROUPS": 1 << 30}, {"DECODE_BLOCK_M": 32},
 ]
-#: the current default's neighbourhood: prefetch on/off, phase-2 warps, stages
-PHASE2_VARIANTS = [{}, {"DECODE_PREFETCH": 0}, {"decode2_num_warps": 1}, {"decode2_num_warps": 2},
-                   {"decode2_num_warps": 8}, {"decode2_num_warps": 2, "DECODE_BLOCK_D": 16},
-                   {"decode2_num_warps": 1, "DECODE_BLOCK_D": 16}, {"decode2_num_warps": 2, "decode_num_warps": 8},
-                   {"decode_num_stages": 4}, {"DECODE_BLOCK_D": 64, "decode2_num_warps": 8},
-                   {"DECODE_SPLIT_HEADS": 1, "decode2_num_warps": 2}, {"DECODE_SPLIT_HEADS": 1, "decode2_num_warps": 1}]
-DECODE_TUNING_CELLS = ((1, 1024), (1, 16384), (4, 4096), (16, 4096), (16, 16384))
+#: a short list: the split choice and the decode kernel's warps
+QUICK_VARIANTS = [{}, _FOLD, {"DECODE_CHUNKS_PER_PROG": 2}, {"decode_num_warps": 4}, {"decode_num_stages": 2},
+                  {"DECODE_FOLD_GROUPS": 1 << 30}]
+DECODE_TUNING_CELLS = ((1, 1024), (1, 8192), (1, 32768), (8, 8192), (32, 16384), (128, 4096))
 
 
 def with_config(var: dict, fn):
@@ -406,6 +426,12 @@ def write(out_dir: Path, res: dict) -> None:
         if "tik_us" in r:
             lines.append(f"| {r['hq']}/{r['hk']} | {r['B']} | {r['S']} | {r['tik_us']:.1f} | {r['sdpa_flash_us']:.1f} "
                          f"| {r['ratio_vs_sdpa']:.2f} | {r['tik_tflops']:.0f} | {r['eager_ratio_vs_sdpa']:.2f} |")
+    lines += ["", "## Forward + backward vs SDPA flash (eager)", "",
+              "| Hq/Hk | B | S | tik µs | SDPA µs | ratio | grads deterministic |", "|---|---|---|---|---|---|---|"]
+    for r in res.get("train", []):
+        if "tik_us" in r:
+            lines.append(f"| {r['hq']}/{r['hk']} | {r['B']} | {r['S']} | {r['tik_us']:.1f} | {r['sdpa_flash_us']:.1f} "
+                         f"| {r['ratio_vs_sdpa']:.2f} | {r['grads_deterministic']} |")
     lines += ["", "## Decode vs SDPA (mask, default backend) and SDPA flash (exact-length cache), CUDA graphs", "",
               "| Hq/Hk | B | L | tik µs | SDPA mask µs | SDPA flash µs | ratio vs best | tik TB/s | eager ratio vs best"
               " |",
@@ -434,7 +460,8 @@ def write(out_dir: Path, res: dict) -> None:
         if "us" in r:
             lines.append(f"| {r['B']} | {r['L']} | {r['variant'] or 'default'} | {r['us']:.1f} | {r['same_bits']} |")
     s = res.get("summary", {})
-    lines += ["", f"Geomean time ratio: prefill vs SDPA flash {s.get('prefill_geomean_ratio')}, decode vs best SDPA "
+    lines += ["", f"Geomean time ratio: prefill vs SDPA flash {s.get('prefill_geomean_ratio')}, forward + backward "
+              f"vs SDPA flash {s.get('fwd_bwd_geomean_ratio')}, decode vs best SDPA "
               f"{s.get('decode_geomean_ratio_vs_best')}, decode vs SDPA mask {s.get('decode_geomean_ratio_vs_mask')}, "
               f"tuned decode vs best SDPA {s.get('decode_tuned_geomean_ratio_vs_best')}."]
     (out_dir / "attention_h200.md").write_text("\n".join(lines) + "\n")
@@ -447,12 +474,12 @@ def main() -> None:
     ap.add_argument("--config", type=json.loads, default={},
                     help='JSON CONFIG overrides for the whole run, e.g. \'{"BLOCK_N": 128}\' (a different root: '
                          'every section, the bitwise sweep included, runs under it)')
-    ap.add_argument("--variants", choices=("all", "phase2"), default="all",
-                    help="decode variants to time: all, or the phase-2 warps and prefetch ones only")
+    ap.add_argument("--variants", choices=("all", "quick"), default="all",
+                    help="decode variants to time: all, or the split choice and the decode kernel's warps only")
     a = ap.parse_args()
     attn.CONFIG.update(a.config)
-    if a.variants == "phase2":
-        DECODE_VARIANTS[:] = PHASE2_VARIANTS
+    if a.variants == "quick":
+        DECODE_VARIANTS[:] = QUICK_VARIANTS
     res = {"env": env(), "command": "PYTHONPATH=. python benchmarks/bench_attention.py " + " ".join(
                f"--{k} {shlex.quote(json.dumps(v)) if k == 'config' else v}" for k, v in vars(a).items()),
            "config": dict(attn.CONFIG)}
@@ -461,7 +488,8 @@ def main() -> None:
                      ("decode_tuning", lambda: decode_tuning(a.budget * 0.5)),
                      ("decode_pick", lambda: pick_decode_variant(res.get("decode_tuning", []),
                                                                  res.get("tunables", []))),
-                     ("prefill", lambda: bench_prefill(a.budget * 0.75)),
+                     ("prefill", lambda: bench_prefill(a.budget * 0.7)),
+                     ("train", lambda: bench_train(a.budget * 0.8)),
                      ("decode", lambda: bench_decode(a.budget, (res.get("decode_pick") or {}).get("variant")))):
         t = time.time()
         try:
@@ -475,6 +503,7 @@ def main() -> None:
         res["gate_green"] = sweep_ok and tun_ok and "sweep" in res
         res["summary"] = {
             "prefill_geomean_ratio": geomean([r.get("ratio_vs_sdpa") for r in res.get("prefill", [])]),
+            "fwd_bwd_geomean_ratio": geomean([r.get("ratio_vs_sdpa") for r in res.get("train", [])]),
             "decode_geomean_ratio_vs_best": geomean([r.get("ratio_vs_best_sdpa") for r in res.get("decode", [])]),
             "decode_geomean_ratio_vs_mask": geomean([r.get("ratio_vs_sdpa_mask") for r in res.get("decode", [])]),
             "decode_tuned_geomean_ratio_vs_best": geomean([r.get("tuned_ratio_vs_best_sdpa")

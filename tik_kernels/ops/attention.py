@@ -417,6 +417,63 @@ def _attn_decode_combine_kernel(
 
 
 @triton.jit
+def _attn_bwd_delta_kernel(
+    o_ptr, do_ptr,  # like q
+    delta_ptr,  # fp32, rows like lse
+    cu_ptr,
+    stride_qb, stride_qh, stride_qs,
+    stride_lb, stride_lh, stride_ls,
+    seq_len, n_heads,
+    D: tl.constexpr,
+    VARLEN: tl.constexpr,
+):
+    """delta = rowsum(o * dO) in fp32 for 16 positions of one head. The tile and warps are fixed (not tunables):
+    a `tl.sum`'s tree follows the layout, and delta's bits are part of every gradient's."""
+    pid_s = tl.program_id(0)
+    pid_bh = tl.program_id(1).to(tl.int64)
+    b = pid_bh // n_heads
+    h = pid_bh % n_heads
+    if VARLEN:
+        start = tl.load(cu_ptr + b).to(tl.int64)
+        L = (tl.load(cu_ptr + b + 1) - tl.load(cu_ptr + b)).to(tl.int32)
+        b = b * 0
+    else:
+        start = b * 0
+        L = seq_len
+    pos = pid_s * 16 + tl.arange(0, 16)
+    m = pos < L
+    off = b * stride_qb + h * stride_qh + (start + pos[:, None]) * stride_qs + tl.arange(0, D)[None, :]
+    o = tl.load(o_ptr + off, mask=m[:, None], other=0.0).to(tl.float32)
+    do = tl.load(do_ptr + off, mask=m[:, None], other=0.0).to(tl.float32)
+    tl.store(delta_ptr + b * stride_lb + h * stride_lh + (start + pos) * stride_ls, tl.sum(o * do, 1), mask=m)
+
+
+@triton.jit
+def _bwd_dq_block(b_q, b_do, b_lse, b_delta, dq, k_base, v_base, j, stride_ks, stride_vs, L, q_pos, o_d,
+                  qk_scale, P_TY: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, MASKED: tl.constexpr):
+    """dq += dS @ K over one KV block (MASKED: causal and length mask; else every key is visible to every row)."""
+    k_pos = j * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_k = k_pos < L
+    if MASKED:
+        b_k = tl.load(k_base + k_pos[:, None] * stride_ks + o_d[None, :], mask=m_k[:, None], other=0.0)
+        b_v = tl.load(v_base + k_pos[:, None] * stride_vs + o_d[None, :], mask=m_k[:, None], other=0.0)
+    else:
+        b_k = tl.load(k_base + k_pos[:, None] * stride_ks + o_d[None, :])
+        b_v = tl.load(v_base + k_pos[:, None] * stride_vs + o_d[None, :])
+    if UPCAST:
+        b_k = b_k.to(tl.float32)
+        b_v = b_v.to(tl.float32)
+    s = tl.dot(b_q, tl.trans(b_k))
+    p = tl.math.exp2(s * qk_scale - b_lse[:, None])
+    if MASKED:
+        keep = (k_pos[None, :] <= q_pos[:, None]) & m_k[None, :]
+        p = tl.where(keep, p, 0.0)
+    dp = tl.dot(b_do, tl.trans(b_v))
+    ds = p * (dp - b_delta[:, None])
+    return tl.dot(ds.to(P_TY).to(b_k.dtype), b_k, dq)
+
+
+@triton.jit
 def _attn_bwd_dq_kernel(
     q_ptr, k_ptr, v_ptr,
     do_ptr,  # like q
@@ -435,6 +492,7 @@ def _attn_bwd_dq_kernel(
     VARLEN: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
+    """dq of BLOCK_M rows: KV blocks 0, 1, ... up to the tile's diagonal, in order (BLOCK_N sets the sum)."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1).to(tl.int64)
     b = pid_bh // n_kv_heads
@@ -466,23 +524,58 @@ def _attn_bwd_dq_kernel(
     k_base = k_ptr + b * stride_kb + kvh * stride_kh + start * stride_ks
     v_base = v_ptr + b * stride_vb + kvh * stride_vh + start * stride_vs
     dq = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    # blocks of keys every row of the tile sees need no mask (rows past L are never stored)
+    pos_lo = (pid_m * BLOCK_M) // G
     pos_hi = tl.minimum((pid_m * BLOCK_M + BLOCK_M - 1) // G + 1, L)
-    for j in range(0, tl.cdiv(pos_hi, BLOCK_N)):
-        k_pos = j * BLOCK_N + tl.arange(0, BLOCK_N)
-        m_k = k_pos < L
-        b_k = tl.load(k_base + k_pos[:, None] * stride_ks + o_d[None, :], mask=m_k[:, None], other=0.0)
-        b_v = tl.load(v_base + k_pos[:, None] * stride_vs + o_d[None, :], mask=m_k[:, None], other=0.0)
-        if UPCAST:
-            b_k = b_k.to(tl.float32)
-            b_v = b_v.to(tl.float32)
-        s = tl.dot(b_q, tl.trans(b_k))
-        keep = (k_pos[None, :] <= q_pos[:, None]) & m_k[None, :] & m_row[:, None]
-        p = tl.where(keep, tl.math.exp2(s * qk_scale - b_lse[:, None]), 0.0)
-        dp = tl.dot(b_do, tl.trans(b_v))
-        ds = p * (dp - b_delta[:, None])
-        dq = tl.dot(ds.to(P_TY).to(b_k.dtype), b_k, dq)
+    n_full = (pos_lo + 1) // BLOCK_N
+    for j in range(0, n_full):
+        dq = _bwd_dq_block(b_q, b_do, b_lse, b_delta, dq, k_base, v_base, j, stride_ks, stride_vs, L, q_pos, o_d,
+                           qk_scale, P_TY, BLOCK_N, UPCAST, False)
+    for j in range(n_full, tl.cdiv(pos_hi, BLOCK_N)):
+        dq = _bwd_dq_block(b_q, b_do, b_lse, b_delta, dq, k_base, v_base, j, stride_ks, stride_vs, L, q_pos, o_d,
+                           qk_scale, P_TY, BLOCK_N, UPCAST, True)
     dq = dq * sm_scale
     tl.store(dq_ptr + row_off, dq.to(dq_ptr.dtype.element_ty), mask=m_row[:, None])
+
+
+@triton.jit
+def _bwd_dkdv_rows(b_k, b_v, dk, dv, q_ptr, do_ptr, lse_ptr, delta_ptr, i0, b, kvh, start, L, k_pos, o_d,
+                   stride_qb, stride_qh, stride_qs, stride_lb, stride_lh, stride_ls, qk_scale,
+                   G: tl.constexpr, P_TY: tl.constexpr, BLOCK_M: tl.constexpr, UPCAST: tl.constexpr,
+                   MASKED: tl.constexpr):
+    """dk, dv += one tile of BLOCK_M query rows, computed transposed ([keys, rows]) so that no register tile is
+    transposed. MASKED: causal, row and length masks; else every row sees every key of the block."""
+    o_i = i0 + tl.arange(0, BLOCK_M)
+    q_pos = o_i // G
+    h = kvh * G + o_i % G
+    m_row = q_pos < L
+    row_base = b * stride_qb + h * stride_qh + (start + q_pos) * stride_qs
+    row_t = row_base[None, :] + o_d[:, None]  # [D, BM]: q is loaded transposed
+    row = row_base[:, None] + o_d[None, :]  # [BM, D]
+    l_off = b * stride_lb + h * stride_lh + (start + q_pos) * stride_ls
+    if MASKED:
+        b_qt = tl.load(q_ptr + row_t, mask=m_row[None, :], other=0.0)
+        b_do = tl.load(do_ptr + row, mask=m_row[:, None], other=0.0)
+        b_lse = tl.load(lse_ptr + l_off, mask=m_row, other=0.0)
+        b_delta = tl.load(delta_ptr + l_off, mask=m_row, other=0.0)
+    else:
+        b_qt = tl.load(q_ptr + row_t)
+        b_do = tl.load(do_ptr + row)
+        b_lse = tl.load(lse_ptr + l_off)
+        b_delta = tl.load(delta_ptr + l_off)
+    if UPCAST:
+        b_qt = b_qt.to(tl.float32)
+        b_do = b_do.to(tl.float32)
+    st = tl.dot(b_k, b_qt)  # [BN, BM]
+    pt = tl.math.exp2(st * qk_scale - b_lse[None, :])
+    if MASKED:
+        keep = (k_pos[:, None] <= q_pos[None, :]) & (k_pos < L)[:, None] & m_row[None, :]
+        pt = tl.where(keep, pt, 0.0)
+    dv = tl.dot(pt.to(P_TY).to(b_do.dtype), b_do, dv)
+    dpt = tl.dot(b_v, tl.trans(b_do))  # [BN, BM]
+    dst = pt * (dpt - b_delta[None, :])
+    dk = tl.dot(dst.to(P_TY).to(b_qt.dtype), tl.trans(b_qt), dk)
+    return dk, dv
 
 
 @triton.jit
@@ -503,6 +596,9 @@ def _attn_bwd_dkdv_kernel(
     VARLEN: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
+    """dk, dv of BLOCK_N keys: the group's query rows (position, head) in tiles of BLOCK_M (which sets the sum),
+    in order from the first tile that can see the block; tiles are aligned to multiples of BLOCK_M whatever
+    BLOCK_N is, so BLOCK_N changes no bits."""
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1).to(tl.int64)
     b = pid_bh // n_kv_heads
@@ -529,29 +625,25 @@ def _attn_bwd_dkdv_kernel(
         b_v = b_v.to(tl.float32)
     dk = tl.zeros([BLOCK_N, D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, D], dtype=tl.float32)
-    # rows (position, head) in order; the first tile that can see this block starts at position pid_n*BLOCK_N
+    # row tiles in order: those that cross the block's diagonal (masked), those that see every key (unmasked),
+    # then the last, partial tile (masked)
+    n_rows = L * G
     i_lo = (pid_n * BLOCK_N * G) // BLOCK_M * BLOCK_M
-    for i0 in range(i_lo, L * G, BLOCK_M):
-        o_i = i0 + tl.arange(0, BLOCK_M)
-        q_pos = o_i // G
-        h = kvh * G + o_i % G
-        m_row = q_pos < L
-        row_off = b * stride_qb + h[:, None] * stride_qh + (start + q_pos[:, None]) * stride_qs + o_d[None, :]
-        b_q = tl.load(q_ptr + row_off, mask=m_row[:, None], other=0.0)
-        b_do = tl.load(do_ptr + row_off, mask=m_row[:, None], other=0.0)
-        l_off = b * stride_lb + h * stride_lh + (start + q_pos) * stride_ls
-        b_lse = tl.load(lse_ptr + l_off, mask=m_row, other=0.0)
-        b_delta = tl.load(delta_ptr + l_off, mask=m_row, other=0.0)
-        if UPCAST:
-            b_q = b_q.to(tl.float32)
-            b_do = b_do.to(tl.float32)
-        s = tl.dot(b_q, tl.trans(b_k))  # [BM, BN]
-        keep = (k_pos[None, :] <= q_pos[:, None]) & m_k[None, :] & m_row[:, None]
-        p = tl.where(keep, tl.math.exp2(s * qk_scale - b_lse[:, None]), 0.0)
-        dv = tl.dot(tl.trans(p.to(P_TY).to(b_do.dtype)), b_do, dv)
-        dp = tl.dot(b_do, tl.trans(b_v))
-        ds = p * (dp - b_delta[:, None])
-        dk = tl.dot(tl.trans(ds.to(P_TY).to(b_q.dtype)), b_q, dk)
+    i_stop = tl.cdiv(n_rows, BLOCK_M) * BLOCK_M
+    i_full = tl.minimum(tl.maximum(tl.cdiv((pid_n * BLOCK_N + BLOCK_N - 1) * G, BLOCK_M) * BLOCK_M, i_lo), i_stop)
+    i_tail = tl.maximum(i_full, n_rows // BLOCK_M * BLOCK_M)
+    for i0 in range(i_lo, i_full, BLOCK_M):
+        dk, dv = _bwd_dkdv_rows(b_k, b_v, dk, dv, q_ptr, do_ptr, lse_ptr, delta_ptr, i0, b, kvh, start, L, k_pos,
+                                o_d, stride_qb, stride_qh, stride_qs, stride_lb, stride_lh, stride_ls, qk_scale,
+                                G, P_TY, BLOCK_M, UPCAST, True)
+    for i0 in range(i_full, i_tail, BLOCK_M):
+        dk, dv = _bwd_dkdv_rows(b_k, b_v, dk, dv, q_ptr, do_ptr, lse_ptr, delta_ptr, i0, b, kvh, start, L, k_pos,
+                                o_d, stride_qb, stride_qh, stride_qs, stride_lb, stride_lh, stride_ls, qk_scale,
+                                G, P_TY, BLOCK_M, UPCAST, False)
+    for i0 in range(i_tail, i_stop, BLOCK_M):
+        dk, dv = _bwd_dkdv_rows(b_k, b_v, dk, dv, q_ptr, do_ptr, lse_ptr, delta_ptr, i0, b, kvh, start, L, k_pos,
+                                o_d, stride_qb, stride_qh, stride_qs, stride_lb, stride_lh, stride_ls, qk_scale,
+                                G, P_TY, BLOCK_M, UPCAST, True)
     dk = dk * sm_scale
     tl.store(dk_ptr + k_off, dk.to(dk_ptr.dtype.element_ty), mask=m_k[:, None])
     tl.store(dv_ptr + v_off, dv.to(dv_ptr.dtype.element_ty), mask=m_k[:, None])
@@ -617,11 +709,14 @@ def _bwd(q, k, v, o, lse, do, cu, n_seq, max_len, seq_len, scale, varlen):
     cfg = _tiles()
     hq, hk, d = q.shape[-2 if varlen else 1], k.shape[-2 if varlen else 1], q.shape[-1]
     G = hq // hk
-    do = do.contiguous()
-    # delta = rowsum(o * dO): a fixed-shape torch reduction, deterministic
-    delta = (o.float() * do.float()).sum(-1).contiguous()
+    # q, o and dO are read with one set of strides (lse's rows are contiguous already)
+    q, o, do = q.contiguous(), o.contiguous(), do.contiguous()
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    delta = torch.empty_like(lse)
     lse_strides = (0, lse.stride(1), lse.stride(0)) if varlen else (lse.stride(0), lse.stride(1), lse.stride(2))
+    _attn_bwd_delta_kernel[(triton.cdiv(max_len, 16), n_seq * hq)](
+        o, do, delta, cu, *_row_strides(q, varlen), *lse_strides, seq_len, hq, D=d, VARLEN=varlen,
+        **_launch_opts(4, 1))
     common = dict(G=G, D=d, VARLEN=varlen, UPCAST=INTERPRET,
                   **_launch_opts(cfg["bwd_num_warps"], cfg["bwd_num_stages"]))
     strides = (*_row_strides(q, varlen), *_row_strides(k, varlen), *_row_strides(v, varlen), *lse_strides)
