@@ -6,7 +6,8 @@
 2. bitwise sweep (Hq=32, Hk=8, D=128, 128-token answer): batch {1, 4, 8, 16} x context {1k, 4k, 8k, 16k}:
    prompt-only prefill == prompt rows of prompt + answer; decode at every answer position (lengths mixed
    within the batch, cache past lens = NaN) == prefill rows; the last sequence alone == its batch rows;
-3. decode tunables timed (CUDA graphs), each variant's bits compared with the default's;
+3. decode tunables timed (CUDA graphs), then prefill and forward + backward tunables, each variant's bits
+   compared with the default's;
 4. timings, medians of interleaved repetitions in one run, CUDA-graph replay (kernel time) and eager (with
    Python launch cost): prefill vs SDPA (flash backend, causal, GQA), forward + backward vs SDPA flash (eager),
    decode (B {1, 8, 32, 128} x L {1k ... 32k}) vs SDPA with a length mask (default backend) and vs SDPA flash on
@@ -397,6 +398,58 @@ def decode_tuning(budget_s: float) -> list[dict]:
     return out
 
 
+#: prefill and backward CONFIG variants timed by `fwd_tuning` (none may change the forward's or the gradients' bits)
+FWD_VARIANTS = [{}, {"BLOCK_M": 64}, {"BLOCK_M": 64, "num_warps": 4}, {"num_warps": 4}, {"num_stages": 1},
+                {"BLOCK_M": 64, "num_stages": 1}]
+BWD_VARIANTS = [{}, {"DQ_BLOCK_M": 64}, {"DKDV_BLOCK_N": 128}, {"bwd_num_warps": 4}, {"bwd_num_stages": 1},
+                {"bwd_num_stages": 3}, {"DQ_BLOCK_M": 64, "bwd_num_warps": 4},
+                {"DKDV_BLOCK_N": 128, "bwd_num_stages": 1}]
+FWD_TUNING_CELLS = ((1, 4096), (4, 4096), (1, 16384))
+
+
+def fwd_tuning_cell(B: int, S: int, budget_s: float) -> list[dict]:
+    gen = torch.Generator("cuda").manual_seed(S + B + 11)
+    q, k, v = (rand(B, h, S, D, gen=gen).requires_grad_(True) for h in (HQ, HK, HK))
+    go = rand(B, HQ, S, D, gen=gen)
+
+    def fwd():
+        return attn.attention_prefill(q.detach(), k.detach(), v.detach())
+
+    def fwd_bwd():
+        return torch.autograd.grad(attn.attention_prefill(q, k, v), (q, k, v), go)
+
+    o_ref, g_ref = fwd(), fwd_bwd()
+    out = []
+    for kind, variants in (("prefill", FWD_VARIANTS), ("fwd_bwd", BWD_VARIANTS)):
+        for var in variants:
+            if time.time() - T0 > budget_s:
+                out.append({"B": B, "S": S, "kind": kind, "variant": var, "skipped": "time budget"})
+                continue
+            try:
+                call = with_config(var, fwd if kind == "prefill" else fwd_bwd)
+                if kind == "prefill":
+                    same = bits_equal(call(), o_ref)
+                else:
+                    same = all(bits_equal(x, y) for x, y in zip(call(), g_ref, strict=True))
+                r = time_interleaved({"tik": call}, reps=5, graph=kind == "prefill")
+                out.append({"B": B, "S": S, "kind": kind, "variant": var, "us": r["tik"]["median_us"],
+                            "same_bits": same})
+            except Exception as e:
+                out.append({"B": B, "S": S, "kind": kind, "variant": var,
+                            "error": f"{type(e).__name__}: {str(e)[:200]}"})
+    return out
+
+
+def fwd_tuning(budget_s: float) -> list[dict]:
+    """Prefill (CUDA graph) and forward + backward (eager) under CONFIG variants at Hq=32, Hk=8, with bits (output,
+    gradients) compared against the default's."""
+    out = []
+    for B, S in FWD_TUNING_CELLS:
+        out += fwd_tuning_cell(B, S, budget_s)
+        torch.cuda.empty_cache()
+    return out
+
+
 def geomean(xs):
     xs = [x for x in xs if x and x > 0]
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
@@ -454,6 +507,14 @@ def write(out_dir: Path, res: dict) -> None:
                 lines.append(f"| {r['hq']}/{r['hk']} | {r['B']} | {r['L']} | {r['tik_tuned_us']:.1f} | "
                              f"{r['tik_us']:.1f} | {r['tuned_ratio_vs_best_sdpa']:.2f} | {r['tuned_same_bits']} | "
                              f"{r['eager_tuned_ratio_vs_best_sdpa']:.2f} |")
+    lines += ["", "## Prefill (graph) and forward + backward (eager) tunables (µs; bits vs default)", "",
+              "| kind | B | S | variant | µs | same bits |", "|---|---|---|---|---|---|"]
+    for r in res.get("fwd_tuning", []):
+        if "us" in r:
+            lines.append(f"| {r['kind']} | {r['B']} | {r['S']} | {r['variant'] or 'default'} | {r['us']:.1f} | "
+                         f"{r['same_bits']} |")
+        elif "error" in r:
+            lines.append(f"| {r['kind']} | {r['B']} | {r['S']} | {r['variant']} | {r['error'][:80]} | |")
     lines += ["", "## Decode tunables (CUDA graph µs; bits vs default)", "", "| B | L | variant | µs | same bits |",
               "|---|---|---|---|---|"]
     for r in res.get("decode_tuning", []):
@@ -488,6 +549,7 @@ def main() -> None:
                      ("decode_tuning", lambda: decode_tuning(a.budget * 0.5)),
                      ("decode_pick", lambda: pick_decode_variant(res.get("decode_tuning", []),
                                                                  res.get("tunables", []))),
+                     ("fwd_tuning", lambda: fwd_tuning(a.budget * 0.6)),
                      ("prefill", lambda: bench_prefill(a.budget * 0.7)),
                      ("train", lambda: bench_train(a.budget * 0.8)),
                      ("decode", lambda: bench_decode(a.budget, (res.get("decode_pick") or {}).get("variant")))):

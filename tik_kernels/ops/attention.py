@@ -105,7 +105,7 @@ CONFIG = {
     "num_warps": 8,
     "num_stages": 2,
     "DECODE_BLOCK_M": 16,
-    "decode_num_warps": 4,
+    "decode_num_warps": 8,
     "decode_num_stages": 3,
     "DECODE_CHUNKS_PER_PROG": 1,
     "DECODE_FOLD_GROUPS": 1024,
