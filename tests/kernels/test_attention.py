@@ -84,13 +84,14 @@ def test_root_passes_cpu_plan(plan, root):
 
 def test_split_choices_pass_the_whole_plan_with_the_roots_bits(plan, root, tmp_path):
     """The tuner may move how decode spreads the chunks over programs (chunks per program, combine loads): the
-    candidate keeps every decode check of the plan, root_bits included (prefill's kernels are the root's)."""
+    candidate keeps the decode checks of the five-chunk shape, root_bits included (prefill's kernels are the
+    root's; every position under every split choice is the next test's)."""
     cand = patched(tmp_path, "split_choices",
                    '"DECODE_CHUNKS_PER_PROG": 1,\n    "DECODE_FOLD_GROUPS": 1024,\n    "COMBINE_BLOCK_D": 32,\n'
                    '    "COMBINE_CHUNKS": 8,',
                    '"DECODE_CHUNKS_PER_PROG": 3,\n    "DECODE_FOLD_GROUPS": 1024,\n    "COMBINE_BLOCK_D": 16,\n'
                    '    "COMBINE_CHUNKS": 2,')
-    results = run_checks(plan, cand, root, select=lambda n: "decode" in n)
+    results = run_checks(plan, cand, root, select=lambda n: n.startswith("sharp") and "decode" in n)
     bad = {n: r.detail for n, r in results.items() if not r.passed}
     assert not bad, bad
     assert any(r.requirement == "root_bits" for r in results.values())
@@ -99,7 +100,7 @@ def test_split_choices_pass_the_whole_plan_with_the_roots_bits(plan, root, tmp_p
 def test_folded_decode_passes_decode_checks_with_the_roots_bits(plan, root, tmp_path):
     """No split (one program per sequence and KV head merges every chunk itself, as prefill does): same bits."""
     cand = patched(tmp_path, "fold", '"DECODE_FOLD_GROUPS": 1024,', '"DECODE_FOLD_GROUPS": 1,')
-    results = run_checks(plan, cand, root, select=lambda n: "decode" in n)
+    results = run_checks(plan, cand, root, select=lambda n: n.startswith("sharp") and "decode" in n)
     bad = {n: r.detail for n, r in results.items() if not r.passed}
     assert not bad, bad
     assert failed(results, "root_bits") == [] and any(r.requirement == "root_bits" for r in results.values())
@@ -114,16 +115,16 @@ SPLITS = {"per_prog=1": {}, "per_prog=2,combine=1x16": {"DECODE_CHUNKS_PER_PROG"
 
 @pytest.mark.parametrize("split", list(SPLITS))
 def test_decode_every_position_equals_prefill(split, monkeypatch):
-    """A direct check outside the plan: one decode batch holds every position 0 ... S-1 of a sequence (S = 21:
-    three chunks, the last partial), MHA and GQA 4:1, a strided (over-allocated, batch-broadcast) cache whose
-    entries past each position are stale keys then NaN."""
+    """A direct check outside the plan: one decode batch holds every position 0 ... S-1 of a sequence (S = 19:
+    three chunks, the last partial), GQA 4:1 (and MHA under the default split), a strided (over-allocated,
+    batch-broadcast) cache whose entries past each position are NaN."""
     from tik_kernels.ops import attention as attn
     from tik_kernels.ops.attention import attention_decode, attention_prefill
 
     for key, value in SPLITS[split].items():
         monkeypatch.setitem(attn.CONFIG, key, value)
-    S = 21
-    for hq, hk in ((2, 2), (4, 1)):
+    S = 19
+    for hq, hk in ((4, 1), (2, 2))[: 2 if split == "per_prog=1" else 1]:
         q, k, v = (torch.randn(1, h, S, 16).bfloat16() * 2 for h in (hq, hk, hk))
         full = attention_prefill(q, k, v)
         big = torch.full((1, hk, S + 9, 16), float("nan")).bfloat16()
@@ -351,3 +352,31 @@ def test_root_passes_gpu_plan(root):
     for n, r in results.items():
         print(("PASS " if r.passed else "FAIL ") + n + ": " + r.detail)
     assert not bad, bad
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("split", [{}, {"DECODE_FOLD_GROUPS": 1}, {"DECODE_FOLD_GROUPS": 1 << 30},
+                                   {"DECODE_FOLD_GROUPS": 1 << 30, "DECODE_CHUNKS_PER_PROG": 3},
+                                   {"DECODE_FOLD_GROUPS": 1 << 30, "COMBINE_CHUNKS": 2, "COMBINE_BLOCK_D": 128}],
+                         ids=lambda v: ",".join(f"{k}={x}" for k, x in v.items()) or "default")
+def test_gpu_decode_every_position_equals_prefill(split, monkeypatch):
+    """Real shapes (Hq=32, Hk=8, D=128, 2100 keys: five 512-key chunks, the last partial): one decode batch holds
+    every position of the sequence (a batch of 2100 folds by default; the other choices split it), each row
+    bitwise equal to the prefill row."""
+    from tik_kernels.ops import attention as attn
+
+    for key, value in split.items():
+        monkeypatch.setitem(attn.CONFIG, key, value)
+    S, gen = 2100, torch.Generator("cuda").manual_seed(3)
+    q, k, v = (torch.randn(1, h, S, 128, generator=gen, device="cuda").bfloat16() for h in (32, 8, 8))
+    full = attn.attention_prefill(q, k, v)
+    kc = torch.full((1, 8, S + 100, 128), float("nan"), device="cuda", dtype=torch.bfloat16)
+    vc = kc.clone()
+    kc[:, :, :S], vc[:, :, :S] = k, v
+    lens = torch.arange(1, S + 1, dtype=torch.int32, device="cuda")
+    out = attn.attention_decode(q[0].transpose(0, 1)[:, :, None].contiguous(), kc.expand(S, -1, -1, -1),
+                                vc.expand(S, -1, -1, -1), lens)
+    want = full[0].transpose(0, 1)
+    bad = (out[:, :, 0].view(torch.int16) != want.view(torch.int16)).any(-1).any(-1).nonzero().flatten()
+    assert bad.numel() == 0, f"{bad.numel()} positions differ, first {bad[:8].tolist()}"
+

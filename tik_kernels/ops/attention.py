@@ -429,8 +429,8 @@ def _attn_bwd_delta_kernel(
 ):
     """delta = rowsum(o * dO) in fp32 for 16 positions of one head. The tile and warps are fixed (not tunables):
     a `tl.sum`'s tree follows the layout, and delta's bits are part of every gradient's."""
-    pid_s = tl.program_id(0)
-    pid_bh = tl.program_id(1).to(tl.int64)
+    pid_bh = tl.program_id(0).to(tl.int64)  # (sequence, head) pairs on the grid's large axis
+    pid_s = tl.program_id(1)
     b = pid_bh // n_heads
     h = pid_bh % n_heads
     if VARLEN:
@@ -714,7 +714,7 @@ def _bwd(q, k, v, o, lse, do, cu, n_seq, max_len, seq_len, scale, varlen):
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     delta = torch.empty_like(lse)
     lse_strides = (0, lse.stride(1), lse.stride(0)) if varlen else (lse.stride(0), lse.stride(1), lse.stride(2))
-    _attn_bwd_delta_kernel[(triton.cdiv(max_len, 16), n_seq * hq)](
+    _attn_bwd_delta_kernel[(n_seq * hq, triton.cdiv(max_len, 16))](
         o, do, delta, cu, *_row_strides(q, varlen), *lse_strides, seq_len, hq, D=d, VARLEN=varlen,
         **_launch_opts(4, 1))
     common = dict(G=G, D=d, VARLEN=varlen, UPCAST=INTERPRET,
