@@ -401,9 +401,9 @@ def decode_tuning(budget_s: float) -> list[dict]:
 #: prefill and backward CONFIG variants timed by `fwd_tuning` (none may change the forward's or the gradients' bits)
 FWD_VARIANTS = [{}, {"BLOCK_M": 64}, {"BLOCK_M": 64, "num_warps": 4}, {"num_warps": 4}, {"num_stages": 1},
                 {"BLOCK_M": 64, "num_stages": 1}]
-BWD_VARIANTS = [{}, {"DQ_BLOCK_M": 64}, {"DKDV_BLOCK_N": 128}, {"bwd_num_warps": 4}, {"bwd_num_stages": 1},
-                {"bwd_num_stages": 3}, {"DQ_BLOCK_M": 64, "bwd_num_warps": 4},
-                {"DKDV_BLOCK_N": 128, "bwd_num_stages": 1}]
+BWD_VARIANTS = [{}, {"DQ_BLOCK_M": 64}, {"DKDV_BLOCK_N": 128}, {"DKDV_BLOCK_N": 128, "DQ_BLOCK_M": 64},
+                {"bwd_num_warps": 4}, {"bwd_num_stages": 1}, {"bwd_num_stages": 3},
+                {"DQ_BLOCK_M": 64, "bwd_num_warps": 4}, {"DKDV_BLOCK_N": 128, "bwd_num_stages": 1}]
 FWD_TUNING_CELLS = ((1, 4096), (4, 4096), (1, 16384))
 
 

@@ -115,7 +115,7 @@ CONFIG = {
     "DQ_BLOCK_N": 64,
     "DKDV_BLOCK_M": 64,
     "DQ_BLOCK_M": 128,
-    "DKDV_BLOCK_N": 128,
+    "DKDV_BLOCK_N": 64,
     "bwd_num_warps": 8,
     "bwd_num_stages": 2,
 }
