@@ -19,7 +19,9 @@ Frozen. The relations that let a rollout's log-probs be the trainer's, raw bits 
 Inputs: bf16 q, k, v ~ N(0, amp²), amp 1 and 3 (3 makes the softmax sharp, so the running-max rescale is
 exercised), one shape with an explicit softmax scale. Tolerances (against float64): the kernel rounds p to
 bf16 before both dots and the output to bf16; measured rel_rms ≤ 3.9e-3 in the interpreter (amp 1 and 3);
-max-abs 5e-2 × amp (output rounding is relative: 0.062 measured at amp 3, 0.012 at amp 1). rel_rms 1e-2
+max-abs 5e-2 × amp (output rounding is relative: 0.062 measured at amp 3, 0.012 at amp 1), times
+`mirror_scale` on a shape with mirrored chunks, whose values are that much larger (the CPU sharp shape: rel_rms
+4.2e-3 prefill, 4.5e-3 decode, max-abs 32 where values are ~3e3). rel_rms 1e-2
 leaves ~3× margin; a softmax scale off by 20% or one extra key in the causal mask costs more. Gradients
 (bf16 dq/dk/dv, fp32 accumulation, delta from the bf16 output as in FlashAttention): rel_rms 5e-3 at amp 1,
 2.3e-2 on the sharp shape (near one-hot softmax: dp - delta cancels); bound 4e-2.
