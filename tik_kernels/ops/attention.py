@@ -302,8 +302,8 @@ def _attn_decode_kernel(
     FOLD: tl.constexpr,  # True: this program walks every chunk and merges them itself
     UPCAST: tl.constexpr,
 ):
-    pid_c = tl.program_id(0)
-    pid_bh = tl.program_id(1).to(tl.int64)
+    pid_bh = tl.program_id(0).to(tl.int64)  # (sequence, KV head) pairs on the grid's large axis
+    pid_c = tl.program_id(1)
     b = pid_bh // n_kv_heads
     kvh = pid_bh % n_kv_heads
     L = tl.load(lens_ptr + b).to(tl.int32)
@@ -745,12 +745,12 @@ def _decode(q, k_cache, v_cache, lens, scale):
     per_prog = cfg["DECODE_CHUNKS_PER_PROG"]
     if fold:
         wm = wl = wa = o  # unused
-        grid = (1, B * hk)
+        grid = (B * hk, 1)
     else:
         wm = torch.empty((B, hq, n_chunks), dtype=torch.float32, device=q.device)
         wl = torch.empty_like(wm)
         wa = torch.empty((B, hq, n_chunks, d), dtype=torch.float32, device=q.device)
-        grid = (triton.cdiv(n_chunks, per_prog), B * hk)
+        grid = (B * hk, triton.cdiv(n_chunks, per_prog))
     _attn_decode_kernel[grid](
         q, k_cache, v_cache, o, wm, wl, wa, lens,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
