@@ -399,8 +399,10 @@ def decode_tuning(budget_s: float) -> list[dict]:
 
 
 #: prefill and backward CONFIG variants timed by `fwd_tuning` (none may change the forward's or the gradients' bits)
+_MEM = {"FWD_TOTAL_IN_MEMORY": 1}
 FWD_VARIANTS = [{}, {"BLOCK_M": 64}, {"BLOCK_M": 64, "num_warps": 4}, {"num_warps": 4}, {"num_stages": 1},
-                {"BLOCK_M": 64, "num_stages": 1}]
+                {"BLOCK_M": 64, "num_stages": 1}, _MEM, {**_MEM, "BLOCK_M": 64},
+                {**_MEM, "BLOCK_M": 64, "num_warps": 4}]
 BWD_VARIANTS = [{}, {"DQ_BLOCK_M": 64}, {"DKDV_BLOCK_N": 128}, {"DKDV_BLOCK_N": 128, "DQ_BLOCK_M": 64},
                 {"bwd_num_warps": 4}, {"bwd_num_stages": 1}, {"bwd_num_stages": 3},
                 {"DQ_BLOCK_M": 64, "bwd_num_warps": 4}, {"DKDV_BLOCK_N": 128, "bwd_num_stages": 1}]

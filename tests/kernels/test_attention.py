@@ -138,6 +138,24 @@ def test_decode_every_position_equals_prefill(split, monkeypatch):
         assert torch.equal(out[:, :, 0].view(torch.int16), want.view(torch.int16)), (split, hq, hk)
 
 
+def test_total_in_memory_keeps_prefill_and_gradient_bits(monkeypatch):
+    """FWD_TOTAL_IN_MEMORY moves the running total's acc from registers to a scratch tile: same bits (output,
+    and the lse the gradients are computed from), dense and packed."""
+    from tik_kernels.ops import attention as attn
+
+    q, k, v = (torch.randn(2, h, 21, 16).bfloat16().mul(3).requires_grad_(True) for h in (4, 2, 2))
+    go = torch.randn(2, 4, 21, 16).bfloat16()
+    cu = torch.tensor([0, 21, 42], dtype=torch.int32)
+    packed = [t.detach().transpose(1, 2).reshape(42, -1, 16) for t in (q, k, v)]
+    runs = []
+    for flag in (0, 1):
+        monkeypatch.setitem(attn.CONFIG, "FWD_TOTAL_IN_MEMORY", flag)
+        out = attn.attention_prefill(q, k, v)
+        runs.append([out, *torch.autograd.grad(out, (q, k, v), go), attn.attention_varlen(*packed, cu)])
+    for a, b in zip(*runs, strict=True):
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
 def test_entry_points_validate_inputs():
     from tik_kernels.ops.attention import attention_decode, attention_prefill
 

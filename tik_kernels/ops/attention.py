@@ -74,6 +74,9 @@ TUNABLES = {
     "num_warps": (4, 8),
     # 3 stages of 128 x 128 K and V tiles need more shared memory than an H200 has (233472 > 232448 bytes)
     "num_stages": (1, 2),
+    # 1: prefill keeps the running total's acc in an fp32 scratch tile per program instead of registers (the same
+    # operations on the same values; fewer registers, more L2 traffic at chunk edges)
+    "FWD_TOTAL_IN_MEMORY": (0, 1),
     # decode: rows of a program (the group's query heads, padded to an MMA's minimum)
     "DECODE_BLOCK_M": (16, 32, 64),
     "decode_num_warps": (2, 4, 8),
@@ -104,6 +107,7 @@ CONFIG = {
     "BLOCK_M": 128,
     "num_warps": 8,
     "num_stages": 2,
+    "FWD_TOTAL_IN_MEMORY": 0,
     "DECODE_BLOCK_M": 16,
     "decode_num_warps": 8,
     "decode_num_stages": 3,
@@ -160,6 +164,21 @@ def _merge_sum(x_a, alpha_a, x_b, alpha_b):
     return x_a * alpha_a + x_b * alpha_b
 
 
+@triton.jit
+def _fold_chunk(m_t, l_t, acc_t, m_i, l_i, acc, t_ptrs, IN_MEMORY: tl.constexpr):
+    """Merge a finished chunk state into a program's running total. IN_MEMORY: the total's acc lives in an fp32
+    scratch tile of the program's own (the same values and operations; registers hold one [rows, D] accumulator
+    instead of two); a barrier orders one thread's store before another's load."""
+    m_t, a_t, a_i = _merge(m_t, m_i)
+    l_t = _merge_sum(l_t, a_t[:, None], l_i, a_i[:, None])
+    if IN_MEMORY:
+        tl.debug_barrier()
+        tl.store(t_ptrs, _merge_sum(tl.load(t_ptrs), a_t[:, None], acc, a_i[:, None]))
+    else:
+        acc_t = _merge_sum(acc_t, a_t[:, None], acc, a_i[:, None])
+    return m_t, l_t, acc_t
+
+
 # ----------------------------------------------------------------------------- forward kernels
 
 
@@ -171,6 +190,7 @@ def _attn_fwd_kernel(
     o_ptr,  # like q
     lse_ptr,  # fp32 [B, Hq, S] or [T, Hq]: log2-domain log-sum-exp of each row, for the backward
     cu_ptr,  # int32 [B + 1] sequence starts (VARLEN only)
+    t_ptr,  # fp32 scratch, a [BLOCK_M, D] tile per program (TOTAL_IN_MEMORY only)
     stride_qb, stride_qh, stride_qs,
     stride_kb, stride_kh, stride_ks,
     stride_vb, stride_vh, stride_vs,
@@ -186,6 +206,7 @@ def _attn_fwd_kernel(
     CHUNK: tl.constexpr,  # KV blocks per chunk
     VARLEN: tl.constexpr,
     UPCAST: tl.constexpr,
+    TOTAL_IN_MEMORY: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1).to(tl.int64)
@@ -217,7 +238,12 @@ def _attn_fwd_kernel(
     # the running total (chunks merged so far) and the current chunk's state
     m_t = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_t = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
-    acc_t = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    t_ptrs = t_ptr + (pid_bh * tl.num_programs(0) + pid_m) * (BLOCK_M * D) + tl.arange(0, BLOCK_M)[:, None] * D + o_d
+    if TOTAL_IN_MEMORY:
+        acc_t = tl.zeros([BLOCK_M, 16], dtype=tl.float32)  # unused: the total's acc is at t_ptrs
+        tl.store(t_ptrs, tl.zeros([BLOCK_M, D], dtype=tl.float32))
+    else:
+        acc_t = tl.zeros([BLOCK_M, D], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
@@ -238,9 +264,7 @@ def _attn_fwd_kernel(
         s = tl.dot(b_q, tl.trans(b_k))  # [BM, BN]
         m_i, l_i, acc = _softmax_step(s, s, m_i, l_i, acc, b_v, ones, qk_scale, P_TY, False)
         if j % CHUNK == CHUNK - 1:  # the chunk is complete: merge it, start the next one fresh
-            m_t, a_t, a_i = _merge(m_t, m_i)
-            l_t = _merge_sum(l_t, a_t[:, None], l_i, a_i[:, None])
-            acc_t = _merge_sum(acc_t, a_t[:, None], acc, a_i[:, None])
+            m_t, l_t, acc_t = _fold_chunk(m_t, l_t, acc_t, m_i, l_i, acc, t_ptrs, TOTAL_IN_MEMORY)
             m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
             l_i = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
             acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
@@ -256,16 +280,15 @@ def _attn_fwd_kernel(
         keep = (k_pos[None, :] <= q_pos[:, None]) & m_k[None, :]
         m_i, l_i, acc = _softmax_step(s, keep, m_i, l_i, acc, b_v, ones, qk_scale, P_TY, True)
         if j % CHUNK == CHUNK - 1:
-            m_t, a_t, a_i = _merge(m_t, m_i)
-            l_t = _merge_sum(l_t, a_t[:, None], l_i, a_i[:, None])
-            acc_t = _merge_sum(acc_t, a_t[:, None], acc, a_i[:, None])
+            m_t, l_t, acc_t = _fold_chunk(m_t, l_t, acc_t, m_i, l_i, acc, t_ptrs, TOTAL_IN_MEMORY)
             m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
             l_i = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
             acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
     # the last, partial chunk (the empty state if the walk ended on a chunk edge: then the merge is exact identity)
-    m_t, a_t, a_i = _merge(m_t, m_i)
-    l_t = _merge_sum(l_t, a_t[:, None], l_i, a_i[:, None])
-    acc_t = _merge_sum(acc_t, a_t[:, None], acc, a_i[:, None])
+    m_t, l_t, acc_t = _fold_chunk(m_t, l_t, acc_t, m_i, l_i, acc, t_ptrs, TOTAL_IN_MEMORY)
+    if TOTAL_IN_MEMORY:
+        tl.debug_barrier()
+        acc_t = tl.load(t_ptrs)
 
     l_row = tl.max(l_t, 1)
     out = acc_t / l_row[:, None]
@@ -695,12 +718,15 @@ def _fwd(q, k, v, cu, n_seq, max_len, seq_len, scale, varlen):
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
     lse_strides = (0, lse.stride(1), lse.stride(0)) if varlen else (lse.stride(0), lse.stride(1), lse.stride(2))
     grid = (triton.cdiv(max_len * G, cfg["BLOCK_M"]), n_seq * hk)
+    in_memory = bool(cfg.get("FWD_TOTAL_IN_MEMORY", 0))
+    scratch = torch.empty(grid[0] * grid[1] * cfg["BLOCK_M"] * d if in_memory else 1, dtype=torch.float32,
+                          device=q.device)
     _attn_fwd_kernel[grid](
-        q, k, v, o, lse, cu,
+        q, k, v, o, lse, cu, scratch,
         *_row_strides(q, varlen), *_row_strides(k, varlen), *_row_strides(v, varlen), *_row_strides(o, varlen),
         *lse_strides, seq_len, hk, scale * _LOG2E,
         G=G, D=d, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], CHUNK=cfg["CHUNK_BLOCKS"], VARLEN=varlen,
-        UPCAST=INTERPRET, **_launch_opts(cfg["num_warps"], cfg["num_stages"]),
+        UPCAST=INTERPRET, TOTAL_IN_MEMORY=in_memory, **_launch_opts(cfg["num_warps"], cfg["num_stages"]),
     )
     return o, lse
 
