@@ -6,12 +6,12 @@
 2. bitwise sweep (Hq=32, Hk=8, D=128, 128-token answer): batch {1, 4, 8, 16} x context {1k, 4k, 8k, 16k}:
    prompt-only prefill == prompt rows of prompt + answer; decode at every answer position (lengths mixed
    within the batch, cache past lens = NaN) == prefill rows; the last sequence alone == its batch rows;
-3. decode tunables timed (CUDA graphs), each variant's bits compared with the default's;
-4. timings (benchmarks/harness.py: back-to-back calls on rotating input copies, interleaved rounds, medians),
-   CUDA-graph replay (kernel time) and eager (with Python launch cost): prefill vs SDPA (flash backend,
-   causal, GQA), decode vs SDPA with a length mask (default backend) and vs SDPA flash on an exactly-sized
-   cache. issue 16's attention figures (decode vs SDPA with GQA folded into query rows) come from
-   bench_speed.py; this script owns the bitwise sweep and the decode tunables.
+3. decode tunables timed (CUDA graphs), then prefill and forward + backward tunables, each variant's bits
+   compared with the default's;
+4. timings, medians of interleaved repetitions in one run, CUDA-graph replay (kernel time) and eager (with
+   Python launch cost): prefill vs SDPA (flash backend, causal, GQA), forward + backward vs SDPA flash (eager),
+   decode (B {1, 8, 32, 128} x L {1k ... 32k}) vs SDPA with a length mask (default backend) and vs SDPA flash on
+   an exactly-sized cache.
 Writes attention_h200.json and attention_h200.md to --out. No ratio is reported as a result on a red gate.
 """
 
@@ -76,7 +76,7 @@ def tunables_check() -> list[dict]:
     default_ok = all(bits_equal(d[:, :, 0], full0[rows, :, pos]) for d, pos in zip(dec0, steps, strict=True))
     out = [{"variant": "default", "config": base_cfg, "decode_matches_prefill": default_ok}]
     variants = [{"BLOCK_M": 64, "num_warps": 4}, {"BLOCK_M": 64, "num_warps": 8}, {"BLOCK_M": 128, "num_warps": 4},
-                {"num_stages": 3}, {"DECODE_BLOCK_M": 64}, {"DECODE_BLOCK_D": 128}, {"decode_num_warps": 1},
+                {"num_stages": 1}, {"DECODE_BLOCK_M": 64}, {"decode_num_warps": 4},
                 {"decode_num_stages": 1}] + [v for v in DECODE_VARIANTS if v]
     for var in variants:
         try:
@@ -133,7 +133,7 @@ def sweep(budget_s: float) -> list[dict]:
 # ----------------------------------------------------------------------------- 3. timings
 
 
-def time_interleaved(fns: dict, args: tuple, reps: int = 9, graph: bool = False) -> dict:
+def time_interleaved(fns: dict, args: tuple = (), reps: int = 9, graph: bool = False) -> dict:
     """Median per-call µs of each provider fn(*args): the harness's back-to-back calls on rotating copies of
     args, providers interleaved every round. graph=True replays CUDA graphs (kernel time, no Python launch
     cost, as AReaL-TIK runs); a provider that cannot be captured is timed eagerly and says so (graph False)."""
@@ -187,6 +187,37 @@ def bench_prefill(budget_s: float) -> list[dict]:
     return out
 
 
+def train_cell(hq: int, hk: int, B: int, S: int) -> dict:
+    """Forward + backward (eager: autograd does not replay in a graph), against SDPA flash with GQA."""
+    gen = torch.Generator("cuda").manual_seed(S + B + 7)
+    q, k, v = (rand(B, h, S, D, gen=gen).requires_grad_(True) for h in (hq, hk, hk))
+    go = rand(B, hq, S, D, gen=gen)
+
+    def step(f):
+        return lambda: torch.autograd.grad(f(q, k, v), (q, k, v), go)
+
+    fns = {"tik": step(attn.attention_prefill), "sdpa_flash": step(lambda a, b, c: sdpa_flash(a, b, c, is_causal=True))}
+    r = time_interleaved(fns, reps=7)
+    row = {"hq": hq, "hk": hk, "B": B, "S": S, **{f"{n}_us": t["median_us"] for n, t in r.items()}}
+    row["ratio_vs_sdpa"] = row["tik_us"] / row["sdpa_flash_us"]
+    row["grads_deterministic"] = all(bits_equal(a, b) for a, b in zip(fns["tik"](), fns["tik"](), strict=True))
+    return row
+
+
+def bench_train(budget_s: float) -> list[dict]:
+    out = []
+    for hq, hk in ((32, 8), (16, 8)):
+        for B, S in ((1, 1024), (4, 1024), (1, 4096), (4, 4096), (1, 16384)):
+            if time.time() - T0 > budget_s:
+                out.append({"hq": hq, "hk": hk, "B": B, "S": S, "skipped": "time budget"})
+                continue
+            try:
+                out.append(train_cell(hq, hk, B, S))
+            except Exception as e:
+                out.append({"hq": hq, "hk": hk, "B": B, "S": S, "error": f"{type(e).__name__}: {str(e)[:200]}"})
+    return out
+
+
 def decode_cell(hq: int, hk: int, B: int, L: int, tuned: dict | None = None) -> dict:
     gen = torch.Generator("cuda").manual_seed(L + B)
     q = rand(B, hq, 1, D, gen=gen)
@@ -228,8 +259,8 @@ def decode_cell(hq: int, hk: int, B: int, L: int, tuned: dict | None = None) -> 
 
 def bench_decode(budget_s: float, tuned: dict | None = None) -> list[dict]:
     out = []
-    shapes = [(32, 8, B, L) for L in (1024, 4096, 8192, 16384) for B in (1, 4, 8, 16)]
-    shapes += [(16, 8, B, L) for B, L in ((1, 4096), (16, 4096), (16, 16384))]
+    shapes = [(32, 8, B, L) for L in (1024, 2048, 4096, 8192, 16384, 32768) for B in (1, 8, 32, 128)]
+    shapes += [(16, 8, B, L) for B, L in ((1, 4096), (1, 32768), (32, 16384))]
     for hq, hk, B, L in shapes:
         if time.time() - T0 > budget_s:
             out.append({"hq": hq, "hk": hk, "B": B, "L": L, "skipped": "time budget"})
@@ -241,32 +272,20 @@ def bench_decode(budget_s: float, tuned: dict | None = None) -> list[dict]:
     return out
 
 
-_P, _S = {"DECODE_PRECOMPUTE_P": 1}, {"DECODE_SPLIT_HEADS": 1}
-_F1, _F2 = {"DECODE_PREFETCH": 1}, {"DECODE_PREFETCH": 2}
-#: decode CONFIG variants: bits checked against the default by `tunables`, timed by `decode_tuning`
+_FOLD = {"DECODE_FOLD_GROUPS": 1}
+#: decode CONFIG variants (how the fixed chunks are spread over programs: none changes bits): bits checked against
+#: the default by `tunables`, timed by `decode_tuning`
 DECODE_VARIANTS = [
-    {}, _F1, _F2, {**_F1, "decode_num_stages": 2}, {**_F2, "decode_num_stages": 2}, {**_F1, "DECODE_BLOCK_D": 16},
-    {**_F2, "DECODE_BLOCK_D": 16}, {**_F1, "decode_num_warps": 8}, {**_F2, "decode_num_warps": 8},
-    {**_F1, **_S}, {**_F2, **_S}, {**_F1, **_P}, {**_F2, **_P}, {**_F2, **_P, "DECODE_BLOCK_D": 16},
-    {**_F2, **_P, **_S},
-    {"decode_num_warps": 2}, {"decode_num_warps": 8}, {"DECODE_BLOCK_D": 16}, {"DECODE_BLOCK_D": 64},
-    {"decode_num_stages": 2}, {"decode_num_stages": 4}, {"decode_num_warps": 2, "DECODE_BLOCK_D": 16},
-    {"decode_num_warps": 1, "DECODE_BLOCK_D": 16},
-    _P, {**_P, "DECODE_BLOCK_D": 16}, {**_P, "DECODE_BLOCK_D": 64}, {**_P, "decode_num_warps": 2},
-    {**_P, "decode_num_stages": 4}, {**_P, "decode_num_warps": 8}, {**_P, "decode_num_stages": 2},
-    _S, {**_S, "DECODE_BLOCK_D": 16}, {**_S, "DECODE_BLOCK_D": 64}, {**_S, "decode_num_warps": 2},
-    {**_P, **_S}, {**_P, **_S, "DECODE_BLOCK_D": 16}, {**_P, **_S, "DECODE_BLOCK_D": 64},
-    {**_P, **_S, "DECODE_BLOCK_D": 128}, {**_P, **_S, "decode_num_warps": 2},
-    {**_P, **_S, "decode_num_warps": 2, "DECODE_BLOCK_D": 16}, {**_P, **_S, "decode_num_stages": 2},
-    {**_P, **_S, "decode_num_stages": 4}, {**_P, **_S, "decode_num_warps": 8, "DECODE_BLOCK_D": 128},
+    {}, _FOLD, {"DECODE_CHUNKS_PER_PROG": 2}, {"DECODE_CHUNKS_PER_PROG": 4}, {"decode_num_warps": 4},
+    {"decode_num_stages": 2}, {"decode_num_stages": 4}, {"decode_num_warps": 4, "decode_num_stages": 4},
+    {**_FOLD, "decode_num_warps": 4}, {"COMBINE_BLOCK_D": 16}, {"COMBINE_BLOCK_D": 64}, {"COMBINE_BLOCK_D": 128},
+    {"COMBINE_CHUNKS": 4}, {"COMBINE_CHUNKS": 16}, {"combine_num_warps": 2}, {"combine_num_warps": 4},
+    {"DECODE_FOLD_GROUPS": 256}, {"DECODE_FOLD_GROUPS": 1 << 30}, {"DECODE_BLOCK_M": 32},
 ]
-#: the current default's neighbourhood: prefetch on/off, phase-2 warps, stages
-PHASE2_VARIANTS = [{}, {"DECODE_PREFETCH": 0}, {"decode2_num_warps": 1}, {"decode2_num_warps": 2},
-                   {"decode2_num_warps": 8}, {"decode2_num_warps": 2, "DECODE_BLOCK_D": 16},
-                   {"decode2_num_warps": 1, "DECODE_BLOCK_D": 16}, {"decode2_num_warps": 2, "decode_num_warps": 8},
-                   {"decode_num_stages": 4}, {"DECODE_BLOCK_D": 64, "decode2_num_warps": 8},
-                   {"DECODE_SPLIT_HEADS": 1, "decode2_num_warps": 2}, {"DECODE_SPLIT_HEADS": 1, "decode2_num_warps": 1}]
-DECODE_TUNING_CELLS = ((1, 1024), (1, 16384), (4, 4096), (16, 4096), (16, 16384))
+#: a short list: the split choice and the decode kernel's warps
+QUICK_VARIANTS = [{}, _FOLD, {"DECODE_CHUNKS_PER_PROG": 2}, {"decode_num_warps": 4}, {"decode_num_stages": 2},
+                  {"DECODE_FOLD_GROUPS": 1 << 30}]
+DECODE_TUNING_CELLS = ((1, 1024), (1, 8192), (1, 32768), (8, 8192), (32, 16384), (128, 4096))
 
 
 def with_config(var: dict, fn):
@@ -327,6 +346,60 @@ def decode_tuning(budget_s: float) -> list[dict]:
     return out
 
 
+#: prefill and backward CONFIG variants timed by `fwd_tuning` (none may change the forward's or the gradients' bits)
+_MEM = {"FWD_TOTAL_IN_MEMORY": 1}
+FWD_VARIANTS = [{}, {"BLOCK_M": 64}, {"BLOCK_M": 64, "num_warps": 4}, {"num_warps": 4}, {"num_stages": 1},
+                {"BLOCK_M": 64, "num_stages": 1}, _MEM, {**_MEM, "BLOCK_M": 64},
+                {**_MEM, "BLOCK_M": 64, "num_warps": 4}]
+BWD_VARIANTS = [{}, {"DQ_BLOCK_M": 64}, {"DKDV_BLOCK_N": 128}, {"DKDV_BLOCK_N": 128, "DQ_BLOCK_M": 64},
+                {"bwd_num_warps": 4}, {"bwd_num_stages": 1}, {"bwd_num_stages": 3},
+                {"DQ_BLOCK_M": 64, "bwd_num_warps": 4}, {"DKDV_BLOCK_N": 128, "bwd_num_stages": 1}]
+FWD_TUNING_CELLS = ((1, 4096), (4, 4096), (1, 16384))
+
+
+def fwd_tuning_cell(B: int, S: int, budget_s: float) -> list[dict]:
+    gen = torch.Generator("cuda").manual_seed(S + B + 11)
+    q, k, v = (rand(B, h, S, D, gen=gen).requires_grad_(True) for h in (HQ, HK, HK))
+    go = rand(B, HQ, S, D, gen=gen)
+
+    def fwd():
+        return attn.attention_prefill(q.detach(), k.detach(), v.detach())
+
+    def fwd_bwd():
+        return torch.autograd.grad(attn.attention_prefill(q, k, v), (q, k, v), go)
+
+    o_ref, g_ref = fwd(), fwd_bwd()
+    out = []
+    for kind, variants in (("prefill", FWD_VARIANTS), ("fwd_bwd", BWD_VARIANTS)):
+        for var in variants:
+            if time.time() - T0 > budget_s:
+                out.append({"B": B, "S": S, "kind": kind, "variant": var, "skipped": "time budget"})
+                continue
+            try:
+                call = with_config(var, fwd if kind == "prefill" else fwd_bwd)
+                if kind == "prefill":
+                    same = bits_equal(call(), o_ref)
+                else:
+                    same = all(bits_equal(x, y) for x, y in zip(call(), g_ref, strict=True))
+                r = time_interleaved({"tik": call}, reps=5, graph=kind == "prefill")
+                out.append({"B": B, "S": S, "kind": kind, "variant": var, "us": r["tik"]["median_us"],
+                            "same_bits": same})
+            except Exception as e:
+                out.append({"B": B, "S": S, "kind": kind, "variant": var,
+                            "error": f"{type(e).__name__}: {str(e)[:200]}"})
+    return out
+
+
+def fwd_tuning(budget_s: float) -> list[dict]:
+    """Prefill (CUDA graph) and forward + backward (eager) under CONFIG variants at Hq=32, Hk=8, with bits (output,
+    gradients) compared against the default's."""
+    out = []
+    for B, S in FWD_TUNING_CELLS:
+        out += fwd_tuning_cell(B, S, budget_s)
+        torch.cuda.empty_cache()
+    return out
+
+
 def write(out_dir: Path, res: dict) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     H.write_json(out_dir / "attention_h200.json", res)
@@ -351,6 +424,12 @@ def write(out_dir: Path, res: dict) -> None:
         if "tik_us" in r:
             lines.append(f"| {r['hq']}/{r['hk']} | {r['B']} | {r['S']} | {r['tik_us']:.1f} | {r['sdpa_flash_us']:.1f} "
                          f"| {r['ratio_vs_sdpa']:.2f} | {r['tik_tflops']:.0f} | {r['eager_ratio_vs_sdpa']:.2f} |")
+    lines += ["", "## Forward + backward vs SDPA flash (eager)", "",
+              "| Hq/Hk | B | S | tik µs | SDPA µs | ratio | grads deterministic |", "|---|---|---|---|---|---|---|"]
+    for r in res.get("train", []):
+        if "tik_us" in r:
+            lines.append(f"| {r['hq']}/{r['hk']} | {r['B']} | {r['S']} | {r['tik_us']:.1f} | {r['sdpa_flash_us']:.1f} "
+                         f"| {r['ratio_vs_sdpa']:.2f} | {r['grads_deterministic']} |")
     lines += ["", "## Decode vs SDPA (mask, default backend) and SDPA flash (exact-length cache), CUDA graphs", "",
               "| Hq/Hk | B | L | tik µs | SDPA mask µs | SDPA flash µs | ratio vs best | tik TB/s | eager ratio vs best"
               " |",
@@ -373,13 +452,22 @@ def write(out_dir: Path, res: dict) -> None:
                 lines.append(f"| {r['hq']}/{r['hk']} | {r['B']} | {r['L']} | {r['tik_tuned_us']:.1f} | "
                              f"{r['tik_us']:.1f} | {r['tuned_ratio_vs_best_sdpa']:.2f} | {r['tuned_same_bits']} | "
                              f"{r['eager_tuned_ratio_vs_best_sdpa']:.2f} |")
+    lines += ["", "## Prefill (graph) and forward + backward (eager) tunables (µs; bits vs default)", "",
+              "| kind | B | S | variant | µs | same bits |", "|---|---|---|---|---|---|"]
+    for r in res.get("fwd_tuning", []):
+        if "us" in r:
+            lines.append(f"| {r['kind']} | {r['B']} | {r['S']} | {r['variant'] or 'default'} | {r['us']:.1f} | "
+                         f"{r['same_bits']} |")
+        elif "error" in r:
+            lines.append(f"| {r['kind']} | {r['B']} | {r['S']} | {r['variant']} | {r['error'][:80]} | |")
     lines += ["", "## Decode tunables (CUDA graph µs; bits vs default)", "", "| B | L | variant | µs | same bits |",
               "|---|---|---|---|---|"]
     for r in res.get("decode_tuning", []):
         if "us" in r:
             lines.append(f"| {r['B']} | {r['L']} | {r['variant'] or 'default'} | {r['us']:.1f} | {r['same_bits']} |")
     s = res.get("summary", {})
-    lines += ["", f"Geomean time ratio: prefill vs SDPA flash {s.get('prefill_geomean_ratio')}, decode vs best SDPA "
+    lines += ["", f"Geomean time ratio: prefill vs SDPA flash {s.get('prefill_geomean_ratio')}, forward + backward "
+              f"vs SDPA flash {s.get('fwd_bwd_geomean_ratio')}, decode vs best SDPA "
               f"{s.get('decode_geomean_ratio_vs_best')}, decode vs SDPA mask {s.get('decode_geomean_ratio_vs_mask')}, "
               f"tuned decode vs best SDPA {s.get('decode_tuned_geomean_ratio_vs_best')}."]
     (out_dir / "attention_h200.md").write_text("\n".join(lines) + "\n")
@@ -392,12 +480,12 @@ def main() -> None:
     ap.add_argument("--config", type=json.loads, default={},
                     help='JSON CONFIG overrides for the whole run, e.g. \'{"BLOCK_N": 128}\' (a different root: '
                          'every section, the bitwise sweep included, runs under it)')
-    ap.add_argument("--variants", choices=("all", "phase2"), default="all",
-                    help="decode variants to time: all, or the phase-2 warps and prefetch ones only")
+    ap.add_argument("--variants", choices=("all", "quick"), default="all",
+                    help="decode variants to time: all, or the split choice and the decode kernel's warps only")
     a = ap.parse_args()
     attn.CONFIG.update(a.config)
-    if a.variants == "phase2":
-        DECODE_VARIANTS[:] = PHASE2_VARIANTS
+    if a.variants == "quick":
+        DECODE_VARIANTS[:] = QUICK_VARIANTS
     H.line_buffered()
     res = {"env": H.environment(), "command": "PYTHONPATH=. python benchmarks/bench_attention.py " + " ".join(
                f"--{k} {shlex.quote(json.dumps(v)) if k == 'config' else v}" for k, v in vars(a).items()),
@@ -407,7 +495,9 @@ def main() -> None:
                      ("decode_tuning", lambda: decode_tuning(a.budget * 0.5)),
                      ("decode_pick", lambda: pick_decode_variant(res.get("decode_tuning", []),
                                                                  res.get("tunables", []))),
-                     ("prefill", lambda: bench_prefill(a.budget * 0.75)),
+                     ("fwd_tuning", lambda: fwd_tuning(a.budget * 0.6)),
+                     ("prefill", lambda: bench_prefill(a.budget * 0.7)),
+                     ("train", lambda: bench_train(a.budget * 0.8)),
                      ("decode", lambda: bench_decode(a.budget, (res.get("decode_pick") or {}).get("variant")))):
         t = time.time()
         try:
@@ -421,6 +511,7 @@ def main() -> None:
         res["gate_green"] = sweep_ok and tun_ok and "sweep" in res
         res["summary"] = {
             "prefill_geomean_ratio": geomean([r.get("ratio_vs_sdpa") for r in res.get("prefill", [])]),
+            "fwd_bwd_geomean_ratio": geomean([r.get("ratio_vs_sdpa") for r in res.get("train", [])]),
             "decode_geomean_ratio_vs_best": geomean([r.get("ratio_vs_best_sdpa") for r in res.get("decode", [])]),
             "decode_geomean_ratio_vs_mask": geomean([r.get("ratio_vs_sdpa_mask") for r in res.get("decode", [])]),
             "decode_tuned_geomean_ratio_vs_best": geomean([r.get("tuned_ratio_vs_best_sdpa")

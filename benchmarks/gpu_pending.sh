@@ -7,7 +7,8 @@
 #   tuner_linear  #6  tik search --proposer tuner on linear, best vs root in the same evaluation;
 #                     exports the incumbent to $R/incumbents_h200/linear.py
 #   scaleout      #9  evaluations per hour on the visible GPUs (1, and more where lent)
-#   attention     #4  bitwise sweep + prefill/decode vs SDPA (decode target <= 1.5x), decode variants timed
+#   attention     #16 bitwise sweep + prefill, forward+backward, decode (B 1..128 x L 1k..32k) vs SDPA, decode
+#                     split variants timed (targets: decode <= 1.05x, prefill <= 0.85x, fwd+bwd <= 1.15x)
 #   e2e           #8  layer profile stock / unified root / incumbents ($R/incumbents_h200), throughput
 #   speed         #16 bench_speed: linear / decode / prefill / fwd+bwd / ops vs stock, bits-gated;
 #                     $R/speed_h200.{md,json} and its keys of $R/summary_h200.json
@@ -39,7 +40,7 @@ for p in "$@"; do
             part scaleout 250 "$py" benchmarks/bench_scaleout.py --op rmsnorm --evals 3 --timeout 120 \
                 --out "$R/scaleout_h200.json" ;;
         attention)
-            part attention 160 "$py" benchmarks/bench_attention.py --out "$R" --budget 140 ;;
+            part attention 590 "$py" benchmarks/bench_attention.py --out "$R" --budget 540 ;;
         e2e)
             part e2e 400 "$py" benchmarks/bench_e2e.py --out "$R" --only layers throughput --steps 6 \
                 --impl-dir "$R/incumbents_h200" ;;

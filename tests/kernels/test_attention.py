@@ -1,5 +1,6 @@
 """attention_prefill / attention_decode / attention_varlen: the root passes its contract, and planted bugs
-(split-KV decode, a KV block that follows the length, an off-by-one causal mask, ...) fail the right checks.
+(split-KV decode, a KV block or a chunk that follows the length, a merge order that follows the number of
+chunks, a pairwise combine, an off-by-one causal mask, ...) fail the right checks.
 
 Probes run lazily, so a planted-bug test pays only for the probes its checks read."""
 
@@ -81,53 +82,78 @@ def test_root_passes_cpu_plan(plan, root):
     assert needed == {r.requirement for r in results.values()}, "every requirement has a check"
 
 
-def test_precomputed_decode_weights_pass_the_whole_plan_with_the_roots_bits(plan, root, tmp_path):
-    """The tuner may switch DECODE_PRECOMPUTE_P, DECODE_SPLIT_HEADS and DECODE_PREFETCH on: the candidate keeps
-    every contract check, root_bits included."""
-    cand = patched(tmp_path, "precompute_p",
-                   '"DECODE_PRECOMPUTE_P": 0,\n    "DECODE_SPLIT_HEADS": 0,\n    "DECODE_PREFETCH": 1,',
-                   '"DECODE_PRECOMPUTE_P": 1,\n    "DECODE_SPLIT_HEADS": 1,\n    "DECODE_PREFETCH": 2,')
-    results = run_checks(plan, cand, root)
+def test_split_choices_pass_the_whole_plan_with_the_roots_bits(plan, root, tmp_path):
+    """The tuner may move how decode spreads the chunks over programs (chunks per program, combine loads): the
+    candidate keeps the decode checks of the five-chunk shape, root_bits included (prefill's kernels are the
+    root's; every position under every split choice is the next test's)."""
+    cand = patched(tmp_path, "split_choices",
+                   '"DECODE_CHUNKS_PER_PROG": 1,\n    "DECODE_FOLD_GROUPS": 1024,\n    "COMBINE_BLOCK_D": 32,\n'
+                   '    "COMBINE_CHUNKS": 8,',
+                   '"DECODE_CHUNKS_PER_PROG": 3,\n    "DECODE_FOLD_GROUPS": 1024,\n    "COMBINE_BLOCK_D": 16,\n'
+                   '    "COMBINE_CHUNKS": 2,')
+    results = run_checks(plan, cand, root, select=lambda n: n.startswith("sharp") and "decode" in n)
     bad = {n: r.detail for n, r in results.items() if not r.passed}
     assert not bad, bad
     assert any(r.requirement == "root_bits" for r in results.values())
 
 
-DECODE_SCHEMES = {"fused": {"DECODE_PREFETCH": 0}, "precompute_p": {"DECODE_PRECOMPUTE_P": 1},
-                  "split_heads": {"DECODE_SPLIT_HEADS": 1},
-                  "precompute_p+split_heads": {"DECODE_PRECOMPUTE_P": 1, "DECODE_SPLIT_HEADS": 1},
-                  "prefetch=1": {"DECODE_PREFETCH": 1}, "prefetch=2": {"DECODE_PREFETCH": 2},
-                  "precompute_p+prefetch=2": {"DECODE_PRECOMPUTE_P": 1, "DECODE_PREFETCH": 2}}
-LONG_SCHEMES = ("precompute_p+split_heads", "prefetch=2", "precompute_p+prefetch=2")
+def test_folded_decode_passes_decode_checks_with_the_roots_bits(plan, root, tmp_path):
+    """No split (one program per sequence and KV head merges every chunk itself, as prefill does): same bits."""
+    cand = patched(tmp_path, "fold", '"DECODE_FOLD_GROUPS": 1024,', '"DECODE_FOLD_GROUPS": 1,')
+    results = run_checks(plan, cand, root, select=lambda n: n.startswith("sharp") and "decode" in n)
+    bad = {n: r.detail for n, r in results.items() if not r.passed}
+    assert not bad, bad
+    assert failed(results, "root_bits") == [] and any(r.requirement == "root_bits" for r in results.values())
 
 
-@pytest.mark.parametrize("scheme", list(DECODE_SCHEMES))
-@pytest.mark.parametrize("S", [1, 8, 9, 41], ids=lambda s: f"S={s}")
-def test_decode_every_position_equals_prefill(S, scheme, monkeypatch):
-    """A direct check outside the plan: odd lengths, MHA and GQA 4:1, a strided (over-allocated) cache; every
-    decode scheme (S=41 spans 6 KV blocks: the precomputed running max is taken over several chunks, and a
-    prefetch runs past the last block)."""
+#: every way decode may spread the chunks: chunks per program (2 and 3 end a program inside a sequence and
+#: leave programs past its end), no split, combine loading 1 or 2 chunk states per step, narrow head-dim slices
+SPLITS = {"per_prog=1": {}, "per_prog=2,combine=1x16": {"DECODE_CHUNKS_PER_PROG": 2, "COMBINE_CHUNKS": 1,
+                                                        "COMBINE_BLOCK_D": 16},
+          "per_prog=3": {"DECODE_CHUNKS_PER_PROG": 3}, "fold": {"DECODE_FOLD_GROUPS": 1}}
+
+
+@pytest.mark.parametrize("split", list(SPLITS))
+def test_decode_every_position_equals_prefill(split, monkeypatch):
+    """A direct check outside the plan: one decode batch holds every position 0 ... S-1 of a sequence (S = 19:
+    three chunks, the last partial), GQA 4:1 (and MHA under the default split), a strided (over-allocated,
+    batch-broadcast) cache whose entries past each position are NaN."""
     from tik_kernels.ops import attention as attn
     from tik_kernels.ops.attention import attention_decode, attention_prefill
 
-    if S == 41 and scheme not in LONG_SCHEMES:
-        pytest.skip("the long case is there for the chunked running max")
-    for key, value in DECODE_SCHEMES[scheme].items():
+    for key, value in SPLITS[split].items():
         monkeypatch.setitem(attn.CONFIG, key, value)
-
-    for hq, hk in ((2, 2), (4, 1)):
-        q, k, v = (torch.randn(2, h, S, 16).bfloat16() for h in (hq, hk, hk))
+    S = 19
+    for hq, hk in ((4, 1), (2, 2))[: 2 if split == "per_prog=1" else 1]:
+        q, k, v = (torch.randn(1, h, S, 16).bfloat16() * 2 for h in (hq, hk, hk))
         full = attention_prefill(q, k, v)
-        big = torch.randn(3, hk, S + 9, 16).bfloat16()
-        kc, vc = big[:2].clone(), big[1:].clone()
+        big = torch.full((1, hk, S + 9, 16), float("nan")).bfloat16()
+        kc, vc = big.clone(), big.clone()
         kc[:, :, :S], vc[:, :, :S] = k, v
-        kc, vc = kc[:, :, : S + 4], vc[:, :, : S + 4]  # strided views: capacity S+4 of an S+9 buffer
-        for t in range(S):
-            lens = torch.tensor([t + 1, S - t], dtype=torch.int32)
-            pos = lens.long() - 1
-            out = attention_decode(q[torch.arange(2), :, pos][:, :, None], kc, vc, lens)
-            for b in range(2):
-                assert torch.equal(out[b, :, 0].view(torch.int16), full[b, :, pos[b]].view(torch.int16)), (hq, hk, t)
+        # capacity S+4 of an S+9 buffer, the same cache for all S batch rows (batch stride 0)
+        kc, vc = (c[:, :, : S + 4].expand(S, -1, -1, -1) for c in (kc, vc))
+        lens = torch.arange(1, S + 1, dtype=torch.int32).flip(0)  # positions S-1 ... 0
+        out = attention_decode(q[0, :, lens.long() - 1].transpose(0, 1)[:, :, None].contiguous(), kc, vc, lens)
+        want = full[0, :, lens.long() - 1].transpose(0, 1)
+        assert torch.equal(out[:, :, 0].view(torch.int16), want.view(torch.int16)), (split, hq, hk)
+
+
+def test_total_in_memory_keeps_prefill_and_gradient_bits(monkeypatch):
+    """FWD_TOTAL_IN_MEMORY moves the running total's acc from registers to a scratch tile: same bits (output,
+    and the lse the gradients are computed from), dense and packed."""
+    from tik_kernels.ops import attention as attn
+
+    q, k, v = (torch.randn(2, h, 21, 16).bfloat16().mul(3).requires_grad_(True) for h in (4, 2, 2))
+    go = torch.randn(2, 4, 21, 16).bfloat16()
+    cu = torch.tensor([0, 21, 42], dtype=torch.int32)
+    packed = [t.detach().transpose(1, 2).reshape(42, -1, 16) for t in (q, k, v)]
+    runs = []
+    for flag in (0, 1):
+        monkeypatch.setitem(attn.CONFIG, "FWD_TOTAL_IN_MEMORY", flag)
+        out = attn.attention_prefill(q, k, v)
+        runs.append([out, *torch.autograd.grad(out, (q, k, v), go), attn.attention_varlen(*packed, cu)])
+    for a, b in zip(*runs, strict=True):
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16))
 
 
 def test_entry_points_validate_inputs():
@@ -188,9 +214,8 @@ def test_split_kv_decode_fails_decode_matches_prefill(plan, root):
 
 def test_block_size_following_length_fails_prefix_and_decode(plan, root, tmp_path):
     bad = patched(tmp_path, "block_follows_S",
-                  'BLOCK_N=cfg["BLOCK_N"], VARLEN=varlen, UPCAST=INTERPRET,\n        **_launch_opts(cfg["num_warps"]',
-                  'BLOCK_N=cfg["BLOCK_N"] * (2 if max_len > 12 else 1), VARLEN=varlen, UPCAST=INTERPRET,\n'
-                  '        **_launch_opts(cfg["num_warps"]')
+                  'BLOCK_N=cfg["BLOCK_N"], CHUNK=cfg["CHUNK_BLOCKS"], VARLEN=varlen,',
+                  'BLOCK_N=cfg["BLOCK_N"] * (2 if max_len > 12 else 1), CHUNK=cfg["CHUNK_BLOCKS"], VARLEN=varlen,')
     results = run_checks(plan, bad, root, select=lambda n: n.startswith("gqa") and any(
         k in n for k in ("prefix_matches_full", "decode_matches_prefill", "accuracy[prefill]", "root_bits[prefill")))
     assert failed(results, "prefix_matches_full")
@@ -199,10 +224,73 @@ def test_block_size_following_length_fails_prefix_and_decode(plan, root, tmp_pat
     assert not failed(results, "accuracy")
 
 
+def _sharp_decode(name: str) -> bool:
+    return name.startswith("sharp") and any(k in name for k in ("decode_matches_prefill", "accuracy[decode]"))
+
+
+def test_chunk_size_following_length_fails_prefix_and_decode(plan, root, tmp_path):
+    """Prefill chunks of 2 blocks up to 20 keys and of 4 beyond: accurate, but a prompt-only prefill and decode
+    (which keeps the frozen chunk) no longer match the long sequence's rows."""
+    bad = patched(tmp_path, "chunk_follows_S",
+                  'CHUNK=cfg["CHUNK_BLOCKS"], VARLEN=varlen,',
+                  'CHUNK=cfg["CHUNK_BLOCKS"] * (2 if max_len > 20 else 1), VARLEN=varlen,')
+    results = run_checks(plan, bad, root, select=lambda n: n.startswith("sharp") and any(
+        k in n for k in ("prefix_matches_full", "decode_matches_prefill", "accuracy[prefill]", "root_bits[prefill")))
+    assert failed(results, "prefix_matches_full")
+    assert failed(results, "decode_matches_prefill")
+    assert failed(results, "root_bits")
+    assert not failed(results, "accuracy")
+
+
+def test_decode_chunk_following_length_fails_decode_matches_prefill(plan, root, tmp_path):
+    """Decode chunks that grow with the cache (fewer, longer chunks for long contexts): accurate, wrong bits."""
+    bad = patched(tmp_path, "decode_chunk_follows_L",
+                  'bn, chunk = cfg["BLOCK_N"], cfg["CHUNK_BLOCKS"]\n',
+                  'bn, chunk = cfg["BLOCK_N"], cfg["CHUNK_BLOCKS"] * (2 if cap > 24 else 1)\n')
+    results = run_checks(plan, bad, root, select=_sharp_decode)
+    assert failed(results, "decode_matches_prefill")
+
+
+def test_merge_order_following_chunk_count_fails_decode_matches_prefill(plan, root, tmp_path):
+    """The combine merges chunks last to first once a sequence has 4 chunks or more (merge order that follows
+    the number of chunks)."""
+    bad = patched(tmp_path, "merge_reversed",
+                  "            c = c0 + i\n            ok = m_row & ((o_g * 0 + c) < n_chunks)\n",
+                  "            c = tl.where(n_chunks < 4, c0 + i, n_chunks - 1 - (c0 + i))\n"
+                  "            ok = m_row & ((o_g * 0 + c) < n_chunks) & ((o_g * 0 + c) >= 0)\n")
+    results = run_checks(plan, bad, root, select=_sharp_decode)
+    assert failed(results, "decode_matches_prefill")
+    assert not failed(results, "accuracy")
+
+
+def test_tree_combine_fails_decode_matches_prefill(plan, root, tmp_path):
+    """The combine merges chunk states pairwise, ((0 + 1) + (2 + 3)) + 4, instead of in one sequential order."""
+    src_loop = ("    for c0 in range(0, n_chunks, GROUP):\n"
+                "        # a chunk past the sequence's last loads as the empty state, "
+                "whose merge is the exact identity\n")
+    tree_loop = ("    for c0 in range(0, n_chunks, GROUP):\n"
+                 "        m_p, l_p, acc_p = m_t, l_t, acc_t\n"
+                 "        m_t = tl.full([BLOCK_G], float('-inf'), dtype=tl.float32)\n"
+                 "        l_t = tl.zeros([BLOCK_G], dtype=tl.float32)\n"
+                 "        acc_t = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)\n")
+    src_end = "    out = acc_t / l_t[:, None]\n    p_o = o_ptr + b * stride_ob"
+    tree_end = ("        m_t, a_p, a_t = _merge(m_p, m_t)\n"
+                "        l_t = _merge_sum(l_p, a_p, l_t, a_t)\n"
+                "        acc_t = _merge_sum(acc_p, a_p[:, None], acc_t, a_t[:, None])\n" + src_end)
+    src = ROOT_PATH.read_text().replace('"COMBINE_CHUNKS": 8,', '"COMBINE_CHUNKS": 2,')
+    assert src.count(src_loop) == 1 and src.count(src_end) == 1
+    path = tmp_path / "attention_tree.py"
+    path.write_text(src.replace(src_loop, tree_loop).replace(src_end, tree_end))
+    bad = load_module(path, "attention_tree")
+    results = run_checks(plan, bad, root, select=_sharp_decode)
+    assert failed(results, "decode_matches_prefill")
+    assert not failed(results, "accuracy")
+
+
 def test_off_by_one_causal_mask_fails(plan, root, tmp_path):
     bad = patched(tmp_path, "causal_off_by_one",
-                  "keep = (k_pos[None, :] <= q_pos[:, None]) & m_k[None, :]\n",
-                  "keep = (k_pos[None, :] <= q_pos[:, None] + 1) & m_k[None, :]\n")
+                  "keep = (k_pos[None, :] <= q_pos[:, None]) & m_k[None, :]\n        m_i, l_i, acc",
+                  "keep = (k_pos[None, :] <= q_pos[:, None] + 1) & m_k[None, :]\n        m_i, l_i, acc")
     results = run_checks(plan, bad, root, select=lambda n: n.startswith("gqa") and any(
         k in n for k in ("prefix_matches_full[S=7]", "decode_matches_prefill", "accuracy[prefill]",
                          "root_bits[prefill")))
@@ -264,8 +352,8 @@ def test_wrong_gradient_fails(plan, root, tmp_path):
 def test_decode_reading_past_lens_fails(plan, root, tmp_path):
     """A decode that trusts the cache beyond lens (stale keys, then NaN) must fail."""
     bad = patched(tmp_path, "decode_reads_all",
-                  "L = tl.load(lens_ptr + b).to(tl.int32)\n    P_TY",
-                  "L = tl.load(lens_ptr + b).to(tl.int32) + 1\n    P_TY")
+                  "L = tl.load(lens_ptr + b).to(tl.int32)\n    n_blocks",
+                  "L = tl.load(lens_ptr + b).to(tl.int32) + 1\n    n_blocks")
     results = run_checks(plan, bad, root, select=lambda n: "decode_matches_prefill" in n)
     assert failed(results, "decode_matches_prefill")
 
@@ -282,3 +370,31 @@ def test_root_passes_gpu_plan(root):
     for n, r in results.items():
         print(("PASS " if r.passed else "FAIL ") + n + ": " + r.detail)
     assert not bad, bad
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("split", [{}, {"DECODE_FOLD_GROUPS": 1}, {"DECODE_FOLD_GROUPS": 1 << 30},
+                                   {"DECODE_FOLD_GROUPS": 1 << 30, "DECODE_CHUNKS_PER_PROG": 3},
+                                   {"DECODE_FOLD_GROUPS": 1 << 30, "COMBINE_CHUNKS": 2, "COMBINE_BLOCK_D": 128}],
+                         ids=lambda v: ",".join(f"{k}={x}" for k, x in v.items()) or "default")
+def test_gpu_decode_every_position_equals_prefill(split, monkeypatch):
+    """Real shapes (Hq=32, Hk=8, D=128, 2100 keys: five 512-key chunks, the last partial): one decode batch holds
+    every position of the sequence (a batch of 2100 folds by default; the other choices split it), each row
+    bitwise equal to the prefill row."""
+    from tik_kernels.ops import attention as attn
+
+    for key, value in split.items():
+        monkeypatch.setitem(attn.CONFIG, key, value)
+    S, gen = 2100, torch.Generator("cuda").manual_seed(3)
+    q, k, v = (torch.randn(1, h, S, 128, generator=gen, device="cuda").bfloat16() for h in (32, 8, 8))
+    full = attn.attention_prefill(q, k, v)
+    kc = torch.full((1, 8, S + 100, 128), float("nan"), device="cuda", dtype=torch.bfloat16)
+    vc = kc.clone()
+    kc[:, :, :S], vc[:, :, :S] = k, v
+    lens = torch.arange(1, S + 1, dtype=torch.int32, device="cuda")
+    out = attn.attention_decode(q[0].transpose(0, 1)[:, :, None].contiguous(), kc.expand(S, -1, -1, -1),
+                                vc.expand(S, -1, -1, -1), lens)
+    want = full[0].transpose(0, 1)
+    bad = (out[:, :, 0].view(torch.int16) != want.view(torch.int16)).any(-1).any(-1).nonzero().flatten()
+    assert bad.numel() == 0, f"{bad.numel()} positions differ, first {bad[:8].tolist()}"
+

@@ -4,10 +4,11 @@ Frozen. The relations that let a rollout's log-probs be the trainer's, raw bits 
 
 * decode_matches_prefill — `attention_decode` of the query at position t, against a cache holding keys 0..t
   (and stale keys, then NaN, past them), equals row t of `attention_prefill` over the whole sequence; checked at
-  every answer position of every sequence (and at early positions around KV-block edges), lengths mixed
-  within a decode batch;
+  every answer position of every sequence (and at early positions around KV-block and chunk edges), lengths
+  mixed within a decode batch; the decode batches are small, so decode splits the keys into chunks computed by
+  separate programs and merged by a second kernel, while prefill merges the same chunks inside one program;
 * prefix_matches_full — a prompt-only prefill equals the prompt rows of the prompt + answer prefill, for
-  prefixes that end inside, at and past KV-block edges;
+  prefixes that end inside, at and past KV-block and chunk edges;
 * batch_invariance — a sequence has the same bits whatever else is in the batch (subsets, permutations,
   repeats), in prefill and in decode;
 * varlen_matches_dense — packed sequences (`attention_varlen`) equal each sequence's dense prefill rows,
@@ -18,7 +19,9 @@ Frozen. The relations that let a rollout's log-probs be the trainer's, raw bits 
 Inputs: bf16 q, k, v ~ N(0, amp²), amp 1 and 3 (3 makes the softmax sharp, so the running-max rescale is
 exercised), one shape with an explicit softmax scale. Tolerances (against float64): the kernel rounds p to
 bf16 before both dots and the output to bf16; measured rel_rms ≤ 3.9e-3 in the interpreter (amp 1 and 3);
-max-abs 5e-2 × amp (output rounding is relative: 0.062 measured at amp 3, 0.012 at amp 1). rel_rms 1e-2
+max-abs 5e-2 × amp (output rounding is relative: 0.062 measured at amp 3, 0.012 at amp 1), times
+`mirror_scale` on a shape with mirrored chunks, whose values are that much larger (the CPU sharp shape: rel_rms
+4.2e-3 prefill, 4.5e-3 decode, max-abs 32 where values are ~3e3). rel_rms 1e-2
 leaves ~3× margin; a softmax scale off by 20% or one extra key in the causal mask costs more. Gradients
 (bf16 dq/dk/dv, fp32 accumulation, delta from the bf16 output as in FlashAttention): rel_rms 5e-3 at amp 1,
 2.3e-2 on the sharp shape (near one-hot softmax: dp - delta cancels); bound 4e-2.
@@ -52,9 +55,10 @@ TOL = Tolerance(rel_rms=1e-2, max_abs=5e-2)
 GRAD_TOL = Tolerance(rel_rms=4e-2)
 
 
-def _tol(amp: float) -> Tolerance:
+def _tol(sh: Shape) -> Tolerance:
     """max-abs scales with the values' magnitude (bf16 output rounding is relative)."""
-    return Tolerance(rel_rms=TOL.rel_rms, max_abs=TOL.max_abs * max(1.0, amp))
+    return Tolerance(rel_rms=TOL.rel_rms, max_abs=TOL.max_abs * max(1.0, sh.amp) * (sh.mirror_scale if sh.mirror
+                                                                                      else 1.0))
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,12 @@ class Shape:
     grad_shape: tuple[int, int] | None = None
     #: decode at every position of every sequence (tiny shapes), not only the answer and `early`
     every_position: bool = False
+    #: keys of one chunk (0: off). Chunk 3 repeats chunk 2's keys with negated values, scaled by `mirror_scale`:
+    #: the two chunk states then cancel exactly when merged one after the other (chunk 0, 1, 2, 3, ... in
+    #: sequence) and leave an fp32 rounding error of the scaled values in any other order (reversed, pairwise),
+    #: large enough to show in bf16 outputs; unstructured inputs hide a reordered merge below bf16 rounding
+    mirror: int = 0
+    mirror_scale: float = 1024.0
 
     @property
     def seq(self) -> int:
@@ -90,22 +100,27 @@ class Shape:
 
 def shapes(profile: str) -> list[Shape]:
     if profile == "cpu":
-        # KV block 8 in the interpreter: 16 keys span two blocks, prefixes end inside, at and past an edge
+        # in the interpreter a KV block is 4 keys and a chunk 2 blocks (8 keys): 16 keys span two chunks, every
+        # position decoded; the sharp shape's 34 keys span five (the last partial) with mirrored chunks 2 and 3,
+        # so a merge order that is not chunk 0, 1, 2, ... in sequence (reversed, pairwise) changes bits;
+        # prefixes and early decode positions end inside, at and past block and chunk edges
         return [
             Shape("gqa[Hq=4,Hk=2,D=32]", 4, 2, 32, batch=3, prompt=10, answer=6, prefixes=(1, 7, 8, 9, 10),
                   every_position=True),
-            Shape("sharp[Hq=4,Hk=2,D=16,scale=0.3]", 4, 2, 16, batch=2, prompt=9, answer=4, amp=3.0, scale=0.3,
-                  prefixes=(3, 9), every_position=True),
+            Shape("sharp[Hq=4,Hk=2,D=16,scale=0.3]", 4, 2, 16, batch=2, prompt=30, answer=4, amp=3.0, scale=0.3,
+                  prefixes=(3, 16, 17, 30), early=(0, 3, 4, 7, 8, 15, 16, 23, 24, 25), grad_shape=(1, 19),
+                  mirror=8),
         ]
     if profile == "gpu":
-        # KV block 64 on the GPU
+        # KV block 128, chunk 512 keys on the GPU: prefixes and early positions at block and chunk edges
         return [
             Shape(f"{QWEN3_8B.name}[Hq=32,Hk=8,D=128]", QWEN3_8B.n_heads, QWEN3_8B.n_kv_heads, QWEN3_8B.head_dim,
-                  batch=2, prompt=3968, answer=128, cache_pad=64, prefixes=(1, 63, 64, 65, 2047, 3968),
-                  early=(0, 1, 63, 64, 65, 127, 1000), acc_rows=96, grad_shape=(2, 333)),
+                  batch=2, prompt=3968, answer=128, cache_pad=64,
+                  prefixes=(1, 127, 128, 129, 511, 512, 513, 2047, 3968),
+                  early=(0, 1, 127, 128, 511, 512, 513, 1000, 1023, 1024, 2560), acc_rows=96, grad_shape=(2, 333)),
             Shape(f"{QWEN3_0_6B.name}[Hq=16,Hk=8,D=128,amp=3]", QWEN3_0_6B.n_heads, QWEN3_0_6B.n_kv_heads,
                   QWEN3_0_6B.head_dim, batch=3, prompt=1001, answer=128, amp=3.0, cache_pad=64,
-                  prefixes=(129, 1001), early=(0, 64, 500), acc_rows=96, grad_shape=(1, 200)),
+                  prefixes=(129, 512, 1001), early=(0, 64, 500, 511, 512), acc_rows=96, grad_shape=(1, 700)),
         ]
     raise ValueError(f"unknown profile {profile!r}")
 
@@ -133,6 +148,10 @@ def _build_shape(plan: Plan, sh: Shape, gen: torch.Generator) -> None:
     B, S, P, A = sh.batch, sh.seq, sh.prompt, sh.answer
     kw = {} if sh.scale is None else {"scale": sh.scale}
     q, k, v = _qkv(B, sh.hq, sh.hk, S, sh.d, sh.amp, gen)
+    if sh.mirror:
+        c = sh.mirror
+        v[:, :, 2 * c:3 * c] *= sh.mirror_scale  # a power of two: exact in bf16
+        k[:, :, 3 * c:4 * c], v[:, :, 3 * c:4 * c] = k[:, :, 2 * c:3 * c], -v[:, :, 2 * c:3 * c]
     full = plan.add(Probe(p + f"prefill[B={B},S={S}]", "attention_prefill", (q, k, v), dict(kw), echo_inputs=True))
     again = plan.add(Probe(p + "prefill/rerun", "attention_prefill", (q, k, v), dict(kw)))
 
@@ -235,10 +254,10 @@ def _build_shape(plan: Plan, sh: Shape, gen: torch.Generator) -> None:
         acc_rows = torch.cat([torch.tensor([0, S - 1]), torch.randperm(S, generator=gen)[: sh.acc_rows - 2]]).sort()[0]
     want = ref.attention_prefill(q, k, v, sh.scale, rows=acc_rows)
     plan.check(p + "accuracy[prefill]", "accuracy",
-               lambda res, f=full, r=acc_rows, w=want: accurate(res[f][0][:, :, r], w, _tol(sh.amp), f"{len(r)} rows"))
+               lambda res, f=full, r=acc_rows, w=want: accurate(res[f][0][:, :, r], w, _tol(sh), f"{len(r)} rows"))
     want_d = ref.attention_decode(q[rows, :, pos0][:, :, None], kc, vc, pos0 + 1, sh.scale)
     plan.check(p + "accuracy[decode]", "accuracy",
-               lambda res, d0=d0, w=want_d: accurate(res[d0][0], w, _tol(sh.amp), "decode"))
+               lambda res, d0=d0, w=want_d: accurate(res[d0][0], w, _tol(sh), "decode"))
 
     # backward: dense and packed, vs float64 autograd, rerun, and packed grads == dense grads
     gb, gs = sh.grad_shape or (B, S)
@@ -328,7 +347,10 @@ def build_plan(profile: str, seed: int) -> Plan:
 # ----------------------------------------------------------------------------- workload cells
 
 PREFILL = ((1, 1024), (4, 1024), (1, 4096), (4, 4096), (1, 16384))
-DECODE = ((1, 1024), (4, 1024), (16, 1024), (1, 4096), (4, 4096), (16, 4096), (1, 16384), (16, 16384))
+#: decode as rollouts hit it: a few long reasoning sequences up to large batches, contexts up to 32k
+DECODE = tuple((B, L) for B in (1, 8, 32, 128) for L in (1024, 2048, 4096, 8192, 16384, 32768))
+#: the second head layout, a few cells across the same range
+DECODE_SMALL = ((1, 4096), (1, 32768), (8, 8192), (32, 16384), (128, 4096))
 
 
 def cells(profile: str) -> list[Cell]:
@@ -343,7 +365,7 @@ def cells(profile: str) -> list[Cell]:
         heads = {"hq": m.n_heads, "hk": m.n_kv_heads, "d": m.head_dim}
         for B, S in PREFILL:
             out.append(Cell(f"{m.name}/prefill[B={B},S={S}]", {"kind": "prefill", "B": B, "S": S, **heads}))
-        for B, L in DECODE:
+        for B, L in DECODE if m is QWEN3_8B else DECODE_SMALL:
             out.append(Cell(f"{m.name}/decode[B={B},L={L}]", {"kind": "decode", "B": B, "S": L, **heads}))
     return out
 
@@ -400,5 +422,6 @@ CONTRACT = Contract(
     cells=cells,
     bench_case=bench_case,
     preserve_root_bits=True,
-    frozen_tunables=frozenset({"BLOCK_N", "BLOCK_N_INTERPRET", "BWD_BLOCK_M", "BWD_BLOCK_N"}),
+    frozen_tunables=frozenset({"BLOCK_N", "CHUNK_BLOCKS", "BLOCK_N_INTERPRET", "CHUNK_BLOCKS_INTERPRET", "DQ_BLOCK_N",
+                               "DKDV_BLOCK_M"}),
 )

@@ -1,56 +1,56 @@
 """Unified causal GQA attention: prefill, packed (varlen) training forward and KV-cache decode, bitwise equal.
 
-How invariance is achieved. Every entry point reduces over keys the same way for a given query row:
+The reduction over keys is a fixed tree; how it is spread over programs is free.
 
-* keys are walked in KV blocks of a fixed size `BLOCK_N` aligned to the absolute key position inside the
-  sequence (block j holds keys j*BLOCK_N ... j*BLOCK_N + BLOCK_N - 1), always from block 0 upwards; there is
-  no split-KV and the block size never depends on the regime, the batch, the length or the position;
-* each block goes through one shared step, `_softmax_step`: raw fp32 scores s = q.k (one `tl.dot`, K = D),
-  s * qk_scale, mask to -inf, running max (order-free), alpha = exp2(m_old - m_new), p = exp2(s - m_new)
-  rounded to the input dtype, then `l = dot(p, ones, l * alpha)` and `acc = dot(p, v, acc * alpha)`;
-* the only order-sensitive sums over keys are `tl.dot`s of the same K (= BLOCK_N), so no row reduction depends
-  on the register layout of a kernel (a `tl.sum` would: its tree follows the layout, which follows the tile
-  shape); the softmax denominator is therefore a dot with a ones matrix, not a `tl.sum`;
-* blocks wholly in a row's future contribute exactly nothing (alpha == 1, p == 0), so a prefill tile may walk
-  past a row's diagonal without changing that row's bits; masked keys get -inf scores and zero values, so
-  garbage (even NaN) beyond a cache's length never leaks in;
-* fp contraction is off for every launch (`enable_fp_fusion=False`), so `s * qk_scale - m` is never fused into
-  an FMA in one kernel and not in another.
+* Keys are walked in KV blocks of `BLOCK_N` keys aligned to the absolute key position in the sequence (block j
+  holds keys j*BLOCK_N ... j*BLOCK_N + BLOCK_N - 1), and blocks are grouped into chunks of `CHUNK_BLOCKS`
+  blocks, also by absolute position (chunk c holds blocks c*CHUNK_BLOCKS ... c*CHUNK_BLOCKS + CHUNK_BLOCKS - 1;
+  on the GPU 4 x 128 = 512 keys). Neither size ever depends on the regime, the batch, the length or the position.
+* A chunk's online-softmax state (running max m, denominator l, numerator acc, all fp32) starts fresh
+  (m = -inf, l = acc = 0) and runs over the chunk's blocks in order, each block through one shared step,
+  `_softmax_step`: raw fp32 scores s = q.k (one `tl.dot`, K = D), s * qk_scale, mask to -inf, running max
+  (order-free), alpha = exp2(m_old - m_new), p = exp2(s - m_new) rounded to the input dtype, then
+  `l = dot(p, ones, l * alpha)` and `acc = dot(p, v, acc * alpha)`. A row that has seen no key of the chunk yet
+  keeps m = -inf and subtracts 0 instead, so its l and acc stay exactly 0 (never NaN).
+* Chunk states merge into a running total in one fixed sequential order, chunk 0, then 1, then 2 ..., starting
+  from the empty state, with one formula everywhere (`_merge`, `_merge_sum`): m = max(m_a, m_b),
+  l = l_a * exp2(m_a - m) + l_b * exp2(m_b - m), acc likewise; then out = acc / l (and, for the backward,
+  lse = m + log2(l)). Merging the empty state, or the first chunk into it, is exact (x * 1 + 0 * 0 = x).
+* The only order-sensitive sums over keys are `tl.dot`s of the same K (= BLOCK_N) and the merge's additions, so
+  no row reduction depends on the register layout of a kernel (a `tl.sum` would: its tree follows the layout);
+  the softmax denominator is a dot with a ones matrix, not a `tl.sum`. fp contraction is off for every launch
+  (`enable_fp_fusion=False`), so no multiply-add is fused into an FMA in one kernel and not in another.
+* Keys in a row's future and masked keys contribute exactly nothing: inside a chunk a fully masked block leaves
+  the state unchanged (alpha == 1, p == 0), and a chunk wholly in a row's future is the empty state, whose merge
+  is the identity. So a prefill tile may walk past a row's diagonal, and garbage (even NaN) past a cache's
+  length never leaks in: the row at position t gets chunks 0 ... t // CHUNK_KEYS, the last one partial (keys up to
+  t), exactly what decode at position t computes.
 
-Prefill (`attention_prefill`, and `attention_varlen` for packed sequences) is one fused kernel: a program owns
-BLOCK_M query rows of one KV-head group (rows enumerate (position, head-in-group) pairs, so the GQA heads that
-share a KV head share its loads) and walks KV blocks 0 ... diagonal. Decode (`attention_decode`) has a single
-query per sequence, so a fused kernel would leave most of the GPU idle; it runs in two phases instead, without
-changing the order of anything: (1) raw scores for every KV block, in parallel over blocks (the same `tl.dot`
-as prefill), written to an fp32 buffer; (2) parallel over head-dim slices of width DECODE_BLOCK_D, the same
-`_softmax_step` recurrence replayed over blocks 0, 1, ... in order. Phase 2 recomputes l in every slice; the
-bits per slice are those of the fused prefill because no sum spans two slices.
+Where the tree is evaluated (free, changes no bits):
+* prefill (`attention_prefill`, `attention_varlen` for packed sequences): one fused kernel; a program owns
+  BLOCK_M query rows of one KV-head group (rows enumerate (position, head-in-group) pairs, so the GQA heads that
+  share a KV head share its loads), walks blocks 0 ... its diagonal and merges at chunk boundaries itself;
+* decode (`attention_decode`): one query per sequence, so the chunks run in parallel: a program computes
+  DECODE_CHUNKS_PER_PROG chunks for one (sequence, KV head) with the group's query heads as rows (the KV is read
+  once), writing each chunk's fp32 state to a workspace; a combine kernel merges them in chunk order and
+  normalizes. From DECODE_FOLD_GROUPS (sequence, KV head) pairs on, or when the cache holds a single chunk, there
+  are enough programs without splitting: one program per pair walks every chunk and merges in-program, as
+  prefill does, with no workspace and no second launch.
 
-Phase 2 is a chain of L / BLOCK_N dependent steps, so at long contexts and small batches it is latency-bound:
-on the H200 (CUDA graphs) B=1, L=16k took ~0.5 us per KV block of 64 whatever the head-dim split or the heads
-per program (138 us against SDPA's 31, attention_h200_run4_bn64). What helped: taking memory round trips off the
-chain, decode_num_stages 3 (0.76x the time of 2, attention_h200_run2) and `DECODE_PREFETCH = 1`, which issues
-block j+1's score loads before block j's step (a further 0.89x, run4); and halving the chain with BLOCK_N = 128,
-which also made prefill faster (decode 1.62x -> 1.37x SDPA's time, prefill 0.88x -> 0.85x, geomeans;
-attention_h200.md, where the bitwise sweep of this root is green). `DECODE_PRECOMPUTE_P = 1` takes
-everything but the accumulation out of that chain: the scores kernel also writes each block's row max; a
-weights kernel, parallel over blocks, gets the running max entering block j as the max of the block maxima
-before it (max is exact, so this is m_i of the recurrence, bit for bit), and writes alpha_j and the rounded
-p_j with the step's own operations; phase 2 is then only `l = dot(p, ones, l * alpha)`,
-`acc = dot(p, v, acc * alpha)` per block, in block order, on loads that no longer wait for the chain. The
-same values go through the same dots in the same order, so the bits equal the default's (the CPU tests check
-decode == prefill under both; the GPU benchmark's tunables section re-checks it on the device). On the H200 it
-is bit-identical but not faster (its two extra launches cost more than the chain saves), so it is off.
-
-What must never vary: BLOCK_N (frozen in the contract), the step's operation order, the use of exp2 with the
-log2(e)-folded scale, the rounding of p to the input dtype before both dots, the fp32 accumulators. BLOCK_M,
-warps, stages and the decode tiling change only which rows/columns share a program; on an H200 the MMA bits of
-a row do not depend on them (see DESIGN.md), and the contract's root_bits check re-proves it per candidate.
+What must never vary (frozen in the contract): BLOCK_N, CHUNK_BLOCKS, the step's operations, the merge formula
+and order, exp2 with the log2(e)-folded scale, p rounded to the input dtype before both dots, fp32 states.
+BLOCK_M, warps, stages, chunks per program and the split choice change only which rows and chunks share a
+program; on an H200 the MMA bits of a row do not depend on the tile's other rows, and the contract's root_bits
+check re-proves it for every candidate.
 
 KV cache: `k_cache[B, Hk, L, D]` with `lens[B]` valid keys per sequence (the current token's k/v already written
 at `lens[b] - 1`); an engine allocates L once and writes position `lens[b]` in place, any strides allowed.
-Backward (prefill and varlen): a dq kernel (one program per query tile, walking KV blocks) and a dk/dv kernel
-(one program per KV block, walking every query row of the group); no atomics, so gradients are deterministic.
+
+Backward (prefill and varlen), deterministic, no atomics: with delta = rowsum(o * dO) and the forward's lse,
+p = exp2(s * qk_scale - lse); a dq kernel (one program per query tile, walking KV blocks of DQ_BLOCK_N keys from
+0 up) and a dk/dv kernel (one program per KV block, walking the group's query rows in tiles of DKDV_BLOCK_M
+from the first that sees the block). The sizes that set a sum's order (DQ_BLOCK_N, DKDV_BLOCK_M) are frozen; the
+other tile of each kernel is free. Blocks a row cannot see add exact zeros, so each kernel may skip them.
 """
 
 from __future__ import annotations
@@ -64,53 +64,64 @@ import triton.language as tl
 from tik_kernels._runtime import INTERPRET
 
 TUNABLES = {
-    # the KV block: sets the order of the reduction over keys (frozen)
+    # the KV block and the chunk (in blocks): they set the reduction tree over keys (frozen)
     "BLOCK_N": (128,),
-    # the same on the CPU interpreter, smaller so that tiny test shapes span several blocks (frozen)
-    "BLOCK_N_INTERPRET": (8,),
+    "CHUNK_BLOCKS": (4,),
+    # the same on the CPU interpreter, smaller so that tiny test shapes span several chunks (frozen)
+    "BLOCK_N_INTERPRET": (4,),
+    "CHUNK_BLOCKS_INTERPRET": (2,),
     "BLOCK_M": (64, 128),
     "num_warps": (4, 8),
     # 3 stages of 128 x 128 K and V tiles need more shared memory than an H200 has (233472 > 232448 bytes)
     "num_stages": (1, 2),
-    "DECODE_BLOCK_M": (16, 64),
-    "DECODE_BLOCK_D": (16, 32, 64, 128),
+    # 1: prefill keeps the running total's acc in an fp32 scratch tile per program instead of registers (the same
+    # operations on the same values; fewer registers, more L2 traffic at chunk edges)
+    "FWD_TOTAL_IN_MEMORY": (0, 1),
+    # decode: rows of a program (the group's query heads, padded to an MMA's minimum)
+    "DECODE_BLOCK_M": (16, 32, 64),
     "decode_num_warps": (2, 4, 8),
     "decode_num_stages": (1, 2, 3, 4),
-    # warps of phase 2 alone (0: decode_num_warps)
-    "decode2_num_warps": (0, 1, 2, 4, 8),
-    # 1: decode precomputes every block's weights p and rescale factor alpha in parallel, so that the
-    # sequential loop only rescales and accumulates (same values in the same order: the bits are equal)
-    "DECODE_PRECOMPUTE_P": (0, 1),
-    # 1: phase 2 gives each query head its own programs instead of one per KV-head group (G times the
-    # parallelism at small batches; rows of an MMA do not mix, so the bits are equal)
-    "DECODE_SPLIT_HEADS": (0, 1),
-    # phase 2 issues block j+1's loads before block j's step (1: scores or weights, 2: the values too)
-    "DECODE_PREFETCH": (0, 1, 2),
-    # backward tiles set the order of the dq and dk/dv sums (frozen with the root's gradient bits)
-    "BWD_BLOCK_M": (64,),
-    "BWD_BLOCK_N": (64,),
+    # decode: chunks one split program computes (each chunk's state is written on its own)
+    "DECODE_CHUNKS_PER_PROG": (1, 2, 4, 8),
+    # decode: from this many (sequence, KV head) pairs on, no split: one program per pair merges in-program
+    "DECODE_FOLD_GROUPS": (32, 64, 128, 256, 512, 1024, 2048, 1 << 30),
+    # combine: head-dim slice per program, chunk states loaded per step, warps
+    "COMBINE_BLOCK_D": (16, 32, 64, 128),
+    "COMBINE_CHUNKS": (2, 4, 8, 16),
+    "combine_num_warps": (1, 2, 4),
+    # backward: DQ_BLOCK_N and DKDV_BLOCK_M set the order of the dq and dk/dv sums (frozen with the gradient
+    # bits); the query tile of the dq kernel and the key tile of the dk/dv kernel are free
+    "DQ_BLOCK_N": (64,),
+    "DKDV_BLOCK_M": (64,),
+    "DQ_BLOCK_M": (64, 128),
+    "DKDV_BLOCK_N": (64, 128),
     "bwd_num_warps": (4, 8),
-    "bwd_num_stages": (1, 2),
+    "bwd_num_stages": (1, 2, 3),
 }
 
 CONFIG = {
     "BLOCK_N": 128,
-    "BLOCK_N_INTERPRET": 8,
+    "CHUNK_BLOCKS": 4,
+    "BLOCK_N_INTERPRET": 4,
+    "CHUNK_BLOCKS_INTERPRET": 2,
     "BLOCK_M": 128,
     "num_warps": 8,
     "num_stages": 2,
+    "FWD_TOTAL_IN_MEMORY": 0,
     "DECODE_BLOCK_M": 16,
-    "DECODE_BLOCK_D": 64,
-    "decode_num_warps": 4,
+    "decode_num_warps": 8,
     "decode_num_stages": 3,
-    "DECODE_PRECOMPUTE_P": 0,
-    "DECODE_SPLIT_HEADS": 0,
-    "DECODE_PREFETCH": 1,
-    "decode2_num_warps": 8,
-    "BWD_BLOCK_M": 64,
-    "BWD_BLOCK_N": 64,
+    "DECODE_CHUNKS_PER_PROG": 1,
+    "DECODE_FOLD_GROUPS": 1024,
+    "COMBINE_BLOCK_D": 32,
+    "COMBINE_CHUNKS": 8,
+    "combine_num_warps": 1,
+    "DQ_BLOCK_N": 64,
+    "DKDV_BLOCK_M": 64,
+    "DQ_BLOCK_M": 128,
+    "DKDV_BLOCK_N": 64,
     "bwd_num_warps": 8,
-    "bwd_num_stages": 1,
+    "bwd_num_stages": 2,
 }
 
 _LOG2E = 1.4426950408889634
@@ -118,23 +129,57 @@ _LOG2E = 1.4426950408889634
 _L_COLS = 16
 
 
-# ----------------------------------------------------------------------------- kernels
+# ----------------------------------------------------------------------------- the reduction tree
 
 
 @triton.jit
 def _softmax_step(s, keep, m_i, l_i, acc, v, ones, qk_scale, P_TY: tl.constexpr, MASKED: tl.constexpr):
-    """One KV block of the online softmax. Shared by every forward kernel: this is the reduction order."""
+    """One KV block of a chunk's online softmax. Shared by every forward kernel: this is the order in a chunk."""
     s = s * qk_scale
     if MASKED:
         s = tl.where(keep, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.math.exp2(m_i - m_new)
-    p = tl.math.exp2(s - m_new[:, None])
+    # a row with no key in the chunk so far: subtract 0, so alpha and p are exp2(-inf) = 0, not NaN
+    m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.math.exp2(m_i - m_sub)
+    p = tl.math.exp2(s - m_sub[:, None])
     # round p once; both the numerator and the denominator sum the same rounded weights
     p = p.to(P_TY).to(v.dtype)
     l_i = tl.dot(p, ones, l_i * alpha[:, None])
     acc = tl.dot(p, v, acc * alpha[:, None])
     return m_new, l_i, acc
+
+
+@triton.jit
+def _merge(m_a, m_b):
+    """Merging state b (the next chunk) into state a (the chunks before it): the new max and both rescales."""
+    m = tl.maximum(m_a, m_b)
+    m_sub = tl.where(m == float("-inf"), 0.0, m)
+    return m, tl.math.exp2(m_a - m_sub), tl.math.exp2(m_b - m_sub)
+
+
+@triton.jit
+def _merge_sum(x_a, alpha_a, x_b, alpha_b):
+    """l or acc of a merge: two rounded products and one rounded sum (no FMA: fp fusion is off)."""
+    return x_a * alpha_a + x_b * alpha_b
+
+
+@triton.jit
+def _fold_chunk(m_t, l_t, acc_t, m_i, l_i, acc, t_ptrs, IN_MEMORY: tl.constexpr):
+    """Merge a finished chunk state into a program's running total. IN_MEMORY: the total's acc lives in an fp32
+    scratch tile of the program's own (the same values and operations; registers hold one [rows, D] accumulator
+    instead of two); a barrier orders one thread's store before another's load."""
+    m_t, a_t, a_i = _merge(m_t, m_i)
+    l_t = _merge_sum(l_t, a_t[:, None], l_i, a_i[:, None])
+    if IN_MEMORY:
+        tl.debug_barrier()
+        tl.store(t_ptrs, _merge_sum(tl.load(t_ptrs), a_t[:, None], acc, a_i[:, None]))
+    else:
+        acc_t = _merge_sum(acc_t, a_t[:, None], acc, a_i[:, None])
+    return m_t, l_t, acc_t
+
+
+# ----------------------------------------------------------------------------- forward kernels
 
 
 @triton.jit
@@ -145,6 +190,7 @@ def _attn_fwd_kernel(
     o_ptr,  # like q
     lse_ptr,  # fp32 [B, Hq, S] or [T, Hq]: log2-domain log-sum-exp of each row, for the backward
     cu_ptr,  # int32 [B + 1] sequence starts (VARLEN only)
+    t_ptr,  # fp32 scratch, a [BLOCK_M, D] tile per program (TOTAL_IN_MEMORY only)
     stride_qb, stride_qh, stride_qs,
     stride_kb, stride_kh, stride_ks,
     stride_vb, stride_vh, stride_vs,
@@ -157,8 +203,10 @@ def _attn_fwd_kernel(
     D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    CHUNK: tl.constexpr,  # KV blocks per chunk
     VARLEN: tl.constexpr,
     UPCAST: tl.constexpr,
+    TOTAL_IN_MEMORY: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1).to(tl.int64)
@@ -187,6 +235,15 @@ def _attn_fwd_kernel(
     k_base = k_ptr + b * stride_kb + kvh * stride_kh + start * stride_ks
     v_base = v_ptr + b * stride_vb + kvh * stride_vh + start * stride_vs
 
+    # the running total (chunks merged so far) and the current chunk's state
+    m_t = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_t = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
+    t_ptrs = t_ptr + (pid_bh * tl.num_programs(0) + pid_m) * (BLOCK_M * D) + tl.arange(0, BLOCK_M)[:, None] * D + o_d
+    if TOTAL_IN_MEMORY:
+        acc_t = tl.zeros([BLOCK_M, 16], dtype=tl.float32)  # unused: the total's acc is at t_ptrs
+        tl.store(t_ptrs, tl.zeros([BLOCK_M, D], dtype=tl.float32))
+    else:
+        acc_t = tl.zeros([BLOCK_M, D], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
@@ -206,6 +263,11 @@ def _attn_fwd_kernel(
             b_v = b_v.to(tl.float32)
         s = tl.dot(b_q, tl.trans(b_k))  # [BM, BN]
         m_i, l_i, acc = _softmax_step(s, s, m_i, l_i, acc, b_v, ones, qk_scale, P_TY, False)
+        if j % CHUNK == CHUNK - 1:  # the chunk is complete: merge it, start the next one fresh
+            m_t, l_t, acc_t = _fold_chunk(m_t, l_t, acc_t, m_i, l_i, acc, t_ptrs, TOTAL_IN_MEMORY)
+            m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+            l_i = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
+            acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
     for j in range(n_full, n_blocks):
         k_pos = j * BLOCK_N + tl.arange(0, BLOCK_N)
         m_k = k_pos < L
@@ -217,263 +279,221 @@ def _attn_fwd_kernel(
         s = tl.dot(b_q, tl.trans(b_k))  # [BM, BN]
         keep = (k_pos[None, :] <= q_pos[:, None]) & m_k[None, :]
         m_i, l_i, acc = _softmax_step(s, keep, m_i, l_i, acc, b_v, ones, qk_scale, P_TY, True)
+        if j % CHUNK == CHUNK - 1:
+            m_t, l_t, acc_t = _fold_chunk(m_t, l_t, acc_t, m_i, l_i, acc, t_ptrs, TOTAL_IN_MEMORY)
+            m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+            l_i = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
+            acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    # the last, partial chunk (the empty state if the walk ended on a chunk edge: then the merge is exact identity)
+    m_t, l_t, acc_t = _fold_chunk(m_t, l_t, acc_t, m_i, l_i, acc, t_ptrs, TOTAL_IN_MEMORY)
+    if TOTAL_IN_MEMORY:
+        tl.debug_barrier()
+        acc_t = tl.load(t_ptrs)
 
-    l_row = tl.max(l_i, 1)
-    out = acc / l_row[:, None]
+    l_row = tl.max(l_t, 1)
+    out = acc_t / l_row[:, None]
     p_o = o_ptr + b * stride_ob + h[:, None] * stride_oh + (start + q_pos[:, None]) * stride_os + o_d[None, :]
     tl.store(p_o, out.to(o_ptr.dtype.element_ty), mask=m_row[:, None])
     p_l = lse_ptr + b * stride_lb + h * stride_lh + (start + q_pos) * stride_ls
-    tl.store(p_l, m_i + tl.math.log2(l_row), mask=m_row)
+    tl.store(p_l, m_t + tl.math.log2(l_row), mask=m_row)
 
 
 @triton.jit
-def _attn_decode_scores_kernel(
+def _attn_decode_kernel(
     q_ptr,  # [B, Hq, 1, D]
     k_ptr,  # k cache [B, Hk, L, D]
-    s_ptr,  # fp32 raw scores [B, Hq, L_pad]
+    v_ptr,  # v cache [B, Hk, L, D]
+    o_ptr,  # [B, Hq, 1, D] (FOLD only)
+    wm_ptr,  # fp32 [B, Hq, NC]: each chunk's m (split only)
+    wl_ptr,  # fp32 [B, Hq, NC]: each chunk's l
+    wa_ptr,  # fp32 [B, Hq, NC, D]: each chunk's acc
     lens_ptr,  # [B] valid keys per sequence
     stride_qb, stride_qh,
     stride_kb, stride_kh, stride_ks,
-    stride_sb, stride_sh,
-    bm_ptr,  # fp32 [B, Hq, n_blocks]: per block, the row max of the scaled, masked scores (BLOCK_MAX only)
-    stride_mb, stride_mh,
-    qk_scale,
+    stride_vb, stride_vh, stride_vs,
+    stride_ob, stride_oh,
+    stride_wb, stride_wh,  # of wm / wl (chunk stride 1)
+    stride_ab, stride_ah, stride_ac,  # of wa (head-dim stride 1)
     n_kv_heads,
+    qk_scale,
     G: tl.constexpr,
     D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    CHUNK: tl.constexpr,
+    CHUNKS_PER_PROG: tl.constexpr,
+    FOLD: tl.constexpr,  # True: this program walks every chunk and merges them itself
     UPCAST: tl.constexpr,
-    BLOCK_MAX: tl.constexpr,
 ):
-    j = tl.program_id(0)
-    pid_bh = tl.program_id(1).to(tl.int64)
+    pid_bh = tl.program_id(0).to(tl.int64)  # (sequence, KV head) pairs on the grid's large axis
+    pid_c = tl.program_id(1)
     b = pid_bh // n_kv_heads
     kvh = pid_bh % n_kv_heads
     L = tl.load(lens_ptr + b).to(tl.int32)
-    if j * BLOCK_N >= L:
+    n_blocks = tl.cdiv(L, BLOCK_N)
+    if FOLD:
+        j0 = 0
+        j1 = n_blocks
+    else:
+        j0 = pid_c * (CHUNKS_PER_PROG * CHUNK)
+        j1 = tl.minimum(j0 + CHUNKS_PER_PROG * CHUNK, n_blocks)
+    if j0 >= j1:
         return
+    P_TY: tl.constexpr = v_ptr.dtype.element_ty
     o_g = tl.arange(0, BLOCK_M)
     m_row = o_g < G
     h = kvh * G + o_g
     o_d = tl.arange(0, D)
     b_q = tl.load(q_ptr + b * stride_qb + h[:, None] * stride_qh + o_d[None, :], mask=m_row[:, None], other=0.0)
-    k_pos = j * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_k = k_pos < L
-    p_k = k_ptr + b * stride_kb + kvh * stride_kh + k_pos[:, None] * stride_ks + o_d[None, :]
-    b_k = tl.load(p_k, mask=m_k[:, None], other=0.0)
     if UPCAST:
         b_q = b_q.to(tl.float32)
-        b_k = b_k.to(tl.float32)
-    s = tl.dot(b_q, tl.trans(b_k))  # [BM, BN], the raw scores exactly as prefill computes them
-    p_s = s_ptr + b * stride_sb + h[:, None] * stride_sh + k_pos[None, :]
-    tl.store(p_s, s, mask=m_row[:, None] & m_k[None, :])
-    if BLOCK_MAX:
-        # the block's share of _softmax_step's running max: max is exact and order-free
-        s_max = tl.max(tl.where(m_k[None, :], s * qk_scale, float("-inf")), 1)
-        tl.store(bm_ptr + b * stride_mb + h * stride_mh + j, s_max, mask=m_row)
+    k_base = k_ptr + b * stride_kb + kvh * stride_kh
+    v_base = v_ptr + b * stride_vb + kvh * stride_vh
+
+    m_t = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_t = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
+    acc_t = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    ones = tl.full([BLOCK_N, 16], 1.0, dtype=b_q.dtype)
+    for j in range(j0, j1):
+        k_pos = j * BLOCK_N + tl.arange(0, BLOCK_N)
+        m_k = k_pos < L
+        b_k = tl.load(k_base + k_pos[:, None] * stride_ks + o_d[None, :], mask=m_k[:, None], other=0.0)
+        b_v = tl.load(v_base + k_pos[:, None] * stride_vs + o_d[None, :], mask=m_k[:, None], other=0.0)
+        if UPCAST:
+            b_k = b_k.to(tl.float32)
+            b_v = b_v.to(tl.float32)
+        s = tl.dot(b_q, tl.trans(b_k))  # [BM, BN], the raw scores exactly as prefill computes them
+        m_i, l_i, acc = _softmax_step(s, m_k[None, :], m_i, l_i, acc, b_v, ones, qk_scale, P_TY, True)
+        if (j % CHUNK == CHUNK - 1) | (j == j1 - 1):  # a chunk ends (the sequence's last one may be partial)
+            if FOLD:
+                m_t, a_t, a_i = _merge(m_t, m_i)
+                l_t = _merge_sum(l_t, a_t[:, None], l_i, a_i[:, None])
+                acc_t = _merge_sum(acc_t, a_t[:, None], acc, a_i[:, None])
+            else:
+                c = j // CHUNK
+                w_off = b * stride_wb + h * stride_wh + c
+                tl.store(wm_ptr + w_off, m_i, mask=m_row)
+                tl.store(wl_ptr + w_off, tl.max(l_i, 1), mask=m_row)
+                p_a = wa_ptr + b * stride_ab + h[:, None] * stride_ah + c * stride_ac + o_d[None, :]
+                tl.store(p_a, acc, mask=m_row[:, None])
+            m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+            l_i = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
+            acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    if FOLD:
+        out = acc_t / tl.max(l_t, 1)[:, None]
+        p_o = o_ptr + b * stride_ob + h[:, None] * stride_oh + o_d[None, :]
+        tl.store(p_o, out.to(o_ptr.dtype.element_ty), mask=m_row[:, None])
 
 
 @triton.jit
-def _attn_decode_weights_kernel(
-    s_ptr,  # fp32 raw scores [B, Hq, L_pad]
-    bm_ptr,  # fp32 [B, Hq, n_blocks] block row maxima (from the scores kernel)
-    p_ptr,  # [B, Hq, L_pad] in the input dtype: the rounded weights p of every block
-    a_ptr,  # fp32 [B, Hq, n_blocks]: alpha, the rescale of the running sums entering each block
+def _attn_decode_combine_kernel(
+    wm_ptr, wl_ptr, wa_ptr,  # chunk states from _attn_decode_kernel
+    o_ptr,  # [B, Hq, 1, D]
     lens_ptr,
-    stride_sb, stride_sh,
-    stride_mb, stride_mh,
-    stride_pb, stride_ph,
-    stride_ab, stride_ah,
+    stride_wb, stride_wh,
+    stride_ab, stride_ah, stride_ac,
+    stride_ob, stride_oh,
     n_kv_heads,
-    qk_scale,
     G: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    CHUNK: tl.constexpr,
+    BLOCK_G: tl.constexpr,  # next power of two of G
+    BLOCK_D: tl.constexpr,
+    CHUNK_KEYS: tl.constexpr,
+    GROUP: tl.constexpr,  # chunk states loaded per step (their loads do not wait for the merges)
 ):
-    """Block j's p and alpha, as _softmax_step computes them inside the sequential loop.
-
-    The running max entering block j is the max of the block maxima before j (the recurrence's
-    m_i; max is exact, so chunking it changes nothing), m_new = maximum(m_i, block max of j),
-    alpha = exp2(m_i - m_new), p = exp2(s * qk_scale - m_new) rounded to the input dtype: the same
-    operations on the same values as the fused step, so the same bits.
-    """
-    j = tl.program_id(0)
-    pid_bh = tl.program_id(1).to(tl.int64)
+    """Merge every chunk state of one (sequence, KV head) in chunk order 0, 1, 2 ..., then normalize: the
+    fold prefill does at its chunk edges, with the same formula (`_merge`, `_merge_sum`) and the same division."""
+    pid_bh = tl.program_id(0).to(tl.int64)
+    pid_d = tl.program_id(1)
     b = pid_bh // n_kv_heads
     kvh = pid_bh % n_kv_heads
     L = tl.load(lens_ptr + b).to(tl.int32)
-    if j * BLOCK_N >= L:
-        return
-    P_TY: tl.constexpr = p_ptr.dtype.element_ty
-    o_g = tl.arange(0, BLOCK_M)
+    n_chunks = tl.cdiv(L, CHUNK_KEYS)
+    o_g = tl.arange(0, BLOCK_G)
     m_row = o_g < G
     h = kvh * G + o_g
-    bm_base = bm_ptr + b * stride_mb + h[:, None] * stride_mh
-    # elementwise running max over the chunks, one row reduction after the loop: a reduction carried through
-    # the loop trips an assertion in Triton 3.6's OptimizeThreadLocality pass (H200, attention_h200_run2.log)
-    run = tl.full([BLOCK_M, CHUNK], float("-inf"), dtype=tl.float32)
-    for c in range(0, tl.cdiv(j, CHUNK)):
-        o_c = c * CHUNK + tl.arange(0, CHUNK)
-        chunk = tl.load(bm_base + o_c[None, :], mask=m_row[:, None] & (o_c < j)[None, :], other=float("-inf"))
-        run = tl.maximum(run, chunk)
-    m_i = tl.max(run, 1)
-    m_j = tl.load(bm_ptr + b * stride_mb + h * stride_mh + j, mask=m_row, other=0.0)
-    m_new = tl.maximum(m_i, m_j)
-    alpha = tl.math.exp2(m_i - m_new)
+    o_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    w_base = b * stride_wb + h * stride_wh
+    a_base = wa_ptr + b * stride_ab + h[:, None] * stride_ah + o_d[None, :]
+    m_t = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+    l_t = tl.zeros([BLOCK_G], dtype=tl.float32)
+    acc_t = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    for c0 in range(0, n_chunks, GROUP):
+        # a chunk past the sequence's last loads as the empty state, whose merge is the exact identity
+        for i in tl.static_range(GROUP):
+            c = c0 + i
+            ok = m_row & ((o_g * 0 + c) < n_chunks)
+            m_c = tl.load(wm_ptr + w_base + c, mask=ok, other=float("-inf"))
+            l_c = tl.load(wl_ptr + w_base + c, mask=ok, other=0.0)
+            acc_c = tl.load(a_base + c * stride_ac, mask=ok[:, None], other=0.0)
+            m_t, a_t, a_c = _merge(m_t, m_c)
+            l_t = _merge_sum(l_t, a_t, l_c, a_c)
+            acc_t = _merge_sum(acc_t, a_t[:, None], acc_c, a_c[:, None])
+    out = acc_t / l_t[:, None]
+    p_o = o_ptr + b * stride_ob + h[:, None] * stride_oh + o_d[None, :]
+    tl.store(p_o, out.to(o_ptr.dtype.element_ty), mask=m_row[:, None])
+
+
+# ----------------------------------------------------------------------------- backward kernels
+
+
+@triton.jit
+def _attn_bwd_delta_kernel(
+    o_ptr, do_ptr,  # like q
+    delta_ptr,  # fp32, rows like lse
+    cu_ptr,
+    stride_qb, stride_qh, stride_qs,
+    stride_lb, stride_lh, stride_ls,
+    seq_len, n_heads,
+    D: tl.constexpr,
+    VARLEN: tl.constexpr,
+):
+    """delta = rowsum(o * dO) in fp32 for 16 positions of one head. The tile and warps are fixed (not tunables):
+    a `tl.sum`'s tree follows the layout, and delta's bits are part of every gradient's."""
+    pid_bh = tl.program_id(0).to(tl.int64)  # (sequence, head) pairs on the grid's large axis
+    pid_s = tl.program_id(1)
+    b = pid_bh // n_heads
+    h = pid_bh % n_heads
+    if VARLEN:
+        start = tl.load(cu_ptr + b).to(tl.int64)
+        L = (tl.load(cu_ptr + b + 1) - tl.load(cu_ptr + b)).to(tl.int32)
+        b = b * 0
+    else:
+        start = b * 0
+        L = seq_len
+    pos = pid_s * 16 + tl.arange(0, 16)
+    m = pos < L
+    off = b * stride_qb + h * stride_qh + (start + pos[:, None]) * stride_qs + tl.arange(0, D)[None, :]
+    o = tl.load(o_ptr + off, mask=m[:, None], other=0.0).to(tl.float32)
+    do = tl.load(do_ptr + off, mask=m[:, None], other=0.0).to(tl.float32)
+    tl.store(delta_ptr + b * stride_lb + h * stride_lh + (start + pos) * stride_ls, tl.sum(o * do, 1), mask=m)
+
+
+@triton.jit
+def _bwd_dq_block(b_q, b_do, b_lse, b_delta, dq, k_base, v_base, j, stride_ks, stride_vs, L, q_pos, o_d,
+                  qk_scale, P_TY: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, MASKED: tl.constexpr):
+    """dq += dS @ K over one KV block (MASKED: causal and length mask; else every key is visible to every row)."""
     k_pos = j * BLOCK_N + tl.arange(0, BLOCK_N)
     m_k = k_pos < L
-    s = tl.load(s_ptr + b * stride_sb + h[:, None] * stride_sh + k_pos[None, :], mask=m_row[:, None] & m_k[None, :],
-                other=0.0)
-    s = tl.where(m_k[None, :], s * qk_scale, float("-inf"))
-    p = tl.math.exp2(s - m_new[:, None]).to(P_TY)
-    tl.store(p_ptr + b * stride_pb + h[:, None] * stride_ph + k_pos[None, :], p, mask=m_row[:, None])
-    tl.store(a_ptr + b * stride_ab + h * stride_ah + j, alpha, mask=m_row)
-
-
-@triton.jit
-def _decode_rows(pid, n_kv_heads, G: tl.constexpr, ROWS: tl.constexpr, BLOCK_M: tl.constexpr):
-    """(b, kv head, query heads [BLOCK_M], row mask) of a phase-2 program that owns ROWS of a group's G heads."""
-    per_b = n_kv_heads * (G // ROWS)
-    b = pid // per_b
-    h0 = (pid % per_b) * ROWS
-    o_g = tl.arange(0, BLOCK_M)
-    return b, h0 // G, h0 + o_g, o_g < ROWS
-
-
-@triton.jit
-def _attn_decode_accumulate_kernel(
-    p_ptr,  # [B, Hq, L_pad] weights from the weights kernel
-    a_ptr,  # fp32 [B, Hq, n_blocks] alphas
-    v_ptr,  # v cache [B, Hk, L, D]
-    o_ptr,  # [B, Hq, 1, D]
-    lens_ptr,
-    stride_pb, stride_ph,
-    stride_ab, stride_ah,
-    stride_vb, stride_vh, stride_vs,
-    stride_ob, stride_oh,
-    n_kv_heads,
-    G: tl.constexpr,
-    ROWS: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    UPCAST: tl.constexpr,
-    PREFETCH: tl.constexpr,
-):
-    """Phase 2 on precomputed weights: per block, l = dot(p, ones, l * alpha), acc = dot(p, v, acc * alpha),
-    in block order, exactly the tail of _softmax_step; nothing but the accumulation is left in the chain."""
-    pid_d = tl.program_id(0)
-    b, kvh, h, m_row = _decode_rows(tl.program_id(1).to(tl.int64), n_kv_heads, G, ROWS, BLOCK_M)
-    L = tl.load(lens_ptr + b).to(tl.int32)
-    o_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
-    p_base = p_ptr + b * stride_pb + h[:, None] * stride_ph
-    a_base = a_ptr + b * stride_ab + h * stride_ah
-    v_base = v_ptr + b * stride_vb + kvh * stride_vh
-    l_i = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    if UPCAST:
-        ones = tl.full([BLOCK_N, 16], 1.0, dtype=tl.float32)
+    if MASKED:
+        b_k = tl.load(k_base + k_pos[:, None] * stride_ks + o_d[None, :], mask=m_k[:, None], other=0.0)
+        b_v = tl.load(v_base + k_pos[:, None] * stride_vs + o_d[None, :], mask=m_k[:, None], other=0.0)
     else:
-        ones = tl.full([BLOCK_N, 16], 1.0, dtype=p_ptr.dtype.element_ty)
-    o_n = tl.arange(0, BLOCK_N)
-    if PREFETCH >= 1:
-        p_nx = tl.load(p_base + o_n[None, :], mask=m_row[:, None] & (o_n < L)[None, :], other=0.0)
-        a_nx = tl.load(a_base, mask=m_row, other=1.0)
-    if PREFETCH >= 2:
-        v_nx = tl.load(v_base + o_n[:, None] * stride_vs + o_d[None, :], mask=(o_n < L)[:, None], other=0.0)
-    for j in range(0, tl.cdiv(L, BLOCK_N)):
-        k_pos = j * BLOCK_N + o_n
-        m_k = k_pos < L
-        if PREFETCH >= 1:  # as in _attn_decode_reduce_kernel
-            p, alpha = p_nx, a_nx
-            m_nx = (k_pos + BLOCK_N) < L
-            p_nx = tl.load(p_base + (k_pos + BLOCK_N)[None, :], mask=m_row[:, None] & m_nx[None, :], other=0.0)
-            a_nx = tl.load(a_base + j + 1, mask=m_row & ((h * 0 + (j + 1) * BLOCK_N) < L), other=1.0)
-        else:
-            p = tl.load(p_base + k_pos[None, :], mask=m_row[:, None] & m_k[None, :], other=0.0)
-            alpha = tl.load(a_base + j, mask=m_row, other=1.0)
-        if PREFETCH >= 2:
-            b_v = v_nx
-            v_nx = tl.load(v_base + (k_pos + BLOCK_N)[:, None] * stride_vs + o_d[None, :],
-                           mask=((k_pos + BLOCK_N) < L)[:, None], other=0.0)
-        else:
-            b_v = tl.load(v_base + k_pos[:, None] * stride_vs + o_d[None, :], mask=m_k[:, None], other=0.0)
-        if UPCAST:
-            b_v = b_v.to(tl.float32)
-        p = p.to(b_v.dtype)
-        l_i = tl.dot(p, ones, l_i * alpha[:, None])
-        acc = tl.dot(p, b_v, acc * alpha[:, None])
-
-    out = acc / tl.max(l_i, 1)[:, None]
-    p_o = o_ptr + b * stride_ob + h[:, None] * stride_oh + o_d[None, :]
-    tl.store(p_o, out.to(o_ptr.dtype.element_ty), mask=m_row[:, None])
-
-
-@triton.jit
-def _attn_decode_reduce_kernel(
-    s_ptr,  # fp32 raw scores [B, Hq, L_pad]
-    v_ptr,  # v cache [B, Hk, L, D]
-    o_ptr,  # [B, Hq, 1, D]
-    lens_ptr,
-    stride_sb, stride_sh,
-    stride_vb, stride_vh, stride_vs,
-    stride_ob, stride_oh,
-    n_kv_heads,
-    qk_scale,
-    G: tl.constexpr,
-    ROWS: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    UPCAST: tl.constexpr,
-    PREFETCH: tl.constexpr,
-):
-    pid_d = tl.program_id(0)
-    b, kvh, h, m_row = _decode_rows(tl.program_id(1).to(tl.int64), n_kv_heads, G, ROWS, BLOCK_M)
-    L = tl.load(lens_ptr + b).to(tl.int32)
-    P_TY: tl.constexpr = v_ptr.dtype.element_ty
-    o_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
-    s_base = s_ptr + b * stride_sb + h[:, None] * stride_sh
-    v_base = v_ptr + b * stride_vb + kvh * stride_vh
-
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        b_k = tl.load(k_base + k_pos[:, None] * stride_ks + o_d[None, :])
+        b_v = tl.load(v_base + k_pos[:, None] * stride_vs + o_d[None, :])
     if UPCAST:
-        ones = tl.full([BLOCK_N, 16], 1.0, dtype=tl.float32)
-    else:
-        ones = tl.full([BLOCK_N, 16], 1.0, dtype=P_TY)
-    # PREFETCH: block j+1's loads are issued before block j's step runs, so the chain of dependent steps does
-    # not wait a memory round trip per block (1: the scores, 2: the values too); same values, same order
-    o_n = tl.arange(0, BLOCK_N)
-    if PREFETCH >= 1:
-        s_nx = tl.load(s_base + o_n[None, :], mask=m_row[:, None] & (o_n < L)[None, :], other=0.0)
-    if PREFETCH >= 2:
-        v_nx = tl.load(v_base + o_n[:, None] * stride_vs + o_d[None, :], mask=(o_n < L)[:, None], other=0.0)
-    for j in range(0, tl.cdiv(L, BLOCK_N)):
-        k_pos = j * BLOCK_N + o_n
-        m_k = k_pos < L
-        if PREFETCH >= 1:
-            s = s_nx
-            m_nx = (k_pos + BLOCK_N) < L
-            s_nx = tl.load(s_base + (k_pos + BLOCK_N)[None, :], mask=m_row[:, None] & m_nx[None, :], other=0.0)
-        else:
-            s = tl.load(s_base + k_pos[None, :], mask=m_row[:, None] & m_k[None, :], other=0.0)
-        if PREFETCH >= 2:
-            b_v = v_nx
-            v_nx = tl.load(v_base + (k_pos + BLOCK_N)[:, None] * stride_vs + o_d[None, :],
-                           mask=((k_pos + BLOCK_N) < L)[:, None], other=0.0)
-        else:
-            b_v = tl.load(v_base + k_pos[:, None] * stride_vs + o_d[None, :], mask=m_k[:, None], other=0.0)
-        if UPCAST:
-            b_v = b_v.to(tl.float32)
-        m_i, l_i, acc = _softmax_step(s, m_k[None, :], m_i, l_i, acc, b_v, ones, qk_scale, P_TY, True)
-
-    out = acc / tl.max(l_i, 1)[:, None]
-    p_o = o_ptr + b * stride_ob + h[:, None] * stride_oh + o_d[None, :]
-    tl.store(p_o, out.to(o_ptr.dtype.element_ty), mask=m_row[:, None])
+        b_k = b_k.to(tl.float32)
+        b_v = b_v.to(tl.float32)
+    s = tl.dot(b_q, tl.trans(b_k))
+    p = tl.math.exp2(s * qk_scale - b_lse[:, None])
+    if MASKED:
+        keep = (k_pos[None, :] <= q_pos[:, None]) & m_k[None, :]
+        p = tl.where(keep, p, 0.0)
+    dp = tl.dot(b_do, tl.trans(b_v))
+    ds = p * (dp - b_delta[:, None])
+    return tl.dot(ds.to(P_TY).to(b_k.dtype), b_k, dq)
 
 
 @triton.jit
@@ -495,6 +515,7 @@ def _attn_bwd_dq_kernel(
     VARLEN: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
+    """dq of BLOCK_M rows: KV blocks 0, 1, ... up to the tile's diagonal, in order (BLOCK_N sets the sum)."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1).to(tl.int64)
     b = pid_bh // n_kv_heads
@@ -526,23 +547,58 @@ def _attn_bwd_dq_kernel(
     k_base = k_ptr + b * stride_kb + kvh * stride_kh + start * stride_ks
     v_base = v_ptr + b * stride_vb + kvh * stride_vh + start * stride_vs
     dq = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    # blocks of keys every row of the tile sees need no mask (rows past L are never stored)
+    pos_lo = (pid_m * BLOCK_M) // G
     pos_hi = tl.minimum((pid_m * BLOCK_M + BLOCK_M - 1) // G + 1, L)
-    for j in range(0, tl.cdiv(pos_hi, BLOCK_N)):
-        k_pos = j * BLOCK_N + tl.arange(0, BLOCK_N)
-        m_k = k_pos < L
-        b_k = tl.load(k_base + k_pos[:, None] * stride_ks + o_d[None, :], mask=m_k[:, None], other=0.0)
-        b_v = tl.load(v_base + k_pos[:, None] * stride_vs + o_d[None, :], mask=m_k[:, None], other=0.0)
-        if UPCAST:
-            b_k = b_k.to(tl.float32)
-            b_v = b_v.to(tl.float32)
-        s = tl.dot(b_q, tl.trans(b_k))
-        keep = (k_pos[None, :] <= q_pos[:, None]) & m_k[None, :] & m_row[:, None]
-        p = tl.where(keep, tl.math.exp2(s * qk_scale - b_lse[:, None]), 0.0)
-        dp = tl.dot(b_do, tl.trans(b_v))
-        ds = p * (dp - b_delta[:, None])
-        dq = tl.dot(ds.to(P_TY).to(b_k.dtype), b_k, dq)
+    n_full = (pos_lo + 1) // BLOCK_N
+    for j in range(0, n_full):
+        dq = _bwd_dq_block(b_q, b_do, b_lse, b_delta, dq, k_base, v_base, j, stride_ks, stride_vs, L, q_pos, o_d,
+                           qk_scale, P_TY, BLOCK_N, UPCAST, False)
+    for j in range(n_full, tl.cdiv(pos_hi, BLOCK_N)):
+        dq = _bwd_dq_block(b_q, b_do, b_lse, b_delta, dq, k_base, v_base, j, stride_ks, stride_vs, L, q_pos, o_d,
+                           qk_scale, P_TY, BLOCK_N, UPCAST, True)
     dq = dq * sm_scale
     tl.store(dq_ptr + row_off, dq.to(dq_ptr.dtype.element_ty), mask=m_row[:, None])
+
+
+@triton.jit
+def _bwd_dkdv_rows(b_k, b_v, dk, dv, q_ptr, do_ptr, lse_ptr, delta_ptr, i0, b, kvh, start, L, k_pos, o_d,
+                   stride_qb, stride_qh, stride_qs, stride_lb, stride_lh, stride_ls, qk_scale,
+                   G: tl.constexpr, P_TY: tl.constexpr, BLOCK_M: tl.constexpr, UPCAST: tl.constexpr,
+                   MASKED: tl.constexpr):
+    """dk, dv += one tile of BLOCK_M query rows, computed transposed ([keys, rows]) so that no register tile is
+    transposed. MASKED: causal, row and length masks; else every row sees every key of the block."""
+    o_i = i0 + tl.arange(0, BLOCK_M)
+    q_pos = o_i // G
+    h = kvh * G + o_i % G
+    m_row = q_pos < L
+    row_base = b * stride_qb + h * stride_qh + (start + q_pos) * stride_qs
+    row_t = row_base[None, :] + o_d[:, None]  # [D, BM]: q is loaded transposed
+    row = row_base[:, None] + o_d[None, :]  # [BM, D]
+    l_off = b * stride_lb + h * stride_lh + (start + q_pos) * stride_ls
+    if MASKED:
+        b_qt = tl.load(q_ptr + row_t, mask=m_row[None, :], other=0.0)
+        b_do = tl.load(do_ptr + row, mask=m_row[:, None], other=0.0)
+        b_lse = tl.load(lse_ptr + l_off, mask=m_row, other=0.0)
+        b_delta = tl.load(delta_ptr + l_off, mask=m_row, other=0.0)
+    else:
+        b_qt = tl.load(q_ptr + row_t)
+        b_do = tl.load(do_ptr + row)
+        b_lse = tl.load(lse_ptr + l_off)
+        b_delta = tl.load(delta_ptr + l_off)
+    if UPCAST:
+        b_qt = b_qt.to(tl.float32)
+        b_do = b_do.to(tl.float32)
+    st = tl.dot(b_k, b_qt)  # [BN, BM]
+    pt = tl.math.exp2(st * qk_scale - b_lse[None, :])
+    if MASKED:
+        keep = (k_pos[:, None] <= q_pos[None, :]) & (k_pos < L)[:, None] & m_row[None, :]
+        pt = tl.where(keep, pt, 0.0)
+    dv = tl.dot(pt.to(P_TY).to(b_do.dtype), b_do, dv)
+    dpt = tl.dot(b_v, tl.trans(b_do))  # [BN, BM]
+    dst = pt * (dpt - b_delta[None, :])
+    dk = tl.dot(dst.to(P_TY).to(b_qt.dtype), tl.trans(b_qt), dk)
+    return dk, dv
 
 
 @triton.jit
@@ -563,6 +619,9 @@ def _attn_bwd_dkdv_kernel(
     VARLEN: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
+    """dk, dv of BLOCK_N keys: the group's query rows (position, head) in tiles of BLOCK_M (which sets the sum),
+    in order from the first tile that can see the block; tiles are aligned to multiples of BLOCK_M whatever
+    BLOCK_N is, so BLOCK_N changes no bits."""
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1).to(tl.int64)
     b = pid_bh // n_kv_heads
@@ -589,29 +648,25 @@ def _attn_bwd_dkdv_kernel(
         b_v = b_v.to(tl.float32)
     dk = tl.zeros([BLOCK_N, D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, D], dtype=tl.float32)
-    # rows (position, head) in order; the first tile that can see this block starts at position pid_n*BLOCK_N
+    # row tiles in order: those that cross the block's diagonal (masked), those that see every key (unmasked),
+    # then the last, partial tile (masked)
+    n_rows = L * G
     i_lo = (pid_n * BLOCK_N * G) // BLOCK_M * BLOCK_M
-    for i0 in range(i_lo, L * G, BLOCK_M):
-        o_i = i0 + tl.arange(0, BLOCK_M)
-        q_pos = o_i // G
-        h = kvh * G + o_i % G
-        m_row = q_pos < L
-        row_off = b * stride_qb + h[:, None] * stride_qh + (start + q_pos[:, None]) * stride_qs + o_d[None, :]
-        b_q = tl.load(q_ptr + row_off, mask=m_row[:, None], other=0.0)
-        b_do = tl.load(do_ptr + row_off, mask=m_row[:, None], other=0.0)
-        l_off = b * stride_lb + h * stride_lh + (start + q_pos) * stride_ls
-        b_lse = tl.load(lse_ptr + l_off, mask=m_row, other=0.0)
-        b_delta = tl.load(delta_ptr + l_off, mask=m_row, other=0.0)
-        if UPCAST:
-            b_q = b_q.to(tl.float32)
-            b_do = b_do.to(tl.float32)
-        s = tl.dot(b_q, tl.trans(b_k))  # [BM, BN]
-        keep = (k_pos[None, :] <= q_pos[:, None]) & m_k[None, :] & m_row[:, None]
-        p = tl.where(keep, tl.math.exp2(s * qk_scale - b_lse[:, None]), 0.0)
-        dv = tl.dot(tl.trans(p.to(P_TY).to(b_do.dtype)), b_do, dv)
-        dp = tl.dot(b_do, tl.trans(b_v))
-        ds = p * (dp - b_delta[:, None])
-        dk = tl.dot(tl.trans(ds.to(P_TY).to(b_q.dtype)), b_q, dk)
+    i_stop = tl.cdiv(n_rows, BLOCK_M) * BLOCK_M
+    i_full = tl.minimum(tl.maximum(tl.cdiv((pid_n * BLOCK_N + BLOCK_N - 1) * G, BLOCK_M) * BLOCK_M, i_lo), i_stop)
+    i_tail = tl.maximum(i_full, n_rows // BLOCK_M * BLOCK_M)
+    for i0 in range(i_lo, i_full, BLOCK_M):
+        dk, dv = _bwd_dkdv_rows(b_k, b_v, dk, dv, q_ptr, do_ptr, lse_ptr, delta_ptr, i0, b, kvh, start, L, k_pos,
+                                o_d, stride_qb, stride_qh, stride_qs, stride_lb, stride_lh, stride_ls, qk_scale,
+                                G, P_TY, BLOCK_M, UPCAST, True)
+    for i0 in range(i_full, i_tail, BLOCK_M):
+        dk, dv = _bwd_dkdv_rows(b_k, b_v, dk, dv, q_ptr, do_ptr, lse_ptr, delta_ptr, i0, b, kvh, start, L, k_pos,
+                                o_d, stride_qb, stride_qh, stride_qs, stride_lb, stride_lh, stride_ls, qk_scale,
+                                G, P_TY, BLOCK_M, UPCAST, False)
+    for i0 in range(i_tail, i_stop, BLOCK_M):
+        dk, dv = _bwd_dkdv_rows(b_k, b_v, dk, dv, q_ptr, do_ptr, lse_ptr, delta_ptr, i0, b, kvh, start, L, k_pos,
+                                o_d, stride_qb, stride_qh, stride_qs, stride_lb, stride_lh, stride_ls, qk_scale,
+                                G, P_TY, BLOCK_M, UPCAST, True)
     dk = dk * sm_scale
     tl.store(dk_ptr + k_off, dk.to(dk_ptr.dtype.element_ty), mask=m_k[:, None])
     tl.store(dv_ptr + v_off, dv.to(dv_ptr.dtype.element_ty), mask=m_k[:, None])
@@ -621,10 +676,11 @@ def _attn_bwd_dkdv_kernel(
 
 
 def _tiles() -> dict:
-    """Effective tile sizes. The interpreter gets small tiles so tiny shapes still span several KV blocks."""
+    """Effective tile sizes. The interpreter gets small blocks and chunks so tiny shapes span several chunks."""
     if INTERPRET:
-        return {**CONFIG, "BLOCK_N": CONFIG["BLOCK_N_INTERPRET"], "BLOCK_M": 16, "DECODE_BLOCK_M": 16,
-                "DECODE_BLOCK_D": 16, "BWD_BLOCK_M": 16, "BWD_BLOCK_N": CONFIG["BLOCK_N_INTERPRET"]}
+        return {**CONFIG, "BLOCK_N": CONFIG["BLOCK_N_INTERPRET"], "CHUNK_BLOCKS": CONFIG["CHUNK_BLOCKS_INTERPRET"],
+                "BLOCK_M": 16, "DECODE_BLOCK_M": 16, "DQ_BLOCK_M": 16, "DQ_BLOCK_N": CONFIG["BLOCK_N_INTERPRET"],
+                "DKDV_BLOCK_M": 16, "DKDV_BLOCK_N": CONFIG["BLOCK_N_INTERPRET"]}
     return CONFIG
 
 
@@ -662,12 +718,15 @@ def _fwd(q, k, v, cu, n_seq, max_len, seq_len, scale, varlen):
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
     lse_strides = (0, lse.stride(1), lse.stride(0)) if varlen else (lse.stride(0), lse.stride(1), lse.stride(2))
     grid = (triton.cdiv(max_len * G, cfg["BLOCK_M"]), n_seq * hk)
+    in_memory = bool(cfg.get("FWD_TOTAL_IN_MEMORY", 0))
+    scratch = torch.empty(grid[0] * grid[1] * cfg["BLOCK_M"] * d if in_memory else 1, dtype=torch.float32,
+                          device=q.device)
     _attn_fwd_kernel[grid](
-        q, k, v, o, lse, cu,
+        q, k, v, o, lse, cu, scratch,
         *_row_strides(q, varlen), *_row_strides(k, varlen), *_row_strides(v, varlen), *_row_strides(o, varlen),
         *lse_strides, seq_len, hk, scale * _LOG2E,
-        G=G, D=d, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], VARLEN=varlen, UPCAST=INTERPRET,
-        **_launch_opts(cfg["num_warps"], cfg["num_stages"]),
+        G=G, D=d, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], CHUNK=cfg["CHUNK_BLOCKS"], VARLEN=varlen,
+        UPCAST=INTERPRET, TOTAL_IN_MEMORY=in_memory, **_launch_opts(cfg["num_warps"], cfg["num_stages"]),
     )
     return o, lse
 
@@ -676,20 +735,23 @@ def _bwd(q, k, v, o, lse, do, cu, n_seq, max_len, seq_len, scale, varlen):
     cfg = _tiles()
     hq, hk, d = q.shape[-2 if varlen else 1], k.shape[-2 if varlen else 1], q.shape[-1]
     G = hq // hk
-    do = do.contiguous()
-    # delta = rowsum(o * dO): a fixed-shape torch reduction, deterministic
-    delta = (o.float() * do.float()).sum(-1).contiguous()
+    # q, o and dO are read with one set of strides (lse's rows are contiguous already)
+    q, o, do = q.contiguous(), o.contiguous(), do.contiguous()
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    delta = torch.empty_like(lse)
     lse_strides = (0, lse.stride(1), lse.stride(0)) if varlen else (lse.stride(0), lse.stride(1), lse.stride(2))
-    common = dict(G=G, D=d, BLOCK_M=cfg["BWD_BLOCK_M"], BLOCK_N=cfg["BWD_BLOCK_N"], VARLEN=varlen, UPCAST=INTERPRET,
+    _attn_bwd_delta_kernel[(n_seq * hq, triton.cdiv(max_len, 16))](
+        o, do, delta, cu, *_row_strides(q, varlen), *lse_strides, seq_len, hq, D=d, VARLEN=varlen,
+        **_launch_opts(4, 1))
+    common = dict(G=G, D=d, VARLEN=varlen, UPCAST=INTERPRET,
                   **_launch_opts(cfg["bwd_num_warps"], cfg["bwd_num_stages"]))
     strides = (*_row_strides(q, varlen), *_row_strides(k, varlen), *_row_strides(v, varlen), *lse_strides)
-    grid = (triton.cdiv(max_len * G, cfg["BWD_BLOCK_M"]), n_seq * hk)
+    grid = (triton.cdiv(max_len * G, cfg["DQ_BLOCK_M"]), n_seq * hk)
     _attn_bwd_dq_kernel[grid](q, k, v, do, dq, lse, delta, cu, *strides, seq_len, hk, scale * _LOG2E, scale,
-                              **common)
-    grid = (triton.cdiv(max_len, cfg["BWD_BLOCK_N"]), n_seq * hk)
+                              BLOCK_M=cfg["DQ_BLOCK_M"], BLOCK_N=cfg["DQ_BLOCK_N"], **common)
+    grid = (triton.cdiv(max_len, cfg["DKDV_BLOCK_N"]), n_seq * hk)
     _attn_bwd_dkdv_kernel[grid](q, k, v, do, dk, dv, lse, delta, cu, *strides, seq_len, hk, scale * _LOG2E, scale,
-                                **common)
+                                BLOCK_M=cfg["DKDV_BLOCK_M"], BLOCK_N=cfg["DKDV_BLOCK_N"], **common)
     return dq, dk, dv
 
 
@@ -699,51 +761,38 @@ def _decode(q, k_cache, v_cache, lens, scale):
     hk, cap = k_cache.shape[1], k_cache.shape[2]
     G = hq // hk
     bm = max(cfg["DECODE_BLOCK_M"], triton.next_power_of_2(G))
-    bd = min(cfg["DECODE_BLOCK_D"], d)
-    bn = cfg["BLOCK_N"]
+    bn, chunk = cfg["BLOCK_N"], cfg["CHUNK_BLOCKS"]
     lens = lens.to(device=q.device, dtype=torch.int32).contiguous()
-    n_blocks = triton.cdiv(cap, bn)
-    scores = torch.empty((B, hq, n_blocks * bn), dtype=torch.float32, device=q.device)
+    n_chunks = triton.cdiv(cap, bn * chunk)  # chunks of the longest sequence the cache can hold
     o = torch.empty_like(q)
-    opts = _launch_opts(cfg["decode_num_warps"], cfg["decode_num_stages"])
-    # phase 2 (the sequential chain) may want fewer warps than the parallel kernels: 0 = decode_num_warps
-    opts2 = _launch_opts(cfg.get("decode2_num_warps") or cfg["decode_num_warps"], cfg["decode_num_stages"])
-    pre = bool(cfg.get("DECODE_PRECOMPUTE_P", 0))
-    # phase 2 rows per program: the whole group (its heads share each V load) or one head (G times the programs)
-    rows = 1 if cfg.get("DECODE_SPLIT_HEADS", 0) else G
-    bm2 = max(cfg["DECODE_BLOCK_M"] if rows == G else 16, triton.next_power_of_2(rows))
-    bmax = torch.empty((B, hq, n_blocks), dtype=torch.float32, device=q.device) if pre else scores
-    qk_scale = scale * _LOG2E
-    _attn_decode_scores_kernel[(n_blocks, B * hk)](
-        q, k_cache, scores, lens,
+    # the split is free (same tree, same bits): fold in-program when the cache holds one chunk or when the
+    # (sequence, KV head) pairs alone fill the GPU
+    fold = n_chunks == 1 or B * hk >= cfg["DECODE_FOLD_GROUPS"]
+    per_prog = cfg["DECODE_CHUNKS_PER_PROG"]
+    if fold:
+        wm = wl = wa = o  # unused
+        grid = (B * hk, 1)
+    else:
+        wm = torch.empty((B, hq, n_chunks), dtype=torch.float32, device=q.device)
+        wl = torch.empty_like(wm)
+        wa = torch.empty((B, hq, n_chunks, d), dtype=torch.float32, device=q.device)
+        grid = (B * hk, triton.cdiv(n_chunks, per_prog))
+    _attn_decode_kernel[grid](
+        q, k_cache, v_cache, o, wm, wl, wa, lens,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        scores.stride(0), scores.stride(1), bmax, bmax.stride(0), bmax.stride(1), qk_scale, hk,
-        G=G, D=d, BLOCK_M=bm, BLOCK_N=bn, UPCAST=INTERPRET, BLOCK_MAX=pre, **opts,
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), o.stride(0), o.stride(1),
+        wm.stride(0), wm.stride(1), wa.stride(0), wa.stride(1), wa.stride(2), hk, scale * _LOG2E,
+        G=G, D=d, BLOCK_M=bm, BLOCK_N=bn, CHUNK=chunk, CHUNKS_PER_PROG=per_prog, FOLD=fold, UPCAST=INTERPRET,
+        **_launch_opts(cfg["decode_num_warps"], cfg["decode_num_stages"]),
     )
-    if pre:
-        p = torch.empty((B, hq, n_blocks * bn), dtype=v_cache.dtype, device=q.device)
-        alpha = torch.empty((B, hq, n_blocks), dtype=torch.float32, device=q.device)
-        _attn_decode_weights_kernel[(n_blocks, B * hk)](
-            scores, bmax, p, alpha, lens,
-            scores.stride(0), scores.stride(1), bmax.stride(0), bmax.stride(1), p.stride(0), p.stride(1),
-            alpha.stride(0), alpha.stride(1), hk, qk_scale,
-            G=G, BLOCK_M=bm, BLOCK_N=bn, CHUNK=4 if INTERPRET else 64, **opts,
+    if not fold:
+        bd = min(cfg["COMBINE_BLOCK_D"], d)
+        _attn_decode_combine_kernel[(B * hk, d // bd)](
+            wm, wl, wa, o, lens, wm.stride(0), wm.stride(1), wa.stride(0), wa.stride(1), wa.stride(2),
+            o.stride(0), o.stride(1), hk,
+            G=G, BLOCK_G=triton.next_power_of_2(G), BLOCK_D=bd, CHUNK_KEYS=bn * chunk, GROUP=cfg["COMBINE_CHUNKS"],
+            **_launch_opts(cfg["combine_num_warps"], 1),
         )
-        _attn_decode_accumulate_kernel[(d // bd, B * hk * (G // rows))](
-            p, alpha, v_cache, o, lens,
-            p.stride(0), p.stride(1), alpha.stride(0), alpha.stride(1),
-            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), o.stride(0), o.stride(1), hk,
-            G=G, ROWS=rows, BLOCK_M=bm2, BLOCK_N=bn, BLOCK_D=bd, UPCAST=INTERPRET,
-            PREFETCH=cfg.get("DECODE_PREFETCH", 0), **opts2,
-        )
-        return o
-    _attn_decode_reduce_kernel[(d // bd, B * hk * (G // rows))](
-        scores, v_cache, o, lens,
-        scores.stride(0), scores.stride(1), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        o.stride(0), o.stride(1), hk, qk_scale,
-        G=G, ROWS=rows, BLOCK_M=bm2, BLOCK_N=bn, BLOCK_D=bd, UPCAST=INTERPRET,
-        PREFETCH=cfg.get("DECODE_PREFETCH", 0), **opts2,
-    )
     return o
 
 
