@@ -38,6 +38,44 @@ def _limit_resources(job: dict) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (n, n))
 
 
+#: modules an implementation may not import: the harness that measures it, and the store and UI that record it
+GUARDED_PREFIXES = ("tik_kernels.evaluator", "tik_store", "tik_tui")
+
+
+def _guarded(name: str) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in GUARDED_PREFIXES)
+
+
+class _RefuseGuarded:
+    """A meta-path finder consulted before any other: an import of a guarded module fails, however its name was
+    spelled (the source screen in `core.source_policy` only sees names written out in the source)."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if _guarded(name):
+            raise ImportError(f"an implementation may not import {name} (the evaluator's own modules)")
+        return None
+
+
+def guard_imports() -> None:
+    """Called once the harness has imported what it needs, before the first implementation is imported.
+
+    Guarded modules already loaded are dropped from `sys.modules` and from their parent package's attributes
+    (the harness keeps its own references), and `_RefuseGuarded` refuses to load them again: an implementation
+    that spells `importlib.import_module("tik_kernels." + "evalu" + "ator.timing")` to patch the timer gets an
+    ImportError. This is a guard against reaching the harness by import, not a sandbox: code in this process
+    can still walk frames or the garbage collector to the harness's objects. What the parent decides never
+    rests on it: timings are checked against the timed outputs, the profiler and a control run, and every
+    output is checked in the parent."""
+    if any(isinstance(f, _RefuseGuarded) for f in sys.meta_path):
+        return
+    for name in [n for n in sys.modules if _guarded(n)]:
+        mod = sys.modules.pop(name)
+        parent, _, attr = name.rpartition(".")
+        if parent in sys.modules and getattr(sys.modules[parent], attr, None) is mod:
+            delattr(sys.modules[parent], attr)
+    sys.meta_path.insert(0, _RefuseGuarded())
+
+
 class GuardedModule:
     """The implementation seen through a filter: every entry point's outputs must be plain, dense,
     contiguous tensors on the probe's device that own their storage and alias no input."""
@@ -100,6 +138,7 @@ def run_probes_job(workdir: Path, job: dict) -> dict:
         # the input index of each top-level tensor argument, in order (what inputs_after echoes)
         sent[p["id"]] = [a["t"] for a in p["args"]["tuple"] if "t" in a]
     del tensors
+    guard_imports()
     try:
         module = load_module(job["impl"], "tik_impl")
     except BaseException as e:  # noqa: B036 (SystemExit at import is an import failure too)

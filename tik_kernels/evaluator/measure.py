@@ -16,6 +16,7 @@ import torch
 
 from tik_kernels.contract import CheckResult, Contract, error_stats
 from tik_kernels.evaluator.checks import spec
+from tik_kernels.evaluator.promotion import objective_ratio_ci
 from tik_kernels.evaluator.protocol import ProtocolError, read_tensors, tensor_index
 from tik_kernels.evaluator.report import EvalReport, fail
 from tik_kernels.evaluator.sandbox import limits, run_child
@@ -193,6 +194,20 @@ def time_candidate(report: EvalReport, contract: Contract, cand_path: Path, root
     report.checks.append(outputs_check.result())
     if cuda:
         report.checks.append(integrity.result())
+    report.objective_ci = paired_ci(contract, report, doc)
+
+
+def paired_ci(contract: Contract, report: EvalReport, doc: dict) -> list[float] | None:
+    """The objective ratio's interval over paired rounds (candidate vs incumbent, the root where none)."""
+    paired = []
+    for cell in contract.cells(report.profile):
+        s = doc["cells"][cell.name].get("samples", {})
+        inc = "incumbent" if "incumbent" in s else "root"
+        if "candidate" not in s or inc not in s:
+            return None
+        paired.append((cell.coeff, s["candidate"]["event_us"], s[inc]["event_us"]))
+    ci = objective_ratio_ci(paired, seed=report.seed)
+    return [round(ci[0], 6), round(ci[1], 6)] if ci is not None else None
 
 
 class _TimedChecks:

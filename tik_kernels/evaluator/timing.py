@@ -26,6 +26,9 @@ from typing import Any
 
 import torch
 
+# bound here: once the harness guards its modules (child.guard_imports) they can no longer be imported
+from tik_kernels.evaluator.child import one_line as _one_line
+
 FLUSH_BYTES = 256 << 20
 #: GPU idle the spin kernel covers while the host launches the timed call
 #: (ops_h200_spin200.json once measured the rmsnorm root at 52 us with 200 us of spin and 4 us with
@@ -158,14 +161,15 @@ class Timer:
 
 def run_timing_job(workdir: Path, job: dict) -> dict:
     from tik_kernels.contract import Contract, flatten_outputs, load_module
-    from tik_kernels.evaluator.child import check_outputs, one_line
+    from tik_kernels.evaluator.child import check_outputs, guard_imports, one_line
     from tik_kernels.evaluator.protocol import TensorWriter
 
     device = job["device"]
     cmod = load_module(job["contract_file"], "tik_contract")
     contract = next(v for v in vars(cmod).values() if isinstance(v, Contract) and v.op == job["op"])
     cells = {c.name: c for c in contract.cells(job["profile"])}
-    # trusted implementations are imported before the candidate, in the order given
+    # trusted implementations are imported before the candidate, in the order given; none may import the harness
+    guard_imports()
     mods, errors = {}, {}
     for name, path in job["impls"]:
         try:
@@ -301,9 +305,7 @@ def _send(t: torch.Tensor, w, picks: dict, key: tuple) -> dict:
 
 
 def one_line_(e: BaseException) -> str:
-    from tik_kernels.evaluator.child import one_line
-
-    return one_line(e)
+    return _one_line(e)
 
 
 # ----------------------------------------------------------------------------- parent side: statistics
