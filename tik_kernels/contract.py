@@ -71,6 +71,11 @@ class BenchCase:
     #: fewest bytes the op must move (each input read once, output written once), for GB/s
     bytes_moved: int | None = None
     flops: int | None = None
+    #: positional arguments whose dim 0 is the token dim (every output's dim 0 is too, and a token's outputs
+    #: depend on its own rows only): the harness then recomputes a few timed rows alone and in a small batch,
+    #: and the parent requires them bitwise equal to the timed call's rows (`measure.timed_rows_ok`), so a
+    #: shape that is timed is also bit-checked. Empty: not token-wise, not checked that way.
+    token_args: tuple[int, ...] = ()
 
 
 @dataclass

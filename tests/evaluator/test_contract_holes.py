@@ -90,3 +90,4 @@ def test_an_obfuscated_import_of_the_harness_is_refused_at_run_time():
     assert not rep.verified
     assert "may not import tik_kernels.evaluator" in rep.failure, rep.failure
     assert not rep.cells  # never timed
+

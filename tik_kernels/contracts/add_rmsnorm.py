@@ -115,6 +115,7 @@ def bench_case(cell: Cell, seed: int, device: str) -> BenchCase:
         kwargs={"eps": eps},
         baseline=baseline,
         bytes_moved=4 * x.numel() * x.element_size() + w.numel() * w.element_size(),
+        token_args=(0, 1),
     )
 
 

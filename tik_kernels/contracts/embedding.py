@@ -105,6 +105,7 @@ def bench_case(cell: Cell, seed: int, device: str) -> BenchCase:
         args=(ids, table),
         baseline=lambda: F.embedding(ids, table),
         bytes_moved=2 * T * H * table.element_size() + ids.numel() * ids.element_size(),
+        token_args=(0,),
     )
 
 

@@ -125,6 +125,7 @@ def bench_case(cell: Cell, seed: int, device: str) -> BenchCase:
         kwargs={"eps": eps},
         baseline=lambda: F.rms_norm(x, (H,), w, eps),
         bytes_moved=2 * x.numel() * x.element_size() + w.numel() * w.element_size(),
+        token_args=(0,),
     )
 
 

@@ -126,6 +126,7 @@ def bench_case(cell: Cell, seed: int, device: str) -> BenchCase:
         kwargs={"theta": p["theta"]},
         baseline=lambda: torch_rope(q, k, pos, p["theta"]),
         bytes_moved=2 * (q.numel() + k.numel()) * q.element_size() + pos.numel() * pos.element_size(),
+        token_args=(0, 1, 2),
     )
 
 

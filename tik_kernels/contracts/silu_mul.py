@@ -96,7 +96,7 @@ def bench_case(cell: Cell, seed: int, device: str) -> BenchCase:
         return F.silu(gate) * up
 
     return BenchCase(entry="silu_mul", args=(x,), baseline=baseline,
-                     bytes_moved=3 * T * Fdim * x.element_size())
+                     bytes_moved=3 * T * Fdim * x.element_size(), token_args=(0,))
 
 
 CONTRACT = Contract(

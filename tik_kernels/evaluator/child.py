@@ -127,7 +127,8 @@ def run_probes_job(workdir: Path, job: dict) -> dict:
     import torch
 
     from tik_kernels.contract import Probe, execute_probe, load_module, same_bits
-    from tik_kernels.evaluator.protocol import TensorWriter, decode, read_tensors
+
+    TensorWriter, decode, read_tensors = _protocol()
 
     tensors = read_tensors(workdir / "inputs.bin", job["tensors"])
     probes, sent = [], {}
@@ -138,7 +139,6 @@ def run_probes_job(workdir: Path, job: dict) -> dict:
         # the input index of each top-level tensor argument, in order (what inputs_after echoes)
         sent[p["id"]] = [a["t"] for a in p["args"]["tuple"] if "t" in a]
     del tensors
-    guard_imports()
     try:
         module = load_module(job["impl"], "tik_impl")
     except BaseException as e:  # noqa: B036 (SystemExit at import is an import failure too)
@@ -168,6 +168,19 @@ def run_probes_job(workdir: Path, job: dict) -> dict:
             if probe.id in set(job.get("graph_probes", ())):
                 graphs[probe.id] = graph_replay(guarded, probe, job["device"], w)
     return {"import_error": None, "probes": results, "graphs": graphs, "tensors": w.close()}
+
+
+def _protocol() -> tuple:
+    """protocol's TensorWriter, decode and read_tensors: imported as usual, or (in a guarded child, where it can
+    no longer be imported) the module main() held on to."""
+    mod = _HELD.get("protocol")
+    if mod is None:
+        from tik_kernels.evaluator import protocol as mod
+    return mod.TensorWriter, mod.decode, mod.read_tensors
+
+
+#: harness modules main() keeps references to before guard_imports drops them from sys.modules
+_HELD: dict[str, Any] = {}
 
 
 def graph_replay(module: Any, probe: Any, device: str, w: Any) -> dict:
@@ -232,14 +245,18 @@ def main(argv: list[str]) -> int:
     _limit_resources(job)
     # kernels first: it sets TRITON_INTERPRET before anything imports Triton
     import tik_kernels  # noqa: F401
+    from tik_kernels.evaluator import protocol
+
+    _HELD["protocol"] = protocol
     from tik_kernels.evaluator.protocol import write_json
+    from tik_kernels.evaluator.timing import run_timing_job
 
     (workdir / "out").mkdir(exist_ok=True)
+    # the harness has what it needs: from here on its modules cannot be imported (the implementations come next)
+    guard_imports()
     if job["mode"] == "probes":
         doc = run_probes_job(workdir, job)
     elif job["mode"] == "time":
-        from tik_kernels.evaluator.timing import run_timing_job
-
         doc = run_timing_job(workdir, job)
     else:
         raise SystemExit(f"unknown job mode {job['mode']!r}")
