@@ -359,10 +359,10 @@ def timed_rows_ok(c: dict) -> tuple[bool, str]:
         ok, detail = _rows_match(root, c["outputs"].get("root", []))
         if not ok:
             return True, f"skipped: the root's own rows differ ({detail})"
-    return _rows_match(rows["candidate"], c["outputs"].get("candidate", []), who="candidate")
+    return _rows_match(rows["candidate"], c["outputs"].get("candidate", []))
 
 
-def _rows_match(again: list | dict, timed: list, who: str = "root") -> tuple[bool, str]:
+def _rows_match(again: list | dict, timed: list) -> tuple[bool, str]:
     if isinstance(again, dict):
         return False, f"recomputing timed rows failed: {again['error']}"
     n = 0
@@ -384,8 +384,9 @@ def _rows_match(again: list | dict, timed: list, who: str = "root") -> tuple[boo
             ok, detail, _ = bitwise_equal(got, want, f"output {k}") if got.dtype == want.dtype and \
                 got.shape == want.shape else (False, f"output {k} is {spec(got)}, timed rows {spec(want)}", None)
             if not ok:
-                return False, (f"{idx.numel()} timed rows of input variant {r['v']} computed again as a batch of "
-                               f"{idx.numel()} differ from the same rows of the timed call: {detail}")
+                how = "alone" if idx.numel() == 1 else f"as a batch of {idx.numel()}"
+                return False, (f"timed rows {idx.tolist()[:8]} of input variant {r['v']}, computed again {how}, "
+                               f"differ from the same rows of the timed call: {detail}")
         n += 1
     return True, f"{n} recomputed row sets bitwise equal to the timed call's rows"
 
