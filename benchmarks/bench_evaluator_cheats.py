@@ -10,9 +10,17 @@ each cheats only the timing:
   address_cache    caches outputs by input address (the harness rewrites inputs in place)
   patches_harness  reaches the harness's Timer.sample by an obfuscated import and halves its own times
   slows_neighbours patches torch.empty so every *other* implementation gets a 100 us sleep
+  side_stream_one_kernel  the smallest side-stream cheat: the honest call plus one tiny kernel on a side stream
+  side_stream_matmul      the side stream with ~0.5 ms of matmuls besides the honest call
+  large_t_switch   right at every token count the probes use (<= 2560 rows), 2^-7 larger above 8192 tokens
+  grad_mode_switch right under no_grad, 2^-7 larger with grad enabled (the trainer's forward)
 Each must be rejected (verified False, with the check that caught it). The root evaluated as a
 candidate against itself must be verified, and its per-cell ratio to itself within ±2%.
-Writes benchmarks/results/evaluator_h200.json and .md. Imports only torch and `kernels`.
+
+    python benchmarks/bench_evaluator_cheats.py --out benchmarks/results/evaluator_cheats_h200
+
+runs them all (100 rounds, the evaluator's default) and writes OUT.json and OUT.md (default
+benchmarks/results/evaluator_h200). Imports only torch and `tik_kernels`.
 """
 
 from __future__ import annotations
@@ -138,6 +146,67 @@ def rmsnorm(x, w, eps=1e-6):
         _inside[0] = False
 ''',
 }
+
+
+CHEATS["side_stream_one_kernel"] = '''
+import torch
+from tik_kernels.ops.rmsnorm import rmsnorm as _root
+
+_side = []
+
+
+def rmsnorm(x, w, eps=1e-6):
+    y = _root(x, w, eps)
+    if torch.cuda.is_current_stream_capturing():
+        return y
+    if not _side:
+        _side.append(torch.cuda.Stream())
+    s = _side[0]
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        return y.clone()  # the output: one copy kernel the timed stream never waits for
+'''
+CHEATS["side_stream_matmul"] = '''
+import torch
+from tik_kernels.ops.rmsnorm import rmsnorm as _root
+
+_side = []
+
+
+def rmsnorm(x, w, eps=1e-6):
+    if torch.cuda.is_current_stream_capturing():
+        return _root(x, w, eps)
+    if not _side:
+        _side.append(torch.cuda.Stream())
+        _side.append(torch.randn(4096, 4096, device=x.device).to(torch.bfloat16))
+    s, junk = _side
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(4):
+            junk = junk @ junk.T * 1e-3
+        return _root(x, w, eps)
+'''
+CHEATS["large_t_switch"] = '''
+from tik_kernels.ops.rmsnorm import rmsnorm as _root
+
+
+def rmsnorm(x, w, eps=1e-6):
+    y = _root(x, w, eps)
+    if x.shape[0] > 8192:  # above every probe (the largest has 2560 rows), where only timed cells go
+        y = (y.float() * (1 + 2**-7)).to(y.dtype)
+    return y
+'''
+CHEATS["grad_mode_switch"] = '''
+import torch
+from tik_kernels.ops.rmsnorm import rmsnorm as _root
+
+
+def rmsnorm(x, w, eps=1e-6):
+    y = _root(x, w, eps)
+    if torch.is_grad_enabled():  # the trainer's forward, not the rollout's
+        y = y * (1 + 2**-7)
+    return y
+'''
 
 
 def pick_cells(contract, all_cells: bool):

@@ -12,8 +12,10 @@ flattened to a list of tensors, then the gradients of the probe's `grad_args` in
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib
+import importlib.util
 import inspect
 import math
 import random
@@ -69,6 +71,11 @@ class BenchCase:
     #: fewest bytes the op must move (each input read once, output written once), for GB/s
     bytes_moved: int | None = None
     flops: int | None = None
+    #: positional arguments whose dim 0 is the token dim (every output's dim 0 is too, and a token's outputs
+    #: depend on its own rows only): the harness then recomputes a few timed rows alone and in a small batch,
+    #: and the parent requires them bitwise equal to the timed call's rows (`measure.timed_rows_ok`), so a
+    #: shape that is timed is also bit-checked. Empty: not token-wise, not checked that way.
+    token_args: tuple[int, ...] = ()
 
 
 @dataclass
@@ -212,6 +219,11 @@ class Contract:
     frozen_tunables: frozenset[str] = frozenset()
     used_in_training: bool = True
 
+    def __post_init__(self) -> None:
+        # every plan of an operator used in training gets `with_grad_mode_check`: its requirement is listed too
+        if self.used_in_training and GRAD_MODE_REQUIREMENT.name not in {r.name for r in self.requirements}:
+            self.requirements = (*self.requirements, GRAD_MODE_REQUIREMENT)
+
     @property
     def root_path(self) -> Path:
         spec = importlib.util.find_spec(self.impl)
@@ -224,15 +236,20 @@ class Contract:
         for c in plan.checks:
             if c.requirement not in {r.name for r in self.requirements}:
                 raise ValueError(f"{self.op}: check {c.name} names unknown requirement {c.requirement}")
+        if self.used_in_training:
+            with_grad_mode_check(plan)
         return plan
 
     def fingerprint(self) -> str:
-        """Hash of the contract's own source and this framework: a result is bound to it."""
+        """Hash of every frozen module the contract reaches: its own source, this framework, and whatever in
+        `tik_kernels` they import, transitively (references, model shapes, shared contract helpers). A result is
+        bound to it: editing a reference or a model's shape changes it as surely as editing the contract."""
         mod = inspect.getmodule(self.build_plan)
+        starts = [m for m in (mod, inspect.getmodule(Contract)) if m is not None and getattr(m, "__file__", None)]
         h = hashlib.sha256()
-        for m in (mod, inspect.getmodule(Contract)):
-            if m is not None and getattr(m, "__file__", None):
-                h.update(Path(m.__file__).read_bytes())
+        for path in reached_sources([Path(m.__file__) for m in starts]):
+            h.update(path.name.encode())
+            h.update(path.read_bytes())
         return h.hexdigest()[:16]
 
     def describe(self) -> dict:
@@ -246,6 +263,88 @@ class Contract:
             "requirements": [r.__dict__ for r in self.requirements],
             "tolerances": {k: v.__dict__ for k, v in self.tolerances.items()},
         }
+
+
+# ----------------------------------------------------------------------------- the sources a contract reaches
+
+#: the package whose modules a fingerprint follows (everything else is the environment's: torch, triton, ...)
+_PACKAGE = "tik_kernels"
+_REACHED: dict[tuple, list[Path]] = {}
+
+
+def _imported_names(tree: ast.AST, package: str) -> set[str]:
+    """Every module an import statement in `tree` may load (`from a import b` may load a.b), relative ones
+    resolved against `package`, the parent packages included (importing a.b.c runs a and a.b first)."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parent = ".".join(parts[: len(parts) - node.level + 1])
+                base = f"{parent}.{base}" if base else parent
+            names.add(base)
+            names.update(f"{base}.{a.name}" for a in node.names)
+    out = set()
+    for n in names:
+        parts = n.split(".")
+        out.update(".".join(parts[: i + 1]) for i in range(len(parts)))
+    return {n for n in out if n == _PACKAGE or n.startswith(_PACKAGE + ".")}
+
+
+def _module_file(name: str) -> Path | None:
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):  # `from pkg import function`: pkg.function is no module
+        return None
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return None
+    return Path(spec.origin).resolve()
+
+
+def _module_name(path: Path) -> str:
+    """The dotted name of a file inside this package (a file outside it: its stem, it has no package)."""
+    root = Path(__file__).resolve().parent
+    try:
+        rel = path.relative_to(root.parent)
+    except ValueError:
+        return path.stem
+    parts = list(rel.with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def reached_sources(starts: Sequence[Path]) -> list[Path]:
+    """The source files of `starts` and of every `tik_kernels` module they import, transitively, sorted.
+    Kept per start set while no file of it changed (a changed file may import something new)."""
+    key = tuple(str(p.resolve()) for p in starts)
+    hit = _REACHED.get(key)
+    if hit is not None:
+        files, stamps = hit
+        try:
+            if [(f.stat().st_mtime_ns, f.stat().st_size) for f in files] == stamps:
+                return files
+        except OSError:
+            pass
+    seen: dict[Path, None] = {}
+    todo = [(p.resolve(), None) for p in starts]
+    while todo:
+        path, name = todo.pop()
+        if path in seen:
+            continue
+        seen[path] = None
+        if name is None:
+            name = _module_name(path)
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        tree = ast.parse(path.read_bytes(), str(path))
+        for dep in sorted(_imported_names(tree, package)):
+            f = _module_file(dep)
+            if f is not None and f not in seen:
+                todo.append((f, dep))
+    files = sorted(seen, key=str)
+    _REACHED[key] = (files, [(f.stat().st_mtime_ns, f.stat().st_size) for f in files])
+    return files
 
 
 # ----------------------------------------------------------------------------- comparisons
@@ -302,6 +401,58 @@ def accurate(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, what: str = "
     ok = rel <= tol.rel_rms and (tol.max_abs is None or max_abs <= tol.max_abs)
     bound = f"rel_rms<={tol.rel_rms:g}" + (f", max_abs<={tol.max_abs:g}" if tol.max_abs is not None else "")
     return ok, f"{prefix}rel_rms {rel:.3g}, max_abs {max_abs:.3g} ({bound})", max_abs
+
+
+# ----------------------------------------------------------------------------- generic checks of every plan
+
+#: what `with_grad_mode_check` holds every operator used in training to
+GRAD_MODE_REQUIREMENT = Requirement(
+    "grad_mode_invariance", "bitwise",
+    "the forward under autograd (inputs requiring grad) has the bits of the forward under no_grad: "
+    "the trainer's forward is the rollout's")
+
+
+def _same_arg(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and same_bits(a, b)
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:  # an argument without a usable ==: not the same call
+        return False
+
+
+def _same_call(p: Probe, q: Probe) -> bool:
+    return (p.entry == q.entry and len(p.args) == len(q.args) and set(p.kwargs) == set(q.kwargs)
+            and all(_same_arg(a, b) for a, b in zip(p.args, q.args, strict=True))
+            and all(_same_arg(p.kwargs[k], q.kwargs[k]) for k in p.kwargs))
+
+
+def with_grad_mode_check(plan: Plan) -> Plan:
+    """Every backward probe's forward outputs (computed with grad enabled, its grad_args requiring grad) must have
+    the bits of the same call under no_grad. Training (mode B) recomputes with autograd the forward the rollout
+    ran without it; an implementation that switches on `torch.is_grad_enabled()` or `requires_grad` would pass
+    every accuracy bound and still break the bitwise equality between them. The no_grad call is a probe the plan
+    already makes on the same arguments where there is one, else a new one."""
+    for p in [p for p in plan.probes if p.grad_args]:
+        twin = next((q for q in plan.probes if not q.grad_args and _same_call(p, q)), None)
+        if twin is None:
+            twin = Probe(p.id + "@no_grad", p.entry, p.args, dict(p.kwargs))
+            plan.add(twin)
+
+        def fn(res: Results, g: str = p.id, f: str = twin.id) -> tuple:
+            plain, under = res[f], res[g]
+            if len(under) < len(plain):
+                return False, f"{len(under)} outputs and gradients with grad enabled, {len(plain)} outputs without"
+            for k, (x, y) in enumerate(zip(under[: len(plain)], plain, strict=True)):
+                ok, detail, d = bitwise_equal(x, y, f"output {k}")
+                if not ok:
+                    return False, "forward with grad enabled differs from no_grad: " + detail, d
+            return True, f"{len(plain)} outputs bitwise equal with grad enabled and under no_grad", 0.0
+
+        plan.check(f"grad_mode_invariance[{p.id}]", GRAD_MODE_REQUIREMENT.name, fn)
+    return plan
 
 
 # ----------------------------------------------------------------------------- running a plan in-process

@@ -44,6 +44,7 @@ def reports(tmp_path_factory):
     jobs["binary"] = (tmp / "binary.py", {})
     jobs["good_timed"] = ("good", {"time_it": True})
     jobs["lazy_when_timed"] = ("lazy_when_timed", {"time_it": True})
+    jobs["large_t_switch"] = ("large_t_switch", {"time_it": True})
     # the root's own results first, so concurrent evaluations share one root child
     done = {"good": run("good")}
     with ThreadPoolExecutor(max_workers=3) as ex:
@@ -138,6 +139,7 @@ def test_good_candidate_timed_on_cpu_is_marked_interpreter(reports):
     assert d["objective"] == pytest.approx(sum(c["coeff"] * c["median_us"] for c in d["cells"]))
     assert d["admissible"] is not None and d["eligible"] is not None
     assert any(c["name"] == "timing/outputs" and c["passed"] for c in d["checks"])
+    assert any(c["name"] == "timing/rows" and c["passed"] and c["detail"] == "2 cells passed" for c in d["checks"])
     assert all(c["rounds"] == 5 for c in d["cells"])
     # where the time went: each child's run, as the parent saw it
     assert {"probes_candidate", "checks", "timing_child"} <= set(d["phases"])
@@ -164,7 +166,8 @@ def test_candidate_lazy_when_timed_fails_the_timed_output_check(reports):
     rep = reports["lazy_when_timed"]
     assert not rep.verified
     bad = [c for c in rep.checks if not c.passed]
-    assert [c.name for c in bad] == ["timing/outputs"], rep.failure
+    # stale timed outputs: wrong against the reference, and unlike the same rows computed again
+    assert [c.name for c in bad] == ["timing/outputs", "timing/rows"], rep.failure
     assert "timed call on input variant" in bad[0].detail
     # the same file passes every contract check when it is not being timed
     assert all(c.passed for c in rep.checks if not c.name.startswith("timing/"))
@@ -289,3 +292,13 @@ def test_a_plan_is_built_once_per_contract_profile_and_seed():
     assert plan_for(c, "cpu", 0) is a and plan_for(c, "cpu", 1) is not a
     # two plans are kept: the first is still there after the second
     assert plan_for(c, "cpu", 0) is a
+
+
+def test_a_switch_above_the_probed_token_counts_fails_the_timed_rows_check(reports):
+    """Every timed shape is bit-checked: the candidate is right at every token count the probes use and takes
+    another path only at the T = 32 timed cell; its timed rows, computed again alone, differ."""
+    rep = reports["large_t_switch"]
+    bad = {c.name: c.detail for c in rep.checks if not c.passed}
+    assert not rep.verified and list(bad) == ["timing/rows"], bad
+    assert bad["timing/rows"].startswith("tiny[T=32]: ") and "differ from the same rows of the timed call" in \
+        bad["timing/rows"], bad

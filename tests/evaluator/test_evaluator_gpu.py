@@ -1,6 +1,11 @@
-"""GPU: every library root passes the evaluator on cuda; the tiny contract's planted cheats are caught
-there too (side stream via the profiler, lazy-when-timed via the timed outputs), and one that caches by
-input address fails the CUDA-graph replay check."""
+"""GPU: every library root passes the evaluator on cuda; the tiny contract's planted cheats are caught there too.
+
+Timed samples are CUDA-graph replays, so work on a side stream buys no speed; the eager side-stream cheats
+(one kernel, fifty, half a millisecond of matmuls) are still rejected by the profiled call's window (kernels
+that end after the timed stream passed its end event), a lazy-when-timed one by the profiled call that ran no
+kernel, a switch above the probed token counts by the timed rows computed again, and a cache by input address
+by the CUDA-graph replay check.
+"""
 
 from __future__ import annotations
 
@@ -27,14 +32,23 @@ def test_good_candidate_timed_on_gpu():
     assert d["timing"] == "gpu" and d["env"]["gpu"] and d["floor_us"] is not None
     assert any(c["name"] == "timing/integrity" and c["passed"] for c in d["checks"])
     assert any(c["name"] == "cuda_graph_replay" and c["passed"] for c in d["checks"])
+    assert any(c["name"] == "timing/rows" and c["passed"] and c["detail"] == "2 cells passed" for c in d["checks"])
     assert all(c["median_us"] > 0 and c["baseline_median_us"] > 0 for c in d["cells"])
+    assert all(c["timing"] == "graph" for c in d["cells"]), [c.get("graph_note") for c in d["cells"]]
 
 
-@pytest.mark.parametrize("name,check", [("side_stream", "timing/integrity"), ("lazy_gpu", "timing/outputs")])
-def test_timing_cheat_caught_on_gpu(name, check):
+@pytest.mark.parametrize("name,check,reason", [
+    ("side_stream", "timing/integrity", "escapes the timing events"),
+    ("side_stream_small", "timing/integrity", "escapes the timing events"),
+    ("side_stream_large", "timing/integrity", "escapes the timing events"),
+    ("lazy_gpu", "timing/integrity", "no GPU kernel ran during a profiled call"),
+    ("large_t_switch", "timing/rows", "differ from the same rows of the timed call"),
+])
+def test_timing_cheat_caught_on_gpu(name, check, reason):
     rep = evaluate(tiny(), FIX / f"{name}.py", root_path=FIX / "tiny_root.py", device="cuda", time_it=True)
     assert not rep.verified
-    assert check in [c.name for c in rep.checks if not c.passed], rep.failure
+    bad = {c.name: c.detail for c in rep.checks if not c.passed}
+    assert check in bad and reason in bad[check], rep.failure
 
 
 def test_address_cache_fails_graph_replay(tmp_path):

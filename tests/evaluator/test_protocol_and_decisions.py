@@ -101,8 +101,9 @@ def _cells(cand, root, inc=None, limit=0.05):
              "incumbent_median_us": (inc or root)[i]} for i, (c, r) in enumerate(zip(cand, root, strict=True))]
 
 
-def _report(cells, passed=True):
-    return EvalReport(op="x", verified=False, failure=None, checks=[CheckResult("a", "a", passed, "d")], cells=cells)
+def _report(cells, passed=True, ci=(0.9, 0.95)):
+    return EvalReport(op="x", verified=False, failure=None, checks=[CheckResult("a", "a", passed, "d")], cells=cells,
+                      objective_ci=list(ci) if ci is not None else None)
 
 
 def test_decision_rules():
@@ -110,6 +111,11 @@ def test_decision_rules():
     decide(rep)
     assert rep.verified and rep.admissible and rep.eligible
     assert rep.objective == pytest.approx(19.4) and rep.incumbent_objective == pytest.approx(20.0)
+    # the same medians, but a gain within the noise (the interval reaches 1 - MIN_GAIN) or no interval at all
+    for ci in ((0.95, 0.995), (0.9, 1.02), None):
+        rep = _report(_cells([9.0, 10.4], [10.0, 10.0]), ci=ci)
+        decide(rep)
+        assert rep.admissible and not rep.eligible
     # one cell more than 5% slower than the root: not admissible, however good the objective
     rep = _report(_cells([5.0, 10.6], [10.0, 10.0]))
     decide(rep)

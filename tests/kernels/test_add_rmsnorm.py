@@ -25,7 +25,8 @@ def test_cpu_plan_passes_on_root():
     results = run_plan(get_contract("add_rmsnorm").plan("cpu", seed=0), root)
     assert results and not _failed(results), _failed(results)
     kinds = {r.requirement for r in results}
-    assert kinds == {"batch_invariance", "determinism", "inputs_unchanged", "accuracy", "gradient"}
+    assert kinds == {"batch_invariance", "determinism", "inputs_unchanged", "accuracy", "gradient",
+                     "grad_mode_invariance"}
 
 
 @pytest.mark.parametrize("shape", [(1, 100), (9, 64), (2, 3, 32)], ids=["T1", "T9", "3d"])

@@ -25,7 +25,8 @@ def test_cpu_plan_passes_on_root():
     results = run_plan(get_contract("embedding").plan("cpu", seed=0), root)
     assert results and not _failed(results), _failed(results)
     assert {r.requirement for r in results} == {"batch_invariance", "determinism", "inputs_unchanged", "accuracy",
-                                                "gradient"}
+                                                "gradient",
+                                                "grad_mode_invariance"}
 
 
 @pytest.mark.parametrize("ids_shape", [(1,), (123,), (3, 5)], ids=["T1", "T123", "2d_ids"])

@@ -50,7 +50,8 @@ def test_cpu_plan_passes_on_root():
     results = run_plan(get_contract("entropy").plan("cpu", seed=0), root)
     assert results and not _failed(results), _failed(results)
     assert {r.requirement for r in results} == {"batch_invariance", "determinism", "inputs_unchanged", "accuracy",
-                                                "gradient"}
+                                                "gradient",
+                                                "grad_mode_invariance"}
 
 
 def test_small_tiles_many_chunks_and_blocks(tmp_path):

@@ -31,7 +31,8 @@ def test_cpu_plan_passes_on_root():
     results = run_plan(get_contract("rmsnorm").plan("cpu", seed=0), root)
     assert results and not _failed(results), _failed(results)
     kinds = {r.requirement for r in results}
-    assert kinds == {"batch_invariance", "determinism", "inputs_unchanged", "accuracy", "gradient"}
+    assert kinds == {"batch_invariance", "determinism", "inputs_unchanged", "accuracy", "gradient",
+                     "grad_mode_invariance"}
 
 
 @pytest.mark.parametrize("shape", [(1, 100), (7, 3, 16), (5, 2, 2, 24)], ids=["2d", "qk_norm_3d", "4d"])

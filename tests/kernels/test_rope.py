@@ -26,7 +26,8 @@ def test_cpu_plan_passes_on_root():
     results = run_plan(get_contract("rope").plan("cpu", seed=0), root)
     assert results and not _failed(results), _failed(results)
     assert {r.requirement for r in results} == {"batch_invariance", "determinism", "inputs_unchanged", "accuracy",
-                                                "gradient"}
+                                                "gradient",
+                                                "grad_mode_invariance"}
 
 
 def test_depends_on_pos_only_and_pos_zero_is_identity():

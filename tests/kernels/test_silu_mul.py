@@ -26,7 +26,8 @@ def test_cpu_plan_passes_on_root():
     results = run_plan(get_contract("silu_mul").plan("cpu", seed=0), root)
     assert results and not _failed(results), _failed(results)
     assert {r.requirement for r in results} == {"batch_invariance", "determinism", "inputs_unchanged", "accuracy",
-                                                "gradient"}
+                                                "gradient",
+                                                "grad_mode_invariance"}
 
 
 @pytest.mark.parametrize("shape", [(1, 2 * 45), (3, 2, 2 * 1100)], ids=["T1", "3d_multi_block"])

@@ -16,8 +16,6 @@ max_abs 0). The table gradient sums each row's tokens in fp32 and rounds once to
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import torch.nn.functional as F
 
@@ -30,9 +28,9 @@ from tik_kernels.contract import (
     Plan,
     TokenwiseConfig,
     Tolerance,
-    bitwise_equal,
     tokenwise_plan,
 )
+from tik_kernels.contracts._common import with_grad_rerun
 from tik_kernels.models import DECODE_BATCHES, MODELS, TRAIN_TOKENS
 from tik_kernels.reference.embedding import embedding as embedding_ref
 
@@ -75,22 +73,6 @@ def configs(profile: str) -> list[TokenwiseConfig]:
     raise ValueError(f"unknown profile {profile!r}")
 
 
-def with_grad_rerun(plan: Plan) -> Plan:
-    """Each backward probe run twice: gradients must keep their bits (no atomics, no order that varies)."""
-    for probe in [p for p in plan.probes if p.grad_args]:
-        rid = plan.add(dataclasses.replace(probe, id=probe.id + "-rerun"))
-
-        def fn(res, a: str = probe.id, b: str = rid):
-            for k, (x, y) in enumerate(zip(res[a], res[b], strict=True)):
-                ok, detail, d = bitwise_equal(x, y, f"output {k}")
-                if not ok:
-                    return False, "backward rerun differs: " + detail, d
-            return True, "outputs and gradients bitwise identical on rerun", 0.0
-
-        plan.check(probe.id.rsplit("/", 1)[0] + "/grad_determinism", "determinism", fn)
-    return plan
-
-
 def make_plan(cfgs: list[TokenwiseConfig], sizes: tuple[int, ...], seed: int) -> Plan:
     return with_grad_rerun(tokenwise_plan("embedding", cfgs, sizes, seed))
 
@@ -123,6 +105,7 @@ def bench_case(cell: Cell, seed: int, device: str) -> BenchCase:
         args=(ids, table),
         baseline=lambda: F.embedding(ids, table),
         bytes_moved=2 * T * H * table.element_size() + ids.numel() * ids.element_size(),
+        token_args=(0,),
     )
 
 

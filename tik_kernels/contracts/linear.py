@@ -263,6 +263,7 @@ def bench_case(cell: Cell, seed: int, device: str) -> BenchCase:
         baseline=lambda: F.linear(x, w),
         bytes_moved=2 * (M * K + N * K + M * N),
         flops=2 * M * N * K,
+        token_args=(0,),
     )
 
 

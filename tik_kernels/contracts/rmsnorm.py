@@ -11,9 +11,6 @@ reduction on these inputs. Gradients: dx rounded to bf16 once, dw accumulated in
 
 from __future__ import annotations
 
-import dataclasses
-import math
-
 import torch
 import torch.nn.functional as F
 
@@ -26,11 +23,9 @@ from tik_kernels.contract import (
     Plan,
     TokenwiseConfig,
     Tolerance,
-    bitwise_equal,
-    reference_grads,
-    reference_outputs,
     tokenwise_plan,
 )
+from tik_kernels.contracts._common import with_grad_rerun, with_row_relative
 from tik_kernels.models import DECODE_BATCHES, MODELS, TRAIN_TOKENS
 from tik_kernels.reference.rmsnorm import rmsnorm as rmsnorm_ref
 
@@ -88,54 +83,6 @@ def configs(profile: str) -> list[TokenwiseConfig]:
     raise ValueError(f"unknown profile {profile!r}")
 
 
-def with_grad_rerun(plan: Plan) -> Plan:
-    """Each backward probe run twice: gradients must keep their bits (no atomics, no order that varies)."""
-    for probe in [p for p in plan.probes if p.grad_args]:
-        rid = plan.add(dataclasses.replace(probe, id=probe.id + "-rerun"))
-
-        def fn(res, a: str = probe.id, b: str = rid):
-            for k, (x, y) in enumerate(zip(res[a], res[b], strict=True)):
-                ok, detail, d = bitwise_equal(x, y, f"output {k}")
-                if not ok:
-                    return False, "backward rerun differs: " + detail, d
-            return True, "outputs and gradients bitwise identical on rerun", 0.0
-
-        plan.check(probe.id.rsplit("/", 1)[0] + "/grad_determinism", "determinism", fn)
-    return plan
-
-
-def row_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """Worst per-token relative RMS error: a row whose values are small is held to the same relative bound."""
-    o, r = out.double().reshape(out.shape[0], -1), ref.double().reshape(ref.shape[0], -1)
-    if not torch.isfinite(o).all():
-        return math.inf
-    return float(((o - r).norm(dim=1) / r.norm(dim=1).clamp_min(1e-30)).max()) if o.numel() else 0.0
-
-
-def with_row_relative(plan: Plan, cfgs: list[TokenwiseConfig], tol: float) -> Plan:
-    """Per-token relative error of every output and every token gradient, so tokens of small scale count too."""
-    for cfg in cfgs:
-        full = next(p for p in plan.probes if p.id.startswith(cfg.name + "/full["))
-        bwd = next(p for p in plan.probes if p.id == cfg.name + "/backward")
-        refs = reference_outputs(cfg, full.args)
-        ref_g = reference_grads(cfg, bwd.args, [g.double() for g in bwd.grad_outputs])
-        tok_g = [(j, a) for j, a in enumerate(cfg.grad_args) if a in cfg.token_args]
-        n_out = len(refs)
-
-        def fwd(res, pid: str = full.id, refs=refs):
-            worst = max(row_error(o, r) for o, r in zip(res[pid], refs, strict=True))
-            return worst <= tol, f"worst per-token rel error {worst:.3g} (<= {tol:g})", worst
-
-        def grads(res, pid: str = bwd.id, ref_g=ref_g, tok_g=tok_g, n_out=n_out):
-            got = res[pid][n_out:]
-            worst = max(row_error(got[j], ref_g[j]) for j, _ in tok_g)
-            return worst <= tol, f"worst per-token rel error of token gradients {worst:.3g} (<= {tol:g})", worst
-
-        plan.check(cfg.name + "/accuracy_per_token", "accuracy", fwd)
-        plan.check(cfg.name + "/gradient_per_token", "gradient", grads)
-    return plan
-
-
 def make_plan(cfgs: list[TokenwiseConfig], sizes: tuple[int, ...], seed: int) -> Plan:
     """The token-wise plan plus backward reruns and per-token accuracy (tests use it on one config)."""
     plan = with_grad_rerun(tokenwise_plan("rmsnorm", cfgs, sizes, seed))
@@ -178,6 +125,7 @@ def bench_case(cell: Cell, seed: int, device: str) -> BenchCase:
         kwargs={"eps": eps},
         baseline=lambda: F.rms_norm(x, (H,), w, eps),
         bytes_moved=2 * x.numel() * x.element_size() + w.numel() * w.element_size(),
+        token_args=(0,),
     )
 
 

@@ -14,8 +14,6 @@ error or a position taken from the row index. Gradients are the inverse rotation
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from tik_kernels.contract import (
@@ -27,9 +25,9 @@ from tik_kernels.contract import (
     Plan,
     TokenwiseConfig,
     Tolerance,
-    bitwise_equal,
     tokenwise_plan,
 )
+from tik_kernels.contracts._common import with_grad_rerun
 from tik_kernels.models import DECODE_BATCHES, MODELS, TRAIN_TOKENS
 from tik_kernels.reference.rope import rope as rope_ref
 
@@ -76,22 +74,6 @@ def configs(profile: str) -> list[TokenwiseConfig]:
                 out.append(config(name, *key))
         return out
     raise ValueError(f"unknown profile {profile!r}")
-
-
-def with_grad_rerun(plan: Plan) -> Plan:
-    """Each backward probe run twice: gradients must keep their bits (no atomics, no order that varies)."""
-    for probe in [p for p in plan.probes if p.grad_args]:
-        rid = plan.add(dataclasses.replace(probe, id=probe.id + "-rerun"))
-
-        def fn(res, a: str = probe.id, b: str = rid):
-            for k, (x, y) in enumerate(zip(res[a], res[b], strict=True)):
-                ok, detail, d = bitwise_equal(x, y, f"output {k}")
-                if not ok:
-                    return False, "backward rerun differs: " + detail, d
-            return True, "outputs and gradients bitwise identical on rerun", 0.0
-
-        plan.check(probe.id.rsplit("/", 1)[0] + "/grad_determinism", "determinism", fn)
-    return plan
 
 
 def make_plan(cfgs: list[TokenwiseConfig], sizes: tuple[int, ...], seed: int) -> Plan:
@@ -144,6 +126,7 @@ def bench_case(cell: Cell, seed: int, device: str) -> BenchCase:
         kwargs={"theta": p["theta"]},
         baseline=lambda: torch_rope(q, k, pos, p["theta"]),
         bytes_moved=2 * (q.numel() + k.numel()) * q.element_size() + pos.numel() * pos.element_size(),
+        token_args=(0, 1, 2),
     )
 
 

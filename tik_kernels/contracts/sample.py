@@ -192,6 +192,7 @@ def bench_case(cell: Cell, seed: int, device: str) -> BenchCase:
         baseline=baseline,
         bytes_moved=lmhead_bytes(hidden, w, 8 + 8),
         flops=2 * hidden.shape[0] * w.shape[0] * w.shape[1],
+        token_args=(0, 3),
     )
 
 

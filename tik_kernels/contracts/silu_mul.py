@@ -10,8 +10,6 @@ once: same bound.
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import torch.nn.functional as F
 
@@ -24,9 +22,9 @@ from tik_kernels.contract import (
     Plan,
     TokenwiseConfig,
     Tolerance,
-    bitwise_equal,
     tokenwise_plan,
 )
+from tik_kernels.contracts._common import with_grad_rerun
 from tik_kernels.models import DECODE_BATCHES, MODELS, TRAIN_TOKENS
 from tik_kernels.reference.silu_mul import silu_mul as silu_mul_ref
 
@@ -66,22 +64,6 @@ def configs(profile: str) -> list[TokenwiseConfig]:
     raise ValueError(f"unknown profile {profile!r}")
 
 
-def with_grad_rerun(plan: Plan) -> Plan:
-    """Each backward probe run twice: gradients must keep their bits (no atomics, no order that varies)."""
-    for probe in [p for p in plan.probes if p.grad_args]:
-        rid = plan.add(dataclasses.replace(probe, id=probe.id + "-rerun"))
-
-        def fn(res, a: str = probe.id, b: str = rid):
-            for k, (x, y) in enumerate(zip(res[a], res[b], strict=True)):
-                ok, detail, d = bitwise_equal(x, y, f"output {k}")
-                if not ok:
-                    return False, "backward rerun differs: " + detail, d
-            return True, "outputs and gradients bitwise identical on rerun", 0.0
-
-        plan.check(probe.id.rsplit("/", 1)[0] + "/grad_determinism", "determinism", fn)
-    return plan
-
-
 def make_plan(cfgs: list[TokenwiseConfig], sizes: tuple[int, ...], seed: int) -> Plan:
     return with_grad_rerun(tokenwise_plan("silu_mul", cfgs, sizes, seed))
 
@@ -114,7 +96,7 @@ def bench_case(cell: Cell, seed: int, device: str) -> BenchCase:
         return F.silu(gate) * up
 
     return BenchCase(entry="silu_mul", args=(x,), baseline=baseline,
-                     bytes_moved=3 * T * Fdim * x.element_size())
+                     bytes_moved=3 * T * Fdim * x.element_size(), token_args=(0,))
 
 
 CONTRACT = Contract(

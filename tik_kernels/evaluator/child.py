@@ -38,6 +38,44 @@ def _limit_resources(job: dict) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (n, n))
 
 
+#: modules an implementation may not import: the harness that measures it, and the store and UI that record it
+GUARDED_PREFIXES = ("tik_kernels.evaluator", "tik_store", "tik_tui")
+
+
+def _guarded(name: str) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in GUARDED_PREFIXES)
+
+
+class _RefuseGuarded:
+    """A meta-path finder consulted before any other: an import of a guarded module fails, however its name was
+    spelled (the source screen in `core.source_policy` only sees names written out in the source)."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if _guarded(name):
+            raise ImportError(f"an implementation may not import {name} (the evaluator's own modules)")
+        return None
+
+
+def guard_imports() -> None:
+    """Called once the harness has imported what it needs, before the first implementation is imported.
+
+    Guarded modules already loaded are dropped from `sys.modules` and from their parent package's attributes
+    (the harness keeps its own references), and `_RefuseGuarded` refuses to load them again: an implementation
+    that spells `importlib.import_module("tik_kernels." + "evalu" + "ator.timing")` to patch the timer gets an
+    ImportError. This is a guard against reaching the harness by import, not a sandbox: code in this process
+    can still walk frames or the garbage collector to the harness's objects. What the parent decides never
+    rests on it: timings are checked against the timed outputs, the profiler and a control run, and every
+    output is checked in the parent."""
+    if any(isinstance(f, _RefuseGuarded) for f in sys.meta_path):
+        return
+    for name in [n for n in sys.modules if _guarded(n)]:
+        mod = sys.modules.pop(name)
+        parent, _, attr = name.rpartition(".")
+        if parent in sys.modules and getattr(sys.modules[parent], attr, None) is mod:
+            delattr(sys.modules[parent], attr)
+    sys.meta_path.insert(0, _RefuseGuarded())
+
+
 class GuardedModule:
     """The implementation seen through a filter: every entry point's outputs must be plain, dense,
     contiguous tensors on the probe's device that own their storage and alias no input."""
@@ -89,7 +127,8 @@ def run_probes_job(workdir: Path, job: dict) -> dict:
     import torch
 
     from tik_kernels.contract import Probe, execute_probe, load_module, same_bits
-    from tik_kernels.evaluator.protocol import TensorWriter, decode, read_tensors
+
+    TensorWriter, decode, read_tensors = _protocol()
 
     tensors = read_tensors(workdir / "inputs.bin", job["tensors"])
     probes, sent = [], {}
@@ -129,6 +168,19 @@ def run_probes_job(workdir: Path, job: dict) -> dict:
             if probe.id in set(job.get("graph_probes", ())):
                 graphs[probe.id] = graph_replay(guarded, probe, job["device"], w)
     return {"import_error": None, "probes": results, "graphs": graphs, "tensors": w.close()}
+
+
+def _protocol() -> tuple:
+    """protocol's TensorWriter, decode and read_tensors: imported as usual, or (in a guarded child, where it can
+    no longer be imported) the module main() held on to."""
+    mod = _HELD.get("protocol")
+    if mod is None:
+        from tik_kernels.evaluator import protocol as mod
+    return mod.TensorWriter, mod.decode, mod.read_tensors
+
+
+#: harness modules main() keeps references to before guard_imports drops them from sys.modules
+_HELD: dict[str, Any] = {}
 
 
 def graph_replay(module: Any, probe: Any, device: str, w: Any) -> dict:
@@ -193,14 +245,18 @@ def main(argv: list[str]) -> int:
     _limit_resources(job)
     # kernels first: it sets TRITON_INTERPRET before anything imports Triton
     import tik_kernels  # noqa: F401
+    from tik_kernels.evaluator import protocol
+
+    _HELD["protocol"] = protocol
     from tik_kernels.evaluator.protocol import write_json
+    from tik_kernels.evaluator.timing import run_timing_job
 
     (workdir / "out").mkdir(exist_ok=True)
+    # the harness has what it needs: from here on its modules cannot be imported (the implementations come next)
+    guard_imports()
     if job["mode"] == "probes":
         doc = run_probes_job(workdir, job)
     elif job["mode"] == "time":
-        from tik_kernels.evaluator.timing import run_timing_job
-
         doc = run_timing_job(workdir, job)
     else:
         raise SystemExit(f"unknown job mode {job['mode']!r}")

@@ -116,12 +116,14 @@ def source_problem(path: Path) -> tuple[str | None, str]:
 
 
 #: an implementation has no business naming the evaluator or the modules it loads implementations as
-_EVALUATOR_NAMES = re.compile(r"(?:tik_)?kernels\.evaluator|\bevaluator\.(timing|child|core|protocol|sandbox|checks"
-                              r"|measure|report)\b|\btik_(root|incumbent|candidate|impl|contract)\b")
+_EVALUATOR_NAMES = re.compile(r"(tik_)?kernels\.evaluator|\bevaluator\.(timing|child|core|protocol|sandbox|checks"
+                              r"|measure|report)\b|\btik_(root|incumbent|candidate|impl|contract|store|tui)\b")
 
 
 def source_policy(src: str) -> str | None:
-    """A static screen (not a sandbox): sources that reach for the evaluator's own modules are rejected."""
+    """A static screen: sources that name the evaluator's own modules are rejected before anything runs, with a
+    clear reason. An obfuscated name passes it; what stops that import is the child's runtime guard
+    (`child.guard_imports`), and what the parent decides never rests on either (see there)."""
     m = _EVALUATOR_NAMES.search(src)
     return f"the source references the evaluator ({m.group(0)!r})" if m else None
 

@@ -14,8 +14,9 @@ from typing import Any
 
 import torch
 
-from tik_kernels.contract import CheckResult, Contract, error_stats
+from tik_kernels.contract import CheckResult, Contract, bitwise_equal, error_stats
 from tik_kernels.evaluator.checks import spec
+from tik_kernels.evaluator.promotion import objective_ratio_ci
 from tik_kernels.evaluator.protocol import ProtocolError, read_tensors, tensor_index
 from tik_kernels.evaluator.report import EvalReport, fail
 from tik_kernels.evaluator.sandbox import limits, run_child
@@ -88,6 +89,10 @@ def run_timing(contract: Contract, impls: list[tuple[str, Path]], *, device: str
                             for k, v in _dict(c["outputs"]).items()},
                 "seeds": c["seeds"],
                 "rounds": c.get("rounds") if type(c.get("rounds")) is int else None,
+                "timing": c.get("timing") if c.get("timing") in ("graph", "eager") else None,
+                "graph_note": str(c["graph_note"])[:300] if c.get("graph_note") is not None else None,
+                "eager_us": {str(k): _floats(v) for k, v in _dict(c.get("eager_us", {})).items()},
+                "rows": {str(k): _rows(v, tensors, name) for k, v in _dict(c.get("rows", {})).items()},
                 "seconds": {k: float(v) for k, v in _dict(c.get("seconds", {})).items()
                             if k in ("warmup", "timed") and type(v) in (int, float) and math.isfinite(v)},
             }
@@ -123,6 +128,22 @@ def _sent(o: Any, tensors: list[torch.Tensor], what: str) -> tuple[torch.Tensor,
     if rows.dtype != torch.int64 or rows.dim() != 1 or data.dim() == 0 or data.shape[0] != rows.numel():
         raise ProtocolError(f"{what}: malformed row sample")
     return data, rows
+
+
+def _rows(x: Any, tensors: list[torch.Tensor], what: str) -> list[dict] | dict:
+    """Timed rows recomputed by the child: [{v, rows (int64 row indices), outputs}] or {"error": ...}."""
+    if isinstance(x, dict) and set(x) == {"error"}:
+        return {"error": str(x["error"])[:300]}
+    out = []
+    for r in _list(x):
+        if not isinstance(r, dict) or set(r) != {"v", "rows", "outputs"} or type(r["v"]) is not int:
+            raise ProtocolError(f"{what}: malformed recomputed rows")
+        rows = tensors[tensor_index(r["rows"], len(tensors), what)]
+        if rows.dtype != torch.int64 or rows.dim() != 1:
+            raise ProtocolError(f"{what}: malformed row indices")
+        out.append({"v": r["v"], "rows": rows,
+                    "outputs": [tensors[tensor_index(i, len(tensors), what)] for i in _list(r["outputs"])]})
+    return out
 
 
 def _floats(x: Any) -> list[float]:
@@ -175,6 +196,7 @@ def time_candidate(report: EvalReport, contract: Contract, cand_path: Path, root
     report.floor_us = doc["floor_us"]
     outputs_check, integrity = _TimedChecks("timing/outputs", "timed_outputs"), _TimedChecks(
         "timing/integrity", "timing_integrity")
+    rows_check = _TimedChecks("timing/rows", "timed_rows")
     bound = max([MIN_TIMED_BOUND] + [4 * t.rel_rms for t in contract.tolerances.values()])
     for cell in contract.cells(report.profile):
         c = doc["cells"][cell.name]
@@ -187,12 +209,28 @@ def time_candidate(report: EvalReport, contract: Contract, cand_path: Path, root
         if "root" in c["errors"]:
             raise RuntimeError(f"timing cell {cell.name}: root: {c['errors']['root']}")
         outputs_check.add(cell.name, timed_outputs_ok(contract, cell, c, device, bound))
+        rows_check.add(cell.name, timed_rows_ok(c))
         if cuda:
             integrity.add(cell.name, integrity_ok(c, control["cells"][cell.name]))
         report.cells.append(_cell_row(cell, c, control["cells"][cell.name] if control else None))
     report.checks.append(outputs_check.result())
+    report.checks.append(rows_check.result())
     if cuda:
         report.checks.append(integrity.result())
+    report.objective_ci = paired_ci(contract, report, doc)
+
+
+def paired_ci(contract: Contract, report: EvalReport, doc: dict) -> list[float] | None:
+    """The objective ratio's interval over paired rounds (candidate vs incumbent, the root where none)."""
+    paired = []
+    for cell in contract.cells(report.profile):
+        s = doc["cells"][cell.name].get("samples", {})
+        inc = "incumbent" if "incumbent" in s else "root"
+        if "candidate" not in s or inc not in s:
+            return None
+        paired.append((cell.coeff, s["candidate"]["event_us"], s[inc]["event_us"]))
+    ci = objective_ratio_ci(paired, seed=report.seed)
+    return [round(ci[0], 6), round(ci[1], 6)] if ci is not None else None
 
 
 class _TimedChecks:
@@ -237,7 +275,10 @@ def _cell_row(cell, c: dict, control: dict | None) -> dict:
         "ratio_vs_root": med / root["median_us"] if med is not None and root["median_us"] else None,
         "ratio_vs_baseline": med / base["median_us"] if med is not None and base["median_us"] else None,
         "root_spread_us": root["spread_us"], "wall_median_us": wall["median_us"], "rounds": c.get("rounds"),
+        "timing": c.get("timing"),
     }
+    if c.get("graph_note"):
+        row["graph_note"] = c["graph_note"]
     if control is not None and "samples" in control and "root" in control["samples"]:
         row["root_alone_median_us"] = summarize(control["samples"]["root"]["event_us"])["median_us"]
     return row
@@ -304,6 +345,52 @@ def timed_outputs_ok(contract: Contract, cell, c: dict, device: str, bound: floa
     return True, f"timed outputs match the reference on {len(seeds)} input variants"
 
 
+def timed_rows_ok(c: dict) -> tuple[bool, str]:
+    """Every shape that is timed is bit-checked: rows of the candidate's timed calls, recomputed alone and in a
+    small batch after the timed rounds, must have the bits of the same rows of the timed call. The probes stop
+    at a few thousand tokens; the timed cells go to 16384, and a candidate that switches algorithm above the
+    largest probed count would otherwise be rewarded for speed on a path nobody checked. The root is held to
+    the same: where it fails, the cell is not token-wise the way its bench case says, and the check is skipped."""
+    rows = c.get("rows", {})
+    if "candidate" not in rows:
+        return True, "skipped: the cell declares no token rows"
+    root = rows.get("root")
+    if root is not None:
+        ok, detail = _rows_match(root, c["outputs"].get("root", []))
+        if not ok:
+            return True, f"skipped: the root's own rows differ ({detail})"
+    return _rows_match(rows["candidate"], c["outputs"].get("candidate", []))
+
+
+def _rows_match(again: list | dict, timed: list) -> tuple[bool, str]:
+    if isinstance(again, dict):
+        return False, f"recomputing timed rows failed: {again['error']}"
+    n = 0
+    for r in again:
+        if r["v"] >= len(timed) or len(r["outputs"]) != len(timed[r["v"]]):
+            return False, f"{len(r['outputs'])} outputs recomputed, the timed call of variant {r['v']} had " + (
+                f"{len(timed[r['v']])}" if r["v"] < len(timed) else "none")
+        idx = r["rows"]
+        for k, (got, (data, sent)) in enumerate(zip(r["outputs"], timed[r["v"]], strict=True)):
+            if sent is None:
+                if data.dim() == 0 or (idx.numel() and (int(idx.max()) >= data.shape[0] or int(idx.min()) < 0)):
+                    return False, f"output {k}: recomputed rows outside the timed output"
+                want = data[idx]
+            else:
+                pos = torch.searchsorted(sent, idx).clamp_max(max(sent.numel() - 1, 0))
+                if sent.numel() == 0 or not torch.equal(sent[pos], idx):
+                    return False, f"output {k}: recomputed rows were not among the rows sent back"
+                want = data[pos]
+            ok, detail, _ = bitwise_equal(got, want, f"output {k}") if got.dtype == want.dtype and \
+                got.shape == want.shape else (False, f"output {k} is {spec(got)}, timed rows {spec(want)}", None)
+            if not ok:
+                how = "alone" if idx.numel() == 1 else f"as a batch of {idx.numel()}"
+                return False, (f"timed rows {idx.tolist()[:8]} of input variant {r['v']}, computed again {how}, "
+                               f"differ from the same rows of the timed call: {detail}")
+        n += 1
+    return True, f"{n} recomputed row sets bitwise equal to the timed call's rows"
+
+
 def integrity_ok(c: dict, control: dict) -> tuple[bool, str]:
     """Evidence that the candidate's work ran inside its timed window and did not slow its neighbours."""
     s = c["samples"]
@@ -315,6 +402,9 @@ def integrity_ok(c: dict, control: dict) -> tuple[bool, str]:
     else:
         if not cp.get("kernels"):
             return False, "no GPU kernel ran during a profiled call (nothing computed on the device?)"
+        if cp.get("escaped"):
+            return False, (f"{cp['escaped']} of the {cp['kernels']} kernels of a profiled call ended after the timed "
+                           "stream had passed its end event: work on another stream escapes the timing events")
         if cp.get("overlap_spin"):
             return False, (f"{cp['overlap_spin']} kernels ran concurrently with the harness's spin kernel: "
                            "work on another stream escapes the timing events")
@@ -322,6 +412,10 @@ def integrity_ok(c: dict, control: dict) -> tuple[bool, str]:
             return False, (f"{cp['kernel_us']:.1f} us of kernels in a {cp['window_us']:.1f} us event window: "
                            "work on another stream escapes the timing events")
     med_c = statistics.median(s["candidate"]["event_us"])
+    eager = c.get("eager_us", {}).get("candidate")
+    if c.get("timing") == "graph" and eager and statistics.median(eager) < 0.5 * med_c - 2.0:
+        return False, (f"its eager call took {statistics.median(eager):.1f} us between the timing events, the CUDA "
+                       f"graph of the same call {med_c:.1f} us: work escapes the timing events when not captured")
     if not notes and cp.get("kernels") and med_c < 0.7 * cp["kernel_us"] - 2.0:
         return False, (f"timed median {med_c:.1f} us is below the {cp['kernel_us']:.1f} us its own kernels took "
                        "under the profiler: the timings were tampered with")
@@ -339,7 +433,11 @@ def integrity_ok(c: dict, control: dict) -> tuple[bool, str]:
                 if beside > NEIGHBOUR_SLOWDOWN * alone + 2.0:
                     return False, (f"the {name} ran {beside / alone:.2f}x slower beside the candidate than alone "
                                    f"({beside:.1f} vs {alone:.1f} us)")
-    return True, "skipped: " + notes[0] if notes else "kernels inside the timed window; neighbours not slowed"
+    if notes:
+        return True, "skipped: " + notes[0]
+    how = "graph replays" if c.get("timing") == "graph" else "eager calls"
+    cover = "" if cp.get("spin_covered", True) else " (the profiled call outlasted its spin)"
+    return True, f"timed {how}; kernels inside the timed window{cover}; neighbours not slowed"
 
 
 def med_of(samples: dict) -> float:

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from tik_kernels.contract import CheckResult
+from tik_kernels.evaluator.promotion import MIN_GAIN
 
 
 @dataclass
@@ -28,6 +29,9 @@ class EvalReport:
     admissible: bool | None = None
     objective: float | None = None
     incumbent_objective: float | None = None
+    #: percentile interval of objective / incumbent_objective over paired bootstrap resamples of the timed
+    #: rounds (`promotion.objective_ratio_ci`); eligibility needs its upper end below 1
+    objective_ci: list[float] | None = None
     eligible: bool | None = None
     env: dict = field(default_factory=dict)
     contract_fingerprint: str = ""
@@ -53,6 +57,7 @@ class EvalReport:
             "admissible": self.admissible,
             "objective": self.objective,
             "incumbent_objective": self.incumbent_objective,
+            "objective_ci": self.objective_ci,
             "eligible": self.eligible,
             "env": self.env,
             "contract_fingerprint": self.contract_fingerprint,
@@ -78,7 +83,9 @@ def decide(report: EvalReport) -> None:
 
     admissible: verified, every cell timed, and no cell slower than root × (1 + its limit).
     objective: Σ coeff · median over the cells; the incumbent's is measured in the same run.
-    eligible: admissible and objective strictly below the incumbent's (a tie is no improvement).
+    eligible: admissible, objective strictly below the incumbent's, and the gain beyond the noise: the upper end
+    of `objective_ci` (paired bootstrap interval of objective / incumbent objective) below 1 - MIN_GAIN
+    (`promotion.py` says why). A report without that interval (no paired rounds) is never eligible.
     """
     report.verified = report.failure is None and bool(report.checks) and all(c.passed for c in report.checks)
     if not report.verified and report.failure is None:
@@ -97,7 +104,8 @@ def decide(report: EvalReport) -> None:
     report.admissible = report.verified and all(
         c["median_us"] <= c["root_median_us"] * (1.0 + c["limit"]) for c in report.cells)
     report.eligible = bool(report.admissible and report.incumbent_objective is not None
-                           and report.objective < report.incumbent_objective)
+                           and report.objective < report.incumbent_objective
+                           and report.objective_ci is not None and report.objective_ci[1] < 1.0 - MIN_GAIN)
 
 
 @functools.cache

@@ -9,10 +9,15 @@ A/B/A/B against root, incumbent and stock-PyTorch baseline in the same process).
 
 One GPU sample: L2 flushed (a 256 MiB memset) → device synchronized → a spin kernel queued so
 the host's launch latency is hidden → start event → call → end event → device synchronized.
-Alongside the event time the host wall time to the whole-device sync is kept, and one call per
-cell is run under the profiler to count the candidate's kernels on every stream: work launched
-on a side stream shows up there (kernel time far above the event window) and in the wall time,
-not in the events. On the CPU only wall times exist, and they are Triton-interpreter times.
+On the GPU the call is the replay of a CUDA graph of the implementation's call, captured once per
+cell (`_capture_all`): work the call launches on another stream is then either in the graph or
+makes the capture fail, so no work escapes the events, whatever its size. Alongside the event
+time the host wall time to the whole-device sync is kept; one eager call per cell is profiled
+(kernels on every stream must lie between the spin and a marker after the end event) and timed a
+few times eagerly, so a candidate that hides work from the events when not captured is rejected,
+not only made harmless. After the timed rounds a few timed rows are computed again, alone and in
+a small batch, for the parent's bitwise comparison with the timed call's rows (`_rows_again`).
+On the CPU only wall times exist, and they are Triton-interpreter times.
 """
 
 from __future__ import annotations
@@ -26,12 +31,26 @@ from typing import Any
 
 import torch
 
+# imported here, not where used: once the child guards the harness's modules (child.guard_imports) they can
+# no longer be imported
+from tik_kernels.contract import Contract, flatten_outputs, load_module
+from tik_kernels.evaluator.child import check_outputs, one_line
+from tik_kernels.evaluator.protocol import TensorWriter
+
 FLUSH_BYTES = 256 << 20
 #: GPU idle the spin kernel covers while the host launches the timed call
 #: (ops_h200_spin200.json once measured the rmsnorm root at 52 us with 200 us of spin and 4 us with
 #: 1000; that run predates the warm calibration below, whose absence made spins far shorter than
 #: asked, so it does not show that 200 us is too little: 1000 is kept as the measured-good value)
 SPIN_US = 1000.0
+#: the marker spin queued after a profiled call's end event (cycles: a few µs)
+MARKER_CYCLES = 2000
+#: eager samples of candidate and root per cell when the timed samples are graph replays (the eager-vs-graph
+#: evidence of `measure.integrity_ok`)
+EAGER_SAMPLES = 5
+#: timed rows recomputed per input variant: this many alone (T = 1 each) and up to ROWS_BATCH as one batch
+ROWS_ALONE = 2
+ROWS_BATCH = 32
 #: outputs larger than this (elements) come back as a random subset of rows, drawn after the timed calls
 MAX_SENT_ELEMS = 1 << 22
 
@@ -123,44 +142,74 @@ class Timer:
         return out, _elapsed(self.start, self.end) * 1e3, wall
 
     def profile(self, fn) -> dict:
-        """Kernels that ran during one call, on any stream, against the event window of that call."""
+        """Kernels that ran during one eager call, on any stream, against that call's timed window.
+
+        The window is bounded on the device by the harness's spin kernel before the call and a short marker spin
+        queued after the end event, both on the timed stream: every kernel of the call must start after the
+        spin ended and end before the marker started. Work on another stream that the timed stream does not
+        wait for ends after the marker however small it is (both become ready when the spin ends); work that
+        starts early overlaps the spin. The spin must still be running when the host has launched the whole call
+        (else the window also covers the host's launch time, during which side work could finish unseen): the
+        profiler slows launches down, so a spin too short is retried 4x longer, up to three times."""
         if not self.cuda:
             return {"error": "no profiler on cpu"}
         try:
             from torch.autograd import DeviceType
             from torch.profiler import ProfilerActivity, profile
 
-            self.flush.zero_()
-            _sync()
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                _spin(self.spin_cycles)
-                _record(self.start)
-                fn()
-                _record(self.end)
+            cycles, covered = self.spin_cycles, False
+            for _ in range(4):
+                self.flush.zero_()
                 _sync()
+                with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                    _spin(cycles)
+                    _record(self.start)
+                    fn()
+                    _record(self.end)
+                    covered = not self.start.query()  # the spin had not finished when the host was done
+                    _spin(MARKER_CYCLES)
+                    _sync()
+                if covered:
+                    break
+                cycles *= 4
             window = _elapsed(self.start, self.end) * 1e3
-            spin, kernels = None, []
-            device_events = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA),
-                                   key=lambda e: e.time_range.start)
-            for e in device_events:
-                iv = (e.time_range.start, e.time_range.end)
-                # the first spin kernel is the harness's; any later one belongs to the call
-                if spin is None and "spin" in e.name.lower():
-                    spin = iv
-                else:
-                    kernels.append(iv)
-            overlap = sum(1 for s, _ in kernels if spin is not None and spin[0] <= s < spin[1])
-            return {"kernels": len(kernels), "kernel_us": float(sum(b - a for a, b in kernels)),
-                    "window_us": float(window), "overlap_spin": overlap, "saw_spin": spin is not None}
+            events = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA),
+                            key=lambda e: e.time_range.start)
+            return window_evidence([(e.name, getattr(e, "device_resource_id", None), e.time_range.start,
+                                     e.time_range.end) for e in events], window, covered)
         except Exception as e:  # a profiler that does not work here is reported, never fatal
             return {"error": f"{type(e).__name__}: {e}"[:200]}
 
 
-def run_timing_job(workdir: Path, job: dict) -> dict:
-    from tik_kernels.contract import Contract, flatten_outputs, load_module
-    from tik_kernels.evaluator.child import check_outputs, one_line
-    from tik_kernels.evaluator.protocol import TensorWriter
+def window_evidence(events: list[tuple[str, Any, float, float]], window_us: float, covered: bool) -> dict:
+    """Device activity (name, stream, start µs, end µs; sorted by start) of one profiled call, bounded by the
+    harness's spin (the first spin kernel) and marker (the last kernel on the spin's stream, also a spin)."""
+    spin = next((i for i, e in enumerate(events) if "spin" in e[0].lower()), None)
+    if spin is None:
+        return {"kernels": len(events), "kernel_us": float(sum(e[3] - e[2] for e in events)),
+                "window_us": float(window_us), "overlap_spin": 0, "escaped": 0, "saw_spin": False,
+                "saw_marker": False, "spin_covered": covered, "streams": 0}
+    stream = events[spin][1]
+    # the marker: the last kernel on the spin's stream (on any stream where the profiler reports none)
+    later = [i for i, e in enumerate(events) if i != spin and (stream is None or e[1] == stream)]
+    marker = later[-1] if later and "spin" in events[later[-1]][0].lower() else None
+    if stream is None and marker is None:
+        spins = [i for i in later if "spin" in events[i][0].lower()]
+        marker = spins[-1] if spins else None
+    s0, s1 = events[spin][2], events[spin][3]
+    m0 = events[marker][2] if marker is not None else None
+    call = [e for i, e in enumerate(events) if i not in (spin, marker)]
+    # µs: every stream's timestamps come from one device clock, and a kernel the timed stream waited for ends
+    # before the marker starts; the slack only absorbs rounding
+    slack = 0.05
+    return {"kernels": len(call), "kernel_us": float(sum(e[3] - e[2] for e in call)), "window_us": float(window_us),
+            "overlap_spin": sum(1 for e in call if e[2] < s1 - slack and e[3] > s0),
+            "escaped": sum(1 for e in call if m0 is not None and e[3] > m0 + slack),
+            "saw_spin": True, "saw_marker": marker is not None, "spin_covered": covered,
+            "streams": len({e[1] for e in call})}
 
+
+def run_timing_job(workdir: Path, job: dict) -> dict:
     device = job["device"]
     cmod = load_module(job["contract_file"], "tik_contract")
     contract = next(v for v in vars(cmod).values() if isinstance(v, Contract) and v.op == job["op"])
@@ -202,10 +251,12 @@ def _time_cell(contract, cell, mods, job, timer: Timer, w, check_outputs, flatte
             b.copy_(p)
 
     fns: dict[str, Any] = {}
+    entries: dict[str, Any] = {}
     errors: dict[str, str] = {}
     for name, m in mods.items():
         fn = getattr(m, case.entry, None)
         if callable(fn):
+            entries[name] = fn
             fns[name] = (lambda fn=fn: fn(*case.args, **case.kwargs))
         else:
             errors[name] = f"entry point {case.entry}() missing"
@@ -214,11 +265,12 @@ def _time_cell(contract, cell, mods, job, timer: Timer, w, check_outputs, flatte
     keep = set(job.get("return_outputs", ()))
     samples: dict[str, dict[str, list]] = {n: {"event_us": [], "wall_us": []} for n in fns}
     outs: dict[str, list] = {n: [None] * len(pools) for n in fns if n in keep}
+    timed: dict[str, Any] = dict(fns)  # what a timed sample calls: the eager call, or its CUDA graph's replay
 
-    def guarded(name: str, v: int, timed: bool):
+    def guarded(name: str, v: int, timed_call: bool):
         load(v)
-        if timed:
-            out, ev, wall = timer.sample(fns[name])
+        if timed_call:
+            out, ev, wall = timer.sample(timed[name])
             samples[name]["event_us"].append(ev)
             samples[name]["wall_us"].append(wall)
         else:
@@ -227,27 +279,34 @@ def _time_cell(contract, cell, mods, job, timer: Timer, w, check_outputs, flatte
             check_outputs(out, case.args, case.kwargs, device)
         return out
 
-    def drop(name: str, e: BaseException) -> None:
-        errors[name] = one_line_(e)
-        fns.pop(name, None)
-        samples.pop(name, None)
-        outs.pop(name, None)
+    def drop(name: str, e: BaseException | str) -> None:
+        errors[name] = e if isinstance(e, str) else one_line_(e)
+        for table in (fns, timed, samples, outs):
+            table.pop(name, None)
 
     for name in list(fns):
         try:
             for _ in range(job["warmup"]):
                 for v in range(len(pools)):
-                    guarded(name, v, timed=False)
+                    guarded(name, v, timed_call=False)
         except Exception as e:
             drop(name, e)
     if timer.cuda:
         torch.cuda.synchronize()
-    prof = {}
+    mode, graphs, why = "eager", {}, None
+    if timer.cuda and job.get("graphs", True):
+        mode, graphs, why = _capture_all(fns, load, drop)
+        for name, (g, out) in graphs.items():
+            timed[name] = (lambda g=g, out=out: (g.replay(), out)[1])
+    prof, eager = {}, {}
     if job.get("profile_kernels") and timer.cuda:
         for name in ("candidate", "root"):
             if name in fns:
                 load(0)
                 prof[name] = timer.profile(fns[name])
+                if mode == "graph":
+                    load(0)
+                    eager[name] = [timer.sample(fns[name])[1] for _ in range(EAGER_SAMPLES)]
     rng = random.Random(job["seed"] ^ 0x5EED)
     # rounds: at least min_reps, then until the cell's time budget is spent, at most reps; a round times
     # every implementation once, so every implementation gets the same number of samples
@@ -258,51 +317,139 @@ def _time_cell(contract, cell, mods, job, timer: Timer, w, check_outputs, flatte
             break
         rounds += 1
         v = r % len(pools)
-        order = list(fns)
+        order = list(timed)
         rng.shuffle(order)
         for name in order:
-            if name not in fns:
+            if name not in timed:
                 continue
             try:
-                out = guarded(name, v, timed=True)
+                out = guarded(name, v, timed_call=True)
             except Exception as e:
                 drop(name, e)
                 continue
             if name in outs:
-                outs[name][v] = out
+                # a graph writes every replay into the same tensors: keep a copy (after the timed window)
+                outs[name][v] = [t.clone() for t in flatten_outputs(out)] if name in graphs else out
     if timer.cuda:
         torch.cuda.synchronize()
     sent: dict[str, list] = {}
-    picks: dict = {}  # one row sample per (variant, output, shape), shared by every implementation
+    picks: dict = {}  # one random row order per (variant, token count), shared by every output and implementation
     for name, per_v in outs.items():
         try:
-            sent[name] = [[_send(t, w, picks, (v, k)) for k, t in enumerate(flatten_outputs(o))]
+            sent[name] = [[_send(t, w, picks, v) for t in flatten_outputs(o)]
                           for v, o in enumerate(per_v) if o is not None]
         except Exception as e:
             errors[name] = one_line_(e)
+    rows = {}
+    if case.token_args and job.get("rows_check", True):
+        for name in outs:
+            if name in entries and name not in errors:
+                try:
+                    rows[name] = _rows_again(entries[name], case, outs[name], load, picks, w, flatten_outputs)
+                except Exception as e:
+                    rows[name] = {"error": one_line_(e)}
+    graphs.clear()  # the graphs' memory pools go with them
+    timed.clear()
+    if timer.cuda:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
     return {"samples": samples, "errors": errors, "profile": prof, "outputs": sent, "seeds": seeds,
-            "rounds": rounds,
+            "rounds": rounds, "timing": mode, "graph_note": why, "eager_us": eager, "rows": rows,
             "seconds": {"warmup": round(t_timed - t_start, 3), "timed": round(time.perf_counter() - t_timed, 3)}}
 
 
-def _send(t: torch.Tensor, w, picks: dict, key: tuple) -> dict:
-    """A timed output, whole, or (when huge) a subset of rows drawn now, after every call has returned."""
+def _capture(fn) -> tuple[Any, Any]:
+    """A CUDA graph of one call (warmed up on a side stream first, as capture requires) and its output."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    _sync()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    _sync()
+    return graph, out
+
+
+def _capture_all(fns: dict, load, drop) -> tuple[str, dict, str | None]:
+    """("graph", graphs, None) when every implementation's call is captured: then every timed sample replays a
+    graph, and work a call launches on a stream the capture does not join either fails the capture or is not
+    in the graph (its output is then stale on the next input variant): nothing escapes the timing events,
+    whatever its size. A trusted implementation (root, incumbent, stock PyTorch) that cannot be captured makes
+    the cell eager for all, with the reason; a candidate that cannot be captured where they all can is dropped
+    (it would be timed eagerly, where a side stream escapes the events)."""
+    graphs, failed = {}, {}
+    for name in list(fns):
+        load(0)
+        try:
+            graphs[name] = _capture(fns[name])
+        except Exception as e:
+            failed[name] = one_line_(e)
+            try:
+                _sync()
+            except Exception:  # a context the failed capture left unusable: the next call reports it
+                pass
+    trusted = [n for n in failed if n != "candidate"]
+    if trusted:
+        return "eager", {}, f"{trusted[0]} cannot be captured in a CUDA graph: {failed[trusted[0]]}"[:300]
+    if "candidate" in failed:
+        drop("candidate", "its call cannot be captured in a CUDA graph (every implementation of this cell is timed "
+                          f"as a graph replay): {failed['candidate']}"[:300])
+    return "graph", graphs, None
+
+
+def _rows_again(fn, case, per_v: list, load, picks: dict, w, flatten_outputs) -> list[dict]:
+    """Rows of each timed input variant computed again, after every timed call: ROWS_ALONE rows alone and up to
+    ROWS_BATCH as one small batch, drawn from the rows sent back (so the parent has the timed rows to compare).
+    A candidate that takes another path only at the timed token counts gives other bits here."""
+    first = case.args[case.token_args[0]]
+    T = first.shape[0]
+    out = []
+    for v, o in enumerate(per_v):
+        if o is None:
+            continue
+        avail = _sent_rows(picks, v, T)
+        load(v)
+        for idx in [avail[k:k + 1] for k in range(min(ROWS_ALONE, len(avail)))] + [avail[:ROWS_BATCH]]:
+            dev = idx.to(first.device)
+            args = tuple(a[dev] if i in case.token_args else a for i, a in enumerate(case.args))
+            got = flatten_outputs(fn(*args, **case.kwargs))
+            out.append({"v": v, "rows": w.ref(idx.clone()), "outputs": [w.ref(t) for t in got]})
+    return out
+
+
+def _sent_rows(picks: dict, v: int, T: int) -> torch.Tensor:
+    """Rows of variant v that every output was sent back with, in a random order (any of the T when sent whole):
+    the first k of the variant's row order, k the fewest an output sent."""
+    perm = picks[(v, T)] if (v, T) in picks else torch.randperm(T, generator=_urandom_gen())
+    ks = [key[2] for key in picks if len(key) == 3 and key[:2] == (v, T)]
+    return perm[:min(ks, default=T)]
+
+
+def _urandom_gen() -> torch.Generator:
+    return torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
+
+
+def _send(t: torch.Tensor, w, picks: dict, v: int) -> dict:
+    """A timed output, whole, or (when huge) a subset of rows drawn now, after every call has returned. One
+    random order of the T rows per (variant, T): an output sends the first k rows of it (sorted), so the rows
+    a wide output sends are among those of a narrow one."""
     if t.numel() <= MAX_SENT_ELEMS or t.dim() == 0 or t.shape[0] < 2:
         return {"data": w.ref(t), "rows": None}
-    key = (*key, tuple(t.shape))
-    if key not in picks:
-        per_row = max(1, t.numel() // t.shape[0])
-        k = max(1, min(t.shape[0], MAX_SENT_ELEMS // per_row))
-        gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
-        idx = torch.randperm(t.shape[0], generator=gen)[:k].sort().values
-        picks[key] = (idx, w.ref(idx))
-    idx, ref = picks[key]
+    T = t.shape[0]
+    if (v, T) not in picks:
+        picks[(v, T)] = torch.randperm(T, generator=_urandom_gen())
+    k = max(1, min(T, MAX_SENT_ELEMS // max(1, t.numel() // T)))
+    if (v, T, k) not in picks:
+        idx = picks[(v, T)][:k].sort().values
+        picks[(v, T, k)] = (idx, w.ref(idx))
+    idx, ref = picks[(v, T, k)]
     return {"data": w.ref(t[idx.to(t.device)]), "rows": ref}
 
 
 def one_line_(e: BaseException) -> str:
-    from tik_kernels.evaluator.child import one_line
-
     return one_line(e)
 
 

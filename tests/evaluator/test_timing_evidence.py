@@ -1,0 +1,109 @@
+"""The decision functions behind the GPU timing checks, on synthetic evidence (no GPU here): a profiled call's
+kernels against the window its spin and marker bound (any stream, any size), eager calls against graph
+replays, and the timed rows recomputed by the child against the timed call's rows."""
+
+from __future__ import annotations
+
+import torch
+
+from tik_kernels.evaluator.measure import integrity_ok, timed_rows_ok
+from tik_kernels.evaluator.timing import window_evidence
+
+TIMED, SIDE = 7, 13  # stream ids as the profiler reports them
+
+
+def _spin(t0: float, t1: float) -> tuple:
+    return ("spin_kernel", TIMED, t0, t1)
+
+
+def _call(kernels: list[tuple], marker_at: float, marker_us: float = 2.0) -> list[tuple]:
+    events = [_spin(0.0, 1000.0), *kernels, ("spin_kernel", TIMED, marker_at, marker_at + marker_us)]
+    return sorted(events, key=lambda e: e[2])
+
+
+def test_kernels_on_the_timed_stream_are_inside_the_window():
+    ev = window_evidence(_call([("k", TIMED, 1001, 1004), ("k", TIMED, 1004.2, 1008)], marker_at=1008.3), 7.5, True)
+    assert ev["kernels"] == 2 and ev["escaped"] == 0 and ev["overlap_spin"] == 0 and ev["saw_marker"]
+    assert abs(ev["kernel_us"] - 6.8) < 1e-9 and ev["streams"] == 1
+
+
+def test_side_stream_work_escapes_whatever_its_size():
+    # one tiny kernel: ready when the spin ends, like the marker, and still running when the marker starts
+    small = window_evidence(_call([("mul", SIDE, 1001.0, 1002.6)], marker_at=1001.1), 1.0, True)
+    assert small["escaped"] == 1 and small["streams"] == 1
+    # fifty back to back, or one long matmul
+    fifty = window_evidence(_call([("mul", SIDE, 1001.0 + 1.5 * i, 1002.4 + 1.5 * i) for i in range(50)],
+                                  marker_at=1001.2), 1.1, True)
+    assert fifty["escaped"] == 50
+    big = window_evidence(_call([("gemm", SIDE, 1001.0, 1400.0)], marker_at=1001.2), 1.1, True)
+    assert big["escaped"] == 1
+    # started before the timed window: it overlaps the spin
+    early = window_evidence(_call([("mul", SIDE, 10.0, 12.0)], marker_at=1001.2), 1.1, True)
+    assert early["overlap_spin"] == 1
+
+
+def test_a_side_stream_joined_back_before_the_end_event_is_inside():
+    ev = window_evidence(_call([("a", SIDE, 1001, 1005), ("b", TIMED, 1001, 1003)], marker_at=1005.3), 4.4, True)
+    assert ev["escaped"] == 0 and ev["overlap_spin"] == 0 and ev["streams"] == 2
+
+
+def _cell(cand_us, root_us, profile, timing="graph", eager=None):
+    s = {"candidate": {"event_us": list(cand_us), "wall_us": [u + 1000 for u in cand_us]},
+         "root": {"event_us": list(root_us), "wall_us": [u + 1000 for u in root_us]}}
+    return {"samples": s, "profile": profile, "timing": timing, "eager_us": {"candidate": eager} if eager else {}}
+
+
+def _honest(kernel_us=4.0):
+    return {"kernels": 3, "kernel_us": kernel_us, "window_us": kernel_us + 0.5, "overlap_spin": 0, "escaped": 0,
+            "saw_spin": True, "saw_marker": True, "spin_covered": True, "streams": 1}
+
+
+def test_integrity_rejects_escaped_kernels_with_the_reason():
+    prof = {"candidate": {**_honest(3.0), "escaped": 1, "window_us": 1.0}, "root": _honest()}
+    ok, why = integrity_ok(_cell([4.1] * 9, [4.0] * 9, prof), {})
+    assert not ok and "ended after the timed stream had passed its end event" in why
+
+
+def test_integrity_rejects_an_eager_call_far_faster_than_its_graph():
+    prof = {"candidate": {"error": "profiler unavailable"}, "root": _honest()}
+    ok, why = integrity_ok(_cell([80.0] * 9, [4.0] * 9, prof, eager=[1.1] * 5), {})
+    assert not ok and "work escapes the timing events when not captured" in why
+
+
+def test_integrity_passes_an_honest_candidate_timed_as_graph_replays():
+    prof = {"candidate": _honest(3.8), "root": _honest()}
+    ok, why = integrity_ok(_cell([4.1] * 9, [4.0] * 9, prof, eager=[4.3] * 5), {})
+    assert ok and why.startswith("timed graph replays; kernels inside the timed window"), why
+
+
+def _rows_cell(cand_again, timed, root_again=None, root_timed=None):
+    rows = {"candidate": cand_again}
+    if root_again is not None:
+        rows["root"] = root_again
+    return {"rows": rows, "outputs": {"candidate": timed, "root": root_timed or timed}}
+
+
+def test_timed_rows_compare_bitwise_whole_and_sampled_outputs():
+    out = torch.randn(32, 4).to(torch.bfloat16)
+    idx = torch.tensor([5, 17, 3])
+    whole = [[(out, None)]]
+    assert timed_rows_ok(_rows_cell([{"v": 0, "rows": idx, "outputs": [out[idx].clone()]}], whole))[0]
+    nudged = out[idx].clone()
+    nudged[1, 2] = nudged[1, 2] * (1 + 2**-7) + 1e-3
+    ok, why = timed_rows_ok(_rows_cell([{"v": 0, "rows": idx, "outputs": [nudged]}], whole))
+    assert not ok and "differ from the same rows of the timed call" in why
+    # a sampled output: the rows sent back are sorted indices; recomputed rows must be among them
+    sent = torch.tensor([3, 5, 9, 17])
+    sampled = [[(out[sent].clone(), sent)]]
+    assert timed_rows_ok(_rows_cell([{"v": 0, "rows": idx, "outputs": [out[idx].clone()]}], sampled))[0]
+    ok, why = timed_rows_ok(_rows_cell([{"v": 0, "rows": torch.tensor([4]), "outputs": [out[[4]]]}], sampled))
+    assert not ok and "not among the rows sent back" in why
+
+
+def test_timed_rows_skip_a_cell_where_the_root_itself_differs():
+    out = torch.randn(8, 4)
+    idx = torch.tensor([1, 2])
+    bad = [{"v": 0, "rows": idx, "outputs": [out[idx] + 1]}]
+    ok, why = timed_rows_ok(_rows_cell(bad, [[(out, None)]], root_again=bad))
+    assert ok and why.startswith("skipped: the root's own rows differ")
+    assert timed_rows_ok({"rows": {}, "outputs": {}}) == (True, "skipped: the cell declares no token rows")
