@@ -1,0 +1,215 @@
+"""The candidate sandbox (evaluator/sandbox.py, isolate.py), attacked by planted candidates (planted.py): each
+attack is rejected with its reason in the report, or made harmless, and the same attack without the sandbox
+shows what the sandbox stops. Also: nothing outlives a SIGKILLed evaluator, and the evaluator refuses to run
+once its trusted files changed."""
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from evaluator_fixtures import FIX, tiny
+from planted import alive_with, planted
+
+from tik_kernels.evaluator import evaluate, integrity, sandbox
+
+REPO = Path(__file__).resolve().parents[2]
+CHECKS = REPO / "tik_kernels" / "evaluator" / "checks.py"
+ROOT_SOURCE = (FIX / "tiny_root.py").read_text()
+MODE, WHY = sandbox.availability()
+jailed = pytest.mark.skipif(MODE is None, reason=f"the kernel refuses the sandbox's namespaces here: {WHY}")
+
+
+def run(path: Path, **kw):
+    return evaluate(tiny(), path, root_path=FIX / "tiny_root.py", device="cpu", timeout=60, **kw)
+
+
+def write(tmp_path: Path, kind: str, **literals) -> Path:
+    path = tmp_path / f"planted_{kind}.py"
+    path.write_text(planted(kind, ROOT_SOURCE, **literals))
+    return path
+
+
+def driver(*args: str, env: dict, timeout: float = 120) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(Path(__file__).with_name("sandbox_driver.py")), *args],
+                            env={**os.environ, "PYTHONPATH": str(REPO), **env}, stdout=subprocess.PIPE, text=True)
+
+
+def _wait_gone(marker: str, seconds: float) -> list[int]:
+    end = time.monotonic() + seconds
+    while (pids := alive_with(marker)) and time.monotonic() < end:
+        time.sleep(0.1)
+    return pids
+
+
+@jailed
+def test_the_child_sees_its_files_read_only_and_nothing_of_the_parent(tmp_path):
+    probe = tmp_path / "look.py"
+    probe.write_text(f"""
+import json, os
+def writable(p):
+    try:
+        open(os.path.join(p, "w.tmp"), "w").close()
+        return True
+    except OSError:
+        return False
+seen = {{"uid": os.getuid(), "checkout": os.path.exists({str(REPO)!r}), "pids": sorted(
+    int(p) for p in os.listdir("/proc") if p.isdigit()), "net": sorted(
+    ln.split(":")[0].strip() for ln in open("/proc/net/dev").read().splitlines()[2:]),
+    "cap": open("/proc/self/status").read().split("CapEff:")[1].split()[0],
+    "writable": [p for p in ("/", "/usr", "/etc", "/tik/runtime/tik_kernels", "/tik/impl", "/tmp") if writable(p)],
+    "runtime": sorted(os.listdir("/tik/runtime")), "tests": os.path.exists("/tik/runtime/tests")}}
+raise RuntimeError("SEEN" + json.dumps(seen))
+""")
+    rep = run(probe)
+    seen = json.loads(rep.failure.partition("SEEN")[2])
+    assert seen["uid"] != 0 and seen["cap"] == "0000000000000000"
+    assert not seen["checkout"] and seen["runtime"] == ["tik_kernels"] and not seen["tests"]
+    # pid 1 (the namespace's init) and the child: no process of the parent's is there
+    assert seen["pids"] == [1, 2], seen["pids"]
+    assert seen["net"] == ["lo"] and seen["writable"] == ["/tmp"]
+
+
+@jailed
+def test_the_parents_environment_is_out_of_reach(tmp_path):
+    """A key in the evaluator's environment (as `tik check` or a worker starts with it): the candidate reads
+    /proc/<ancestor>/environ, /proc/1/environ and every process in sight, and finds nothing in the jail."""
+    path = write(tmp_path, "environ")
+    proc = driver(str(path), f"{path}@unsafe", env={"ANTHROPIC_API_KEY": "sk-ant-planted-test"})
+    out, _ = proc.communicate(timeout=180)
+    jailed_rep, unsafe_rep = (json.loads(line) for line in out.splitlines())
+    assert jailed_rep["verified"], jailed_rep["failure"]
+    assert not unsafe_rep["verified"] and "found ANTHROPIC_API_KEY in /proc/" in unsafe_rep["failure"]
+
+
+@jailed
+def test_the_workspace_cannot_be_written(tmp_path):
+    db = tmp_path / "ws" / "tik.db"
+    db.parent.mkdir()
+    db.write_bytes(b"SQLite format 3\x00" + bytes(100))
+    before = db.read_bytes()
+    rep = run(write(tmp_path, "workspace", DB=str(db), SCAN=True))
+    assert not rep.verified and "No such file or directory" in rep.failure and str(db) in rep.failure, rep.failure
+    assert db.read_bytes() == before
+    # without the jail the same file is written (no /proc scan there: this machine's other workspaces)
+    rep = run(write(tmp_path, "workspace", DB=str(db), SCAN=False), sandbox=False)
+    assert rep.verified, rep.failure
+    assert db.read_bytes().startswith(b"PLANTED")
+
+
+@jailed
+def test_the_evaluator_cannot_be_edited(tmp_path):
+    before = hashlib.sha256(CHECKS.read_bytes()).hexdigest()
+    rep = run(write(tmp_path, "evaluator", CHECKS=str(CHECKS)))
+    assert not rep.verified
+    assert "Read-only file system" in rep.failure or "Permission denied" in rep.failure, rep.failure
+    assert "/tik/runtime/tik_kernels/evaluator/checks.py" in rep.failure
+    assert hashlib.sha256(CHECKS.read_bytes()).hexdigest() == before and integrity.changed() is None
+
+
+@jailed
+def test_a_daemon_dies_with_its_evaluation(tmp_path):
+    marker = f"tik-planted-{uuid.uuid4().hex}"
+    rep = run(write(tmp_path, "fork", MARKER=marker))
+    assert rep.verified, rep.failure
+    assert _wait_gone(marker, 5) == []
+    try:  # without the jail the grandchild, in a session of its own, outlives the evaluation
+        rep = run(write(tmp_path, "fork", MARKER=marker), sandbox=False)
+        assert rep.verified, rep.failure
+        assert alive_with(marker)
+    finally:
+        for pid in alive_with(marker):
+            os.kill(pid, signal.SIGKILL)
+
+
+@jailed
+def test_no_network(tmp_path):
+    rep = run(write(tmp_path, "network"))
+    assert not rep.verified and "Network is unreachable" in rep.failure, rep.failure
+
+
+@jailed
+def test_sigkill_of_the_evaluator_leaves_no_process_and_the_scratch_is_reaped(tmp_path):
+    """SIGKILL the evaluating process while its candidate hangs with a daemon grandchild: 5 s later nothing of
+    the evaluation is alive, and `reap_stale` (what a resumed worker runs) removes its scratch directory."""
+    marker = f"tik-planted-{uuid.uuid4().hex}"
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = driver(str(write(tmp_path, "hang", MARKER=marker)), env={"TMPDIR": str(tmp)})
+    try:
+        end = time.monotonic() + 120
+        while not alive_with(marker) and time.monotonic() < end and proc.poll() is None:
+            time.sleep(0.2)
+        assert alive_with(marker), "the candidate's daemon never started"
+        scratch = [d.name for d in tmp.iterdir() if d.name.startswith(f"tik-eval-{proc.pid}.")]
+        assert scratch
+        proc.kill()
+        proc.wait(10)
+        time.sleep(5)
+        assert alive_with(marker) == [] and alive_with(str(tmp)) == []
+    finally:
+        proc.kill()
+        for pid in alive_with(marker):
+            os.kill(pid, signal.SIGKILL)
+    assert sandbox.reap_stale(tmp) == (0, len(scratch))
+    assert [d.name for d in tmp.iterdir() if d.name in scratch] == []
+
+
+def test_reap_stale_keeps_live_owners_and_unowned_directories(tmp_path):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = tmp_path / f"tik-eval-{dead.pid}.1-abc"
+    live = tmp_path / f"tik-eval-{os.getpid()}.{sandbox._start_time(os.getpid())}-x"
+    for d in (stale, live, tmp_path / "tik-eval-unowned"):
+        d.mkdir()
+    assert sandbox.reap_stale(tmp_path) == (0, 1)
+    assert not stale.exists() and live.exists() and (tmp_path / "tik-eval-unowned").exists()
+
+
+def test_a_trusted_file_changed_between_evaluations_is_refused(tmp_path, monkeypatch):
+    """Another process edits the evaluator (a copy of its trusted files here) after it started: the next
+    evaluation fails with the file named, before any child runs."""
+    copy = tmp_path / "tik_kernels"
+    for rel in integrity.digests():
+        (copy / rel).parent.mkdir(parents=True, exist_ok=True)
+        (copy / rel).write_bytes((integrity.ROOT / rel).read_bytes())
+    monkeypatch.setattr(integrity, "ROOT", copy)
+    monkeypatch.setattr(integrity, "BASELINE", integrity.digests())
+    assert integrity.changed() is None
+    with open(copy / "evaluator" / "checks.py", "a") as f:
+        f.write("\n# every check passes\n")
+    (copy / "contracts" / "extra.py").write_text("")
+    t0 = time.monotonic()
+    rep = run(FIX / "good.py")
+    assert not rep.verified and time.monotonic() - t0 < 5
+    assert rep.failure.startswith("the evaluator's trusted files changed since this process started "
+                                  "(tik_kernels/contracts/extra.py, tik_kernels/evaluator/checks.py)"), rep.failure
+    assert [c.name for c in rep.checks if not c.passed] == ["integrity"]
+
+
+def test_where_namespaces_are_refused_candidates_do_not_run(monkeypatch, tmp_path, capsys):
+    from tik_tui.cli.main import main
+
+    monkeypatch.setattr(sandbox, "_AVAILABLE", (None, "unshare: Operation not permitted"))
+    monkeypatch.delenv(sandbox.UNSAFE_ENV, raising=False)
+    rep = run(FIX / "good.py")
+    assert not rep.verified and rep.failure.startswith(
+        "the candidate sandbox cannot start here (unshare: Operation not permitted)"), rep.failure
+    assert [c.name for c in rep.checks] == ["sandbox"]
+    impl = tmp_path / "rmsnorm.py"
+    impl.write_text((REPO / "tik_kernels" / "ops" / "rmsnorm.py").read_text())
+    for argv in (["check", "rmsnorm", "--impl", str(impl), "--device", "cpu"],
+                 ["bench", "rmsnorm", "--impl", str(impl), "--device", "cpu"],
+                 ["-w", str(tmp_path / "ws"), "search", "--op", "rmsnorm", "--proposer", "tuner"]):
+        if argv[2] == "search":
+            assert main(["-w", argv[1], "init"]) == 0
+        capsys.readouterr()
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("tik: error: the candidate sandbox cannot start here"), err
