@@ -73,6 +73,22 @@ if _os.fork() == 0:
     _os._exit(0)
 _os.wait()
 ''',
+    # the parent's files: the reply is swapped for a symlink the parent would follow (to TARGET, a host path)
+    "symlink": '''
+import os as _os
+
+_replace = _os.replace
+
+
+def _swap(src, dst, *args, **kwargs):
+    _replace(src, dst, *args, **kwargs)
+    if str(dst).endswith("result.json"):
+        _os.unlink(dst)
+        _os.symlink(TARGET, dst)
+
+
+_os.replace = _swap
+''',
     # the network: a public DNS server
     "network": '''
 import socket as _socket

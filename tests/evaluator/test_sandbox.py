@@ -1,7 +1,8 @@
 """The candidate sandbox (evaluator/sandbox.py, isolate.py), attacked by planted candidates (planted.py): each
 attack is rejected with its reason in the report, or made harmless, and the same attack without the sandbox
 shows what the sandbox stops. Also: nothing outlives a SIGKILLed evaluator, and the evaluator refuses to run
-once its trusted files changed."""
+once its trusted files changed. The library's roots verified in the jail: test_eval_cli (rmsnorm, CPU) and
+test_evaluator_gpu (every root), since every child runs in it."""
 
 import hashlib
 import json
@@ -129,6 +130,20 @@ def test_a_daemon_dies_with_its_evaluation(tmp_path):
 
 
 @jailed
+def test_a_reply_that_points_elsewhere_is_not_followed(tmp_path, monkeypatch):
+    """The candidate swaps the child's result.json for a symlink to a file of the parent's (here a decoy with a
+    reply in it): the parent refuses to follow it; without that check it would read the decoy as the reply."""
+    target = tmp_path / "secret.json"
+    target.write_text(json.dumps({"done": True, "import_error": "LEAKED the parent's file"}))
+    path = write(tmp_path, "symlink", TARGET=str(target))
+    rep = run(path)
+    assert not rep.verified and "'result.json' is not a plain file" in rep.failure, rep.failure
+    monkeypatch.setattr(sandbox, "_plain", lambda out: None)
+    rep = run(path)
+    assert rep.failure == "import failed: LEAKED the parent's file"
+
+
+@jailed
 def test_no_network(tmp_path):
     rep = run(write(tmp_path, "network"))
     assert not rep.verified and "Network is unreachable" in rep.failure, rep.failure
@@ -213,3 +228,96 @@ def test_where_namespaces_are_refused_candidates_do_not_run(monkeypatch, tmp_pat
         assert main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("tik: error: the candidate sandbox cannot start here"), err
+
+
+@jailed
+def test_a_search_records_why_planted_candidates_failed(tmp_path, capsys):
+    """Through the worker's loop and the real evaluator: a replay proposer proposes rmsnorm's root with an attack
+    in front; each derivation fails with the attack's reason in the store, and the store is intact."""
+    from tik_store import Workspace
+    from tik_tui.cli.main import main
+    from tik_tui.worker import run_search
+
+    ws = tmp_path / "ws"
+    assert main(["-w", str(ws), "init"]) == 0
+    capsys.readouterr()
+    root = (REPO / "tik_kernels" / "ops" / "rmsnorm.py").read_text()
+    attacks = {"workspace": dict(DB=str(ws / "tik.db"), SCAN=True), "evaluator": dict(CHECKS=str(CHECKS)),
+               "network": {}}
+    replay = tmp_path / "attacks.jsonl"
+    replay.write_text("".join(json.dumps({"parent": "root", "source": planted(kind, root, **lit),
+                                          "rationale": f"planted: {kind}"}) + "\n" for kind, lit in attacks.items()))
+    s = run_search(ws, ops=["rmsnorm"], proposer=f"replay:{replay}", budget=3, device="cpu", timeout=120)
+    assert s["spent"] == 3, s
+    with Workspace.open(ws) as w:
+        failures = {w.implementation(i)["rationale"]: w.implementation(i) for i in s["derivations"]}
+        assert {r["status"] for r in failures.values()} == {"failed"}
+        why = {k.removeprefix("planted: "): r["failure"] for k, r in failures.items()}
+        assert "No such file or directory" in why["workspace"] and "tik.db" in why["workspace"], why
+        assert "/tik/runtime/tik_kernels/evaluator/checks.py" in why["evaluator"], why
+        assert "Network is unreachable" in why["network"], why
+        assert w.root("rmsnorm")["status"] == "promoted"
+
+
+@pytest.mark.gpu
+@jailed
+def test_a_gpu_child_in_the_jail_has_its_device_and_nothing_else(tmp_path):
+    """CUDA and a Triton kernel (compiled in the child: its launcher needs the system's compiler and Python's
+    headers, read-only) inside the jail; the device nodes are there, the parent's processes are not."""
+    probe = tmp_path / "look_gpu.py"
+    probe.write_text('''
+import json, os
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _twice(x_ptr, y_ptr, N: tl.constexpr):
+    o = tl.arange(0, N)
+    tl.store(y_ptr + o, tl.load(x_ptr + o) * 2)
+
+
+x = torch.ones(1024, device="cuda")
+y = torch.empty_like(x)
+_twice[(1,)](x, y, N=1024)
+nodes = [d for d in os.listdir("/dev") if d.startswith("nvidia")]
+seen = {"sum": float(y.sum()), "uid": os.getuid(), "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+        "ctl": "nvidiactl" in nodes, "gpus": sum(d[6:].isdigit() for d in nodes)}
+raise RuntimeError("SEEN" + json.dumps(seen))
+''')
+    rep = evaluate(tiny(), probe, root_path=FIX / "tiny_root.py", device="cuda", timeout=300)
+    assert "SEEN" in (rep.failure or ""), rep.failure
+    seen = json.loads(rep.failure.partition("SEEN")[2])
+    assert seen["sum"] == 2048.0 and seen["uid"] != 0 and seen["pids"] == [1, 2]
+    assert seen["ctl"] and seen["gpus"] >= 1
+
+
+def test_a_starting_worker_reaps_what_a_killed_evaluator_left(tmp_path, monkeypatch, capsys):
+    """A scratch directory whose owner is dead, and a process still running in it: the worker kills the process,
+    removes the directory and records it, before its search starts."""
+    import tempfile
+
+    from tik_store import Workspace
+    from tik_tui.cli.main import main
+    from tik_tui.worker import run_search
+
+    ws = tmp_path / "ws"
+    assert main(["-w", str(ws), "init"]) == 0
+    capsys.readouterr()
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = tmp / f"tik-eval-{dead.pid}.1-left"
+    (stale / "scratch").mkdir(parents=True)
+    leftover = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", str(stale / "spec.json")])
+    try:
+        s = run_search(ws, ops=["rmsnorm"], proposer="tuner", budget=0, device="cpu")
+        assert leftover.wait(10) == -signal.SIGKILL and not stale.exists()
+    finally:
+        leftover.kill()
+    with Workspace.open(ws) as w:
+        reaped = [e["payload"] for e in w.events(kind="sandbox_reaped")]
+    assert reaped == [{"processes": 1, "directories": 1, "search": s["search"]}]

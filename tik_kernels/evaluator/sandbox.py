@@ -438,6 +438,7 @@ def run_child(job: dict, write_inputs: Callable[[Path], dict], read_result: Call
             return ChildOutcome(None, f"exited with status {rc}" + (f": {line}" if line else ""),
                                 time.monotonic() - t0)
         try:
+            _plain(scratch / "out")
             doc = read_json(scratch / "out" / "result.json")
             if not isinstance(doc, dict) or doc.get("done") is not True:
                 raise ProtocolError("the child's result is incomplete")
@@ -452,6 +453,18 @@ def run_child(job: dict, write_inputs: Callable[[Path], dict], read_result: Call
         if proc is not None and proc.poll() is None:
             _kill(proc)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _plain(out: Path) -> None:
+    """The child's reply must be plain files in a plain directory: a symlink there would make this process read
+    a file of its own choosing (a key, the workspace) as the child's result."""
+    if not out.exists() and not out.is_symlink():
+        return
+    if out.is_symlink() or not out.is_dir():
+        raise ProtocolError("the child's output directory is not a directory")
+    for p in out.iterdir():
+        if p.is_symlink() or not p.is_file():
+            raise ProtocolError(f"the child's output {p.name[:40]!r} is not a plain file")
 
 
 def _kill(proc: subprocess.Popen) -> None:
