@@ -209,7 +209,11 @@ def write_maps(pid: int, mode: str) -> None:
 def jail(spec: dict) -> int:
     """Run the child in new namespaces; its wait status, or raise SetupError."""
     if os.geteuid() == 0:
-        os.setgroups([])  # root's supplementary groups must not reach the child
+        try:
+            os.setgroups([])  # root's supplementary groups must not reach the child
+        except OSError as e:  # root of a user namespace that denies setgroups: then its groups are its own
+            if spec["uid_mode"] == "nobody":
+                raise SetupError(f"setgroups: {e.strerror}") from None
     ready_r, ready_w = os.pipe()
     go_r, go_w = os.pipe()
     status_r, status_w = os.pipe()
@@ -289,7 +293,8 @@ def main() -> None:
             os.execve(spec["argv"][0], spec["argv"], spec["env"])
         mimic(jail(spec))
     except (SetupError, OSError) as e:
-        sys.stderr.write(f"tik-sandbox: {e}\n")
+        msg = f"{e.strerror}" + (f": {e.filename}" if e.filename else "") if isinstance(e, OSError) else str(e)
+        sys.stderr.write(f"tik-sandbox: {msg}\n")
         sys.stderr.flush()
         os._exit(SETUP_FAILED)
 

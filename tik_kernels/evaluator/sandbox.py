@@ -104,7 +104,10 @@ def _try_jail(mode: str) -> str | None:
         (tmp / "scratch").mkdir()
         (tmp / "impl").mkdir()
         if mode == "nobody":
-            _give(tmp / "scratch")
+            try:
+                _give(tmp / "scratch")
+            except OSError as e:  # no uid 65534 here (tik itself runs in a user namespace)
+                return f"chown to uid {NOBODY}: {e.strerror}"
         argv = [sys.executable, "-I", "-S", "-c", "open('/tmp/ok', 'w').close()"]
         spec = _spec(tmp, mode, argv, {"PATH": "/usr/bin:/bin"}, "/tmp", "cpu", None)
         (tmp / "spec.json").write_text(json.dumps(spec))
