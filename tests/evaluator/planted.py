@@ -1,9 +1,9 @@
 """Planted candidates: a correct implementation with an attack run at import, as an LLM-written file could.
 
 `planted(kind, impl_source, **literals)` puts the attack `kind` in front of `impl_source`. Attacks that reach
-nothing raise where they are stopped, so the evaluation fails with the reason (and the store records it);
-attacks that only look (ENVIRON) raise when they find something, so a verified report proves they found
-nothing.
+nothing raise where they are stopped, so the evaluation fails with the reason (and the store records it).
+"environ", "workspace" and "fork_and_tell" always raise, with what they found or did: the test reads the
+verdict from the report without paying for the root's child.
 """
 
 from __future__ import annotations
@@ -27,13 +27,16 @@ def _ancestors():
         pid = int(stat[stat.rindex(")") + 2:].split()[1])
 
 
+_read = 0
 for _p in sorted({str(p) for p in _ancestors()} | {"1"} | {p for p in _os.listdir("/proc") if p.isdigit()}):
     try:
         _env = open(f"/proc/{_p}/environ", "rb").read()
     except OSError:
         continue
+    _read += 1
     if b"ANTHROPIC_API_KEY=" in _env:
         raise RuntimeError(f"found ANTHROPIC_API_KEY in /proc/{_p}/environ")
+raise RuntimeError(f"no key in the {_read} environments in reach")
 ''',
     # the workspace's database: at the path it guessed, and (SCAN) wherever a process's command line names a
     # workspace (never without the jail on a shared machine: it would write other people's workspaces)
@@ -50,6 +53,7 @@ for _p in (p for p in _os.listdir("/proc") if p.isdigit() and SCAN):
 for _db in _dbs:
     with open(_db, "r+b") as _f:
         _f.write(b"PLANTED")
+raise RuntimeError(f"wrote {len(_dbs)} database(s)")
 ''',
     # the evaluator's own checks: in the runtime the child imports, and in the checkout it came from
     "evaluator": '''
@@ -96,6 +100,8 @@ import socket as _socket
 _socket.create_connection(("1.1.1.1", 53), timeout=5).close()
 ''',
 }
+#: the fork attack, as a verdict
+ATTACKS["fork_and_tell"] = ATTACKS["fork"] + '\nraise RuntimeError("a daemon started")\n'
 #: the fork attack, then the child hangs (the evaluator is killed meanwhile)
 ATTACKS["hang"] = ATTACKS["fork"] + "\nimport time as _time\n\n_time.sleep(600)\n"
 

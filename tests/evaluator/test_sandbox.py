@@ -85,8 +85,8 @@ def test_the_parents_environment_is_out_of_reach(tmp_path):
     proc = driver(str(path), f"{path}@unsafe", env={"ANTHROPIC_API_KEY": "sk-ant-planted-test"})
     out, _ = proc.communicate(timeout=180)
     jailed_rep, unsafe_rep = (json.loads(line) for line in out.splitlines())
-    assert jailed_rep["verified"], jailed_rep["failure"]
-    assert not unsafe_rep["verified"] and "found ANTHROPIC_API_KEY in /proc/" in unsafe_rep["failure"]
+    assert "RuntimeError: no key in the " in jailed_rep["failure"], jailed_rep["failure"]
+    assert "RuntimeError: found ANTHROPIC_API_KEY in /proc/" in unsafe_rep["failure"], unsafe_rep["failure"]
 
 
 @jailed
@@ -100,7 +100,7 @@ def test_the_workspace_cannot_be_written(tmp_path):
     assert db.read_bytes() == before
     # without the jail the same file is written (no /proc scan there: this machine's other workspaces)
     rep = run(write(tmp_path, "workspace", DB=str(db), SCAN=False), sandbox=False)
-    assert rep.verified, rep.failure
+    assert rep.failure == "import failed: RuntimeError: wrote 1 database(s)"
     assert db.read_bytes().startswith(b"PLANTED")
 
 
@@ -117,12 +117,15 @@ def test_the_evaluator_cannot_be_edited(tmp_path):
 @jailed
 def test_a_daemon_dies_with_its_evaluation(tmp_path):
     marker = f"tik-planted-{uuid.uuid4().hex}"
-    rep = run(write(tmp_path, "fork", MARKER=marker))
-    assert rep.verified, rep.failure
+    rep = run(write(tmp_path, "fork_and_tell", MARKER=marker))
+    assert rep.failure == "import failed: RuntimeError: a daemon started"
     assert _wait_gone(marker, 5) == []
     try:  # without the jail the grandchild, in a session of its own, outlives the evaluation
-        rep = run(write(tmp_path, "fork", MARKER=marker), sandbox=False)
-        assert rep.verified, rep.failure
+        rep = run(write(tmp_path, "fork_and_tell", MARKER=marker), sandbox=False)
+        assert rep.failure == "import failed: RuntimeError: a daemon started"
+        end = time.monotonic() + 10  # the grandchild may not have exec'd (shown its marker) yet
+        while not alive_with(marker) and time.monotonic() < end:
+            time.sleep(0.1)
         assert alive_with(marker)
     finally:
         for pid in alive_with(marker):
@@ -242,20 +245,18 @@ def test_a_search_records_why_planted_candidates_failed(tmp_path, capsys):
     assert main(["-w", str(ws), "init"]) == 0
     capsys.readouterr()
     root = (REPO / "tik_kernels" / "ops" / "rmsnorm.py").read_text()
-    attacks = {"workspace": dict(DB=str(ws / "tik.db"), SCAN=True), "evaluator": dict(CHECKS=str(CHECKS)),
-               "network": {}}
+    attacks = {"workspace": dict(DB=str(ws / "tik.db"), SCAN=True), "evaluator": dict(CHECKS=str(CHECKS))}
     replay = tmp_path / "attacks.jsonl"
     replay.write_text("".join(json.dumps({"parent": "root", "source": planted(kind, root, **lit),
                                           "rationale": f"planted: {kind}"}) + "\n" for kind, lit in attacks.items()))
-    s = run_search(ws, ops=["rmsnorm"], proposer=f"replay:{replay}", budget=3, device="cpu", timeout=120)
-    assert s["spent"] == 3, s
+    s = run_search(ws, ops=["rmsnorm"], proposer=f"replay:{replay}", budget=2, device="cpu", timeout=120)
+    assert s["spent"] == 2, s
     with Workspace.open(ws) as w:
         failures = {w.implementation(i)["rationale"]: w.implementation(i) for i in s["derivations"]}
         assert {r["status"] for r in failures.values()} == {"failed"}
         why = {k.removeprefix("planted: "): r["failure"] for k, r in failures.items()}
         assert "No such file or directory" in why["workspace"] and "tik.db" in why["workspace"], why
         assert "/tik/runtime/tik_kernels/evaluator/checks.py" in why["evaluator"], why
-        assert "Network is unreachable" in why["network"], why
         assert w.root("rmsnorm")["status"] == "promoted"
 
 
