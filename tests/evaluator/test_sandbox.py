@@ -4,6 +4,7 @@ shows what the sandbox stops. Also: nothing outlives a SIGKILLed evaluator, and 
 once its trusted files changed. The library's roots verified in the jail: test_eval_cli (rmsnorm, CPU) and
 test_evaluator_gpu (every root), since every child runs in it."""
 
+import argparse
 import hashlib
 import json
 import os
@@ -231,6 +232,16 @@ def test_where_namespaces_are_refused_candidates_do_not_run(monkeypatch, tmp_pat
         assert main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("tik: error: the candidate sandbox cannot start here"), err
+    # the explicit opt-out runs it, and a detached worker gets the flag
+    assert main(["check", "rmsnorm", "--impl", str(impl), "--device", "cpu", "--unsafe-no-sandbox", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["verified"]
+    from tik_tui.worker import add_search_options, sandbox_choice, search_argv
+
+    parser = argparse.ArgumentParser()
+    add_search_options(parser)
+    args = parser.parse_args(["--unsafe-no-sandbox"])
+    assert "--unsafe-no-sandbox" in search_argv(args)
+    assert sandbox_choice(args) is None and os.environ[sandbox.UNSAFE_ENV] == "1"  # monkeypatch restores it
 
 
 @jailed
