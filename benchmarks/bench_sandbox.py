@@ -54,7 +54,7 @@ def timed(fn, *args) -> tuple[float, float]:
     return time.perf_counter() - w, cpu_seconds() - c
 
 
-def launcher(jailed: bool) -> None:
+def launcher(jailed: bool, device: str) -> None:
     tmp = sandbox.owned_tempdir("tik-bench-")
     try:
         (tmp / "scratch").mkdir()
@@ -63,7 +63,7 @@ def launcher(jailed: bool) -> None:
         env = {"PATH": "/usr/bin:/bin"}
         mode = sandbox.availability()[0]
         if jailed:
-            spec = sandbox._spec(tmp, mode, argv, env, "/tmp", "cpu", None)
+            spec = sandbox._spec(tmp, mode, argv, env, "/tmp", device, None)  # on cuda: the GPU nodes too
         else:
             spec = {"owner_pid": os.getpid(), "namespaces": False, "argv": argv, "env": env, "cwd": str(tmp)}
         (tmp / "spec.json").write_text(json.dumps(spec))
@@ -115,7 +115,7 @@ def main() -> None:
         trivial = Path(d) / "trivial.py"
         trivial.write_text("")
         evaluation(True, args.op, impl, args.device)  # warm: plan cache, page cache
-        for name, fn, extra in (("launcher", launcher, ()), ("child", child, (trivial, args.device)),
+        for name, fn, extra in (("launcher", launcher, (args.device,)), ("child", child, (trivial, args.device)),
                                 ("evaluation", evaluation, (args.op, impl, args.device))):
             rows: dict = {"jailed": {"wall": [], "cpu": []}, "unconfined": {"wall": [], "cpu": []}}
             for k in range(args.repeats):
