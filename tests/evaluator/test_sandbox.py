@@ -32,6 +32,15 @@ def run(path: Path, **kw):
     return evaluate(tiny(), path, root_path=FIX / "tiny_root.py", device="cpu", timeout=60, **kw)
 
 
+@pytest.fixture(autouse=True)
+def _sandbox_in_force():
+    """No test here starts with the sandbox switched off by a leaked $TIK_UNSAFE_NO_SANDBOX: a planted attack
+    would then reach this machine (the guards in planted.py are the second line)."""
+    if MODE is not None:
+        assert not sandbox.unsafe(), "TIK_UNSAFE_NO_SANDBOX leaked into the sandbox's tests"
+    yield
+
+
 def write(tmp_path: Path, kind: str, **literals) -> Path:
     path = tmp_path / f"planted_{kind}.py"
     path.write_text(planted(kind, ROOT_SOURCE, **literals))
@@ -216,7 +225,8 @@ def test_where_namespaces_are_refused_candidates_do_not_run(monkeypatch, tmp_pat
     from tik_tui.cli.main import main
 
     monkeypatch.setattr(sandbox, "_AVAILABLE", (None, "unshare: Operation not permitted"))
-    monkeypatch.delenv(sandbox.UNSAFE_ENV, raising=False)
+    # set (not deleted) so that the teardown restores it: sandbox_choice below exports "1"
+    monkeypatch.setenv(sandbox.UNSAFE_ENV, "0")
     rep = run(FIX / "good.py")
     assert not rep.verified and rep.failure.startswith(
         "the candidate sandbox cannot start here (unshare: Operation not permitted)"), rep.failure
@@ -241,7 +251,7 @@ def test_where_namespaces_are_refused_candidates_do_not_run(monkeypatch, tmp_pat
     add_search_options(parser)
     args = parser.parse_args(["--unsafe-no-sandbox"])
     assert "--unsafe-no-sandbox" in search_argv(args)
-    assert sandbox_choice(args) is None and os.environ[sandbox.UNSAFE_ENV] == "1"  # monkeypatch restores it
+    assert sandbox_choice(args) is None and os.environ[sandbox.UNSAFE_ENV] == "1"
 
 
 @jailed
