@@ -13,3 +13,20 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+
+
+def pytest_configure(config):
+    # Where the kernel refuses the sandbox's namespaces, the sandbox's own tests skip (saying why) and every
+    # other test runs its children unconfined, as `--unsafe-no-sandbox` would; the header says which.
+    import os
+
+    from tik_kernels.evaluator import sandbox
+
+    mode, why = sandbox.availability()
+    if mode is None:
+        os.environ[sandbox.UNSAFE_ENV] = "1"
+    config.tik_sandbox = f"on (uid mode {mode})" if mode else f"REFUSED here ({why}): children run unconfined"
+
+
+def pytest_report_header(config):
+    return f"tik sandbox: {config.tik_sandbox}"

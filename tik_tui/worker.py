@@ -8,6 +8,9 @@ records a crash as `crashed` with its cause. A worker killed outright (SIGKILL) 
 search: same id, same budget, spending recounted from the store, and any `candidate` left
 unevaluated is evaluated first.
 
+With the real evaluator, `run_search` first reaps what dead evaluators left: sandbox processes and scratch
+directories whose owner is gone (`tik_kernels.evaluator.sandbox.reap_stale`).
+
 Evaluations run on the executor the options name (`--executor local|ray`, `--workers N`,
 `--address ADDR`; `tik_tui.agent.executor`); this process stays the only writer of the store.
 
@@ -33,6 +36,8 @@ from typing import Any
 
 LOCK_NAME = "worker.lock"
 HEARTBEAT_S = 2.0
+#: tik_kernels.evaluator.sandbox.UNSAFE_ENV (not imported for it: importing tik_kernels loads Triton)
+UNSAFE_ENV = "TIK_UNSAFE_NO_SANDBOX"
 
 
 class WorkerBusy(Exception):
@@ -168,6 +173,13 @@ def run_search(workspace: Any, ops: list[str] | None = None, proposer: str = "tu
         pool = make_executor(executor, address=address, workers=workers, device=device, evaluate=evaluate)
         search = Search(ws, prop, cfg, evaluate=evaluate, search_id=prev["search"] if prev else None,
                         on_event=on_event, should_stop=stop_flag.is_set, executor=pool)
+        if evaluate is None:
+            # a killed worker's (or `tik check`'s) sandbox leftovers: none should live, the scratch stays on disk
+            from tik_kernels.evaluator.sandbox import reap_stale
+
+            killed, removed = reap_stale()
+            if killed or removed:
+                search.emit("sandbox_reaped", {"processes": killed, "directories": removed})
         if prev:
             search.state.started = float(prev.get("started") or search.state.started)
             search.state.tokens = int(prev.get("tokens") or 0)
@@ -238,7 +250,24 @@ def add_search_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="evaluations in flight (default: one per visible GPU, 1 on the CPU; with ray: the "
                    "cluster's GPUs)")
+    p.add_argument("--unsafe-no-sandbox", action="store_true",
+                   help="evaluate candidates in plain child processes where the kernel refuses the sandbox's "
+                        "namespaces (a candidate can then read and write whatever this user can)")
     p.add_argument("--evaluator", default=None, help=argparse.SUPPRESS)
+
+
+def sandbox_choice(args: argparse.Namespace) -> str | None:
+    """--unsafe-no-sandbox: exported to the environment, so every evaluator process of this search (pool slots,
+    a detached worker's children) runs candidates unconfined. Otherwise the one-line refusal where the sandbox
+    cannot start (None where it can, or where an injected evaluator runs no candidate code)."""
+    if args.unsafe_no_sandbox:
+        os.environ[UNSAFE_ENV] = "1"
+        return None
+    if args.evaluator:
+        return None
+    from tik_kernels.evaluator.sandbox import required
+
+    return required()
 
 
 def search_kwargs(args: argparse.Namespace) -> dict:
@@ -270,7 +299,8 @@ def search_argv(args: argparse.Namespace) -> list[str]:
         if val is not None:
             argv += [flag, str(val)]
     for flag, on in (("--auto-promote", args.auto_promote), ("--no-evidence", args.no_evidence),
-                     ("--greedy", args.greedy), ("--fresh", args.fresh), ("--time", args.time)):
+                     ("--greedy", args.greedy), ("--fresh", args.fresh), ("--time", args.time),
+                     ("--unsafe-no-sandbox", args.unsafe_no_sandbox)):
         if on:
             argv.append(flag)
     return argv
@@ -284,6 +314,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-w", "--workspace", type=Path, required=True)
     add_search_options(p)
     args = p.parse_args(argv)
+    refused = sandbox_choice(args)
+    if refused:
+        print(f"tik-worker: error: {refused}", file=sys.stderr)
+        return 2
     try:
         summary = run_search(args.workspace, **search_kwargs(args))
     except WorkerBusy as e:

@@ -184,14 +184,15 @@ def private_tmp(tmp_path, monkeypatch):
 
 
 def test_nosy_candidate_finds_no_secrets_and_no_files(private_tmp):
+    (private_tmp / "tik-eval-decoy").mkdir()  # another evaluation's directory: outside the jail
     rep = run("nosy")
     assert rep.verified, rep.failure
-    assert list(private_tmp.iterdir()) == []  # every child's directory is gone
+    assert [p.name for p in private_tmp.iterdir()] == ["tik-eval-decoy"]  # every child's directory is gone
 
 
 def test_nosy_candidate_would_report_what_it_finds(private_tmp):
     (private_tmp / "tik-eval-decoy").mkdir()
-    rep = run("nosy")
+    rep = run("nosy", sandbox=False)  # without the jail the directory next door is in sight
     assert not rep.verified
     assert "found other evaluations ['tik-eval-decoy']" in rep.failure
 
@@ -232,9 +233,7 @@ def test_only_trusted_children_write_the_shared_triton_cache_and_seeded_ones_get
         "for p in d.iterdir():\n"
         "    p.unlink()\n"
         "(d / 'planted').write_text('by a child')\n"
-        "pathlib.Path(os.environ['TIK_TEST_SEEN']).write_text(' '.join(seen))\n")
-    seen = tmp_path / "seen.txt"
-    monkeypatch.setenv("TIK_TEST_SEEN", str(seen))
+        "raise RuntimeError('seen:' + ' '.join(seen))\n")  # the report's import error says what it saw
 
     def inputs(tmp):
         return {"probes": [], "tensors": TensorWriter(tmp / "inputs.bin").close()}
@@ -244,18 +243,17 @@ def test_only_trusted_children_write_the_shared_triton_cache_and_seeded_ones_get
                "graph_probes": []}
         out = sandbox.run_child(job, inputs, lambda out, doc: doc, 20.0, cache=mode)
         assert out.failure is None, out.failure
-        return out.doc
+        return out.doc["import_error"].partition("seen:")[2]
 
     shared = sandbox.trusted_cache_dir()
     (shared / "root-kernel.cubin").write_text("compiled by the root")
-    run("seeded")  # sees the root's file in its copy, deletes it there, plants its own there
-    assert seen.read_text() == "root-kernel.cubin"
+    # sees the root's file in its copy, deletes it there, plants its own there
+    assert run("seeded") == "root-kernel.cubin"
     assert sorted(p.name for p in shared.iterdir()) == ["root-kernel.cubin"]
-    run("private")
-    assert seen.read_text() == ""
+    assert run("private") == ""
     assert sorted(p.name for p in shared.iterdir()) == ["root-kernel.cubin"]
-    run("trusted")  # the root's child: its writes land in the shared directory
-    assert seen.read_text() == "root-kernel.cubin"
+    # the root's child: its writes land in the shared directory
+    assert run("trusted") == "root-kernel.cubin"
     assert [p.name for p in shared.iterdir()] == ["planted"]
     with pytest.raises(ValueError, match="cache mode"):
         sandbox.triton_cache("shared", tmp_path)

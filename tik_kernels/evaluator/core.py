@@ -28,11 +28,12 @@ import torch
 
 from tik_kernels.contract import Contract, Plan, ProbeResult, evaluate_checks
 from tik_kernels.contracts import get_contract
+from tik_kernels.evaluator import integrity
 from tik_kernels.evaluator.checks import GRAPH_PREFIX, all_inputs_unchanged, graph_replay_check, output_spec
 from tik_kernels.evaluator.measure import time_candidate
 from tik_kernels.evaluator.protocol import ProtocolError, TensorWriter, encode, index_list, read_tensors, tensor_index
 from tik_kernels.evaluator.report import EvalReport, decide, environment, evaluator_fingerprint, fail
-from tik_kernels.evaluator.sandbox import limits, run_child
+from tik_kernels.evaluator.sandbox import isolation, limits, policy, run_child
 
 #: root results already computed in this process: (root sha, contract, profile, seed, device) -> results
 _ROOT_CACHE: dict[tuple, dict[str, ProbeResult]] = {}
@@ -71,11 +72,13 @@ def evaluate(
     time_it: bool | None = None,
     seed: int = 0,
     profile: str | None = None,
+    sandbox: bool | None = None,
 ) -> EvalReport:
     """Check (and on a GPU time) one implementation file against its operator's contract.
 
     `op` is an operator name (raises `UnknownOperator` if unknown: a caller's error) or a
     `Contract`. `timeout` bounds each child's check phase; the timing child gets 3 × timeout.
+    `sandbox=False` runs the children without the jail (`sandbox.py`); None: unless $TIK_UNSAFE_NO_SANDBOX.
     """
     t0 = time.monotonic()
     contract = op if isinstance(op, Contract) else get_contract(op)
@@ -87,9 +90,14 @@ def evaluate(
                         contract_fingerprint=contract.fingerprint(), evaluator_fingerprint=evaluator_fingerprint(),
                         profile=profile, seed=seed)
     try:
-        _evaluate(report, contract, Path(candidate_path), root_path, incumbent_path, device, timeout, time_it)
+        with policy(sandbox):
+            _evaluate(report, contract, Path(candidate_path), root_path, incumbent_path, device, timeout, time_it)
     except Exception as e:  # an evaluator bug must still leave a report, and never pass
         report.failure = "evaluator error: " + one_line(e)
+    # a trusted file changed during the evaluation: what the children ran may not be what was checked
+    changed = integrity.changed()
+    if changed and not report.failure:
+        fail(report, "integrity", "runs", changed)
     decide(report)
     report.elapsed_s = time.monotonic() - t0
     return report
@@ -128,11 +136,25 @@ def source_policy(src: str) -> str | None:
     return f"the source references the evaluator ({m.group(0)!r})" if m else None
 
 
+def library_root(contract: Contract, sha: str) -> bool:
+    """Whether a file with this sha256 is the library's own root implementation of `contract`."""
+    try:
+        return source_problem(contract.root_path)[1] == sha
+    except FileNotFoundError:  # a contract whose root is not importable here (a test's)
+        return False
+
+
 def _evaluate(report: EvalReport, contract: Contract, cand_path: Path, root_path, incumbent_path, device: str,
               timeout: float, time_it: bool) -> None:
+    problem = integrity.changed()
+    if problem:
+        return fail(report, "integrity", "runs", problem)
     problem, report.source_sha256 = source_problem(cand_path)
     if problem:
         return fail(report, "source", "runs", problem)
+    refused = isolation(trusted=library_root(contract, report.source_sha256))[1]
+    if refused:
+        return fail(report, "sandbox", "runs", refused)
     problem = source_policy(cand_path.read_text(encoding="utf-8"))
     if problem:
         return fail(report, "source_policy", "source_policy", problem)
@@ -148,9 +170,10 @@ def _evaluate(report: EvalReport, contract: Contract, cand_path: Path, root_path
     is_root = root_sha == report.source_sha256
     if device.startswith("cuda") and plan.needs_root and not is_root and key not in _ROOT_CACHE:
         # the root first: its kernels then seed the candidate's cache (none are compiled twice)
-        _root_probes(report, plan, root_path, device, timeout, key)
+        _root_probes(report, plan, root_path, device, timeout, key, library_root(contract, root_sha))
     t = time.monotonic()
-    cand, failure = run_probes(plan, cand_path, device, timeout, trusted=is_root)
+    cand, failure = run_probes(plan, cand_path, device, timeout, trusted=is_root,
+                               library=library_root(contract, report.source_sha256))
     report.phases["probes_candidate"] = time.monotonic() - t
     if failure:
         return fail(report, "run", "runs", failure)
@@ -160,7 +183,8 @@ def _evaluate(report: EvalReport, contract: Contract, cand_path: Path, root_path
             # already failed: the root's child (only needed for output_spec here) is not worth its start
             report.checks.append(all_inputs_unchanged(plan, cand))
             return
-    root = cand if is_root else (_ROOT_CACHE.get(key) or _root_probes(report, plan, root_path, device, timeout, key))
+    root = cand if is_root else (_ROOT_CACHE.get(key) or _root_probes(report, plan, root_path, device, timeout, key,
+                                                                      library_root(contract, root_sha)))
     t = time.monotonic()
     report.checks = evaluate_checks(plan, cand, root if plan.needs_root else None)
     report.checks += [output_spec(plan, cand, root), all_inputs_unchanged(plan, cand)]
@@ -195,15 +219,16 @@ def warm_root(op: str | Contract, *, device: str, timeout: float = 60.0, seed: i
     if key in _ROOT_CACHE:
         return 0.0
     report = EvalReport(op=contract.op, verified=False, failure=None)
-    _root_probes(report, plan_for(contract, profile, seed), root_path, device, timeout, key)
+    _root_probes(report, plan_for(contract, profile, seed), root_path, device, timeout, key,
+                 library_root(contract, root_sha))
     return report.phases["probes_root"]
 
 
 def _root_probes(report: EvalReport, plan: Plan, root_path: Path, device: str, timeout: float,
-                 key: tuple) -> dict[str, ProbeResult]:
+                 key: tuple, library: bool) -> dict[str, ProbeResult]:
     """The root's probe results, computed in a trusted child and kept for this process."""
     t = time.monotonic()
-    root, failure = run_probes(plan, root_path, device, timeout, trusted=True)
+    root, failure = run_probes(plan, root_path, device, timeout, trusted=True, library=library)
     report.phases["probes_root"] = time.monotonic() - t
     if failure:
         raise RuntimeError(f"the root implementation failed: {failure}")
@@ -213,12 +238,13 @@ def _root_probes(report: EvalReport, plan: Plan, root_path: Path, device: str, t
     return root
 
 
-def run_probes(plan: Plan, impl: Path, device: str, timeout: float,
-               trusted: bool = False) -> tuple[dict[str, ProbeResult] | None, str | None]:
+def run_probes(plan: Plan, impl: Path, device: str, timeout: float, trusted: bool = False,
+               library: bool = False) -> tuple[dict[str, ProbeResult] | None, str | None]:
     """Run every probe of `plan` on `impl` in a child. (results, None) or (None, one-line failure).
 
     `trusted` (the root only): the child compiles into the process's shared Triton cache, which every other
-    GPU child gets a private copy of (`sandbox.triton_cache`)."""
+    GPU child gets a private copy of (`sandbox.triton_cache`). `library`: `impl` is the library's own root
+    (it may run where the jail does not start)."""
 
     sent: list[torch.Tensor] = []  # the tensors written to the child, by input index
 
@@ -275,7 +301,7 @@ def run_probes(plan: Plan, impl: Path, device: str, timeout: float,
     job = {"mode": "probes", "impl": str(impl.resolve()), "device": device, "limits": limits(timeout),
            "graph_probes": graph_probe_ids(plan) if device.startswith("cuda") else []}
     cache = "private" if not device.startswith("cuda") else "trusted" if trusted else "seeded"
-    outcome = run_child(job, write_inputs, read_result, timeout, cache=cache)
+    outcome = run_child(job, write_inputs, read_result, timeout, cache=cache, trusted=library)
     if outcome.failure:
         return None, outcome.failure
     kind, value = outcome.doc

@@ -1,19 +1,35 @@
-"""Spawning the child: a fresh interpreter (fork+exec, never a fork that keeps running parent code),
-its own session, a private temporary directory as cwd, a scrubbed environment, a hard timeout
+"""Spawning the child: a fresh interpreter (fork+exec, never a fork that keeps running parent code) in a jail
+(`isolate.py`: new user, pid, mount, network, IPC and UTS namespaces), a scrubbed environment, a hard timeout
 that kills the whole process group, and the result read back through `protocol`.
+
+What the child sees (`_spec`): the system directories and Python read-only, the trusted runtime it imports
+(this checkout's `tik_kernels/`, read-only at /tik/runtime), the implementation files of its job (copies,
+read-only at /tik/impl), its own scratch directory read-write at /tmp, the GPU device nodes and a fresh /proc
+of its own pid namespace. Not the workspace, not the rest of the checkout, not the parent's processes, no
+network. Where the kernel refuses the namespaces, untrusted children do not run (`isolation`), unless the
+caller opted out: `evaluate(..., sandbox=False)`, or `TIK_UNSAFE_NO_SANDBOX=1`, which `--unsafe-no-sandbox`
+sets.
+
+Every scratch directory is named after its owner (`owned_tempdir`: evaluator pid and start time), so a later
+process can tell a dead evaluator's leftovers from a live one's and remove them (`reap_stale`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import glob
+import json
 import os
 import re
 import shutil
 import signal
+import site
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +41,172 @@ from tik_kernels.evaluator.protocol import ProtocolError, read_json
 SECRET = re.compile(r"(^ANTHROPIC_|KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|^AWS_|^GH_|^GITHUB_)", re.I)
 #: the package root, so `python -m tik_kernels.evaluator.child` imports this checkout from any cwd
 PACKAGE_ROOT = Path(tik_kernels.__file__).resolve().parent.parent
+RUNTIME = PACKAGE_ROOT / "tik_kernels"
+ISOLATE = Path(__file__).resolve().with_name("isolate.py")
+#: where things are inside the jail
+JAIL_SCRATCH, JAIL_RUNTIME, JAIL_IMPL, JAIL_CACHE = "/tmp", "/tik/runtime", "/tik/impl", "/tik/triton-cache"
+#: the launcher's exit status when it could not build the jail (its stderr then says why, `tik-sandbox: ...`)
+SETUP_FAILED = 125
+NOBODY = 65534
+UNSAFE_ENV = "TIK_UNSAFE_NO_SANDBOX"
+#: a per-call override of UNSAFE_ENV (`evaluate(sandbox=...)`): True = no sandbox
+_UNSAFE: contextvars.ContextVar[bool | None] = contextvars.ContextVar("tik_unsafe_no_sandbox", default=None)
+#: top-level system directories the child sees read-only (symlinks among them are recreated as symlinks)
+SYSTEM = ("usr", "etc", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "sys")
+DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+#: owned scratch directories: tik-<kind>-<owner pid>.<owner start time>-<random>
+OWNED = re.compile(r"^tik-[a-z-]+?-(\d+)\.(\d+)-[^/]*$")
+
+
+# ----------------------------------------------------------------------------- policy
+
+
+def unsafe() -> bool:
+    """True when children run without the sandbox, by the caller's explicit choice."""
+    v = _UNSAFE.get()
+    return v if v is not None else os.environ.get(UNSAFE_ENV, "") not in ("", "0")
+
+
+@contextlib.contextmanager
+def policy(sandbox: bool | None) -> Iterator[None]:
+    """Within this block (this thread), `sandbox=False` runs children without the sandbox; None: the default."""
+    token = _UNSAFE.set(None if sandbox is None else not sandbox)
+    try:
+        yield
+    finally:
+        _UNSAFE.reset(token)
+
+
+#: (uid mode, None) once the jail has started here, or (None, why not); see `availability`
+_AVAILABLE: tuple[str | None, str | None] | None = None
+
+
+def availability() -> tuple[str | None, str | None]:
+    """Whether the jail starts on this machine, tried once per process: ("nobody" | "self", None) or
+    (None, the launcher's one-line reason). "nobody": root, the child runs as uid 65534; "self": the child
+    runs as this user's uid (root's 0 when mapping nobody is refused, still without capabilities)."""
+    global _AVAILABLE
+    if _AVAILABLE is None:
+        reason = "unknown"
+        for mode in (("nobody", "self") if os.geteuid() == 0 else ("self",)):
+            reason = _try_jail(mode)
+            if reason is None:
+                _AVAILABLE = (mode, None)
+                break
+        else:
+            _AVAILABLE = (None, reason)
+    return _AVAILABLE
+
+
+def _try_jail(mode: str) -> str | None:
+    tmp = owned_tempdir("tik-probe-")
+    try:
+        (tmp / "scratch").mkdir()
+        (tmp / "impl").mkdir()
+        if mode == "nobody":
+            try:
+                _give(tmp / "scratch")
+            except OSError as e:  # no uid 65534 here (tik itself runs in a user namespace)
+                return f"chown to uid {NOBODY}: {e.strerror}"
+        argv = [sys.executable, "-I", "-S", "-c", "open('/tmp/ok', 'w').close()"]
+        spec = _spec(tmp, mode, argv, {"PATH": "/usr/bin:/bin"}, "/tmp", "cpu", None)
+        (tmp / "spec.json").write_text(json.dumps(spec))
+        try:
+            out = subprocess.run([sys.executable, "-I", "-S", str(ISOLATE), str(tmp / "spec.json")],
+                                 capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return f"the launcher did not run ({type(e).__name__})"
+        if out.returncode == 0 and (tmp / "scratch" / "ok").exists():
+            return None
+        lines = [ln for ln in out.stderr.splitlines() if ln.startswith("tik-sandbox: ")]
+        return lines[-1].removeprefix("tik-sandbox: ") if lines else f"exit status {out.returncode}"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def isolation(trusted: bool) -> tuple[str | None, str | None]:
+    """(uid mode, refusal) for one child: the jail's uid mode, or None to run it without namespaces (the caller
+    opted out, or a trusted child where the jail does not start); a refusal line when it must not run."""
+    if unsafe():
+        return None, None
+    mode, reason = availability()
+    if mode is not None or trusted:
+        return mode, None
+    return None, refusal(reason)
+
+
+def refusal(reason: str | None) -> str:
+    return (f"the candidate sandbox cannot start here ({reason}); candidates do not run without it "
+            f"(--unsafe-no-sandbox runs them unconfined)")
+
+
+def required() -> str | None:
+    """The one-line refusal when untrusted code may not run here, else None (for the command line)."""
+    return isolation(trusted=False)[1]
+
+
+# ----------------------------------------------------------------------------- scratch directories
+
+
+def _start_time(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2:].split()[19])
+
+
+def owned_tempdir(prefix: str) -> Path:
+    """A new temporary directory whose name says which process owns it (`reap_stale` removes it once that
+    process is dead). `prefix` is `tik-<kind>-`."""
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}.{_start_time(os.getpid())}-"))
+
+
+def _owner_alive(name: str) -> bool:
+    m = OWNED.match(name)
+    return m is None or _start_time(int(m[1])) == int(m[2])
+
+
+def reap_stale(tmpdir: str | Path | None = None) -> tuple[int, int]:
+    """Kill the processes and remove the scratch directories that dead evaluators left (a SIGKILL gives them
+    no chance to clean up): (processes killed, directories removed)."""
+    tmpdir = Path(tmpdir or tempfile.gettempdir())
+    dead = {d.name for d in _listdir(tmpdir) if OWNED.match(d.name) and not _owner_alive(d.name)}
+    killed = 0
+    if dead:
+        names = re.compile("|".join(re.escape(str(tmpdir / n)) for n in dead))
+        for proc in _listdir(Path("/proc")):
+            if not proc.name.isdigit():
+                continue
+            try:
+                cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if names.search(cmdline):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(int(proc.name), signal.SIGKILL)
+                    killed += 1
+    for name in dead:
+        shutil.rmtree(tmpdir / name, ignore_errors=True)
+    return killed, len(dead)
+
+
+def _listdir(path: Path) -> list[Path]:
+    try:
+        return list(path.iterdir())
+    except OSError:
+        return []
+
+
+def _give(path: Path) -> None:
+    """Hand a directory tree to the jail's user (nobody) when the evaluator is root."""
+    os.chown(path, NOBODY, NOBODY)
+    for d, dirs, files in os.walk(path):
+        for n in dirs + files:
+            os.chown(os.path.join(d, n), NOBODY, NOBODY, follow_symlinks=False)
+
+
+# ----------------------------------------------------------------------------- Triton caches
 
 
 #: compiled kernels of trusted children (the root's probes) in this evaluator process, see `triton_cache`
@@ -36,7 +218,7 @@ def trusted_cache_dir() -> Path:
     if _TRUSTED_CACHE is None:
         import atexit
 
-        _TRUSTED_CACHE = Path(tempfile.mkdtemp(prefix="tik-trusted-triton-"))
+        _TRUSTED_CACHE = owned_tempdir("tik-trusted-triton-")
         atexit.register(shutil.rmtree, _TRUSTED_CACHE, True)
     return _TRUSTED_CACHE
 
@@ -57,19 +239,107 @@ def triton_cache(mode: str, tmp: Path) -> Path:
     return own
 
 
-def child_env(device: str, tmp: Path, cache_dir: Path | None = None) -> dict[str, str]:
+# ----------------------------------------------------------------------------- the child's world
+
+
+def child_env(device: str, tmp: Path | str, cache_dir: Path | str | None = None,
+              runtime: Path | str | None = None) -> dict[str, str]:
+    """The child's environment: the parent's without secrets; `tmp`, `cache_dir` and `runtime` as the child
+    sees them (in the jail: /tmp, ..., /tik/runtime; without it the host paths and the parent's PYTHONPATH)."""
     env = {k: v for k, v in os.environ.items() if not SECRET.search(k)}
-    env["PYTHONPATH"] = str(PACKAGE_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    if runtime is None:
+        env["PYTHONPATH"] = str(PACKAGE_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    else:
+        env["PYTHONPATH"] = str(runtime)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
     env["TMPDIR"] = str(tmp)
     # a private Triton cache (or a private copy of the trusted one): a candidate cannot plant compiled kernels
     # another evaluation would load
-    env["TRITON_CACHE_DIR"] = str(cache_dir or tmp / "triton-cache")
+    env["TRITON_CACHE_DIR"] = str(cache_dir or Path(tmp) / "triton-cache")
     if device == "cpu":
         env["TRITON_INTERPRET"] = "1"
         env["CUDA_VISIBLE_DEVICES"] = ""
     return env
+
+
+def _under(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def _system() -> tuple[list[list[str]], list[list[str]]]:
+    """(read-only binds, symlinks) of the system: SYSTEM, then Python's own directories and library paths
+    outside them (a pyenv or conda prefix, a virtualenv, LD_LIBRARY_PATH)."""
+    binds, links = [], []
+    for name in SYSTEM:
+        p = "/" + name
+        if os.path.islink(p):
+            links.append([os.readlink(p), p])
+        elif os.path.isdir(p):
+            binds.append([p, p])
+    extra = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *site.getsitepackages(),
+             site.getusersitepackages(), *(p for p in sys.path if "-packages" in p),
+             *os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep)]
+    tops = [b[0] for b in binds] + [os.path.realpath(p) for _, p in links]
+    seen: list[str] = []
+    for p in sorted({os.path.abspath(p) for p in extra if p and os.path.isdir(p)}, key=len):
+        # never a directory that holds this checkout (it would show the workspace tools and .git)
+        if _under(str(PACKAGE_ROOT), p) or any(_under(p, t) for t in tops + seen):
+            continue
+        seen.append(p)
+    return binds + [[p, p] for p in seen], links
+
+
+def _spec(tmp: Path, mode: str, argv: list[str], env: dict, cwd: str, device: str,
+          shared_cache: Path | None) -> dict:
+    """The launcher's instructions (isolate.py) for a jail around `tmp/scratch` and `tmp/impl`."""
+    ro, links = _system()
+    ro += [[str(RUNTIME), f"{JAIL_RUNTIME}/tik_kernels"], [str(tmp / "impl"), JAIL_IMPL]]
+    rw = [[str(tmp / "scratch"), JAIL_SCRATCH]]
+    if shared_cache is not None:
+        rw.append([str(shared_cache), JAIL_CACHE])
+    devices = [d for d in DEVICES if os.path.exists(d)]
+    if device.startswith("cuda"):
+        devices += sorted(glob.glob("/dev/nvidia*"))
+    # the checkout, the workspace and the evaluator's cwd, where a system directory holds them, hidden under
+    # an empty tmpfs
+    private = {str(PACKAGE_ROOT), os.getcwd(), os.environ.get("TIK_WORKSPACE") or "/"}
+    hide = sorted(p for p in private if p != "/" and any(_under(p, src) and p != src for src, _ in ro))
+    (tmp / "root").mkdir(exist_ok=True)
+    return {"owner_pid": os.getpid(), "namespaces": True, "uid_mode": mode, "root": str(tmp / "root"), "ro": ro,
+            "rw": rw, "symlinks": links, "devices": devices, "hide": hide, "argv": argv, "env": env, "cwd": cwd}
+
+
+def _stage(job: dict, impl_dir: Path, inside: str) -> dict:
+    """The job with its implementation files (and a contract file from outside the runtime) copied under
+    `impl_dir` and named as the child sees them (`inside`): the child reads no path of the parent's."""
+    impl_dir.mkdir(exist_ok=True)
+    staged: list[str] = []
+
+    def put(path: str) -> str:
+        src = Path(path)
+        staged.append(src.name)
+        own = impl_dir / str(len(staged))
+        own.mkdir()
+        shutil.copyfile(src, own / src.name)
+        return f"{inside}/{len(staged)}/{src.name}"
+
+    job = dict(job)
+    if "impl" in job:
+        job["impl"] = put(job["impl"])
+    if "impls" in job:
+        job["impls"] = [[name, put(path)] for name, path in job["impls"]]
+    if "contract_file" in job:
+        src = Path(job["contract_file"]).resolve()
+        # a library contract is imported where it lies in the runtime; a test's contract is copied
+        if inside == JAIL_IMPL and src.is_relative_to(RUNTIME):
+            job["contract_file"] = f"{JAIL_RUNTIME}/tik_kernels/{src.relative_to(RUNTIME)}"
+        else:
+            job["contract_file"] = put(job["contract_file"])
+    return job
+
+
+# ----------------------------------------------------------------------------- running a child
 
 
 def limits(timeout: float) -> dict:
@@ -107,24 +377,48 @@ def _last_error_line(stderr: str) -> str:
 
 
 def run_child(job: dict, write_inputs: Callable[[Path], dict], read_result: Callable[[Path, dict], Any],
-              timeout: float, cache: str = "private") -> ChildOutcome:
+              timeout: float, cache: str = "private", trusted: bool = False) -> ChildOutcome:
     """Run one job in a child. `write_inputs(dir)` adds the job's data files and returns extra job
     fields; `read_result(out_dir, doc)` turns the child's reply into trusted values (may raise
-    ProtocolError); `cache` is the child's Triton cache (`triton_cache`). The temporary directory is
-    removed before this returns."""
+    ProtocolError); `cache` is the child's Triton cache (`triton_cache`). `trusted`: the job runs only the
+    library's own code (it may run without the jail where the jail does not start). The job's "impl",
+    "impls" and "contract_file" paths are copied for the child. The scratch directory is removed before this
+    returns."""
     t0 = time.monotonic()
-    tmp = Path(tempfile.mkdtemp(prefix="tik-eval-"))
+    mode, refused = isolation(trusted)
+    if refused:
+        return ChildOutcome(None, refused, 0.0)
+    tmp = owned_tempdir("tik-eval-")
     proc = None
     try:
-        job = {**job, **write_inputs(tmp)}
-        (tmp / "job.json").write_text(_dumps(job))
-        work = tmp / "work"
-        work.mkdir()
+        scratch = tmp / "scratch"
+        (scratch / "work").mkdir(parents=True)
+        jailed = mode is not None
+        job = {**job, **write_inputs(scratch)}
+        job = _stage(job, tmp / "impl", JAIL_IMPL if jailed else str(tmp / "impl"))
+        (scratch / "job.json").write_text(_dumps(job))
+        cache_dir = triton_cache(cache, scratch)
+        here = JAIL_SCRATCH if jailed else str(scratch)
+        argv = [sys.executable, "-m", "tik_kernels.evaluator.child", here]
+        if jailed:
+            shared = cache_dir if cache == "trusted" else None
+            env = child_env(job["device"], JAIL_SCRATCH, JAIL_CACHE if shared else f"{JAIL_SCRATCH}/triton-cache",
+                            runtime=JAIL_RUNTIME)
+            env["HOME"] = JAIL_SCRATCH
+            spec = _spec(tmp, mode, argv, env, f"{JAIL_SCRATCH}/work", job["device"], shared)
+            if mode == "nobody":
+                _give(scratch)
+                if shared is not None:
+                    _give(shared)
+        else:
+            env = child_env(job["device"], scratch, cache_dir)
+            spec = {"owner_pid": os.getpid(), "namespaces": False, "argv": argv, "env": env,
+                    "cwd": str(scratch / "work")}
+        (tmp / "spec.json").write_text(_dumps(spec))
         with open(tmp / "stdout.txt", "wb") as out, open(tmp / "stderr.txt", "wb") as err:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "tik_kernels.evaluator.child", str(tmp)],
-                cwd=work, env=child_env(job["device"], tmp, triton_cache(cache, tmp)), stdin=subprocess.DEVNULL,
-                stdout=out, stderr=err,
+                [sys.executable, "-I", "-S", str(ISOLATE), str(tmp / "spec.json")],
+                cwd=tmp, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                 start_new_session=True, close_fds=True,
             )
             try:
@@ -137,15 +431,21 @@ def run_child(job: dict, write_inputs: Callable[[Path], dict], read_result: Call
         if rc < 0:
             name = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else str(-rc)
             return ChildOutcome(None, f"crashed with signal {name}", time.monotonic() - t0)
+        if rc == SETUP_FAILED:
+            said = [ln for ln in _tail(tmp / "stderr.txt").splitlines() if ln.startswith("tik-sandbox: ")]
+            if said:
+                return ChildOutcome(None, f"sandbox: {said[-1].removeprefix('tik-sandbox: ')}"[:300],
+                                    time.monotonic() - t0)
         if rc != 0:
             line = _last_error_line(_tail(tmp / "stderr.txt"))
             return ChildOutcome(None, f"exited with status {rc}" + (f": {line}" if line else ""),
                                 time.monotonic() - t0)
         try:
-            doc = read_json(tmp / "out" / "result.json")
+            _plain(scratch / "out")
+            doc = read_json(scratch / "out" / "result.json")
             if not isinstance(doc, dict) or doc.get("done") is not True:
                 raise ProtocolError("the child's result is incomplete")
-            value = read_result(tmp / "out", doc)
+            value = read_result(scratch / "out", doc)
         except ProtocolError as e:
             return ChildOutcome(None, f"protocol error: {e}", time.monotonic() - t0)
         except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -156,6 +456,18 @@ def run_child(job: dict, write_inputs: Callable[[Path], dict], read_result: Call
         if proc is not None and proc.poll() is None:
             _kill(proc)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _plain(out: Path) -> None:
+    """The child's reply must be plain files in a plain directory: a symlink there would make this process read
+    a file of its own choosing (a key, the workspace) as the child's result."""
+    if not out.exists() and not out.is_symlink():
+        return
+    if out.is_symlink() or not out.is_dir():
+        raise ProtocolError("the child's output directory is not a directory")
+    for p in out.iterdir():
+        if p.is_symlink() or not p.is_file():
+            raise ProtocolError(f"the child's output {p.name[:40]!r} is not a plain file")
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -170,6 +482,4 @@ def _kill(proc: subprocess.Popen) -> None:
 
 
 def _dumps(doc: dict) -> str:
-    import json
-
     return json.dumps(doc)

@@ -14,16 +14,16 @@ bucket compiles only that bucket's kernel.
 
 from __future__ import annotations
 
+import shutil
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 
 from tik_kernels.contract import Contract
 from tik_kernels.contracts import get_contract
 from tik_kernels.evaluator.measure import run_timing
+from tik_kernels.evaluator.sandbox import owned_tempdir, policy
 
 #: rounds per cell on the first rung of a screen (the tuner multiplies them on later rungs)
 SCREEN_ROUNDS = 6
@@ -47,13 +47,15 @@ def _objective(contract: Contract, cells: dict, name: str, profile: str) -> tupl
 
 
 def screen(op: str | Contract, parent_source: str, sources: list[str], *, device: str | None = None,
-           rounds: int = SCREEN_ROUNDS, timeout: float = 120.0, seed: int = 0, profile: str | None = None) -> dict:
+           rounds: int = SCREEN_ROUNDS, timeout: float = 120.0, seed: int = 0, profile: str | None = None,
+           sandbox: bool | None = None) -> dict:
     """Time each source in `sources` beside `parent_source` for `rounds` rounds per cell, in one child.
 
     Returns {"failure": None or one line, "rounds", "seconds", "parent_objective", "results": [{"objective",
     "speedup" (parent's objective / this one's, >1 is faster), "error", "cells": {cell: parent µs / this µs}}]}
     in the order of `sources`. A variant that fails to import or raises in a cell gets an error and no
     speedup; a child that dies or times out fails the whole screen (the caller goes on without it).
+    `sandbox` as in `evaluate`.
     """
     contract = op if isinstance(op, Contract) else get_contract(op)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -61,14 +63,18 @@ def screen(op: str | Contract, parent_source: str, sources: list[str], *, device
     t0 = time.monotonic()
     out: dict = {"failure": None, "rounds": rounds, "seconds": None, "parent_objective": None,
                  "results": [{"objective": None, "speedup": None, "error": None, "cells": {}} for _ in sources]}
-    with tempfile.TemporaryDirectory(prefix="tik-screen-") as d:
+    d = owned_tempdir("tik-screen-")
+    try:
         impls = []
         for name, src in [("parent", parent_source)] + [(f"v{i}", s) for i, s in enumerate(sources)]:
-            path = Path(d) / f"{name}.py"
+            path = d / f"{name}.py"
             path.write_text(src)
             impls.append((name, path))
-        doc, failure = run_timing(contract, impls, device=device, profile=profile, seed=seed, timeout=timeout,
-                                  reps=rounds, fixed_reps=True, baseline=False)
+        with policy(sandbox):
+            doc, failure = run_timing(contract, impls, device=device, profile=profile, seed=seed, timeout=timeout,
+                                      reps=rounds, fixed_reps=True, baseline=False)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
     out["seconds"] = round(time.monotonic() - t0, 2)
     if failure:
         out["failure"] = f"screen: {failure}"

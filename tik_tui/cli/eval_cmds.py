@@ -31,6 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         q.add_argument("--timeout", type=float, default=60.0, metavar="S",
                        help="hard limit per child process phase, seconds (default 60)")
         q.add_argument("--seed", type=int, default=0, help="seed of the contract's inputs (default 0)")
+        q.add_argument("--unsafe-no-sandbox", action="store_true",
+                       help="run the implementation in a plain child process where the kernel refuses the sandbox's "
+                            "namespaces (it can then read and write whatever you can)")
         if name == "bench":
             q.add_argument("--incumbent", type=Path, default=None, metavar="FILE",
                            help="also time this implementation as the incumbent")
@@ -75,6 +78,20 @@ def _common(args: argparse.Namespace):
     return contract, impl, _device(args.device)
 
 
+def _sandbox(args: argparse.Namespace, *files: Path | None) -> bool | None:
+    """evaluate()'s `sandbox`: False with --unsafe-no-sandbox; otherwise a file other than the library's root
+    does not run where the sandbox cannot start (a one-line error before anything runs)."""
+    if args.unsafe_no_sandbox:
+        return False
+    if any(f is not None for f in files):
+        from tik_kernels.evaluator.sandbox import required
+
+        problem = required()
+        if problem:
+            raise TikError(problem)
+    return None
+
+
 def cmd_ops(args: argparse.Namespace) -> int:
     from tik_kernels.contracts import all_contracts
 
@@ -100,7 +117,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     from tik_kernels.evaluator import evaluate
 
     contract, impl, device = _common(args)
-    rep = evaluate(contract, impl, device=device, timeout=args.timeout, time_it=False, seed=args.seed)
+    sandbox = _sandbox(args, args.impl)
+    rep = evaluate(contract, impl, device=device, timeout=args.timeout, time_it=False, seed=args.seed,
+                   sandbox=sandbox)
     doc = rep.as_dict()
     doc["impl"] = str(impl)
     if args.json:
@@ -135,12 +154,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     contract, impl, device = _common(args)
     incumbent = _source(args.incumbent, "incumbent") if args.incumbent is not None else None
+    sandbox = _sandbox(args, args.impl, incumbent)
     interp = not device.startswith("cuda")
     if interp:
         print("tik bench: no GPU: these are Triton-interpreter wall times on the CPU, not GPU timings "
               "(never compare them with GPU numbers)", file=sys.stderr)
     rep = evaluate(contract, impl, incumbent_path=incumbent, device=device, timeout=args.timeout, time_it=True,
-                   seed=args.seed)
+                   seed=args.seed, sandbox=sandbox)
     doc = rep.as_dict()
     doc["impl"] = str(impl)
     if interp:

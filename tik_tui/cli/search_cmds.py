@@ -90,7 +90,7 @@ def _progress(kind: str, p: dict) -> None:
 def cmd_search(args: argparse.Namespace) -> int:
     from tik_tui.agent import ProposerFatal
     from tik_tui.agent.executor import ExecutorError, check_options
-    from tik_tui.worker import WorkerBusy, run_search, search_argv, search_kwargs, worker_busy
+    from tik_tui.worker import WorkerBusy, run_search, sandbox_choice, search_argv, search_kwargs, worker_busy
 
     _open(args.workspace).close()
     busy = worker_busy(args.workspace)
@@ -102,6 +102,9 @@ def cmd_search(args: argparse.Namespace) -> int:
         check_options(args.executor, args.address, args.workers)
     except ExecutorError as e:
         raise TikError(str(e)) from None
+    refused = sandbox_choice(args)
+    if refused:
+        raise TikError(refused)
     if args.detach:
         return _detach(args, search_argv(args))
     try:
