@@ -38,7 +38,7 @@ def generated_logprobs(model: torch.nn.Module, out, temperature: float = 1.0) ->
     """Log-probs [B, N] of the N tokens a `generate(..., output_hidden_states=True,
     return_dict_in_generate=True)` call produced, from its last-layer hidden states."""
     if not getattr(out, "hidden_states", None):
-        raise ValueError("generated_logprobs needs generate(..., output_hidden_states=True, return_dict_in_generate=True)")
+        raise ValueError("generated_logprobs needs generate(output_hidden_states=True, return_dict_in_generate=True)")
     n = len(out.hidden_states)
     hidden = torch.stack([step[-1][:, -1, :] for step in out.hidden_states], dim=1)
     return token_logprobs(hidden, model.lm_head.weight, out.sequences[:, -n:], temperature)

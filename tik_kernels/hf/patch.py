@@ -111,7 +111,7 @@ def _wrap_base_forward(base: torch.nn.Module) -> None:
     names = [n for n, p in inspect.signature(orig).parameters.items() if p.kind == p.POSITIONAL_OR_KEYWORD]
 
     def forward(*args, **kwargs):
-        kw = dict(zip(names, args))
+        kw = dict(zip(names, args, strict=False))
         kw.update(kwargs)
         cache = kw.get("cache", kw.get("past_key_values"))
         if cache is not None and type(cache) is not DynamicCache:
@@ -147,14 +147,15 @@ def _check(model: torch.nn.Module, base: torch.nn.Module) -> float:
     """The config checks; returns rope theta. Raises TikUnsupported with what is supported."""
     major = int(transformers.__version__.split(".")[0])
     if major < 5:
-        raise TikUnsupported(f"apply_tik needs transformers 5 (tested on 5.17 and 5.25), got {transformers.__version__}")
+        raise TikUnsupported(f"apply_tik needs transformers 5 (tested: 5.17, 5.25), got {transformers.__version__}")
     config = model.config
     names = SUPPORTED.get(getattr(config, "model_type", None), ())
     if type(model).__name__ not in names:
         raise TikUnsupported(f"{_SUPPORTED_LINE}; got {type(model).__name__}")
     dtypes = {p.dtype for p in model.parameters()}
     if dtypes != {torch.bfloat16}:
-        raise TikUnsupported(f"apply_tik takes a bfloat16 model (model.to(torch.bfloat16)), got {sorted(map(str, dtypes))}")
+        got = sorted(map(str, dtypes))
+        raise TikUnsupported(f"apply_tik takes a bfloat16 model (model.to(torch.bfloat16)), got {got}")
     if config.hidden_act != "silu":
         raise TikUnsupported(f"apply_tik supports the SwiGLU MLP (hidden_act 'silu'), got {config.hidden_act!r}")
     if "sliding_attention" in (getattr(config, "layer_types", None) or ()):
