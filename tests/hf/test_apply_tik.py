@@ -107,18 +107,30 @@ def test_greedy_generation_followed_its_own_logits(run):
     assert torch.equal(picked, g.sequences[:, -N_NEW:])
 
 
-def test_gradients_flow_and_match_stock(run):
-    _, stock_grads = run["ref"]["stock"]
-    _, f64_grads = run["ref"]["f64"]
+def _worst_grad_ratio(grads, stock_grads, f64_grads) -> tuple[float, str, float, float]:
+    """max over parameters of (relative L2 error vs float64) / (stock bf16's relative L2 error vs float64)."""
     worst = []
-    for name, g in run["grads"].items():
-        assert torch.isfinite(g).all() and g.abs().sum() > 0, f"{name}: no gradient"
+    for name, g in grads.items():
         truth = f64_grads[name]
         err = ((g - truth).norm() / truth.norm()).item()
         stock_err = ((stock_grads[name] - truth).norm() / truth.norm()).item()
         worst.append((err / stock_err, name, err, stock_err))
-    ratio, name, err, stock_err = max(worst)
+    return max(worst)
+
+
+def test_gradients_flow_and_match_stock(run):
+    for name, g in run["grads"].items():
+        assert torch.isfinite(g).all() and g.abs().sum() > 0, f"{name}: no gradient"
+    ratio, name, err, stock_err = _worst_grad_ratio(run["grads"], run["ref"]["stock"][1], run["ref"]["f64"][1])
     assert ratio <= GRAD_ERR_FACTOR, f"{name}: rel err {err:.2e} vs stock's {stock_err:.2e} (float64 reference)"
+
+
+def test_gradient_check_catches_a_wrong_gradient(run):
+    """A gradient 5% off in one parameter (a dropped term's size) fails the tolerance above."""
+    grads = dict(run["grads"])
+    name = next(iter(grads))
+    grads[name] = grads[name] * 1.05
+    assert _worst_grad_ratio(grads, run["ref"]["stock"][1], run["ref"]["f64"][1])[0] > GRAD_ERR_FACTOR
 
 
 def test_logprobs_as_accurate_as_stock(run):
