@@ -157,6 +157,7 @@ def run_model(name: str, model, patched: bool, ids, mask, args) -> dict:
         log(f"{name}: training step over {tuple(seq.shape)} in {dt:.3f} s")
         if r == 0:
             result = compare(model, patched, out, logp, seq, full, width, args.new)
+            result["_kept"] = (seq, full, logp)
             log(f"{name}: {result['logprob_equal']} / {result['tokens']} log-probs bitwise equal, "
                 f"{result['logit_rows_equal']} logit rows, max |dlogp| {result['max_abs_dlogp']:.3g}")
         del out
@@ -190,6 +191,9 @@ def write(doc: dict, out: Path, name: str) -> None:
         "",
         f"apply_tik / stock: generate {doc['ratio']['generate']:.2f}x, training step {doc['ratio']['train_step']:.2f}x "
         f"(medians of {doc['repeats']} runs after a warm-up; lower is faster)",
+        "",
+        f"apply_tik's training log-probs against stock's on the same sequences (every real next token): "
+        f"max abs {doc['tik_vs_stock']['max_abs_dlogp']:.3g}, mean abs {doc['tik_vs_stock']['mean_abs_dlogp']:.3g}",
         "",
         f"`{doc['command']}`",
         "",
@@ -233,6 +237,17 @@ def main() -> int:
     }
     doc["stock"] = run_model("stock", stock, False, ids, mask, args)
     doc["tik"] = run_model("apply_tik", tik, True, ids, mask, args)
+    # the same function? stock's log-probs of the sequences apply_tik generated, against apply_tik's own
+    seq, full, tik_logp = doc["tik"].pop("_kept")
+    doc["stock"].pop("_kept")
+    with torch.no_grad():
+        pos = (full.cumsum(1) - 1).clamp(min=0)
+        logits = stock(input_ids=seq, attention_mask=full, position_ids=pos).logits[:, :-1].float()
+        stock_logp = torch.log_softmax(logits, -1).gather(-1, seq[:, 1:, None])[..., 0]
+        del logits
+    diff = (tik_logp - stock_logp)[full[:, 1:].bool()].abs()
+    doc["tik_vs_stock"] = {"max_abs_dlogp": diff.max().item(), "mean_abs_dlogp": diff.mean().item()}
+    log(f"apply_tik vs stock on the same sequences: max |dlogp| {diff.max().item():.3g}, mean {diff.mean().item():.3g}")
     doc["ratio"] = {
         "generate": doc["tik"]["generate_s"] / doc["stock"]["generate_s"],
         "train_step": doc["tik"]["train_step_s"] / doc["stock"]["train_step_s"],

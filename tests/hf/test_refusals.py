@@ -1,5 +1,6 @@
 """What apply_tik refuses (one-line TikUnsupported naming what is supported), the batch layout it derives from
-attention_mask, and that patching one model leaves another untouched. No kernels run here except one prefill."""
+attention_mask, that patching one model leaves another untouched, and a chunk of tokens on top of a cache.
+Only the last two tests run kernels (a few 1-layer forwards)."""
 
 from __future__ import annotations
 
@@ -101,3 +102,21 @@ def test_right_padded_generate_is_refused():
     ids = torch.tensor([[5, 6, 7], [8, 0, 0]])
     with pytest.raises(TikUnsupported, match="padding_side = 'left'"):
         model.generate(input_ids=ids, attention_mask=(ids != 0).long(), max_new_tokens=2, pad_token_id=0)
+
+
+# transformers 5.25 renamed the kwarg to `cache`; 5.17 knows only `past_key_values`
+@pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated")
+def test_several_new_tokens_on_a_cache_match_the_full_forward():
+    """A chunk of new tokens on top of a DynamicCache (one decode call per token, left-padded rows gathered)
+    gives the rows of one forward over the whole sequences, bit for bit."""
+    from transformers import DynamicCache
+
+    model = apply_tik(tiny_model("llama", layers=1))
+    ids = torch.tensor([[0, 0, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14]])
+    mask = (ids != 0).long()
+    with torch.no_grad():
+        full = model(input_ids=ids, attention_mask=mask).logits
+        cache = DynamicCache(config=model.config)
+        model(input_ids=ids[:, :4], attention_mask=mask[:, :4], past_key_values=cache, use_cache=True)
+        part = model(input_ids=ids[:, 4:], attention_mask=mask, past_key_values=cache, use_cache=True).logits
+    assert torch.equal(part.view(torch.int16), full[:, 4:].view(torch.int16))
