@@ -9,6 +9,8 @@
 #   scaleout      #9  evaluations per hour on the visible GPUs (1, and more where lent)
 #   attention     #4  bitwise sweep + prefill/decode vs SDPA (decode target <= 1.5x), decode variants timed
 #   e2e           #8  layer profile stock / unified root / incumbents ($R/incumbents_h200), throughput
+#   hf            #20 apply_tik on a random-init Qwen3-0.6B (transformers): bitwise log-probs, time vs stock,
+#                     then the GPU test of tests/hf
 # Needs no package beyond torch and triton (the store uses only the standard library and GitPython:
 # carry GitPython, gitdb and smmap as wheels where they are missing).
 set -u
@@ -41,7 +43,10 @@ for p in "$@"; do
         e2e)
             part e2e 400 "$py" benchmarks/bench_e2e.py --out "$R" --only layers throughput --steps 6 \
                 --impl-dir "$R/incumbents_h200" ;;
+        hf)
+            part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_h200
+            part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (tuner_linear scaleout attention e2e)" >&2 ;;
+            echo "unknown part $p (tuner_linear scaleout attention e2e hf)" >&2 ;;
     esac
 done
