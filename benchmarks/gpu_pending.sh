@@ -12,6 +12,8 @@
 #   e2e           #8  layer profile stock / unified root / incumbents ($R/incumbents_h200), throughput
 #   speed         #16 bench_speed: linear / decode / prefill / fwd+bwd / ops vs stock, bits-gated;
 #                     $R/speed_h200.{md,json} and its keys of $R/summary_h200.json
+#   hf            #20 apply_tik on a random-init Qwen3-0.6B (transformers): bitwise log-probs, time vs stock,
+#                     then the GPU test of tests/hf
 # Needs no package beyond torch and triton (the store uses only the standard library and GitPython:
 # carry GitPython, gitdb and smmap as wheels where they are missing).
 set -u
@@ -46,7 +48,10 @@ for p in "$@"; do
                 --impl-dir "$R/incumbents_h200" ;;
         speed)
             part speed 590 "$py" benchmarks/bench_speed.py --out "$R" ;;
+        hf)
+            part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_h200
+            part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (tuner_linear scaleout attention e2e speed)" >&2 ;;
+            echo "unknown part $p (tuner_linear scaleout attention e2e speed hf)" >&2 ;;
     esac
 done
