@@ -55,3 +55,13 @@ def MockAPI(responses: list[dict]):  # noqa: N802 (kept as the tests' name for t
     from tik_tui.agent.recording import Replay
 
     return Replay(responses)
+
+
+def _ctx_for(ws, op: str = "toy"):
+    """A proposal context on `op`'s root, as the loop would build it (no device evidence)."""
+    from tik_tui.agent import ProposalContext
+
+    root = ws.root(op)
+    contract = next(r["contract"] for r in ws.operators() if r["op"] == op)
+    return ProposalContext(op=op, parent=root, parent_source=ws.source(root["id"]), contract=contract, root=root,
+                           store=ws)

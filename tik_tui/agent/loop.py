@@ -152,11 +152,9 @@ class Search:
         self.should_stop = should_stop or (lambda: False)
         model = getattr(proposer, "model", None)
         if cfg.max_cost_usd is not None and model is not None:
-            from tik_tui.agent.pricing import priced
+            from tik_tui.agent.pricing import check_max_cost
 
-            if not priced(model):
-                raise ValueError(f"--max-cost needs a model with a known price, and {model} has none "
-                                 "(tik_tui/agent/pricing.py): choose another --model or leave out --max-cost")
+            check_max_cost(model)
         self.rng = random.Random(cfg.seed)
         self.state = SearchState(search_id or hashlib.sha1(f"{time.time()}{id(self)}".encode()).hexdigest()[:12],
                                  time.time())

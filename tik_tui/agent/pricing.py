@@ -94,6 +94,20 @@ def priced(model: str | None) -> bool:
     return bool(model) and rates(str(model)) is not None
 
 
+def check_max_cost(model: str) -> None:
+    """A dollar budget needs a price to count against: ValueError (one line) for a model without one."""
+    if not priced(model):
+        raise ValueError(f"--max-cost needs a model with a known price, and {model} has none "
+                         "(tik_tui/agent/pricing.py): choose another --model or leave out --max-cost")
+
+
+def unpriced_use(by_model: dict | None) -> bool:
+    """Whether usage totals per model (`llm_usage_totals()["by_model"]`) hold tokens no price was put on: a model
+    without a price whose recorded cost is 0 (a cost recorded by an older table or a replay file stands)."""
+    return any(not priced(name) and not row.get("cost_usd") and (row.get("input_tokens") or row.get("output_tokens"))
+               for name, row in (by_model or {}).items())
+
+
 def money(usd: float | None, model_unpriced: bool = False) -> str:
     """`$1.2345`, or `unknown` (a model without a price); `$1.23 + unknown` when only part is priced."""
     if usd is None or (model_unpriced and not usd):
