@@ -95,3 +95,41 @@ def test_draft_timing_tool_on_the_cpu_interpreter(tmp_path):
         assert "not available on the CPU interpreter" in api.requests[0]["messages"][0]["content"]
     finally:
         ws.close()
+
+
+class _GPUEvidence:
+    """A DeviceEvidence stand-in on a GPU: remembers what was asked."""
+
+    cuda = True
+
+    def __init__(self):
+        self.asked = []
+
+    def compile_stats(self, impl_id):
+        self.asked.append(impl_id)
+        return {"kernels": [{"kernel": f"_k{impl_id}", "registers": 255, "spills": 12}]}
+
+    def floors(self, impl_id):
+        return {"gpu": "NVIDIA H200", "cells": [{"cell": "c", "floor_fraction": 0.41}]}
+
+
+def test_first_turn_carries_the_parents_and_a_failed_candidates_compile_stats(toy_ws):
+    from agent_helpers import _ctx_for
+
+    from tik_tui.agent import make_proposer
+
+    ctx = _ctx_for(toy_ws)
+    ctx.device_evidence = ev = _GPUEvidence()
+    ctx.attempts = [{"id": 7, "status": "failed", "failure": "timed out"}, {"id": 8, "status": "verified"},
+                    {"id": 9, "status": "failed", "failure": None}]
+    text = make_proposer("claude", client=object()).first_turn(ctx)
+    assert ev.asked == [ctx.parent["id"], 7]
+    assert '"spills": 12' in text and '"floor_fraction": 0.41' in text and "failed candidate #7" in text
+
+
+def test_no_gpu_child_while_evaluations_share_the_gpu(toy_ws):
+    from tik_tui.agent.evidence import DeviceEvidence
+
+    ev = DeviceEvidence(toy_ws, "rmsnorm", "cuda", exclusive=False)
+    for out in (ev.compile_stats(1), ev.time_draft("", ""), ev.profile(1, "c")):
+        assert "share the GPU" in out["error"]

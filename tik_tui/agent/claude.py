@@ -238,12 +238,13 @@ class ClaudeProposer:
         raise AssertionError("unreachable")
 
     def _stream(self, ctx: ProposalContext, kwargs: dict) -> Any:
-        emitted, raw = 0, ""
+        emitted, raw, tool = 0, "", None
         with self.client.messages.stream(**kwargs) as stream:
             for event in stream:
                 if event.type == "content_block_start":
-                    raw = ""
-                if event.type != "input_json" or ctx.emit is None:
+                    raw, tool = "", getattr(event.content_block, "name", None)
+                # only a whole-file submission streams out as a partial proposal (a draft's source is not one)
+                if event.type != "input_json" or ctx.emit is None or tool != "submit_implementation":
                     continue
                 raw += event.partial_json
                 partial = partial_string(raw, "source")
@@ -292,8 +293,15 @@ class ClaudeProposer:
         if not ev.cuda:
             return "Compile stats and floor fractions: not available on the CPU interpreter."
         pid = ctx.parent.get("id")
-        return (f"What the compiler made of #{pid}'s kernels:\n{json.dumps(ev.compile_stats(pid), default=str)}\n"
+        text = (f"What the compiler made of #{pid}'s kernels:\n{json.dumps(ev.compile_stats(pid), default=str)}\n"
                 f"Per cell, how far #{pid} is from the hardware floor:\n{json.dumps(ev.floors(pid), default=str)}")
+        # the newest candidate from this parent that failed in evaluation: what its kernels compiled to
+        failed = next((a for a in sorted(ctx.attempts or [], key=lambda a: -int(a.get("id") or 0))
+                       if a.get("status") == "failed" and a.get("failure")), None) if ctx.evidence else None
+        if failed is not None:
+            text += (f"\nWhat the compiler made of the failed candidate #{failed['id']}'s kernels:\n"
+                     f"{json.dumps(ev.compile_stats(int(failed['id'])), default=str)}")
+        return text
 
     # ------------------------------------------------------------------ tools
 

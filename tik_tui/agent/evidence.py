@@ -19,17 +19,24 @@ INTERPRETER = "not available on the CPU interpreter (no compiled kernels there; 
 
 
 class DeviceEvidence:
-    """`ws`: the workspace (sources, measurements); `device`: where evaluations run."""
+    """`ws`: the workspace (sources, measurements); `device`: where evaluations run; `exclusive`: nothing else
+    runs on that device while the proposer does (one evaluation slot: the loop proposes only when it is free).
+    Without it, no GPU child is started: a compile or a draft's timing would disturb an evaluation's timings."""
 
     def __init__(self, ws: Any, op: str, device: str, timeout: float = 300.0,
-                 screen: Callable[..., dict] | None = None):
-        self.ws, self.op, self.device, self.timeout = ws, op, device, timeout
+                 screen: Callable[..., dict] | None = None, exclusive: bool = True):
+        self.ws, self.op, self.device, self.timeout, self.exclusive = ws, op, device, timeout, exclusive
         self._screen = screen
         self._stats: dict[int, dict] = {}
 
     @property
     def cuda(self) -> bool:
         return self.device.startswith("cuda")
+
+    def _busy(self) -> dict | None:
+        if self.cuda and not self.exclusive:
+            return {"error": "not available while evaluations share the GPU (more than one evaluation slot)"}
+        return None
 
     def _contract(self) -> Any:
         from tik_kernels.contracts import get_contract
@@ -45,6 +52,8 @@ class DeviceEvidence:
         """Compile stats per kernel variant and work per cell of one implementation (one child, kept)."""
         if not self.cuda:
             return {"error": "compile stats " + INTERPRETER}
+        if self._busy():
+            return self._busy()
         if impl_id not in self._stats:
             from tik_kernels.evaluator.evidence import compile_evidence
 
@@ -84,6 +93,8 @@ class DeviceEvidence:
                    rounds: int | None = None) -> dict:
         """`source` timed beside `parent_source` on a few cells in the sandboxed screen (no checks: a speed
         estimate before submitting, never a verdict)."""
+        if self._busy():
+            return self._busy()
         contract = self._contract()
         profile = "gpu" if self.cuda else "cpu"
         every = {c.name: c for c in contract.cells(profile)}
@@ -119,4 +130,6 @@ class DeviceEvidence:
     def profile(self, impl_id: int, cell: str) -> dict:
         from tik_kernels.evaluator.evidence import ncu_profile
 
+        if self._busy():
+            return self._busy()
         return ncu_profile(self.op, self.ws.source(impl_id), cell, device=self.device, timeout=self.timeout)

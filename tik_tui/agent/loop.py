@@ -351,7 +351,8 @@ class Search:
                 import torch
 
                 device = "cuda" if torch.cuda.is_available() else "cpu"
-            self._evidence[op] = DeviceEvidence(self.ws, op, device, timeout=max(self.cfg.timeout, 300.0))
+            self._evidence[op] = DeviceEvidence(self.ws, op, device, timeout=max(self.cfg.timeout, 300.0),
+                                                exclusive=self.executor.slots == 1)
         return self._evidence[op]
 
     def _choose(self, op: str) -> tuple[dict, dict | None, str] | None:
