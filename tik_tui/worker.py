@@ -238,7 +238,13 @@ def add_search_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-cost", type=float, default=None, help="stop after this many US dollars of LLM use")
     p.add_argument("--max-time", type=float, default=None, help="stop after this many seconds")
     p.add_argument("--patience", type=int, default=None, help="stop after N derivations without an eligible one")
-    p.add_argument("--model", default=None, help="Claude model (default $TIK_MODEL, else claude-sonnet-4-5)")
+    p.add_argument("--model", default=None, help="Claude model (default $TIK_MODEL, else claude-sonnet-5-5)")
+    p.add_argument("--thinking", default=None, metavar="adaptive|off|N",
+                   help="claude: thinking mode where the model takes it (default: the model's own)")
+    p.add_argument("--effort", default=None, metavar="LEVEL",
+                   help="claude: output effort (low, medium, high, xhigh, max) where the model takes it")
+    p.add_argument("--record", default=None, metavar="FILE",
+                   help="claude: append every API request and response to FILE as JSON lines (never the key)")
     p.add_argument("--no-evidence", action="store_true", help="ablation: hide failed attempts and opportunities")
     p.add_argument("--greedy", action="store_true", help="ablation: always expand the incumbent (no branches)")
     p.add_argument("--seed", type=int, default=0)
@@ -278,7 +284,8 @@ def search_kwargs(args: argparse.Namespace) -> dict:
                 max_tokens=args.max_tokens, max_cost_usd=args.max_cost, max_wall_s=args.max_time,
                 patience=args.patience, evidence=not args.no_evidence, explore=not args.greedy, seed=args.seed,
                 resume=not args.fresh, time_it=True if args.time else None,
-                proposer_opts={"model": args.model, "seed": args.seed},
+                proposer_opts={"model": args.model, "seed": args.seed, "thinking": args.thinking,
+                               "effort": args.effort, "record": args.record},
                 evaluate=load_evaluator(args.evaluator) if args.evaluator else None, executor=args.executor,
                 address=args.address, workers=args.workers, screen=args.screen)
 
@@ -293,7 +300,9 @@ def search_argv(args: argparse.Namespace) -> list[str]:
     for flag, val in (("--proposer", args.proposer or default_proposer()), ("--budget", args.budget),
                       ("--device", args.device), ("--timeout", args.timeout), ("--max-tokens", args.max_tokens),
                       ("--max-cost", args.max_cost), ("--max-time", args.max_time), ("--patience", args.patience),
-                      ("--model", args.model), ("--seed", args.seed), ("--evaluator", args.evaluator),
+                      ("--model", args.model), ("--thinking", args.thinking), ("--effort", args.effort),
+                      ("--record", args.record and str(Path(args.record).resolve())), ("--seed", args.seed),
+                      ("--evaluator", args.evaluator),
                       ("--executor", args.executor), ("--address", args.address), ("--workers", args.workers),
                       ("--screen", args.screen)):
         if val is not None:

@@ -43,70 +43,25 @@ def make_toy_workspace(path: Path):
     return ws, root
 
 
-def sse(message: dict) -> bytes:
-    """A Messages API response as the server streams it (message_start … message_stop)."""
-    import json
-
-    out = []
-
-    def ev(kind, data):
-        out.append(f"event: {kind}\ndata: {json.dumps(data)}\n\n")
-
-    start = dict(message, content=[], stop_reason=None, usage=dict(message["usage"], output_tokens=1))
-    ev("message_start", {"type": "message_start", "message": start})
-    for i, b in enumerate(message["content"]):
-        if b["type"] == "text":
-            ev("content_block_start", {"type": "content_block_start", "index": i,
-                                       "content_block": {"type": "text", "text": ""}})
-            ev("content_block_delta", {"type": "content_block_delta", "index": i,
-                                       "delta": {"type": "text_delta", "text": b["text"]}})
-        else:
-            ev("content_block_start", {"type": "content_block_start", "index": i, "content_block": {**b, "input": {}}})
-            text = json.dumps(b["input"])
-            for k in range(0, len(text), 64):
-                ev("content_block_delta", {"type": "content_block_delta", "index": i,
-                                           "delta": {"type": "input_json_delta", "partial_json": text[k:k + 64]}})
-        ev("content_block_stop", {"type": "content_block_stop", "index": i})
-    ev("message_delta", {"type": "message_delta", "delta": {"stop_reason": message["stop_reason"],
-                                                            "stop_sequence": None},
-                         "usage": {"output_tokens": message["usage"]["output_tokens"]}})
-    ev("message_stop", {"type": "message_stop"})
-    return "".join(out).encode()
-
-
-class MockAPI:
-    """Serves recorded HTTP responses to the real SDK client, in order, and keeps the requests."""
-
-    def __init__(self, responses: list[dict]):
-        self.responses = list(responses)
-        self.requests: list[dict] = []
-        self.headers: list[dict] = []
-
-    def handler(self, request):
-        import json
-
-        import httpx2
-
-        body = json.loads(request.content)
-        self.requests.append(body)
-        self.headers.append(dict(request.headers))
-        if not self.responses:
-            return httpx2.Response(500, json={"type": "error", "error": {"type": "api_error",
-                                                                          "message": "no more recorded responses"}})
-        r = self.responses.pop(0)
-        if r["status"] == 200 and body.get("stream"):
-            return httpx2.Response(200, content=sse(r["body"]), headers={"content-type": "text/event-stream"})
-        return httpx2.Response(r["status"], json=r["body"], headers={"request-id": "req_test"})
-
-    def client(self, api_key: str = "sk-test"):
-        import httpx2
-        from anthropic import Anthropic, DefaultHttpxClient
-
-        return Anthropic(api_key=api_key, max_retries=0,
-                         http_client=DefaultHttpxClient(transport=httpx2.MockTransport(self.handler)))
-
-
 def recorded(name: str) -> list[dict]:
-    import json
+    """The responses of a fixture in `--record`'s JSONL format (`tik_tui.agent.recording`)."""
+    from tik_tui.agent.recording import load
 
-    return json.loads((FIXTURES / f"{name}.json").read_text())
+    return [x["response"] for x in load(FIXTURES / f"{name}.jsonl")]
+
+
+def MockAPI(responses: list[dict]):  # noqa: N802 (kept as the tests' name for the replaying transport)
+    """Serves recorded responses to the real SDK client, in order, and keeps the requests."""
+    from tik_tui.agent.recording import Replay
+
+    return Replay(responses)
+
+
+def _ctx_for(ws, op: str = "toy"):
+    """A proposal context on `op`'s root, as the loop would build it (no device evidence)."""
+    from tik_tui.agent import ProposalContext
+
+    root = ws.root(op)
+    contract = next(r["contract"] for r in ws.operators() if r["op"] == op)
+    return ProposalContext(op=op, parent=root, parent_source=ws.source(root["id"]), contract=contract, root=root,
+                           store=ws)

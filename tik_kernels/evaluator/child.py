@@ -6,8 +6,9 @@ writes `WORKDIR/out/result.json` + `out/outputs.bin`. It never sees a reference 
 check: those stay in the parent, which validates whatever comes back. stdout and stderr go to
 files the parent only tails for a failure line, so printing cannot break the protocol.
 
-Jobs: `probes` (run the contract's probes on one implementation) and `time` (the timing
-harness of `tik_kernels.evaluator.timing` on the candidate, root, incumbent and baseline).
+Jobs: `probes` (run the contract's probes on one implementation), `time` (the timing
+harness of `tik_kernels.evaluator.timing` on the candidate, root, incumbent and baseline) and
+`evidence` / `ncu_cell` (compile stats and work per cell, `tik_kernels.evaluator.evidence`).
 """
 
 from __future__ import annotations
@@ -258,6 +259,10 @@ def main(argv: list[str]) -> int:
         doc = run_probes_job(workdir, job)
     elif job["mode"] == "time":
         doc = run_timing_job(workdir, job)
+    elif job["mode"] in ("evidence", "ncu_cell"):
+        from tik_kernels.evaluator.evidence import run_evidence_job, run_ncu_cell_job
+
+        doc = (run_evidence_job if job["mode"] == "evidence" else run_ncu_cell_job)(workdir, job)
     else:
         raise SystemExit(f"unknown job mode {job['mode']!r}")
     doc["done"] = True

@@ -32,7 +32,8 @@ def make_proposer(spec: str, **opts: Any) -> Any:
     if spec == "claude":
         from tik_tui.agent.claude import ClaudeProposer
 
-        keep = {"model", "api_key", "client", "max_tokens", "max_turns", "retries", "stream", "sleep", "backoff_s"}
+        keep = {"model", "api_key", "client", "max_tokens", "max_turns", "retries", "stream", "sleep", "backoff_s",
+                "thinking", "effort", "record"}
         p = ClaudeProposer(**{k: v for k, v in opts.items() if k in keep and v is not None})
         p.supports_merge = True
         return p

@@ -63,6 +63,9 @@ class ProposalContext:
     #: (None: no timed device, or screening off); the tuner screens `screen_width` moves at a time
     screen: Callable[[list[str], int], dict] | None = None
     screen_width: int = 0
+    #: device evidence for this operator (`tik_tui.agent.evidence.DeviceEvidence`: compile stats, floor fractions,
+    #: a draft's quick timing, an Nsight Compute profile), or None
+    device_evidence: Any = None
     #: ablation: False hides attempts and opportunities from the proposer
     evidence: bool = True
     seed: int = 0

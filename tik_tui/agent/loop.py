@@ -7,8 +7,10 @@ Budget spent is counted from the store (derivations tagged with this search), so
 neither loses nor repeats an evaluation's worth of budget.
 
 Stops: evaluation budget, tokens, dollars, wall time, patience (that many derivations in a
-row with no eligible or promoted one), a `stop` command, a proposer that cannot go on, or
-every parent exhausted. `pause` / `resume` commands are honoured between steps.
+row with no eligible or promoted one), a `stop` command, a proposer that cannot go on (a
+rejected key at once; `max_failures` failed proposals in a row; an unrecorded failure such as
+an unreachable API before any proposal succeeded), or every parent exhausted. `pause` /
+`resume` commands are honoured between steps.
 
 Several candidates can be in flight: the loop proposes while the executor has a free slot
 (`tik_tui.agent.executor`), and records each outcome, in this process only, when it comes
@@ -55,6 +57,8 @@ class SearchConfig:
     max_wall_s: float | None = None
     #: stop after this many derivations in a row without an eligible/promoted one
     patience: int | None = None
+    #: stop after this many proposals in a row that failed (malformed output, an API that stays unreachable)
+    max_failures: int = 3
     auto_promote: bool = False
     device: str | None = None
     timeout: float = 120.0
@@ -79,7 +83,12 @@ class SearchState:
     spent: int = 0
     tokens: int = 0
     cost_usd: float = 0.0
+    #: some LLM use had no price (a model missing from tik_tui.agent.pricing): cost_usd is a lower bound
+    cost_unknown: bool = False
     since_progress: int = 0
+    #: proposals in a row that failed, and proposals that succeeded in this search
+    failures: int = 0
+    proposed: int = 0
     paused: bool = False
     stop_reason: str | None = None
     made: list[int] = field(default_factory=list)
@@ -141,11 +150,17 @@ class Search:
         self.inflight: dict[Future, Pending] = {}
         self.on_event = on_event
         self.should_stop = should_stop or (lambda: False)
+        model = getattr(proposer, "model", None)
+        if cfg.max_cost_usd is not None and model is not None:
+            from tik_tui.agent.pricing import check_max_cost
+
+            check_max_cost(model)
         self.rng = random.Random(cfg.seed)
         self.state = SearchState(search_id or hashlib.sha1(f"{time.time()}{id(self)}".encode()).hexdigest()[:12],
                                  time.time())
         self.exhausted: dict[str, set[int]] = {op: set() for op in cfg.ops}
         self._mods: dict[int, dict] = {}
+        self._evidence: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ plumbing
 
@@ -222,7 +237,8 @@ class Search:
         s = self.state
         self.ws.set_worker_state(
             state="paused" if s.paused else "running", heartbeat=time.time(), spent=s.spent,
-            budget=self.cfg.budget, search=s.search_id, tokens=s.tokens, cost_usd=round(s.cost_usd, 6),
+            budget=self.cfg.budget, search=s.search_id, tokens=s.tokens,
+            cost_usd=None if s.cost_unknown else round(s.cost_usd, 6),
             started=s.started, **fields)
 
     # ------------------------------------------------------------------ resuming
@@ -321,7 +337,23 @@ class Search:
             dollars_left=None if c.max_cost_usd is None else c.max_cost_usd - s.cost_usd,
             evidence=c.evidence, seed=c.seed + s.spent,
             screen=self.screener(op, parent), screen_width=c.screen,
+            device_evidence=self.device_evidence(op) if getattr(self.proposer, "wants_device_evidence", False)
+            else None,
         )
+
+    def device_evidence(self, op: str) -> Any:
+        """The operator's `DeviceEvidence` on the search's device (one per search, so its cache lives on)."""
+        if op not in self._evidence:
+            from tik_tui.agent.evidence import DeviceEvidence
+
+            device = getattr(self.executor, "device", None) or self.cfg.device
+            if device is None:
+                import torch
+
+                device = "cuda" if torch.cuda.is_available() else "cpu"
+            self._evidence[op] = DeviceEvidence(self.ws, op, device, timeout=max(self.cfg.timeout, 300.0),
+                                                exclusive=self.executor.slots == 1)
+        return self._evidence[op]
 
     def _choose(self, op: str) -> tuple[dict, dict | None, str] | None:
         ws = self.ws
@@ -339,6 +371,8 @@ class Search:
     def _account(self, usage: dict | None) -> None:
         if usage:
             self.state.tokens += _usage_tokens(usage)
+            if usage.get("cost_usd") is None and _usage_tokens(usage):
+                self.state.cost_unknown = True
             self.state.cost_usd += float(usage.get("cost_usd") or 0.0)
 
     def _record(self, op: str, parents: tuple[int, ...], proposal: Proposal, status: str = "candidate",
@@ -384,7 +418,15 @@ class Search:
             self.emit("exhausted", {"parent": parent["id"], "reason": str(e)}, op=op, impl_id=parent["id"])
             return True
         except ProposalFailed as e:
-            self.state.since_progress += 1
+            s = self.state
+            s.since_progress += 1
+            s.failures += 1
+            if s.failures >= self.cfg.max_failures:
+                s.stop_reason = f"{s.failures} proposals in a row failed (last: {e})"
+            elif not e.record and not s.proposed:
+                # an API that stays unreachable or refuses from the first call: retrying the next parent
+                # would spend the same minutes again with nothing to show
+                s.stop_reason = f"the proposer failed before any proposal: {e}"
             if not e.record:
                 self._account(e.usage)
                 self._usage_without_impl(e.usage)
@@ -396,6 +438,8 @@ class Search:
             self.emit("proposal_failed", {"id": impl_id, "parent": parent["id"], "reason": str(e)}, op=op,
                       impl_id=impl_id)
             return True
+        self.state.failures = 0
+        self.state.proposed += 1
         parents = parents + tuple(p for p in proposal.extra_parents if p not in parents)
         sha = hashlib.sha256(proposal.source.encode()).hexdigest()
         dup = [r["id"] for r in self.ws.implementations(op=op) if r.get("source_sha256") == sha]
@@ -575,6 +619,7 @@ class Search:
     def summary(self) -> dict:
         s = self.state
         return {"search": s.search_id, "ops": self.cfg.ops, "proposer": self.proposer_name, "spent": s.spent,
-                "budget": self.cfg.budget, "tokens": s.tokens, "cost_usd": round(s.cost_usd, 6),
+                "budget": self.cfg.budget, "tokens": s.tokens,
+                "cost_usd": None if s.cost_unknown else round(s.cost_usd, 6),
                 "derivations": list(s.made), "stop_reason": s.stop_reason,
                 "elapsed_s": round(time.time() - s.started, 2)}

@@ -147,7 +147,7 @@ class ReplayProposer:
                         usage=usage, extra_parents=extra)
 
     def _from_message(self, rec: dict, tag: dict, entries: tuple, ctx: ProposalContext) -> Proposal:
-        from tik_tui.agent.claude import cost_usd
+        from tik_tui.agent.pricing import cost_usd
 
         u = rec.get("usage") or {}
         model = rec.get("model", "replay")
@@ -155,8 +155,9 @@ class ReplayProposer:
                  "output_tokens": int(u.get("output_tokens", 0)),
                  "cache_read_tokens": int(u.get("cache_read_input_tokens") or 0),
                  "cache_write_tokens": int(u.get("cache_creation_input_tokens") or 0)}
-        usage["cost_usd"] = round(cost_usd(model, usage["input_tokens"], usage["output_tokens"],
-                                           usage["cache_write_tokens"], usage["cache_read_tokens"]), 6)
+        cost = cost_usd(model, usage["input_tokens"], usage["output_tokens"], usage["cache_write_tokens"],
+                        usage["cache_read_tokens"])
+        usage["cost_usd"] = None if cost is None else round(cost, 6)
         subs = [b for b in rec.get("content", []) if b.get("type") == "tool_use"
                 and b.get("name") == "submit_implementation"]
         if not subs or not isinstance(subs[0].get("input"), dict):

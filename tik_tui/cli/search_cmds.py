@@ -88,8 +88,9 @@ def _progress(kind: str, p: dict) -> None:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    from tik_tui.agent import ProposerFatal
+    from tik_tui.agent import ProposerFatal, default_proposer
     from tik_tui.agent.executor import ExecutorError, check_options
+    from tik_tui.agent.pricing import money
     from tik_tui.worker import WorkerBusy, run_search, sandbox_choice, search_argv, search_kwargs, worker_busy
 
     _open(args.workspace).close()
@@ -98,6 +99,8 @@ def cmd_search(args: argparse.Namespace) -> int:
         raise TikError(f"{busy}: `tik stop` it first, or watch it with `tik status`")
     if args.proposer == "claude" and not os.environ.get("ANTHROPIC_API_KEY"):
         raise TikError("ANTHROPIC_API_KEY is not set (export it, or use --proposer tuner)")
+    if (args.proposer or default_proposer()) == "claude":
+        _check_claude_options(args)
     try:
         check_options(args.executor, args.address, args.workers)
     except ExecutorError as e:
@@ -118,11 +121,26 @@ def cmd_search(args: argparse.Namespace) -> int:
         print_json(summary)
     else:
         print(f"{summary['state']}: {summary['stop_reason']}; {summary['spent']} derivations"
-              + (f", {summary['tokens']} tokens, ${summary['cost_usd']:.4f}" if summary["tokens"] else "")
+              + (f", {summary['tokens']} tokens, cost {money(summary['cost_usd'])}" if summary["tokens"] else "")
               + " (tik log to see them)")
     if (summary.get("stop_reason") or "").startswith("error: "):
         raise TikError(summary["stop_reason"][len("error: "):])
     return 0
+
+
+def _check_claude_options(args: argparse.Namespace) -> None:
+    """Options the model would reject, and a dollar budget on a model without a price: refused before anything
+    starts (a detached worker would only say so in its log)."""
+    from tik_tui.agent.claude import DEFAULT_MODEL
+    from tik_tui.agent.pricing import check_max_cost, request_options
+
+    model = args.model or os.environ.get("TIK_MODEL") or DEFAULT_MODEL
+    try:
+        request_options(model, args.thinking, args.effort)
+        if args.max_cost is not None:
+            check_max_cost(model)
+    except ValueError as e:
+        raise TikError(str(e)) from None
 
 
 def _detach(args: argparse.Namespace, argv: list[str]) -> int:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from tik_store import STATUSES, Workspace, WorkspaceError
+from tik_tui.agent.pricing import money, unpriced_use
 from tik_tui.cli.common import TikError, common_parent, print_json
 
 
@@ -192,8 +193,10 @@ def cmd_show(args: argparse.Namespace) -> int:
             print(f"numerical risks: {m['numerical_risks']}")
     u = doc["usage"]
     if u["calls"]:
+        model = (m or {}).get("model")
         print(f"LLM: {u['calls']} call(s), {u['input_tokens']} in / {u['output_tokens']} out tokens "
-              f"({u['cache_read_tokens']} cache read), ${u['cost_usd']:.4f}")
+              f"({u['cache_read_tokens']} cache read), cost {money(u['cost_usd'], unpriced_use({model: u}))}"
+              + (f" ({model})" if model else ""))
     for d in doc["decisions"]:
         print(f"decision: {d['action']} by {d['by']} at {d['created']}" + (f": {d['reason']}" if d["reason"] else ""))
     if doc["checks"]:
@@ -247,7 +250,7 @@ def cmd_status(args: argparse.Namespace) -> int:
           + (f", {w['op']}" if w.get("op") else "") + (f", proposer {w['proposer']}" if w.get("proposer") else "")
           + f"; {budget}" + (f" — {w['message']}" if w.get("message") else ""))
     u = doc["usage"]
-    print(f"LLM spend: ${u['cost_usd']:.4f} over {u['calls']} call(s), "
+    print(f"LLM spend: {money(u['cost_usd'], unpriced_use(u.get('by_model')))} over {u['calls']} call(s), "
           f"{u['input_tokens']} in / {u['output_tokens']} out tokens")
     print("derivations: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n) if any(counts.values())
           else "derivations: none")

@@ -16,6 +16,7 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static, TabbedContent, TabPane
 
+from tik_tui.agent.pricing import unpriced_use
 from tik_tui.messages import Refreshed
 from tik_tui.widgets import format as fmt
 from tik_tui.widgets.model import load_compare, load_detail, parent_of, worst_cell
@@ -192,7 +193,10 @@ class DetailScreen(Screen):
             toks = " ".join(f"{k.replace('_tokens', '')} {fmt.tokens(v)}" for k, v in usage.items()
                             if k.endswith("_tokens") and v)
             t.add_row("tokens", toks or "0")
-            if usage.get("cost_usd") is not None:
+            model = mod.get("model") or (_json(mod.get("extra")) or {}).get("model") if isinstance(mod, dict) else None
+            if model and unpriced_use({model: usage}):
+                t.add_row("cost", Text(f"unknown ({model} has no price)", style="yellow"))
+            elif usage.get("cost_usd") is not None:
                 t.add_row("cost", fmt.money(usage.get("cost_usd")))
         else:
             t.add_row("tokens", Text("none (offline proposer)", style="dim"))

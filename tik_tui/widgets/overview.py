@@ -9,6 +9,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Label, ProgressBar, RichLog, Sparkline, Static
 
+from tik_tui.agent.pricing import unpriced_use
 from tik_tui.widgets import format as fmt
 from tik_tui.widgets.keyed_table import KeyedTable
 from tik_tui.widgets.model import LIVE_STATES, Snapshot, worker_alive
@@ -89,7 +90,11 @@ class WorkerPanel(Vertical):
         if state in LIVE_STATES:
             line.append(f"  heartbeat {fmt.ago(w.get('heartbeat'), now)}", style="dim")
         usage = snap.usage or {}
-        line.append(f"  cost {fmt.money(usage.get('cost_usd') or 0.0)}")
+        cost = fmt.money(usage.get("cost_usd") or 0.0)
+        if unpriced_use(usage.get("by_model")):
+            # tokens of a model without a price: never shown as $0
+            cost = f"{cost} + unknown" if usage.get("cost_usd") else "unknown"
+        line.append(f"  cost {cost}")
         toks = (usage.get("input_tokens") or 0) + (usage.get("output_tokens") or 0)
         line.append(f"  tok {fmt.tokens(toks)}")
         self.query_one("#worker-line", Static).update(line)
