@@ -31,6 +31,7 @@ from tik_tui.widgets.overview import event_line
 #: event kinds (from the worker) after which the named candidate is under evaluation; any other
 #: event naming it (its `evaluation`, a `status` change) ends that
 EVALUATING_KINDS = ("evaluating", "resume_evaluate")
+READ_ONLY = "  (read-only: viewing only)"
 
 
 def _stable(worker: dict | None) -> dict:
@@ -144,6 +145,8 @@ class TikApp(App):
         finally:
             self._polling = False
         self.store_error = ""
+        if self.client.readonly and not self.sub_title.endswith(READ_ONLY):
+            self.sub_title += READ_ONLY
         self._track_evaluating(result.events)
         snap = result.snapshot
         if snap is None:
@@ -208,10 +211,19 @@ class TikApp(App):
         yield SystemCommand("Refresh", "Re-read the whole workspace now", self.action_refresh)
 
     # -- decisions ------------------------------------------------------------------------
+    def writable(self, what: str) -> bool:
+        """False (and says why) when this user can only view the workspace."""
+        if self.client.readonly:
+            self.notify(f"cannot {what}: {self.workspace} is read-only for you (viewing only)", severity="warning")
+        return not self.client.readonly
+
     def approve(self, impl_id: int) -> None:
-        self._decide(impl_id, "promote", "")
+        if self.writable(f"promote #{impl_id}"):
+            self._decide(impl_id, "promote", "")
 
     def reject(self, impl_id: int) -> None:
+        if not self.writable(f"reject #{impl_id}"):
+            return
         def _with_reason(reason: str | None) -> None:
             if reason:
                 self._decide(impl_id, "reject", reason)
@@ -236,6 +248,8 @@ class TikApp(App):
         return worker_alive(self.snapshot.worker or {}, self.clock())
 
     def action_start_search(self) -> None:
+        if not self.writable("start a search"):
+            return
         if self._worker_alive():
             self.notify("a worker is already running: pause (p) or stop (x) it first", severity="warning")
             return
@@ -267,12 +281,16 @@ class TikApp(App):
 
     def action_pause_resume(self) -> None:
         state = (self.snapshot.worker or {}).get("state")
+        if not self.writable("pause or resume the worker"):
+            return
         if not self._worker_alive():
             self.notify("no worker is running (start one with s)", severity="warning")
             return
         self.send_command("resume" if state == "paused" else "pause")
 
     def action_stop(self) -> None:
+        if not self.writable("stop the worker"):
+            return
         if not self._worker_alive():
             self.notify("no worker is running", severity="warning")
             return

@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from tik_tui.cli.common import TikError, common_parent, print_json
+from tik_tui.cli.common import TikError, common_parent, positive_float, print_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="implementation file (default: the library's root)")
         q.add_argument("--device", choices=("cpu", "cuda"), default=None,
                        help="where to run (default: cuda when present)")
-        q.add_argument("--timeout", type=float, default=60.0, metavar="S",
+        q.add_argument("--timeout", type=positive_float, default=60.0, metavar="S",
                        help="hard limit per child process phase, seconds (default 60)")
         q.add_argument("--seed", type=int, default=0, help="seed of the contract's inputs (default 0)")
         if name == "bench":

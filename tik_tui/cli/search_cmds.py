@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from tik_tui.cli.common import TikError, common_parent, print_json
+from tik_tui.cli.common import TikError, common_parent, impl_id, nonneg_float, print_json
 
 EXPORTABLE = ("verified", "eligible", "promoted")
 
@@ -28,13 +28,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                                     "step")):
         q = sub.add_parser(kind, parents=[common_parent()], help=text)
         if kind == "stop":
-            q.add_argument("--wait", type=float, default=0.0, metavar="S",
+            q.add_argument("--wait", type=nonneg_float, default=0.0, metavar="S",
                            help="wait up to S seconds for the worker to exit")
         q.set_defaults(func=cmd_control, kind=kind)
 
     e = sub.add_parser("export", parents=[common_parent()], help="write the incumbent (or ID) back into tik_kernels/")
     e.add_argument("op")
-    e.add_argument("id", nargs="?", type=int)
+    e.add_argument("id", nargs="?", type=impl_id)
     e.add_argument("--to", type=Path, default=None, help="directory to write <op>.py into (default: tik_kernels/ops/)")
     e.add_argument("--force", action="store_true", help="export even an implementation that is not verified")
     e.set_defaults(func=cmd_export)
@@ -92,7 +92,8 @@ def cmd_search(args: argparse.Namespace) -> int:
     from tik_tui.agent.executor import ExecutorError, check_options
     from tik_tui.worker import WorkerBusy, run_search, search_argv, search_kwargs, worker_busy
 
-    _open(args.workspace).close()
+    with _open(args.workspace) as ws:
+        _sources_readable(ws, args.ops)
     busy = worker_busy(args.workspace)
     if busy:
         raise TikError(f"{busy}: `tik stop` it first, or watch it with `tik status`")
@@ -120,6 +121,20 @@ def cmd_search(args: argparse.Namespace) -> int:
     if (summary.get("stop_reason") or "").startswith("error: "):
         raise TikError(summary["stop_reason"][len("error: "):])
     return 0
+
+
+def _sources_readable(ws, ops: list[str] | None) -> None:
+    """Every incumbent the search starts from can be read: a workspace missing git objects is a one-line error
+    here, before the worker records a search that cannot start."""
+    from tik_store import WorkspaceError
+
+    for op in ops or [r["op"] for r in ws.operators()]:
+        inc = ws.incumbent(op)
+        if inc is not None:
+            try:
+                ws.source(inc["id"])
+            except WorkspaceError as e:
+                raise TikError(f"{op} incumbent #{inc['id']}: {e}") from None
 
 
 def _detach(args: argparse.Namespace, argv: list[str]) -> int:

@@ -13,7 +13,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from tik_store import STATUSES, Workspace, WorkspaceError
-from tik_tui.cli.common import TikError, common_parent, print_json
+from tik_store.errors import ReadOnlyWorkspace
+from tik_tui.cli.common import TikError, common_parent, impl_id, print_json
 
 
 def _user() -> str:
@@ -21,13 +22,6 @@ def _user() -> str:
         return os.environ.get("USER") or getpass.getuser()
     except (KeyError, OSError):
         return "user"
-
-
-def _impl_id(text: str) -> int:
-    try:
-        return int(text.lstrip("#"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an implementation id: {text!r}") from None
 
 
 def _handler(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
@@ -115,10 +109,18 @@ def _write_json_list(batches: Iterable[list]) -> None:
     sys.stdout.write("[]\n" if sep == "[" else "]\n")
 
 
+def _known_op(ws: Workspace, op: str | None) -> str | None:
+    if op is not None:
+        ops = [o["op"] for o in ws.operators()]
+        if op not in ops:
+            raise TikError(f"no operator {op!r} in this workspace (it has: {', '.join(ops) or 'none'})")
+    return op
+
+
 @_handler
 def cmd_log(args: argparse.Namespace) -> int:
     with _open(args, readonly=True) as ws, contextlib.closing(
-            ws.iter_implementations(op=args.op, status=args.status)) as batches:
+            ws.iter_implementations(op=_known_op(ws, args.op), status=args.status)) as batches:
         # closed before the workspace is, also when the reader goes away mid-listing (`tik log | head`)
         if args.json:
             _write_json_list(batches)
@@ -306,7 +308,14 @@ def cmd_reject(args: argparse.Namespace) -> int:
 
 @_handler
 def cmd_doctor(args: argparse.Namespace) -> int:
-    with _open(args) as ws:
+    try:
+        ws = _open(args)
+    except ReadOnlyWorkspace:
+        if args.repair:
+            raise
+        # a viewer without write access can still see what is wrong
+        ws = _open(args, readonly=True)
+    with ws:
         problems = ws.doctor()
         repairs = ws.reconcile() if args.repair else []
         remaining = ws.doctor() if args.repair else problems
@@ -341,7 +350,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_log)
 
     p = sub.add_parser("show", parents=parent, help="one derivation: source, diff, checks, measurements")
-    p.add_argument("id", type=_impl_id, metavar="ID")
+    p.add_argument("id", type=impl_id, metavar="ID")
     p.add_argument("--diff", action="store_true", help="show the diff to the first parent instead of the source")
     p.set_defaults(func=cmd_show)
 
@@ -349,12 +358,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("approve", parents=parent, help="promote a queued derivation")
-    p.add_argument("id", type=_impl_id, metavar="ID")
+    p.add_argument("id", type=impl_id, metavar="ID")
     p.add_argument("--reason", default="", help="why (recorded with the decision)")
     p.set_defaults(func=cmd_approve)
 
     p = sub.add_parser("reject", parents=parent, help="reject a queued derivation")
-    p.add_argument("id", type=_impl_id, metavar="ID")
+    p.add_argument("id", type=impl_id, metavar="ID")
     p.add_argument("--reason", required=True, help="why (recorded with the decision)")
     p.set_defaults(func=cmd_reject)
 

@@ -52,6 +52,8 @@ class StoreClient:
         self.path = Path(path)
         self._opener = opener
         self._ws = None
+        self.readonly = False
+        """True when this user cannot write the workspace: it is open for viewing only."""
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tik-store")
 
     def _workspace(self):
@@ -60,8 +62,14 @@ class StoreClient:
                 self._ws = self._opener(self.path)
             else:
                 from tik_store import Workspace
+                from tik_store.errors import ReadOnlyWorkspace
 
-                self._ws = Workspace.open(self.path)
+                try:
+                    self._ws = Workspace.open(self.path)
+                except ReadOnlyWorkspace:
+                    # a viewer without write access (over SSH, someone else's workspace): look, do not touch
+                    self._ws = Workspace.open(self.path, readonly=True)
+                    self.readonly = True
         return self._ws
 
     def call_sync(self, fn: Callable[..., Any], *args) -> Any:
