@@ -89,7 +89,7 @@ class TikApp(App):
         Binding("g", "goto", "Go to #", id="app.goto", tooltip="Open a derivation by id"),
         Binding("ctrl+r", "refresh", "Refresh", show=False, id="app.refresh"),
         Binding("ctrl+t", "toggle_dark", "Light/Dark", show=False, id="app.theme"),
-        Binding("q", "quit", "Quit", id="app.quit"),
+        Binding("q", "quit", "Quit", id="app.quit", tooltip="Quit the UI; a running worker keeps running"),
     ]
 
     snapshot: reactive[Snapshot] = reactive(Snapshot, init=False, always_update=True)
@@ -243,6 +243,15 @@ class TikApp(App):
             screen.post_message(Decided(impl_id, action))
         self.action_refresh()
 
+    async def action_quit(self) -> None:
+        """Quit the UI; a running worker is a separate process and keeps going, which the shell is told."""
+        w = self.snapshot.worker or {}
+        if self._worker_alive():
+            self.exit(message=f"tik: the worker keeps running (pid {w.get('pid')}, {w.get('state')}): "
+                              f"`tik -w {display_path(self.workspace)} status` follows it, `tik stop` stops it")
+        else:
+            self.exit()
+
     # -- run control ----------------------------------------------------------------------
     def _worker_alive(self) -> bool:
         return worker_alive(self.snapshot.worker or {}, self.clock())
@@ -260,6 +269,8 @@ class TikApp(App):
 
     def _start_search(self, request: SearchRequest | None) -> None:
         if request is not None:
+            # the worker takes a few seconds to start (imports, its first state write): say so at once
+            self.notify(f"starting a search: {' '.join(request.argv())}…", timeout=6)
             self.spawn_search(request)
 
     @work(thread=True, group="spawn", exit_on_error=False)
@@ -276,7 +287,8 @@ class TikApp(App):
             why = lines[-1] if lines else f"exit status {out.returncode}"
             self.call_from_thread(self.notify, f"search did not start: {why}", severity="error", timeout=10)
             return
-        self.call_from_thread(self.notify, f"search started: {' '.join(request.argv())}", timeout=4)
+        self.call_from_thread(self.notify, "search started: a detached worker; it keeps running when you quit (q)",
+                              timeout=5)
         self.call_from_thread(self.action_refresh)
 
     def action_pause_resume(self) -> None:

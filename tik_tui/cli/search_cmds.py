@@ -52,39 +52,24 @@ def _open(path: Path):
 # ----------------------------------------------------------------------------- search
 
 
-def _progress(kind: str, p: dict) -> None:
-    """One line per step on stderr (stdout stays clean for --json)."""
-    op = p.get("op") or ""
-    line = None
-    if kind == "selected":
-        line = f"{op}: expanding #{p['parent']}" + (f" + #{p['merge_with']}" if p.get("merge_with") else "") \
-            + f" ({p.get('reason', '')})"
-    elif kind == "proposed":
-        u = p.get("usage") or {}
-        tok = f", {sum(int(u.get(k) or 0) for k in ('input_tokens', 'output_tokens'))} tokens" if u else ""
-        line = f"{op}: #{p['id']} proposed: {p.get('rationale', '')[:90]}{tok}"
-    elif kind == "proposal_failed":
-        line = f"{op}: #{p['id']} proposal failed: {p.get('reason')}"
-    elif kind == "evaluated":
-        extra = f" ({p['failure']})" if p.get("failure") else ""
-        if p.get("objective") is not None and p.get("incumbent_objective"):
-            extra = f" (objective {p['objective'] / p['incumbent_objective']:.3f}x the incumbent)"
-        line = f"{op}: #{p['id']} {p.get('status')}{extra}"
-    elif kind in ("decided", "queued"):
-        line = f"{op}: #{p['id']} " + ("promoted (auto)" if kind == "decided" else "queued for approval "
-                                       f"(tik approve {p['id']})")
-    elif kind == "screen":
-        from tik_tui.agent.tuner import screen_summary
+#: loop events `tik search` prints on stderr (one line each); the rest stay in the store's event log
+PROGRESS_KINDS = ("selected", "proposed", "proposal_failed", "evaluated", "decided", "queued", "screen", "eval_retry",
+                  "exhausted", "duplicate", "llm_retry", "proposal_error", "resume_evaluate", "search_resumed",
+                  "paused", "resumed", "retime")
 
-        line = f"{op}: #{p.get('impl_id')}: {screen_summary(p)}"
-    elif kind == "eval_retry":
-        line = f"{op}: #{p['id']} evaluation lost, retrying: {p.get('reason')}"
-    elif kind in ("exhausted", "duplicate", "llm_retry", "proposal_error", "resume_evaluate", "search_resumed",
-                  "paused", "resumed", "retime"):
-        line = f"{op + ': ' if op else ''}{kind.replace('_', ' ')}: " + ", ".join(
-            f"{k}={v}" for k, v in p.items() if k not in ("search", "op", "impl_id"))
-    if line:
-        print("tik: " + line, file=sys.stderr, flush=True)
+
+def _progress(kind: str, p: dict) -> None:
+    """One line per step on stderr (stdout stays clean for --json): `tik: rmsnorm #12: verified, 0.950× ...`."""
+    from tik_tui.events import describe
+
+    if kind not in PROGRESS_KINDS:
+        return
+    impl_id = p.get("impl_id")
+    if impl_id is None and kind in ("proposed", "proposal_failed", "evaluated", "decided", "queued", "eval_retry"):
+        impl_id = p.get("id")
+    where = " ".join(s for s in (p.get("op") or "", f"#{impl_id}" if impl_id is not None else "") if s)
+    line = describe(kind, p, impl_id=impl_id)
+    print(f"tik: {where + ': ' if where else ''}{line}", file=sys.stderr, flush=True)
 
 
 def cmd_search(args: argparse.Namespace) -> int:
