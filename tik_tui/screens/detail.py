@@ -142,6 +142,7 @@ class DetailScreen(Screen):
         p = parent_of(impl)
         head.append(f"  parent #{p}" if p is not None else "  (root)")
         head.append(f"  {impl.get('proposer') or ''}", style="dim")
+        numbers = Text()
         if d["incumbent_id"] == self.impl_id:
             head.append("  [incumbent]", style="bold green")
         if d["root_id"] == self.impl_id:
@@ -149,13 +150,15 @@ class DetailScreen(Screen):
         worst, wr = worst_cell(d["cells"])
         ratio = self.app.snapshot.ratios.get(self.impl_id) if getattr(self.app, "snapshot", None) else None
         if ratio is not None:
-            head.append("  ").append_text(fmt.ratio_text(ratio, ref="root"))
+            numbers.append("time ").append_text(fmt.ratio_text(ratio, ref="root"))
         if objective_ratio(impl) is not None:
-            head.append("  ").append_text(fmt.ratio_text(objective_ratio(impl), ref="incumbent"))
+            numbers.append(", ").append_text(fmt.ratio_text(objective_ratio(impl), ref="incumbent"))
         if worst is not None:
             lim = next((c.get("limit") for c in d["cells"] if str(c.get("cell")) == worst), None)
-            head.append(f"  worst cell {worst} ").append_text(
+            numbers.append(f"; worst cell {worst} ").append_text(
                 fmt.ratio_text(wr, limit=None if lim is None else float(lim), ref="root"))
+        if numbers:
+            head.append("\n").append_text(numbers)
         why = explain(impl, d["cells"])
         if why != status:
             style = {"failed": "red", "eligible": "bold magenta", "promoted": "green"}.get(impl.get("status"), "yellow")

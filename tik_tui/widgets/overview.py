@@ -110,13 +110,19 @@ class WorkerPanel(Vertical):
         self.query_one("#worker-message", Static).update(Text(str(msg), style="bold red" if bad else "dim"))
 
 
+#: event kinds shown under a shorter name, so the column stays 11 wide
+KIND_LABEL = {"implementation": "derivation", "search_started": "search", "search_finished": "search",
+              "search_resumed": "search", "proposal_failed": "proposal", "proposal_error": "proposal",
+              "resume_evaluate": "evaluating", "eval_retry": "retry", "warm_root_failed": "root"}
+
+
 def event_line(e: dict, now: float | None = None, ratios: dict[int, float] | None = None) -> Text:
     """`14:03:07 evaluation  rmsnorm #12 candidate → verified, 0.950× root`; `ratios`: id -> time ×root."""
     kind = str(e.get("kind", "?"))
     style = "bold red" if "error" in kind or "crash" in kind else (
         "green" if kind == "decision" else ("magenta" if kind == "evaluation" else ""))
     t = Text(fmt.when(e.get("ts"), now) + " ", style="dim")
-    t.append(f"{kind:<11}", style=style or "bold")
+    t.append(f"{KIND_LABEL.get(kind, kind)[:11]:<11}", style=style or "bold")
     if e.get("op"):
         t.append(f" {e['op']}")
     if e.get("impl_id") is not None:

@@ -26,8 +26,8 @@ def chart(snap: Snapshot, op: str, *, width: int = 80, height: int = 7) -> Text:
     untimed = n_all - len(series)
     t.append(f"  {len(series)} timed derivation(s)" + (f", {untimed} failed or untimed" if untimed else ""),
              style="dim")
-    if not series:
-        return t.append("\n  nothing timed yet\n", style="dim")
+    if len(series) < 2:
+        return t.append("\n  " + ("nothing timed yet" if not series else "only the root so far") + "\n", style="dim")
     cols = max(10, width - 14)
     shown = series[-cols:]
     if len(series) > cols:
@@ -50,18 +50,22 @@ def chart(snap: Snapshot, op: str, *, width: int = 80, height: int = 7) -> Text:
 
     point_y = [y(r) for _, r, _ in shown]
     level_y = [y(v) for v in levels]
+    # a few columns per derivation while they are few, so the plot reads left to right
+    step = max(1, min(3, cols // len(shown)))
     for row in range(height):
         label = f"{hi:.3f}×" if row == 0 else (f"{lo:.3f}×" if row == height - 1 else "")
         t.append(f"{label:>12} {'┤' if label else '│'}", style="dim")
         for k, (_i, _r, status) in enumerate(shown):
+            line = "━" if level_y[k] == row else " "
+            # the incumbent's line runs on to the next point
+            t.append(line * (step - 1), style="green")
             if point_y[k] == row:
                 t.append(GLYPH.get(status, "?"), style=fmt.STATUS_STYLE.get(status, ""))
-            elif level_y[k] == row:
-                t.append("━", style="green")
             else:
-                t.append(" ")
+                t.append(line, style="green")
         t.append("\n")
-    t.append(" " * 13 + "└" + "─" * len(shown) + f" #{shown[0][0]} … #{shown[-1][0]}\n", style="dim")
+    axis = f"#{shown[0][0]}" + (f" … #{shown[-1][0]}" if len(shown) > 1 else "")
+    t.append(" " * 13 + "└" + "─" * (len(shown) * step) + f" {axis}\n", style="dim")
     return t
 
 
