@@ -277,7 +277,7 @@ def add_search_options(p: argparse.ArgumentParser) -> None:
                    help="where evaluations run: local (this machine; default) or ray (a Ray cluster, see --address)")
     p.add_argument("--address", default=None, metavar="ADDR",
                    help="the Ray cluster's head, host:port or ray://host:port (default $RAY_ADDRESS); --executor ray")
-    p.add_argument("--workers", type=positive_int, default=None, metavar="N",
+    p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="evaluations in flight (default: one per visible GPU, 1 on the CPU; with ray: the "
                    "cluster's GPUs)")
     p.add_argument("--evaluator", default=None, help=argparse.SUPPRESS)

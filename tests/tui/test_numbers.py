@@ -194,3 +194,41 @@ async def test_start_says_so_at_once_and_quit_says_the_worker_keeps_running(work
         await pilot.press("q")
         await pilot.pause()
     assert len(said) == 1 and "the worker keeps running (pid 4242" in said[0] and "tik stop" in said[0]
+
+
+# ------------------------------------------------------------------------------ tik bench / tik e2e charts
+
+
+def test_ratio_bars_diverge_from_one_and_flag_a_cell_over_its_limit():
+    from tik_tui.cli.charts import ratio_bars, stacked_bars
+
+    faster, over, unknown = ratio_bars([("a", 0.9, 1.05), ("b", 1.2, 1.05), ("c", None, None)], width=20, label_w=4)
+    assert faster.index("█") < faster.index("│") and "┊" in faster and faster.endswith("0.900× root")
+    assert over.index("│") < over.index("█") and over.endswith("1.200× root  over its limit")
+    assert "—" in unknown
+    a, b, legend = stacked_bars([("A", {"rollout": 2.0, "train": 1.0}), ("B", {"rollout": 1.0, "train": 1.0})],
+                                width=30)
+    assert a.count("█") == 20 and a.endswith("3.00 s") and b.count("█") == 10 and "█ rollout" in legend
+
+
+def test_bench_prints_its_cells_as_a_chart(capsys, monkeypatch):
+    import tik_kernels.evaluator as ev
+
+    cells = [{"cell": "m/decode[T=1]", "median_us": 9.0, "spread_us": 0.1, "samples": 5, "root_median_us": 10.0,
+              "baseline_median_us": 8.0, "ratio_vs_root": 0.9, "ratio_vs_baseline": 1.125, "limit": 0.05,
+              "coeff": 1.0},
+             {"cell": "m/decode[T=8]", "median_us": 12.0, "spread_us": 0.1, "samples": 5, "root_median_us": 10.0,
+              "baseline_median_us": 8.0, "ratio_vs_root": 1.2, "ratio_vs_baseline": 1.5, "limit": 0.05, "coeff": 1.0}]
+
+    class Report:
+        verified = True
+
+        def as_dict(self):
+            return {"verified": True, "cells": cells, "objective": 21.0, "incumbent_objective": None,
+                    "admissible": False, "eligible": False, "checks": [], "failure": None}
+
+    monkeypatch.setattr(ev, "evaluate", lambda *a, **k: Report())
+    assert main(["bench", "rmsnorm", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "×root" in out and "vs root" not in out
+    assert "1.200× root  over its limit" in out and "0.900× root" in out
