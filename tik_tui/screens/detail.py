@@ -295,7 +295,7 @@ class CompareScreen(Screen):
                 inc_med = (incumbent_cells.get(str(c.get("cell"))) or {}).get("median_us")
             root = c.get("root_median_us")
             limit = c.get("limit")
-            table.add_row(str(c.get("cell")), fmt.us_text(med), fmt.us_text(inc_med),
+            table.add_row(fmt.name_text(c.get("cell")), fmt.us_text(med), fmt.us_text(inc_med),
                           fmt.ratio_text(med / inc_med if med is not None and inc_med else None),
                           fmt.us_text(root),
                           fmt.ratio_text(med / root if med is not None and root else None,
