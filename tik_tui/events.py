@@ -110,11 +110,12 @@ def describe(kind: str, p: dict, *, impl_id: int | None = None, ratio: float | N
         return f"LLM call failed ({p.get('status')}), retry {p.get('attempt')} in {_num(p.get('delay_s'))} s"
     if kind == "search_started":
         ops = ", ".join(p.get("ops") or []) or "all operators"
-        return f"search started: {ops}, proposer {p.get('proposer')}, budget {p.get('budget')}" + (
+        return f"started: {ops}, proposer {p.get('proposer')}, budget {p.get('budget')}" + (
             ", auto-promote" if p.get("auto_promote") else "")
     if kind == "search_finished":
-        return f"search finished: {p.get('stop_reason') or 'done'}; {p.get('spent', 0)} derivation(s)" + (
+        return f"finished: {p.get('stop_reason') or 'done'}; {p.get('spent', 0)} derivation(s)" + (
             f", ${float(p['cost_usd']):.4f}" if p.get("cost_usd") else "")
+    # the three search_* kinds show under the label "search": the text does not repeat it
     if kind == "search_resumed":
         return "took over the search of a stopped worker" + (
             f" (pid {p['previous_pid']})" if p.get("previous_pid") else "")

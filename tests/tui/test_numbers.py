@@ -90,7 +90,7 @@ async def test_every_view_writes_the_incumbent_the_same_way(workspace):
     ("proposed", {"id": 5, "rationale": "tune BLOCK 64→128\nmore"}, 5, "proposed: tune BLOCK 64→128"),
     ("selected", {"parent": 2, "reason": "score 0.4"}, 2, "selected to derive from (score 0.4)"),
     ("search_finished", {"stop_reason": "budget of 2 derivations spent", "spent": 2}, None,
-     "search finished: budget of 2 derivations spent; 2 derivation(s)"),
+     "finished: budget of 2 derivations spent; 2 derivation(s)"),
     ("something_new", {"incumbent_objective": 14193.827999974928, "search": "s1"}, None,
      "incumbent objective 1.419e+04"),
 ])

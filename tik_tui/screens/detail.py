@@ -153,13 +153,13 @@ class DetailScreen(Screen):
             numbers.append("time ").append_text(fmt.ratio_text(ratio, ref="root"))
         if objective_ratio(impl) is not None:
             numbers.append(", ").append_text(fmt.ratio_text(objective_ratio(impl), ref="incumbent"))
-        if worst is not None:
+        why = explain(impl, d["cells"])
+        if worst is not None and worst not in why:
             lim = next((c.get("limit") for c in d["cells"] if str(c.get("cell")) == worst), None)
             numbers.append(f"; worst cell {worst} ").append_text(
                 fmt.ratio_text(wr, limit=None if lim is None else float(lim), ref="root"))
         if numbers:
             head.append("\n").append_text(numbers)
-        why = explain(impl, d["cells"])
         if why != status:
             style = {"failed": "red", "eligible": "bold magenta", "promoted": "green"}.get(impl.get("status"), "yellow")
             head.append("\n").append(why, style=style)
