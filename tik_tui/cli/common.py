@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,11 +20,16 @@ class TikError(Exception):
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse's errors as one line (`tik search: error: argument --budget: ...`), exit status 2: no usage
-    block above it (a subcommand's usage runs to a dozen lines and hid the reason)."""
+    """argparse's errors as one line like every other error (`tik: error: --budget must be at least 1, not 0
+    (see `tik search --help`)`), exit status 2: no usage block above it (a subcommand's usage runs to a
+    dozen lines and hid the reason)."""
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+        m = re.fullmatch(r"argument (\S+?)(?:/\S+)?: (.*)", message, flags=re.S)
+        if m:
+            # `argument --budget: must be ...` -> `--budget must be ...`; a positional keeps its colon
+            message = f"{m.group(1)} {m.group(2)}" if m.group(1).startswith("-") else f"{m.group(1)}: {m.group(2)}"
+        self.exit(2, f"tik: error: {message} (see `{self.prog} --help`)\n")
 
 
 #: the largest id sqlite stores (a larger one raised OverflowError from the driver)
@@ -46,9 +52,9 @@ def _number(text: str, cast: type) -> float | int:
         value = cast(text)
     except ValueError:
         kind = "a whole number" if cast is int else "a number"
-        raise argparse.ArgumentTypeError(f"{text!r} is not {kind}") from None
+        raise argparse.ArgumentTypeError(f"must be {kind}, not {text!r}") from None
     if cast is float and not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+        raise argparse.ArgumentTypeError(f"must be a finite number, not {text!r}")
     return value
 
 
@@ -71,7 +77,7 @@ def positive_float(text: str) -> float:
     """Seconds and dollars: finite and above 0 (a negative timeout recorded a false failed derivation)."""
     value = _number(text, float)
     if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be above 0, not {text}")
+        raise argparse.ArgumentTypeError(f"must be positive, not {text}")
     return value
 
 

@@ -62,7 +62,11 @@ def _os_error_line(e: OSError) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        # a usage error (already printed, one line) or --help: a status to return, also when called in-process
+        return int(e.code or 0) if not isinstance(e.code, str) else 2
     args.workspace = args.workspace or default_workspace()
     if args.command is None:
         # bare `tik` opens the terminal UI
