@@ -33,7 +33,7 @@ from gitdb import IStream, LooseObjectDB  # noqa: E402
 from gitdb.exc import BadObject  # noqa: E402
 from gitdb.util import bin_to_hex, hex_to_bin  # noqa: E402
 
-from tik_store.errors import WorkspaceError  # noqa: E402
+from tik_store.errors import DamagedWorkspace, WorkspaceError  # noqa: E402
 
 # re-exported: the git-free half lives in tik_store.gitfiles, so readers need not import GitPython
 from tik_store.gitfiles import (  # noqa: E402, F401
@@ -166,7 +166,11 @@ class GitRepo:
             except BadObject:
                 pass
         with self._repo() as repo:
-            return repo.odb.stream(binsha).read()
+            try:
+                return repo.odb.stream(binsha).read()
+            except BadObject:
+                raise DamagedWorkspace(f"git object {hexsha[:12]} is missing from {self.path}; `tik doctor` "
+                                       "lists the damage") from None
 
     def read_blob(self, hexsha: str) -> bytes:
         return self.read_object(hexsha)

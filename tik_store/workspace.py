@@ -25,6 +25,7 @@ import socket
 import sqlite3
 import threading
 import time
+import urllib.parse
 import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -34,7 +35,13 @@ from typing import TYPE_CHECKING, Any
 
 from tik_store.db import Database
 from tik_store.diffing import analyse
-from tik_store.errors import UnknownImplementation, WorkspaceError
+from tik_store.errors import (
+    DamagedWorkspace,
+    ReadOnlyWorkspace,
+    UnknownImplementation,
+    WorkspaceError,
+    sqlite_problem,
+)
 from tik_store.gitfiles import PENDING_PREFIX, commit_message, derivation_ref, is_repo, promotion_tag, read_loose
 from tik_store.health import Health
 from tik_store.queries import Queries
@@ -114,13 +121,16 @@ class Workspace(Queries, Health):
         ws = cls(path, readonly=readonly)
         if not is_repo(ws.repo_path):
             raise WorkspaceError(f"{path} is not a TIK workspace: {REPO_NAME}/ is missing or not a git repository")
+        if not readonly and not all(os.access(p, os.W_OK) for p in (path, ws.db_path, ws.repo_path)):
+            # said before the first write fails half-way; the viewer's open (`readonly`) still works
+            raise ReadOnlyWorkspace(path)
         try:
             row = ws._conn().execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         except sqlite3.DatabaseError as e:
             ws.close()
             if "no such table" in str(e):
                 raise WorkspaceError(f"{path} is not a TIK workspace: {DB_NAME} has no TIK tables") from None
-            raise WorkspaceError(f"corrupt workspace database {ws.db_path}: {e}") from None
+            raise sqlite_problem(e, path, ws.db_path) from None
         if row is None or int(row[0]) > SCHEMA_VERSION:
             ws.close()
             raise WorkspaceError(f"{path}: unsupported workspace version {row and row[0]} (this TIK: {SCHEMA_VERSION})")
@@ -159,18 +169,42 @@ class Workspace(Queries, Health):
         local = self._local
         if getattr(local, "conn", None) is None or local.pid != os.getpid():
             try:
-                conn = sqlite3.connect(self.db_path, timeout=30.0, isolation_level=None, check_same_thread=False)
-                conn.execute("PRAGMA foreign_keys=ON")
-                conn.execute("PRAGMA busy_timeout=30000")
-                conn.execute("PRAGMA synchronous=NORMAL")
-                if self.readonly:
-                    conn.execute("PRAGMA query_only=ON")
+                conn = self._connect_readonly() if self.readonly else self._connect("")
+                conn.execute("PRAGMA synchronous=NORMAL") if not self.readonly else None
             except sqlite3.DatabaseError as e:
-                raise WorkspaceError(f"corrupt workspace database {self.db_path}: {e}") from None
+                raise sqlite_problem(e, self.path, self.db_path) from None
             local.conn, local.pid, local.db = conn, os.getpid(), Database(conn)
             with self._conns_lock:
                 self._conns.append(conn)
         return local.conn
+
+    def _connect(self, mode: str) -> sqlite3.Connection:
+        """A connection; `mode` is a sqlite URI query (`mode=ro`, `immutable=1`), "" for the default."""
+        target = f"file:{urllib.parse.quote(str(self.db_path.absolute()))}?{mode}" if mode else self.db_path
+        conn = sqlite3.connect(target, timeout=30.0, isolation_level=None, check_same_thread=False, uri=bool(mode))
+        conn.execute("PRAGMA foreign_keys=ON")
+        conn.execute("PRAGMA busy_timeout=30000")
+        if self.readonly:
+            conn.execute("PRAGMA query_only=ON")
+        return conn
+
+    def _connect_readonly(self) -> sqlite3.Connection:
+        """The viewer's connection. A WAL database needs its `-shm` file, which a user without write access
+        cannot create: then open it `mode=ro` (works while a writer keeps `-shm` alive), else `immutable=1`
+        (no writer has it open: there is no `-wal` to miss)."""
+        last: sqlite3.Error | None = None
+        for mode in ("", "mode=ro", "immutable=1"):
+            if mode == "immutable=1" and self.db_path.with_name(DB_NAME + "-wal").exists():
+                break
+            try:
+                conn = self._connect(mode)
+                conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+                return conn
+            except sqlite3.OperationalError as e:
+                last = e
+                if "readonly" not in str(e) and "unable to open" not in str(e):
+                    raise
+        raise last
 
     @property
     def db(self) -> Database:
@@ -204,8 +238,12 @@ class Workspace(Queries, Health):
 
     def _blob(self, hexsha: str) -> bytes:
         """A source: read straight from its loose object file (the store writes only those), else from GitPython."""
-        data = read_loose(self.repo_path, hexsha)
-        return self.git.read_blob(hexsha) if data is None else data
+        try:
+            data = read_loose(self.repo_path, hexsha)
+            return self.git.read_blob(hexsha) if data is None else data
+        except ValueError as e:
+            # a truncated or corrupt loose object (a missing one raises DamagedWorkspace in GitRepo)
+            raise DamagedWorkspace(f"{e}; `tik doctor` lists the damage") from None
 
     def _row(self, impl_id: int) -> dict:
         rows = list(self.db.query("SELECT * FROM implementations WHERE id = ?", [impl_id]))

@@ -31,6 +31,7 @@ from tik_tui.widgets.overview import event_line
 #: event kinds (from the worker) after which the named candidate is under evaluation; any other
 #: event naming it (its `evaluation`, a `status` change) ends that
 EVALUATING_KINDS = ("evaluating", "resume_evaluate")
+READ_ONLY = "  (read-only: viewing only)"
 
 
 def _stable(worker: dict | None) -> dict:
@@ -88,7 +89,7 @@ class TikApp(App):
         Binding("g", "goto", "Go to #", id="app.goto", tooltip="Open a derivation by id"),
         Binding("ctrl+r", "refresh", "Refresh", show=False, id="app.refresh"),
         Binding("ctrl+t", "toggle_dark", "Light/Dark", show=False, id="app.theme"),
-        Binding("q", "quit", "Quit", id="app.quit"),
+        Binding("q", "quit", "Quit", id="app.quit", tooltip="Quit the UI; a running worker keeps running"),
     ]
 
     snapshot: reactive[Snapshot] = reactive(Snapshot, init=False, always_update=True)
@@ -144,6 +145,8 @@ class TikApp(App):
         finally:
             self._polling = False
         self.store_error = ""
+        if self.client.readonly and not self.sub_title.endswith(READ_ONLY):
+            self.sub_title += READ_ONLY
         self._track_evaluating(result.events)
         snap = result.snapshot
         if snap is None:
@@ -208,10 +211,19 @@ class TikApp(App):
         yield SystemCommand("Refresh", "Re-read the whole workspace now", self.action_refresh)
 
     # -- decisions ------------------------------------------------------------------------
+    def writable(self, what: str) -> bool:
+        """False (and says why) when this user can only view the workspace."""
+        if self.client.readonly:
+            self.notify(f"cannot {what}: {self.workspace} is read-only for you (viewing only)", severity="warning")
+        return not self.client.readonly
+
     def approve(self, impl_id: int) -> None:
-        self._decide(impl_id, "promote", "")
+        if self.writable(f"promote #{impl_id}"):
+            self._decide(impl_id, "promote", "")
 
     def reject(self, impl_id: int) -> None:
+        if not self.writable(f"reject #{impl_id}"):
+            return
         def _with_reason(reason: str | None) -> None:
             if reason:
                 self._decide(impl_id, "reject", reason)
@@ -231,11 +243,22 @@ class TikApp(App):
             screen.post_message(Decided(impl_id, action))
         self.action_refresh()
 
+    async def action_quit(self) -> None:
+        """Quit the UI; a running worker is a separate process and keeps going, which the shell is told."""
+        w = self.snapshot.worker or {}
+        if self._worker_alive():
+            self.exit(message=f"tik: the worker keeps running (pid {w.get('pid')}, {w.get('state')}): "
+                              f"`tik -w {display_path(self.workspace)} status` follows it, `tik stop` stops it")
+        else:
+            self.exit()
+
     # -- run control ----------------------------------------------------------------------
     def _worker_alive(self) -> bool:
         return worker_alive(self.snapshot.worker or {}, self.clock())
 
     def action_start_search(self) -> None:
+        if not self.writable("start a search"):
+            return
         if self._worker_alive():
             self.notify("a worker is already running: pause (p) or stop (x) it first", severity="warning")
             return
@@ -246,6 +269,8 @@ class TikApp(App):
 
     def _start_search(self, request: SearchRequest | None) -> None:
         if request is not None:
+            # the worker takes a few seconds to start (imports, its first state write): say so at once
+            self.notify(f"starting a search: {' '.join(request.argv())}…", timeout=6)
             self.spawn_search(request)
 
     @work(thread=True, group="spawn", exit_on_error=False)
@@ -262,17 +287,22 @@ class TikApp(App):
             why = lines[-1] if lines else f"exit status {out.returncode}"
             self.call_from_thread(self.notify, f"search did not start: {why}", severity="error", timeout=10)
             return
-        self.call_from_thread(self.notify, f"search started: {' '.join(request.argv())}", timeout=4)
+        self.call_from_thread(self.notify, "search started: a detached worker; it keeps running when you quit (q)",
+                              timeout=5)
         self.call_from_thread(self.action_refresh)
 
     def action_pause_resume(self) -> None:
         state = (self.snapshot.worker or {}).get("state")
+        if not self.writable("pause or resume the worker"):
+            return
         if not self._worker_alive():
             self.notify("no worker is running (start one with s)", severity="warning")
             return
         self.send_command("resume" if state == "paused" else "pause")
 
     def action_stop(self) -> None:
+        if not self.writable("stop the worker"):
+            return
         if not self._worker_alive():
             self.notify("no worker is running", severity="warning")
             return

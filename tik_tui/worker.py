@@ -39,6 +39,10 @@ HEARTBEAT_S = 2.0
 #: tik_kernels.evaluator.sandbox.UNSAFE_ENV (not imported for it: importing tik_kernels loads Triton)
 UNSAFE_ENV = "TIK_UNSAFE_NO_SANDBOX"
 
+#: space held back while a search runs, given up on a full disk so the worker can still record why it stopped
+RESERVE_NAME = "worker.reserve"
+RESERVE_BYTES = 1 << 20
+
 
 class WorkerBusy(Exception):
     """Another worker holds this workspace."""
@@ -108,6 +112,39 @@ def load_evaluator(spec: str) -> Callable:
 DEFAULT_SCREEN = 12
 
 
+def _reserve(path: Path) -> None:
+    """Hold RESERVE_BYTES of the workspace's disk (written, not sparse) for `_record_crash`."""
+    try:
+        with open(path / RESERVE_NAME, "wb") as f:
+            f.write(b"\0" * RESERVE_BYTES)
+    except OSError:
+        (path / RESERVE_NAME).unlink(missing_ok=True)
+
+
+def crash_reason(e: BaseException, path: Path) -> str:
+    """One line saying why the search stopped; a full disk in words (it used to be a traceback)."""
+    from tik_store.errors import is_disk_full
+
+    if is_disk_full(e):
+        return f"disk full: cannot write {getattr(e, 'filename', None) or path} (free space, then `tik search` " \
+               "resumes this search)"
+    line = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {line}"[:300]
+
+
+def _record_crash(ws: Any, path: Path, e: BaseException) -> None:
+    """State `crashed` with its reason. On a full disk the write itself can fail: give up the reserve and retry,
+    so the state never stays `running` for a worker that has stopped."""
+    for attempt in range(2):
+        try:
+            ws.set_worker_state(state="crashed", heartbeat=time.time(), message=crash_reason(e, path))
+            return
+        except Exception:  # the disk is still full: the reserve is gone, try once more
+            if attempt:
+                return
+            (path / RESERVE_NAME).unlink(missing_ok=True)
+
+
 def _previous_search(ws: Any, ops: list[str], proposer_label: str) -> dict | None:
     """The search a killed worker left behind, when it was over the same ops with the same proposer."""
     st = ws.worker_state() or {}
@@ -143,6 +180,7 @@ def run_search(workspace: Any, ops: list[str] | None = None, proposer: str = "tu
     path = Path(workspace.path if hasattr(workspace, "path") else workspace)
     lock = WorkspaceLock(path)
     lock.acquire()
+    _reserve(path)
     ws = Workspace.open(path)
     stop_flag = threading.Event()
     old_handlers = {}
@@ -192,17 +230,19 @@ def run_search(workspace: Any, ops: list[str] | None = None, proposer: str = "tu
         def beat() -> None:
             from tik_store import Workspace as W
 
-            with W.open(path) as bws:
-                while not beat_stop.wait(HEARTBEAT_S):
-                    bws.set_worker_state(heartbeat=time.time())
+            try:
+                with W.open(path) as bws:
+                    while not beat_stop.wait(HEARTBEAT_S):
+                        bws.set_worker_state(heartbeat=time.time())
+            except Exception:  # a full disk: the search's own write reports it
+                return
 
         threading.Thread(target=beat, name="tik-heartbeat", daemon=True).start()
         try:
             summary = search.run()
         except Exception as e:
             beat_stop.set()
-            line = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            ws.set_worker_state(state="crashed", heartbeat=time.time(), message=f"{type(e).__name__}: {line}"[:300])
+            _record_crash(ws, path, e)
             raise
         summary["resumed"] = bool(prev)
         return summary
@@ -213,6 +253,7 @@ def run_search(workspace: Any, ops: list[str] | None = None, proposer: str = "tu
         for sig, h in old_handlers.items():
             signal.signal(sig, h)
         ws.close() if hasattr(ws, "close") else None
+        (path / RESERVE_NAME).unlink(missing_ok=True)
         lock.release()
 
 
@@ -220,24 +261,26 @@ def run_search(workspace: Any, ops: list[str] | None = None, proposer: str = "tu
 
 
 def add_search_options(p: argparse.ArgumentParser) -> None:
+    from tik_tui.cli.common import nonneg_int, positive_float, positive_int
+
     p.add_argument("--op", action="append", dest="ops", metavar="OP", help="operator to optimize (repeatable; "
                    "default: all)")
     p.add_argument("--proposer", default=None, help="claude | tuner | replay:FILE (default: claude when "
                    "ANTHROPIC_API_KEY is set, else tuner)")
-    p.add_argument("--budget", type=int, default=8, help="derivations to make, failed ones included (default 8)")
+    p.add_argument("--budget", type=positive_int, default=8, help="derivations to make, failures included (default 8)")
     p.add_argument("--auto-promote", action="store_true", help="promote eligible candidates without asking")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="where candidates are evaluated")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds per evaluation (hard kill)")
+    p.add_argument("--timeout", type=positive_float, default=120.0, help="seconds per evaluation (hard kill)")
     p.add_argument("--time", action="store_true",
                    help="time candidates on the CPU too (Triton-interpreter wall times, compared only within this "
                         "run), so a CPU search can reach eligible candidates; on a GPU they are always timed")
-    p.add_argument("--screen", type=int, default=None, metavar="N",
+    p.add_argument("--screen", type=nonneg_int, default=None, metavar="N",
                    help=f"tuner: time N untried configs together (successive halving) before evaluating the "
                         f"best one, where candidates are timed (default {DEFAULT_SCREEN}; 0: off)")
-    p.add_argument("--max-tokens", type=int, default=None, help="stop after this many LLM tokens")
-    p.add_argument("--max-cost", type=float, default=None, help="stop after this many US dollars of LLM use")
-    p.add_argument("--max-time", type=float, default=None, help="stop after this many seconds")
-    p.add_argument("--patience", type=int, default=None, help="stop after N derivations without an eligible one")
+    p.add_argument("--max-tokens", type=positive_int, default=None, help="stop after this many LLM tokens")
+    p.add_argument("--max-cost", type=positive_float, default=None, help="stop after this many US dollars of LLM use")
+    p.add_argument("--max-time", type=positive_float, default=None, help="stop after this many seconds")
+    p.add_argument("--patience", type=positive_int, default=None, help="stop after N derivations with no eligible one")
     p.add_argument("--model", default=None, help="Claude model (default $TIK_MODEL, else claude-sonnet-5-5)")
     p.add_argument("--thinking", default=None, metavar="adaptive|off|N",
                    help="claude: thinking mode where the model takes it (default: the model's own)")
@@ -335,6 +378,14 @@ def main(argv: list[str] | None = None) -> int:
     except ExecutorError as e:
         print(f"tik-worker: error: {e}", file=sys.stderr)
         return 2
+    except Exception as e:
+        from tik_store.errors import WorkspaceError, is_disk_full
+
+        if not (is_disk_full(e) or isinstance(e, WorkspaceError)):
+            raise
+        # recorded in the worker's state already; the log gets the same line, not a traceback
+        print(f"tik-worker: error: {crash_reason(e, args.workspace)}", file=sys.stderr)
+        return 1
     print(f"tik-worker: {summary['state']}: {summary['stop_reason']} ({summary['spent']} derivations)",
           file=sys.stderr)
     return 0 if summary["state"] != "crashed" else 1

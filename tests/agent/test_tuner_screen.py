@@ -135,7 +135,8 @@ def test_a_screen_event_reads_as_one_line():
          "entries": [{"changed": {"M64_num_stages": 8}, "speedup": 1.0061}, {"changed": {"A": 1}, "speedup": None,
                                                                            "error": "OutOfResources"}]}
     line = screen_summary(p)
-    assert line == ("screened 2 config(s), rung 1, 18 rounds/cell, 19 s: best M64_num_stages=8 1.006x, 1 failed; "
-                    "picked")
+    # a time ratio like every other ratio TIK prints: parent speedup 1.0061 is 0.994× the parent's time
+    assert line == ("screened 2 config(s), rung 1, 18 rounds/cell, 19 s: best M64_num_stages=8 0.994× parent, "
+                    "1 failed; picked")
     assert "timed out" in screen_summary({**p, "failure": "screen: timed out after 6 s"})
     assert screen_summary({**p, "pick": None}).endswith("none faster than the parent")

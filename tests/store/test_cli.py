@@ -145,9 +145,8 @@ def test_approve_and_reject(wsdir, capsys):
     with Workspace.open(wsdir) as ws:
         assert ws.incumbent("alpha")["id"] == good
         assert ws.decisions(other)[0]["reason"] == "too risky"
-    with pytest.raises(SystemExit):
-        main(["reject", str(other), "-w", str(wsdir)])  # --reason is required
-    capsys.readouterr()
+    assert main(["reject", str(other), "-w", str(wsdir)]) == 2  # --reason is required
+    assert capsys.readouterr().err.startswith("tik: error: the following arguments are required: --reason")
 
 
 def test_errors_are_one_line(tmp_path, wsdir, capsys):

@@ -18,7 +18,7 @@ from tik_tui.widgets.overview import EventLog, OperatorsTable
 SIZE = (100, 30)
 
 
-async def test_overview_shows_operators_incumbent_and_speedup(workspace):
+async def test_overview_shows_operators_and_incumbent_time_ratio(workspace):
     path, ids = workspace
     app = make_app(path)
     async with app.run_test(size=SIZE) as pilot:
@@ -28,7 +28,7 @@ async def test_overview_shows_operators_incumbent_and_speedup(workspace):
         assert table.row_count == 3
         row = [c.plain if hasattr(c, "plain") else c for c in table.get_row("rmsnorm")]
         assert row[1] == f"#{ids['root']}" and row[2] == f"#{ids['promoted']}"
-        assert row[3] == "1.05×"  # root objective 150 / incumbent 142.5
+        assert row[3] == "0.950×"  # the incumbent's time ×root: 142.5 / 150, below 1 is faster
         assert row[5] == "1"  # one eligible candidate waits
         assert app.screen.query_one("#recent-events", EventLog).count > 10
 
@@ -105,8 +105,11 @@ async def test_detail_shows_checks_cells_and_diff(workspace):
         d = app.screen.detail
         assert "-CONFIG = {\"BLOCK_N\": 128" in d["diff"] and "+CONFIG = {\"BLOCK_N\": 64" in d["diff"]
         checks = app.screen.query_one("#checks-table")
-        assert checks.row_count == 3
+        assert checks.row_count == 4
         assert checks.get_row_at(0)[0].plain == "FAIL"
+        # names are shown literally, brackets and all (they were read as markup)
+        assert [checks.get_row_at(i)[1].plain for i in range(4)][:3] == [
+            "batch_invariance", "accuracy", "batch_invariance[permuted]"]
         await pilot.press("u")  # to the parent: the root
         await wait_for(pilot, lambda: app.screen.impl_id == ids["root"] and app.screen.detail is not None)
         assert app.screen.query_one("#cells-table").row_count == 3
@@ -167,8 +170,8 @@ async def test_history_filter_and_goto(workspace):
         table = app.screen.query_one(HistoryTable)
         table.max_rows = 4  # a big workspace shows the newest rows and says so
         await pilot.press("4")
-        assert [r.key.value for r in table.ordered_rows] == ["9", "8", "7", "6"]
-        assert "9 of 9 derivations (newest 4" in str(app.screen.query_one("#history-count").render())
+        assert [r.key.value for r in table.ordered_rows] == ["10", "9", "8", "7"]
+        assert "10 of 10 derivations (newest 4" in str(app.screen.query_one("#history-count").render())
         await pilot.press("slash", *"claude")
         await pilot.pause()
         assert [k.value for k in table.rows] == [str(ids["eligible"])]

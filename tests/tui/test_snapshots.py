@@ -47,3 +47,19 @@ def test_detail_diff_of_the_eligible_candidate(workspace, snap_compare):
 def test_overview_at_80x24(workspace, snap_compare):
     path, _ = workspace
     assert snap_compare(make_app(path, poll=False), terminal_size=(80, 24), run_before=_before())
+
+
+def test_detail_cells_heatmap_of_a_candidate_over_its_limit(workspace, snap_compare):
+    path, ids = workspace
+    assert snap_compare(make_app(path, poll=False), terminal_size=SIZE,
+                        run_before=_before("4", detail=ids["inadmissible"]))
+
+
+def test_queue_with_the_candidates_heatmap_at_160_columns(workspace, snap_compare):
+    path, _ = workspace
+    assert snap_compare(make_app(path, poll=False), terminal_size=(160, 36), run_before=_before("3"))
+
+
+def test_progress(workspace, snap_compare):
+    path, _ = workspace
+    assert snap_compare(make_app(path, poll=False), terminal_size=SIZE, run_before=_before("6"))

@@ -43,6 +43,8 @@ def report(verified: bool, eligible: bool = False, ratios=(1.0, 1.0, 1.0), inc=N
          "max_diff": 0.0078 if fail_check == "batch_invariance" else 0.0},
         {"name": "accuracy", "requirement": "vs float64 within 2x torch", "passed": True,
          "detail": "rel rms 3.1e-3", "max_diff": 0.0039},
+        {"name": "batch_invariance[permuted]", "requirement": "rows equal across permutations", "passed": True,
+         "detail": "16 permutations bit-equal", "max_diff": 0.0},
         {"name": "deterministic", "requirement": "rerun equal", "passed": True, "detail": "", "max_diff": 0.0},
     ]
     cells = []
@@ -53,8 +55,9 @@ def report(verified: bool, eligible: bool = False, ratios=(1.0, 1.0, 1.0), inc=N
                           "baseline_median_us": r0 * 0.8, "ratio_vs_root": ratio, "ratio_vs_baseline": ratio / 0.8})
     obj = sum(c["median_us"] for c in cells) if cells else None
     return {"op": "rmsnorm", "verified": verified, "failure": None if verified else f"{fail_check} failed",
-            "checks": checks, "cells": cells, "admissible": verified, "objective": obj,
-            "incumbent_objective": 150.0 if verified else None, "eligible": eligible,
+            "checks": checks, "cells": cells, "admissible": verified and all(r <= 1.05 for r in ratios),
+            "objective": obj, "incumbent_objective": (sum(inc) if inc else 150.0) if verified else None,
+            "eligible": eligible,
             "env": {"device": "cpu", "gpu": None, "driver": None, "torch": "2.13", "triton": "3.9", "python": "3.11"},
             "contract_fingerprint": "fp-rmsnorm", "source_sha256": "x", "elapsed_s": 1.5}
 
@@ -103,6 +106,10 @@ def build_workspace(path: Path) -> dict[str, int]:
             rationale="512/4")
         ws.record_evaluation(ids["rejected"], report(True, True, (0.93, 1.04, 0.93)))
         ws.decide(ids["rejected"], "reject", by="test", reason="too close to the decode limit")
+        ids["inadmissible"] = ws.add_implementation(
+            "rmsnorm", SRC.format(block=2048, warps=8), parents=[ids["promoted"]], proposer="tuner",
+            rationale="2048/8: one tile per row")
+        ws.record_evaluation(ids["inadmissible"], report(True, False, (0.85, 1.143, 0.80), inc=(9.5, 38.0, 95.0)))
         ids["candidate"] = ws.add_implementation(
             "rmsnorm", SRC.format(block=1024, warps=8), parents=[ids["eligible"]], proposer="tuner",
             rationale="1024/8")

@@ -33,11 +33,13 @@ keys 2;                               snap "tree while the search runs (new node
 keys 1;                               wait_for "worker finished" 400 || true; snap "search finished" 1
 keys 2;                               sleep 1; keys e; snap "tree after the search" 2
 keys 5;                               snap "event log" 2
+keys 6;                               snap "progress: time ×root of every derivation per operator" 1
 keys 3;                               snap "promotion queue" 1
 if tmux capture-pane -p -t "$S" | grep -q "#[0-9]"; then keys a; snap "approved" 2; fi
 keys 4;                               snap "history" 1
 keys /; sleep 0.3; keys t u n e r; sleep 0.3; keys Enter; snap "history filtered to tuner" 1
 keys Enter;                           snap "a derivation's detail" 2
 keys 2;                               snap "its diff" 1
+keys 4;                               snap "its cells as heatmaps (×root against each limit, ×incumbent)" 1
 keys Escape q
 echo "walkthrough: screens saved in $OUT"

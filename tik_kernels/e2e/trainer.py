@@ -33,7 +33,8 @@ def pack(completions: list[Completion], device) -> Packed:
         ids.extend(toks)
         cu.append(start + len(toks))
     t = lambda v, dt=torch.int64: to_device(v, device, dt)  # noqa: E731
-    return Packed(t(ids), t(cu, torch.int32), t(rows), t(targets), t(seq), [b - a for a, b in zip(cu, cu[1:])])
+    lens = [b - a for a, b in zip(cu[:-1], cu[1:], strict=True)]
+    return Packed(t(ids), t(cu, torch.int32), t(rows), t(targets), t(seq), lens)
 
 
 def sequence_logprobs(cfg: ModelConfig, be, params, packed: Packed, temperature: float, *, grad: bool,

@@ -88,7 +88,7 @@ def select_parent(store: Any, op: str, *, explore: bool = True, exclude: set[int
         scored.append((score, rng.random(), f, q, len(tried)))
     scored.sort(key=lambda s: (s[0], s[1]), reverse=True)
     score, _, parent, q, n = scored[0]
-    sel = Selection(parent, reason=f"score {score:.3f}: quality {q:.3f} vs root, {n} attempts from it")
+    sel = Selection(parent, reason=f"score {score:.3f}: {q:.3f}× root per cell, {n} attempts from it")
     if can_merge and len(frontier) > 1 and rng.random() < MERGE_RATE:
         partner = _merge_partner(store, parent, frontier, attempts)
         if partner is not None:

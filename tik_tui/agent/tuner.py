@@ -199,7 +199,7 @@ class TunerProposer:
                         best = (cand, e, ev)
             if best is not None:
                 cand, e, ev = best
-                note = (f" (screened: {e['speedup']:.3f}x #{pid} over {ev['rounds']} rounds/cell, "
+                note = (f" (screened: {1 / e['speedup']:.3f}× #{pid} over {ev['rounds']} rounds/cell, "
                         f"best of {ev.get('batch', '?')})")
                 return _proposal(config, cand, ctx.parent_source, note,
                                  {"speedup": e["speedup"], "rounds": ev["rounds"], "batch": ev.get("batch")})
@@ -269,4 +269,5 @@ def screen_summary(p: dict) -> str:
     errs = len(entries) - len(timed)
     pick = "picked" if p.get("pick") is not None else ("none faster than the parent" if p.get("last")
                                                          else "best kept for the next rung")
-    return f"{head}: best {desc} {best['speedup']:.3f}x" + (f", {errs} failed" if errs else "") + f"; {pick}"
+    # the screen's `speedup` is parent time / config time; shown as a time ratio like every other ratio
+    return f"{head}: best {desc} {1 / best['speedup']:.3f}× parent" + (f", {errs} failed" if errs else "") + f"; {pick}"

@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from tik_tui.cli.common import TikError, common_parent, print_json
+from tik_tui.cli.common import TikError, common_parent, positive_float, print_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="implementation file (default: the library's root)")
         q.add_argument("--device", choices=("cpu", "cuda"), default=None,
                        help="where to run (default: cuda when present)")
-        q.add_argument("--timeout", type=float, default=60.0, metavar="S",
+        q.add_argument("--timeout", type=positive_float, default=60.0, metavar="S",
                        help="hard limit per child process phase, seconds (default 60)")
         q.add_argument("--seed", type=int, default=0, help="seed of the contract's inputs (default 0)")
         q.add_argument("--unsafe-no-sandbox", action="store_true",
@@ -37,6 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         if name == "bench":
             q.add_argument("--incumbent", type=Path, default=None, metavar="FILE",
                            help="also time this implementation as the incumbent")
+            q.add_argument("--no-chart", action="store_true", help="the table only, without the bar chart")
         q.set_defaults(func=fn)
 
 
@@ -146,7 +147,7 @@ def _us(v: float | None) -> str:
 
 
 def _x(v: float | None) -> str:
-    return "-" if v is None else f"{v:.3f}x"
+    return "-" if v is None else f"{v:.3f}×"
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -159,8 +160,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if interp:
         print("tik bench: no GPU: these are Triton-interpreter wall times on the CPU, not GPU timings "
               "(never compare them with GPU numbers)", file=sys.stderr)
-    rep = evaluate(contract, impl, incumbent_path=incumbent, device=device, timeout=args.timeout, time_it=True,
-                   seed=args.seed, sandbox=sandbox)
+    from tik_tui.cli.charts import progress
+
+    with progress(f"tik bench: checking and timing {contract.op} on {device}"):
+        rep = evaluate(contract, impl, incumbent_path=incumbent, device=device, timeout=args.timeout, time_it=True,
+                       seed=args.seed, sandbox=sandbox)
     doc = rep.as_dict()
     doc["impl"] = str(impl)
     if interp:
@@ -173,7 +177,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if not rep.verified:
         print(_verdict(doc))
         return 1
-    cols = ("cell", "median", "spread", "root", "vs root", "torch", "vs torch")
+    cols = ("cell", "median", "spread", "root", "×root", "torch", "×torch")
     rows = [(c["cell"], _us(c["median_us"]), _us(c["spread_us"]), _us(c["root_median_us"]), _x(c["ratio_vs_root"]),
              _us(c["baseline_median_us"]), _x(c["ratio_vs_baseline"])) for c in doc["cells"]]
     width = [max(len(r[i]) for r in [cols, *rows]) for i in range(len(cols))]
@@ -181,4 +185,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print("  ".join(s.ljust(w) if i == 0 else s.rjust(w) for i, (s, w) in enumerate(zip(r, width, strict=True))))
     print(f"objective {_us(doc['objective'])} (incumbent {_us(doc['incumbent_objective'])}); "
           f"admissible {doc['admissible']}, eligible {doc['eligible']}" + ("  [interpreter]" if interp else ""))
+    if not args.no_chart:
+        from tik_tui.cli.charts import ratio_bars
+        from tik_tui.verdict import cell_limit
+
+        print("\ntime ×root per cell (a bar left of │ is faster, right slower; ┊ is the cell's limit):")
+        label_w = min(44, max(len(str(c["cell"])) for c in doc["cells"]))
+        for line in ratio_bars([(str(c["cell"]), c["ratio_vs_root"], cell_limit(c)) for c in doc["cells"]],
+                               label_w=label_w):
+            print(line)
     return 0

@@ -15,7 +15,8 @@ import sqlite3
 import sys
 from pathlib import Path
 
-from tik_tui.cli.common import TikError
+from tik_store.errors import WorkspaceError, sqlite_problem
+from tik_tui.cli.common import OneLineParser, TikError
 
 #: modules that contribute subcommands, in help order
 GROUPS = (
@@ -34,7 +35,7 @@ def default_workspace() -> Path:
 def build_parser() -> argparse.ArgumentParser:
     import importlib
 
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="tik", description="TIK: unified bitwise-consistent RL kernels and their agent")
     parser.add_argument("-w", "--workspace", type=Path, default=None,
                         help="workspace directory (default: $TIK_WORKSPACE, else ./.tik)")
@@ -61,7 +62,11 @@ def _os_error_line(e: OSError) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        # a usage error (already printed, one line) or --help: a status to return, also when called in-process
+        return int(e.code or 0) if not isinstance(e.code, str) else 2
     args.workspace = args.workspace or default_workspace()
     if args.command is None:
         # bare `tik` opens the terminal UI
@@ -75,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     except TikError as e:
         print(f"tik: error: {e}", file=sys.stderr)
         return e.code
+    except WorkspaceError as e:
+        # any store problem a command did not word itself: a damaged, read-only or full workspace
+        print(f"tik: error: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("tik: interrupted", file=sys.stderr)
         return 130
@@ -84,13 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except sqlite3.OperationalError as e:
-        msg = str(e)
-        if "disk" in msg or "full" in msg:
-            print(f"tik: error: disk full or unwritable: {msg}", file=sys.stderr)
-        elif "readonly" in msg:
-            print(f"tik: error: workspace is read-only: {msg}", file=sys.stderr)
-        else:
-            print(f"tik: error: database: {msg}", file=sys.stderr)
+        print(f"tik: error: {sqlite_problem(e, args.workspace, Path(args.workspace) / 'tik.db')}", file=sys.stderr)
         return 2
     except OSError as e:
         print(f"tik: error: {_os_error_line(e)}", file=sys.stderr)

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from tik_tui.cli.common import TikError, common_parent, print_json
+from tik_tui.cli.common import TikError, common_parent, impl_id, nonneg_float, print_json
 
 EXPORTABLE = ("verified", "eligible", "promoted")
 
@@ -28,13 +28,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                                     "step")):
         q = sub.add_parser(kind, parents=[common_parent()], help=text)
         if kind == "stop":
-            q.add_argument("--wait", type=float, default=0.0, metavar="S",
+            q.add_argument("--wait", type=nonneg_float, default=0.0, metavar="S",
                            help="wait up to S seconds for the worker to exit")
         q.set_defaults(func=cmd_control, kind=kind)
 
     e = sub.add_parser("export", parents=[common_parent()], help="write the incumbent (or ID) back into tik_kernels/")
     e.add_argument("op")
-    e.add_argument("id", nargs="?", type=int)
+    e.add_argument("id", nargs="?", type=impl_id)
     e.add_argument("--to", type=Path, default=None, help="directory to write <op>.py into (default: tik_kernels/ops/)")
     e.add_argument("--force", action="store_true", help="export even an implementation that is not verified")
     e.set_defaults(func=cmd_export)
@@ -52,39 +52,24 @@ def _open(path: Path):
 # ----------------------------------------------------------------------------- search
 
 
-def _progress(kind: str, p: dict) -> None:
-    """One line per step on stderr (stdout stays clean for --json)."""
-    op = p.get("op") or ""
-    line = None
-    if kind == "selected":
-        line = f"{op}: expanding #{p['parent']}" + (f" + #{p['merge_with']}" if p.get("merge_with") else "") \
-            + f" ({p.get('reason', '')})"
-    elif kind == "proposed":
-        u = p.get("usage") or {}
-        tok = f", {sum(int(u.get(k) or 0) for k in ('input_tokens', 'output_tokens'))} tokens" if u else ""
-        line = f"{op}: #{p['id']} proposed: {p.get('rationale', '')[:90]}{tok}"
-    elif kind == "proposal_failed":
-        line = f"{op}: #{p['id']} proposal failed: {p.get('reason')}"
-    elif kind == "evaluated":
-        extra = f" ({p['failure']})" if p.get("failure") else ""
-        if p.get("objective") is not None and p.get("incumbent_objective"):
-            extra = f" (objective {p['objective'] / p['incumbent_objective']:.3f}x the incumbent)"
-        line = f"{op}: #{p['id']} {p.get('status')}{extra}"
-    elif kind in ("decided", "queued"):
-        line = f"{op}: #{p['id']} " + ("promoted (auto)" if kind == "decided" else "queued for approval "
-                                       f"(tik approve {p['id']})")
-    elif kind == "screen":
-        from tik_tui.agent.tuner import screen_summary
+#: loop events `tik search` prints on stderr (one line each); the rest stay in the store's event log
+PROGRESS_KINDS = ("selected", "proposed", "proposal_failed", "evaluated", "decided", "queued", "screen", "eval_retry",
+                  "exhausted", "duplicate", "llm_retry", "proposal_error", "resume_evaluate", "search_resumed",
+                  "paused", "resumed", "retime")
 
-        line = f"{op}: #{p.get('impl_id')}: {screen_summary(p)}"
-    elif kind == "eval_retry":
-        line = f"{op}: #{p['id']} evaluation lost, retrying: {p.get('reason')}"
-    elif kind in ("exhausted", "duplicate", "llm_retry", "proposal_error", "resume_evaluate", "search_resumed",
-                  "paused", "resumed", "retime"):
-        line = f"{op + ': ' if op else ''}{kind.replace('_', ' ')}: " + ", ".join(
-            f"{k}={v}" for k, v in p.items() if k not in ("search", "op", "impl_id"))
-    if line:
-        print("tik: " + line, file=sys.stderr, flush=True)
+
+def _progress(kind: str, p: dict) -> None:
+    """One line per step on stderr (stdout stays clean for --json): `tik: rmsnorm #12: verified, 0.950× ...`."""
+    from tik_tui.events import describe
+
+    if kind not in PROGRESS_KINDS:
+        return
+    impl_id = p.get("impl_id")
+    if impl_id is None and kind in ("proposed", "proposal_failed", "evaluated", "decided", "queued", "eval_retry"):
+        impl_id = p.get("id")
+    where = " ".join(s for s in (p.get("op") or "", f"#{impl_id}" if impl_id is not None else "") if s)
+    line = describe(kind, p, impl_id=impl_id)
+    print(f"tik: {where + ': ' if where else ''}{line}", file=sys.stderr, flush=True)
 
 
 def cmd_search(args: argparse.Namespace) -> int:
@@ -93,7 +78,8 @@ def cmd_search(args: argparse.Namespace) -> int:
     from tik_tui.agent.pricing import money
     from tik_tui.worker import WorkerBusy, run_search, sandbox_choice, search_argv, search_kwargs, worker_busy
 
-    _open(args.workspace).close()
+    with _open(args.workspace) as ws:
+        _sources_readable(ws, args.ops)
     busy = worker_busy(args.workspace)
     if busy:
         raise TikError(f"{busy}: `tik stop` it first, or watch it with `tik status`")
@@ -141,6 +127,20 @@ def _check_claude_options(args: argparse.Namespace) -> None:
             check_max_cost(model)
     except ValueError as e:
         raise TikError(str(e)) from None
+
+
+def _sources_readable(ws, ops: list[str] | None) -> None:
+    """Every incumbent the search starts from can be read: a workspace missing git objects is a one-line error
+    here, before the worker records a search that cannot start."""
+    from tik_store import WorkspaceError
+
+    for op in ops or [r["op"] for r in ws.operators()]:
+        inc = ws.incumbent(op)
+        if inc is not None:
+            try:
+                ws.source(inc["id"])
+            except WorkspaceError as e:
+                raise TikError(f"{op} incumbent #{inc['id']}: {e}") from None
 
 
 def _detach(args: argparse.Namespace, argv: list[str]) -> int:

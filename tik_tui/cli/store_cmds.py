@@ -13,8 +13,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from tik_store import STATUSES, Workspace, WorkspaceError
+from tik_store.errors import ReadOnlyWorkspace
 from tik_tui.agent.pricing import money, unpriced_use
-from tik_tui.cli.common import TikError, common_parent, print_json
+from tik_tui.cli.common import TikError, common_parent, impl_id, print_json
+from tik_tui.verdict import cell_limit, cell_ratio, cell_vs_incumbent, explain, objective_ratio, x
 
 
 def _user() -> str:
@@ -22,13 +24,6 @@ def _user() -> str:
         return os.environ.get("USER") or getpass.getuser()
     except (KeyError, OSError):
         return "user"
-
-
-def _impl_id(text: str) -> int:
-    try:
-        return int(text.lstrip("#"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an implementation id: {text!r}") from None
 
 
 def _handler(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
@@ -116,28 +111,73 @@ def _write_json_list(batches: Iterable[list]) -> None:
     sys.stdout.write("[]\n" if sep == "[" else "]\n")
 
 
+def _known_op(ws: Workspace, op: str | None) -> str | None:
+    if op is not None:
+        ops = [o["op"] for o in ws.operators()]
+        if op not in ops:
+            raise TikError(f"no operator {op!r} in this workspace (it has: {', '.join(ops) or 'none'})")
+    return op
+
+
 @_handler
 def cmd_log(args: argparse.Namespace) -> int:
     with _open(args, readonly=True) as ws, contextlib.closing(
-            ws.iter_implementations(op=args.op, status=args.status)) as batches:
+            ws.iter_implementations(op=_known_op(ws, args.op), status=args.status)) as batches:
         # closed before the workspace is, also when the reader goes away mid-listing (`tik log | head`)
         if args.json:
             _write_json_list(batches)
             return 0
         header = True
+        roots: dict[str, tuple] = {}
         for batch in batches:
             if header:
-                print(f"{'id':>6}  {'op':<12} {'parents':<10} {'status':<10} {'proposer':<10} {'objective':>10}  "
+                print(f"{'id':>6}  {'op':<12} {'parents':<10} {'status':<10} {'proposer':<10} {'×root':>7}  "
                       "rationale")
                 header = False
+            ratios = _root_ratios(ws, batch, roots)
             for r in batch:
                 parents = ",".join(map(str, r["parents"])) or "-"
                 status = _color(f"{r['status']:<10}", _STATUS_COLOR.get(r["status"], "0"))
                 print(f"{r['id']:>6}  {r['op']:<12} {parents:<10} {status} {r['proposer']:<10} "
-                      f"{_fmt(r['objective']):>10}  {_first_line(r['rationale'])}")
+                      f"{_ratio(ratios.get(r['id'])):>7}  {_first_line(r['rationale'])}")
     if header:
         print("no derivations" + (f" of {args.op}" if args.op else ""))
     return 0
+
+
+def _ratio(r: float | None) -> str:
+    return "-" if r is None else f"{r:.3f}×"
+
+
+def _root_ratios(ws: Workspace, rows: list[dict], roots: dict[str, tuple]) -> dict[int, float]:
+    """Each row's time ×root as the UI computes it: its objective over the root's recorded objective, else
+    over the root's timing in the row's own run (one query per batch). `roots`: op -> (root id, root
+    objective), filled as operators are met."""
+    out: dict[int, float] = {}
+    need: list[int] = []
+    for r in rows:
+        if r["op"] not in roots:
+            root = ws.root(r["op"])
+            roots[r["op"]] = (None, None) if root is None else (root["id"], root["objective"])
+        root_id, root_obj = roots[r["op"]]
+        if r["id"] == root_id:
+            out[r["id"]] = 1.0
+        elif r["status"] in ("failed", "candidate"):
+            continue
+        elif r["objective"] is not None and root_obj:
+            out[r["id"]] = float(r["objective"]) / float(root_obj)
+        else:
+            need.append(r["id"])
+    if need:
+        marks = ",".join("?" * len(need))
+        for m in ws.db.query(
+                "SELECT m.impl_id AS id, sum(coalesce(m.coeff, 1) * m.median_us) AS obj, "
+                "sum(coalesce(m.coeff, 1) * m.root_median_us) AS root, count(m.root_median_us) = count(*) AS whole "
+                f"FROM measurements m WHERE m.impl_id IN ({marks}) AND m.batch = "
+                "(SELECT max(batch) FROM measurements WHERE impl_id = m.impl_id) GROUP BY m.impl_id", need):
+            if m["whole"] and m["obj"] is not None and m["root"]:
+                out[m["id"]] = m["obj"] / m["root"]
+    return out
 
 
 _STATUS_COLOR = {"failed": "31", "verified": "36", "eligible": "33", "promoted": "32;1", "rejected": "2"}
@@ -178,9 +218,12 @@ def cmd_show(args: argparse.Namespace) -> int:
           f"children: {', '.join(f'#{c}' for c in doc['children']) or '-'}")
     print(f"commit {doc['commit']}  ({doc['filename']})")
     if doc["objective"] is not None:
-        print(f"objective {_fmt(doc['objective'], ' us')}  (incumbent {_fmt(doc['incumbent_objective'], ' us')})")
-    if doc["failure"]:
-        print(_color(f"failure: {doc['failure']}", "31"))
+        vs = objective_ratio(doc)
+        print(f"objective {_fmt(doc['objective'], ' us')}  (incumbent {_fmt(doc['incumbent_objective'], ' us')} in "
+              "the same run" + (f": {x(vs, 'incumbent')})" if vs is not None else ")"))
+    why = explain(doc, doc["measurements"])
+    print(_color(f"why {doc['status']}: {why}", _STATUS_COLOR.get(doc["status"], "0")) if why != doc["status"]
+          else f"status: {why}")
     if doc["rationale"]:
         print("\nrationale:\n  " + doc["rationale"].strip().replace("\n", "\n  "))
     m = doc["modification"]
@@ -205,11 +248,16 @@ def cmd_show(args: argparse.Namespace) -> int:
             mark = _color("PASS", "32") if c["passed"] else _color("FAIL", "31")
             print(f"  {mark} {c['name']:<40} max_diff {_fmt(c['max_diff'])}  {_first_line(c['detail'], 50)}")
     if doc["measurements"]:
-        print("\nmeasurements (us):")
-        print(f"  {'cell':<28} {'median':>9} {'spread':>8} {'root':>9} {'vs root':>8} {'vs torch':>8}")
+        print("\nmeasurements (us; ratios are time over the reference's in the same run, below 1 is faster):")
+        w = max(28, *(len(str(c["cell"])) for c in doc["measurements"]))
+        print(f"  {'cell':<{w}} {'median':>9} {'spread':>8} {'root':>9} {'×root':>7} {'limit':>7} {'×incumb.':>8} "
+              f"{'×torch':>7}")
         for c in doc["measurements"]:
-            print(f"  {c['cell']:<28} {_fmt(c['median_us']):>9} {_fmt(c['spread_us']):>8} "
-                  f"{_fmt(c['root_median_us']):>9} {_fmt(c['ratio_vs_root']):>8} {_fmt(c['ratio_vs_baseline']):>8}")
+            r, lim = cell_ratio(c), cell_limit(c)
+            flag = _color(" over its limit", "31") if r is not None and lim is not None and r > lim else ""
+            print(f"  {c['cell']:<{w}} {_fmt(c['median_us']):>9} {_fmt(c['spread_us']):>8} "
+                  f"{_fmt(c['root_median_us']):>9} {_ratio(r):>7} {_ratio(lim):>7} "
+                  f"{_ratio(cell_vs_incumbent(c)):>8} {_ratio(c['ratio_vs_baseline']):>7}{flag}")
         env = doc["measurements"][0]["env"]
         print(f"  on {env.get('gpu') or env.get('device')}, driver {env.get('driver')}, "
               f"torch {env.get('torch')}, triton {env.get('triton')}")
@@ -309,7 +357,14 @@ def cmd_reject(args: argparse.Namespace) -> int:
 
 @_handler
 def cmd_doctor(args: argparse.Namespace) -> int:
-    with _open(args) as ws:
+    try:
+        ws = _open(args)
+    except ReadOnlyWorkspace:
+        if args.repair:
+            raise
+        # a viewer without write access can still see what is wrong
+        ws = _open(args, readonly=True)
+    with ws:
         problems = ws.doctor()
         repairs = ws.reconcile() if args.repair else []
         remaining = ws.doctor() if args.repair else problems
@@ -344,7 +399,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_log)
 
     p = sub.add_parser("show", parents=parent, help="one derivation: source, diff, checks, measurements")
-    p.add_argument("id", type=_impl_id, metavar="ID")
+    p.add_argument("id", type=impl_id, metavar="ID")
     p.add_argument("--diff", action="store_true", help="show the diff to the first parent instead of the source")
     p.set_defaults(func=cmd_show)
 
@@ -352,12 +407,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("approve", parents=parent, help="promote a queued derivation")
-    p.add_argument("id", type=_impl_id, metavar="ID")
+    p.add_argument("id", type=impl_id, metavar="ID")
     p.add_argument("--reason", default="", help="why (recorded with the decision)")
     p.set_defaults(func=cmd_approve)
 
     p = sub.add_parser("reject", parents=parent, help="reject a queued derivation")
-    p.add_argument("id", type=_impl_id, metavar="ID")
+    p.add_argument("id", type=impl_id, metavar="ID")
     p.add_argument("--reason", required=True, help="why (recorded with the decision)")
     p.set_defaults(func=cmd_reject)
 

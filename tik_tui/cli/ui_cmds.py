@@ -25,9 +25,14 @@ def register(sub) -> None:
 def _check_workspace(args: argparse.Namespace) -> None:
     """Fail before the application starts: a UI on a missing workspace would only show an error."""
     from tik_store import Workspace, WorkspaceError
+    from tik_store.errors import ReadOnlyWorkspace
 
     try:
-        Workspace.open(args.workspace).close()
+        try:
+            Workspace.open(args.workspace).close()
+        except ReadOnlyWorkspace:
+            # the UI opens it for viewing
+            Workspace.open(args.workspace, readonly=True).close()
     except WorkspaceError as e:
         raise TikError(str(e)) from e
 

@@ -18,7 +18,9 @@ from textual.widgets import DataTable, Footer, Static, TabbedContent, TabPane
 
 from tik_tui.agent.pricing import unpriced_use
 from tik_tui.messages import Refreshed
+from tik_tui.verdict import explain, objective_ratio
 from tik_tui.widgets import format as fmt
+from tik_tui.widgets.heatmap import cell_maps
 from tik_tui.widgets.model import load_compare, load_detail, parent_of, worst_cell
 
 TABS = ("source", "diff", "checks", "cells", "info")
@@ -39,7 +41,7 @@ def checks_rows(checks: list[dict]):
         md = c.get("max_diff")
         yield (
             Text("pass", style="bold green") if passed else Text("FAIL", style="bold red"),
-            c.get("name") or "",
+            fmt.name_text(c.get("name")),
             "—" if md is None else f"{float(md):.3g}",
             Text(str(c.get("detail") or ""), style="" if passed else "red"),
         )
@@ -54,18 +56,18 @@ def cell_rows(cells: list[dict]):
             r_root = med / root
         r_inc = med / inc if med is not None and inc else None
         yield (
-            str(c.get("cell")),
+            fmt.name_text(c.get("cell")),
             f"{float(c.get('coeff') or 1.0):g}",
             fmt.us_text(med),
             fmt.us_text(root),
             fmt.ratio_text(r_root, limit=0.05 if limit is None else float(limit)),
             fmt.us_text(inc),
             fmt.ratio_text(r_inc),
-            "—" if limit is None else f"{float(limit):.0%}",
+            "—" if limit is None else f"{1 + float(limit):.2f}×",
         )
 
 
-CELL_COLUMNS = ("cell", "c", "median µs", "root µs", "×root", "incumb. µs", "×inc", "limit")
+CELL_COLUMNS = ("cell", "c", "median µs", "root µs", "×root", "incumb. µs", "×inc", "limit ×root")
 
 
 class DetailScreen(Screen):
@@ -99,7 +101,9 @@ class DetailScreen(Screen):
             with TabPane("3 Checks", id="checks"):
                 yield DataTable(id="checks-table", cursor_type="row")
             with TabPane("4 Cells", id="cells"):
-                yield DataTable(id="cells-table", cursor_type="row")
+                with VerticalScroll():
+                    yield Static("", id="cells-map")
+                    yield DataTable(id="cells-table", cursor_type="row")
             with TabPane("5 Info", id="info"):
                 with VerticalScroll():
                     yield Static("", id="info-body")
@@ -139,6 +143,7 @@ class DetailScreen(Screen):
         p = parent_of(impl)
         head.append(f"  parent #{p}" if p is not None else "  (root)")
         head.append(f"  {impl.get('proposer') or ''}", style="dim")
+        numbers = Text()
         if d["incumbent_id"] == self.impl_id:
             head.append("  [incumbent]", style="bold green")
         if d["root_id"] == self.impl_id:
@@ -146,11 +151,19 @@ class DetailScreen(Screen):
         worst, wr = worst_cell(d["cells"])
         ratio = self.app.snapshot.ratios.get(self.impl_id) if getattr(self.app, "snapshot", None) else None
         if ratio is not None:
-            head.append("  objective ").append_text(fmt.ratio_text(ratio)).append(" root")
-        if worst is not None:
-            head.append(f"  worst {worst} ").append_text(fmt.ratio_text(wr, limit=0.05))
-        if impl.get("failure") or impl.get("status_detail"):
-            head.append(f"\n{impl.get('failure') or impl.get('status_detail')}", style="red")
+            numbers.append("time ").append_text(fmt.ratio_text(ratio, ref="root"))
+        if objective_ratio(impl) is not None:
+            numbers.append(", ").append_text(fmt.ratio_text(objective_ratio(impl), ref="incumbent"))
+        why = explain(impl, d["cells"])
+        if worst is not None and worst not in why:
+            lim = next((c.get("limit") for c in d["cells"] if str(c.get("cell")) == worst), None)
+            numbers.append(f"; worst cell {worst} ").append_text(
+                fmt.ratio_text(wr, limit=None if lim is None else float(lim), ref="root"))
+        if numbers:
+            head.append("\n").append_text(numbers)
+        if why != status:
+            style = {"failed": "red", "eligible": "bold magenta", "promoted": "green"}.get(impl.get("status"), "yellow")
+            head.append("\n").append(why, style=style)
         self.query_one("#detail-head", Static).update(head)
         self.query_one("#source-body", Static).update(
             Syntax(d["source"] or "", "python", line_numbers=True, word_wrap=False, theme=self._syntax_theme()))
@@ -164,6 +177,9 @@ class DetailScreen(Screen):
             checks.add_row(*row)
         if not d["checks"]:
             checks.add_row("", Text("not evaluated yet", style="dim"), "", "")
+        self.query_one("#cells-map", Static).update(
+            cell_maps(d["cells"], width=max(60, self.size.width - 4)) if d["cells"]
+            else Text("no timings: not evaluated on a timed device yet", style="dim"))
         cells = self.query_one("#cells-table", DataTable)
         cells.clear()
         for row in cell_rows(d["cells"]):
@@ -283,7 +299,7 @@ class CompareScreen(Screen):
                 inc_med = (incumbent_cells.get(str(c.get("cell"))) or {}).get("median_us")
             root = c.get("root_median_us")
             limit = c.get("limit")
-            table.add_row(str(c.get("cell")), fmt.us_text(med), fmt.us_text(inc_med),
+            table.add_row(fmt.name_text(c.get("cell")), fmt.us_text(med), fmt.us_text(inc_med),
                           fmt.ratio_text(med / inc_med if med is not None and inc_med else None),
                           fmt.us_text(root),
                           fmt.ratio_text(med / root if med is not None and root else None,

@@ -1,4 +1,5 @@
-"""The main screen: overview, derivation tree, promotion queue, history, events — one tab each."""
+"""The main screen: overview, derivation tree, promotion queue (with the highlighted candidate's cell heatmap),
+history, events, and progress (time ×root of every derivation per operator) — one tab each."""
 
 from __future__ import annotations
 
@@ -6,16 +7,18 @@ from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, Static, TabbedContent, TabPane, Tree
 
 from tik_tui.messages import Refreshed
 from tik_tui.widgets.derivation_tree import DerivationTree
+from tik_tui.widgets.heatmap import cell_maps
 from tik_tui.widgets.history import HistoryTable
 from tik_tui.widgets.keyed_table import KeyedTable
 from tik_tui.widgets.model import Snapshot
 from tik_tui.widgets.overview import EventLog, OperatorsTable, WorkerPanel
+from tik_tui.widgets.progress_chart import charts
 from tik_tui.widgets.queue import QueueTable
 
 EMPTY_WORKSPACE = (
@@ -64,6 +67,7 @@ class MainScreen(Screen):
         Binding("3", "tab('queue')", "Queue", show=False, id="main.queue"),
         Binding("4", "tab('history')", "History", show=False, id="main.history"),
         Binding("5", "tab('events')", "Events", show=False, id="main.events"),
+        Binding("6", "tab('progress')", "Progress", show=False, id="main.progress"),
         Binding("slash", "focus_filter", "Find", show=False, id="main.find", tooltip="Filter the history"),
     ]
 
@@ -80,6 +84,8 @@ class MainScreen(Screen):
             with TabPane("3 Queue", id="queue"):
                 yield Static(EMPTY_QUEUE, id="empty-queue", classes="empty")
                 yield QueueView(id="queue-table")
+                with VerticalScroll(id="queue-map-scroll"):
+                    yield Static("", id="queue-map")
             with TabPane("4 History", id="history"):
                 with Vertical():
                     yield Input(placeholder="/ filter: words match id, operator, status, proposer, rationale",
@@ -88,6 +94,9 @@ class MainScreen(Screen):
                     yield Static("", id="history-count", classes="count")
             with TabPane("5 Events", id="events"):
                 yield EventLog(id="all-events")
+            with TabPane("6 Progress", id="progress"):
+                with VerticalScroll(id="progress-scroll"):
+                    yield Static("", id="progress-charts")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -106,17 +115,34 @@ class MainScreen(Screen):
         self.query_one(QueueView).update_from(snap)
         self.query_one("#empty-queue").display = not snap.queue
         self.query_one(QueueView).display = bool(snap.queue)
+        self.query_one("#queue-map-scroll").display = bool(snap.queue)
+        self._show_queue_map()
         history = self.query_one(HistoryTable)
         history.now = now
+        if self.query_one(TabbedContent).active == "progress":
+            self._update_progress(snap)
         if self.query_one(TabbedContent).active == "history":
             self._update_history(snap)
         else:
             history.snap = snap  # filled in when its tab opens
         if message.events:
-            self.query_one("#recent-events", EventLog).add_events(message.events, now)
-            self.query_one("#all-events", EventLog).add_events(message.events, now)
+            self.query_one("#recent-events", EventLog).add_events(message.events, now, snap.ratios)
+            self.query_one("#all-events", EventLog).add_events(message.events, now, snap.ratios)
         queue_tab = self.query_one(TabbedContent).get_tab("queue")
         queue_tab.label = Text.assemble("3 Queue", (f" ({len(snap.queue)})", "bold magenta") if snap.queue else "")
+
+    def _show_queue_map(self) -> None:
+        """The highlighted candidate's cells as a heatmap under the queue."""
+        key = self.query_one(QueueView).selected_key
+        row = next((q for q in self.app.snapshot.queue if str(q["id"]) == key), None)
+        body = Text("select a candidate to see its cells", style="dim") if row is None else (
+            Text(f"#{row['id']} {row.get('op')}: ", style="bold").append_text(
+                cell_maps(row.get("cells") or [], width=max(60, self.size.width - 4))))
+        self.query_one("#queue-map", Static).update(body)
+
+    @on(KeyedTable.RowHighlighted, "#queue-table")
+    def _queue_highlighted(self) -> None:
+        self._show_queue_map()
 
     def _update_history(self, snap: Snapshot | None = None) -> None:
         history = self.query_one(HistoryTable)
@@ -125,16 +151,22 @@ class MainScreen(Screen):
         more = f" (newest {shown}; type a filter to narrow)" if matching > shown else ""
         self.query_one("#history-count", Static).update(f"{matching} of {total} derivations{more}")
 
+    def _update_progress(self, snap: Snapshot | None = None) -> None:
+        self.query_one("#progress-charts", Static).update(
+            charts(snap or self.app.snapshot, width=max(40, self.size.width - 4)))
+
     @on(TabbedContent.TabActivated)
     def _tab_activated(self, event: TabbedContent.TabActivated) -> None:
         if event.pane.id == "history":
             self._update_history()
+        if event.pane.id == "progress":
+            self._update_progress()
 
     # -- navigation -------------------------------------------------------------------------
     def action_tab(self, tab: str) -> None:
         self.query_one(TabbedContent).active = tab
         target = {"overview": OperatorsTable, "tree": DerivationTree, "queue": QueueView,
-                  "history": HistoryTable, "events": "#all-events"}[tab]
+                  "history": HistoryTable, "events": "#all-events", "progress": "#progress-scroll"}[tab]
         widget = self.query_one(target)
         if widget.display:
             widget.focus()

@@ -133,9 +133,9 @@ class DerivationTree(Tree):
         t.append(f"  {n} derivation{'s' if n != 1 else ''}", style="dim")
         if inc is not None and inc != self.snap.roots.get(op):
             t.append(f"  incumbent #{inc}", style="green")
-            sp = self.snap.speedup(op)
-            if sp:
-                t.append(f" {sp:.2f}×", style="bold green")
+            r = self.snap.incumbent_ratio(op)
+            if r:
+                t.append(f" {r:.3f}× root", style="bold green")
         return t
 
     def _impl_label(self, i: int) -> Text:

@@ -1,4 +1,8 @@
-"""How values look: status colours, ratios, times, money. Plain functions returning Rich `Text`."""
+"""How values look: status colours, ratios, times, money. Plain functions returning Rich `Text`.
+
+Every ratio is a time ratio (see tik_tui.verdict): the candidate's time over a reference's, same run,
+`0.950× root` — below 1 is faster. Names from the store (checks, cells) are `Text`, never markup:
+`batch_invariance[permuted]` would otherwise lose its brackets."""
 
 from __future__ import annotations
 
@@ -33,8 +37,8 @@ def status_text(status: str) -> Text:
     return Text(status, style=STATUS_STYLE.get(status, ""))
 
 
-def ratio_text(ratio: float | None, *, limit: float | None = None) -> Text:
-    """A time ratio (candidate / reference): below 1 is faster. Red beyond `1 + limit`."""
+def ratio_text(ratio: float | None, *, limit: float | None = None, ref: str = "") -> Text:
+    """A time ratio (candidate / reference, e.g. `0.950× root`): below 1 is faster. Red beyond `1 + limit`."""
     if ratio is None:
         return Text("—", style="dim")
     style = "green" if ratio < 0.995 else ""
@@ -42,15 +46,12 @@ def ratio_text(ratio: float | None, *, limit: float | None = None) -> Text:
         style = "bold red"
     elif ratio > 1.005:
         style = "yellow"
-    return Text(f"{ratio:.3f}×", style=style)
+    return Text(f"{ratio:.3f}×" + (f" {ref}" if ref else ""), style=style)
 
 
-def speedup_text(speedup: float | None) -> Text:
-    """Reference time / candidate time: above 1 is faster."""
-    if speedup is None:
-        return Text("—", style="dim")
-    style = "bold green" if speedup > 1.005 else ("red" if speedup < 0.995 else "")
-    return Text(f"{speedup:.2f}×", style=style)
+def name_text(name, style: str = "") -> Text:
+    """A name from the store shown literally (no markup)."""
+    return Text("" if name is None else str(name), style=style)
 
 
 def us_text(us: float | None) -> str:

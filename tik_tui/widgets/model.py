@@ -20,6 +20,8 @@ from typing import Any
 
 #: worker states in which the worker process is alive
 LIVE_STATES = ("running", "paused")
+#: statuses whose derivations could stand as the incumbent (what "best" may point at)
+BEST_STATUSES = ("eligible", "promoted")
 
 
 #: a worker whose heartbeat is older than this is presumed dead (it beats every few seconds)
@@ -52,6 +54,8 @@ class StoreClient:
         self.path = Path(path)
         self._opener = opener
         self._ws = None
+        self.readonly = False
+        """True when this user cannot write the workspace: it is open for viewing only."""
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tik-store")
 
     def _workspace(self):
@@ -60,8 +64,14 @@ class StoreClient:
                 self._ws = self._opener(self.path)
             else:
                 from tik_store import Workspace
+                from tik_store.errors import ReadOnlyWorkspace
 
-                self._ws = Workspace.open(self.path)
+                try:
+                    self._ws = Workspace.open(self.path)
+                except ReadOnlyWorkspace:
+                    # a viewer without write access (over SSH, someone else's workspace): look, do not touch
+                    self._ws = Workspace.open(self.path, readonly=True)
+                    self.readonly = True
         return self._ws
 
     def call_sync(self, fn: Callable[..., Any], *args) -> Any:
@@ -140,25 +150,41 @@ class Snapshot:
             kids.setdefault(parent_of(self.impls[i]), []).append(i)
         return kids
 
-    def speedup(self, op: str) -> float | None:
-        """Root time / incumbent time for `op` (the incumbent's ratio inverted)."""
+    def incumbent_ratio(self, op: str) -> float | None:
+        """The incumbent's time over the root's (below 1: the search made `op` faster)."""
         inc = self.incumbents.get(op)
-        r = self.ratios.get(inc) if inc is not None else None
-        return 1.0 / r if r else None
+        return self.ratios.get(inc) if inc is not None else None
+
+    def best(self, op: str) -> tuple[int, float] | None:
+        """(id, time ×root) of the fastest derivation of `op` that could replace the incumbent: eligible or
+        promoted. A verified one is not: it failed a limit or did not beat the incumbent in its run."""
+        best = None
+        for i, row in self.impls.items():
+            r = self.ratios.get(i)
+            if row.get("op") == op and row.get("status") in BEST_STATUSES and r is not None:
+                if best is None or (r, i) < (best[1], best[0]):
+                    best = (i, r)
+        return best
 
     def best_series(self, op: str) -> list[float]:
-        """Running best speedup over the verified derivations of `op`, in recording order."""
+        """Running best time ×root over the eligible and promoted derivations of `op`, in recording order
+        (falls, never rises)."""
         out, best = [], None
         for i in sorted(self.impls):
             row = self.impls[i]
-            if row.get("op") != op or row.get("status") not in ("verified", "eligible", "promoted"):
+            if row.get("op") != op or row.get("status") not in BEST_STATUSES:
                 continue
             r = self.ratios.get(i)
             if r:
-                best = 1.0 / r if best is None else max(best, 1.0 / r)
+                best = r if best is None else min(best, r)
             if best is not None:
                 out.append(best)
         return out
+
+    def series(self, op: str) -> list[tuple[int, float, str]]:
+        """(id, time ×root, status) of every timed derivation of `op`, in recording order."""
+        return [(i, self.ratios[i], self.impls[i].get("status")) for i in sorted(self.impls)
+                if self.impls[i].get("op") == op and i in self.ratios]
 
 
 @dataclass
@@ -242,6 +268,7 @@ class Poller:
         row["objective"] = obj
         row["ratio"] = snap.ratios.get(i)
         row["worst_cell"], row["worst_ratio"] = worst_cell(cells)
+        row["cells"] = cells
         inc = [c.get("incumbent_median_us") for c in cells]
         if cells and all(v is not None for v in inc):
             inc_obj = sum(float(c.get("coeff") or 1.0) * float(c["incumbent_median_us"]) for c in cells)

@@ -1,4 +1,4 @@
-"""The overview: operators with incumbent and speedup, the worker, the live event log."""
+"""The overview: operators with their incumbent (time ×root), the worker, the live event log."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Label, ProgressBar, RichLog, Sparkline, Static
 
 from tik_tui.agent.pricing import unpriced_use
+from tik_tui.events import describe
 from tik_tui.widgets import format as fmt
 from tik_tui.widgets.keyed_table import KeyedTable
 from tik_tui.widgets.model import LIVE_STATES, Snapshot, worker_alive
@@ -20,7 +21,7 @@ class OperatorsTable(KeyedTable):
         ("op", "operator", 12),
         ("root", "root", 6),
         ("incumbent", "incumbent", 9),
-        ("speedup", "speedup", 8),
+        ("ratio", "×root", 7),
         ("frontier", "frontier", 8),
         ("queue", "queue", 5),
         ("derivations", "derivs", 6),
@@ -43,7 +44,7 @@ class OperatorsTable(KeyedTable):
                 op,
                 f"#{root}" if root is not None else "—",
                 Text(f"#{inc}", style="bold green") if inc is not None and inc != root else Text("root", style="dim"),
-                fmt.speedup_text(snap.speedup(op) if inc is not None else None),
+                fmt.ratio_text(snap.incumbent_ratio(op) if inc is not None else None),
                 str(snap.frontier.get(op, 0)),
                 Text(str(queued.get(op, 0)), style="bold magenta" if queued.get(op) else "dim"),
                 str(sum(c.values())),
@@ -53,7 +54,8 @@ class OperatorsTable(KeyedTable):
 
 
 class WorkerPanel(Vertical):
-    """Worker state, budget progress, cost, and the best speedup so far as a sparkline."""
+    """Worker state, budget progress, cost, and the best time ×root so far (eligible or promoted) as a
+    sparkline that falls as the search finds faster derivations."""
 
     DEFAULT_CSS = """
     WorkerPanel { height: auto; border: round $primary; padding: 0 1; }
@@ -104,57 +106,28 @@ class WorkerPanel(Vertical):
         op = w.get("op") if w.get("op") in snap.op_names else None
         op = op or next((o for o in snap.op_names if len(snap.best_series(o)) > 1), None)
         series = snap.best_series(op) if op else []
+        best = snap.best(op) if op else None
         self.query_one("#best", Sparkline).data = series or [0.0]
         self.query_one("#best-label", Label).update(
-            f"  best {op} {series[-1]:.2f}× " if series else "  best — ")
+            f"  best {op} #{best[0]} {best[1]:.3f}× root " if best else "  best — ")
         msg = w.get("message") or ""
         bad = state == "crashed" or str(msg).lower().startswith("error")
         self.query_one("#worker-message", Static).update(Text(str(msg), style="bold red" if bad else "dim"))
 
 
-def _summary(kind: str, p: dict) -> str:
-    """The one-line gist of an event's payload, per kind; other kinds show their scalar fields."""
-    if kind == "implementation":
-        parents = p.get("parents") or []
-        return f"new from #{parents[0]} by {p.get('proposer')}" if parents else f"new root by {p.get('proposer')}"
-    if kind == "evaluation":
-        out = f"{p.get('from')} → {p.get('status')}"
-        if p.get("objective") is not None:
-            out += f"  objective {float(p['objective']):.1f} µs"
-        return out + (f"  {p['failure']}" if p.get("failure") else "")
-    if kind == "decision":
-        return f"{p.get('action')} by {p.get('by')}" + (f": {p['reason']}" if p.get("reason") else "")
-    if kind == "status":
-        return f"{p.get('from')} → {p.get('to')}" + (f"  {p['detail']}" if p.get("detail") else "")
-    if kind == "worker":
-        return f"{p.get('from')} → {p.get('state')}" + (f"  {p['message']}" if p.get("message") else "")
-    if kind == "command":
-        return str(p.get("kind"))
-    if kind == "screen":
-        from tik_tui.agent.tuner import screen_summary
-
-        return screen_summary(p)
-    if "message" in p:
-        return str(p["message"])
-    if "reason" in p:
-        return str(p["reason"])
-    bits = []
-    for k, v in p.items():
-        if k in ("search", "id"):
-            continue
-        if isinstance(v, str | int | float | bool) or v is None:
-            s = str(v)
-            bits.append(f"{k}={s if len(s) <= 60 else s[:57] + '...'}")
-    return " ".join(bits)
+#: event kinds shown under a shorter name, so the column stays 11 wide
+KIND_LABEL = {"implementation": "derivation", "search_started": "search", "search_finished": "search",
+              "search_resumed": "search", "proposal_failed": "proposal", "proposal_error": "proposal",
+              "resume_evaluate": "evaluating", "eval_retry": "retry", "warm_root_failed": "root"}
 
 
-def event_line(e: dict, now: float | None = None) -> Text:
-    """`14:03:07 evaluation   rmsnorm #12 candidate → verified  objective 131.2 µs`"""
+def event_line(e: dict, now: float | None = None, ratios: dict[int, float] | None = None) -> Text:
+    """`14:03:07 evaluation  rmsnorm #12 candidate → verified, 0.950× root`; `ratios`: id -> time ×root."""
     kind = str(e.get("kind", "?"))
     style = "bold red" if "error" in kind or "crash" in kind else (
         "green" if kind == "decision" else ("magenta" if kind == "evaluation" else ""))
     t = Text(fmt.when(e.get("ts"), now) + " ", style="dim")
-    t.append(f"{kind:<11}", style=style or "bold")
+    t.append(f"{KIND_LABEL.get(kind, kind)[:11]:<11}", style=style or "bold")
     if e.get("op"):
         t.append(f" {e['op']}")
     if e.get("impl_id") is not None:
@@ -165,7 +138,9 @@ def event_line(e: dict, now: float | None = None) -> Text:
             payload = json.loads(payload)
         except ValueError:
             payload = {"message": payload}
-    gist = _summary(kind, payload) if isinstance(payload, dict) else str(payload)
+    impl_id = e.get("impl_id")
+    ratio = (ratios or {}).get(int(impl_id)) if impl_id is not None else None
+    gist = describe(kind, payload, impl_id=impl_id, ratio=ratio) if isinstance(payload, dict) else str(payload)
     bad = "error" in kind or (isinstance(payload, dict) and payload.get("failure"))
     if gist:
         t.append(" " + gist, style="red" if bad else "")
@@ -181,7 +156,7 @@ class EventLog(RichLog):
         super().__init__(max_lines=2000, wrap=False, markup=False, auto_scroll=True, **kwargs)
         self.count = 0
 
-    def add_events(self, events: list[dict], now: float | None = None) -> None:
+    def add_events(self, events: list[dict], now: float | None = None, ratios: dict[int, float] | None = None) -> None:
         for e in events:
-            self.write(event_line(e, now))
+            self.write(event_line(e, now, ratios))
             self.count += 1

@@ -16,7 +16,7 @@ class QueueTable(KeyedTable):
         ("ratio", "×root", 7),
         ("vs_inc", "×incumbent", 10),
         ("objective", "objective µs", 12),
-        ("worst", "worst cell", 24),
+        ("worst", "worst cell ×root", None),
         ("proposer", "proposer", 10),
     )
 
@@ -25,7 +25,10 @@ class QueueTable(KeyedTable):
         for q in snap.queue:
             worst = Text("—", style="dim")
             if q.get("worst_cell") is not None:
-                worst = Text(f"{q['worst_cell']} ").append_text(fmt.ratio_text(q.get("worst_ratio")))
+                limit = next((c.get("limit") for c in q.get("cells") or () if str(c.get("cell")) == q["worst_cell"]),
+                             None)
+                worst = Text(f"{q['worst_cell']} ").append_text(
+                    fmt.ratio_text(q.get("worst_ratio"), limit=None if limit is None else float(limit)))
             rows.append((str(q["id"]), (
                 f"#{q['id']}",
                 q.get("op") or "",
