@@ -42,10 +42,10 @@ from benchmarks import harness as H  # noqa: E402
 from benchmarks.harness import bits_equal  # noqa: E402
 from tik_kernels.contracts.linear import CONTRACT  # noqa: E402
 
-BUCKETS = ("M16", "M64", "M256", "M1024", "MBIG")
+BUCKETS = ("M8", "M64", "M256", "M1024", "MBIG")
 #: candidate tiles (BLOCK_M, BLOCK_N, num_warps, num_stages) per bucket for the offline sweep (run 1's best kept)
 SWEEP = {
-    "M16": [(16, 32, 4, 6), (16, 64, 4, 6), (16, 64, 4, 8), (16, 128, 4, 4), (16, 32, 4, 8)],
+    "M8": [(16, 32, 4, 6), (16, 64, 4, 6), (16, 64, 4, 8), (16, 128, 4, 4), (16, 32, 4, 8)],
     "M64": [(64, 32, 4, 4), (64, 64, 4, 4), (64, 32, 4, 6), (32, 64, 4, 4), (64, 64, 4, 3)],
     "M256": [(64, 128, 8, 4), (128, 64, 4, 4), (64, 64, 4, 4), (128, 128, 8, 3), (64, 128, 4, 4)],
     "M1024": [(128, 128, 8, 3), (128, 128, 4, 4), (128, 256, 8, 3), (128, 128, 8, 4)],
@@ -54,7 +54,7 @@ SWEEP = {
 #: BLOCK_K -> K_UNROLL values tried (128 for comparison: it is the same loads as 64 x 2)
 SWEEP_BLOCK_K = {64: (1, 2), 128: (1,)}
 #: every BLOCK_K group's bits are compared with this tile's result at M = 4096
-REF_TILE = (64, 64, 4, 2, 1, 0)
+REF_TILE = (64, 64, 4, 2, 1)
 SMEM_BYTES = 220 * 1024
 BITS_M = 4096
 
@@ -63,13 +63,11 @@ def clamp_stages(tile: tuple, bk: int) -> tuple:
     """Fewer pipeline stages when the operand tiles would not fit in shared memory."""
     bm, bn, w, s, u = tile
     per_stage = (bm + bn) * bk * u * 2
-    return (bm, bn, w, max(2, min(s, SMEM_BYTES // per_stage)), u, 0)
+    return (bm, bn, w, max(2, min(s, SMEM_BYTES // per_stage)), u)
 
 
 def candidates(bucket: str, bk: int) -> list:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages, K_UNROLL, SPLIT = 0) tried in `bucket` with this BLOCK_K.
-
-    SPLIT is 0 here: this sweep predates the chunked tree; benchmarks/sweep_linear_tree.py sweeps splits."""
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages, K_UNROLL) tried in `bucket` with this BLOCK_K."""
     return list(dict.fromkeys(clamp_stages(t + (u,), bk) for u in SWEEP_BLOCK_K[bk] for t in SWEEP[bucket]))
 
 
@@ -131,7 +129,7 @@ def make_inputs(N: int, K: int, M: int, seed: int) -> tuple:
 
 
 def config_tiles() -> dict:
-    keys = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "K_UNROLL", "SPLIT")
+    keys = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "K_UNROLL")
     return {b: tuple(L.CONFIG[f"{b}_{k}"] for k in keys) for b in BUCKETS}
 
 
@@ -290,7 +288,7 @@ def run_sweep(args) -> dict:
     if chosen is not None:
         config = {"BLOCK_K": chosen}
         for b in BUCKETS:
-            bm, bn, nw, ns, u, _split = choice[str(chosen)]["buckets"][b]["tile"]
+            bm, bn, nw, ns, u = choice[str(chosen)]["buckets"][b]["tile"]
             config.update({f"{b}_BLOCK_M": bm, f"{b}_BLOCK_N": bn, f"{b}_num_warps": nw, f"{b}_num_stages": ns,
                            f"{b}_K_UNROLL": u})
         print("CONFIG = " + json.dumps(config, indent=4), flush=True)

@@ -3,7 +3,7 @@
     PYTHONPATH=. python benchmarks/sweep_linear_tree.py --out benchmarks/results/linear_tree_sweep
 
 Cells: Qwen3-8B's projections (qkv, o, gate_up, down) × M in 1 … 16384, and lm_head at M = 1,
-16, 256. Per bucket of tik_kernels.ops.linear, ~10-15 candidate launches (tile, warps, stages,
+16, 256. Per bucket of tik_kernels.ops.linear_tree, ~10-15 candidate launches (tile, warps, stages,
 K_UNROLL, SPLIT, fused or separate combine); none may change bits, so each candidate's output
 is compared with the entry point's, bit for bit, and a candidate that differs is reported and
 never chosen. The entry point's rows at every M are also compared with the same rows of the
@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 import tik_kernels  # noqa: E402,F401  (before triton)
-import tik_kernels.ops.linear as L  # noqa: E402
+import tik_kernels.ops.linear_tree as L  # noqa: E402
 from tik_kernels.contracts.linear import projections  # noqa: E402
 from tik_kernels.models import QWEN3_8B  # noqa: E402
 
@@ -98,7 +98,7 @@ def label(tile: tuple, fused: bool) -> str:
 
 def _compile_jobs(jobs: list) -> list:
     """Child process: launch each candidate on a small problem (2 chunks) so Triton's disk cache holds it."""
-    import tik_kernels.ops.linear as lin
+    import tik_kernels.ops.linear_tree as lin
 
     out = []
     x = torch.randn(16, 2 * lin.CONFIG["KCHUNK"], device="cuda").to(torch.bfloat16)

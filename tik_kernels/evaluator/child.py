@@ -252,6 +252,8 @@ def main(argv: list[str]) -> int:
     from tik_kernels.evaluator.protocol import write_json
     from tik_kernels.evaluator.timing import run_timing_job
 
+    if job["mode"] in ("evidence", "ncu_cell"):
+        from tik_kernels.evaluator.evidence import run_evidence_job, run_ncu_cell_job
     (workdir / "out").mkdir(exist_ok=True)
     # the harness has what it needs: from here on its modules cannot be imported (the implementations come next)
     guard_imports()
@@ -260,8 +262,6 @@ def main(argv: list[str]) -> int:
     elif job["mode"] == "time":
         doc = run_timing_job(workdir, job)
     elif job["mode"] in ("evidence", "ncu_cell"):
-        from tik_kernels.evaluator.evidence import run_evidence_job, run_ncu_cell_job
-
         doc = (run_evidence_job if job["mode"] == "evidence" else run_ncu_cell_job)(workdir, job)
     else:
         raise SystemExit(f"unknown job mode {job['mode']!r}")

@@ -30,7 +30,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+# module level, not inside the child-side functions: the child imports this module before it closes the harness's
+# modules to imports (child.guard_imports), so everything the evidence job needs must be loaded by then
+from tik_kernels.evaluator.child import one_line
 from tik_kernels.evaluator.protocol import ProtocolError
+from tik_kernels.evaluator.sandbox import limits
 
 #: GPU name substring -> (copy bandwidth in bytes/us, dense bf16 flop/us) that a cell's floor is drawn from
 HARDWARE: dict[str, tuple[float, float]] = {
@@ -126,7 +130,6 @@ def run_evidence_job(workdir: Path, job: dict) -> dict:
     import torch
 
     from tik_kernels.contract import Contract, load_module
-    from tik_kernels.evaluator.child import one_line
 
     device = job["device"]
     cmod = load_module(job["contract_file"], "tik_contract")
@@ -202,7 +205,6 @@ def _job(contract: Any, path: Path, device: str, profile: str, cells: list[str],
          timeout: float) -> dict:
     import inspect
 
-    from tik_kernels.evaluator.sandbox import limits
 
     return {"mode": mode, "op": contract.op, "contract_file": str(Path(inspect.getfile(contract.build_plan)).resolve()),
             "profile": profile, "device": device, "impl": str(path.resolve()), "cells": cells, "seed": seed,
