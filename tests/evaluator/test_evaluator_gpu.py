@@ -48,6 +48,10 @@ def test_timing_cheat_caught_on_gpu(name, check, reason):
     rep = evaluate(tiny(), FIX / f"{name}.py", root_path=FIX / "tiny_root.py", device="cuda", time_it=True)
     assert not rep.verified
     bad = {c.name: c.detail for c in rep.checks if not c.passed}
+    if name == "side_stream_large" and "cuda_graph_replay" in bad:
+        # H200: its 0.5 ms of side-stream work is still running when the replay check reads a fresh call's output,
+        # so that check rejects it first ("replay ... differs from a fresh call"); rejected either way, reason kept
+        return
     assert check in bad and reason in bad[check], rep.failure
 
 
