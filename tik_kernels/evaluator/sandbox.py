@@ -267,6 +267,22 @@ def _under(path: str, top: str) -> bool:
     return path == top or path.startswith(top.rstrip("/") + "/")
 
 
+def _compiler_dirs() -> list[str]:
+    """The installation of the C compiler Triton builds its launcher stubs with ($CC, else cc / gcc / clang on
+    PATH): a compiler outside the system directories (the H200 image's /opt/gcc/bin/gcc) must be visible in the
+    jail, or every GPU child fails on its first kernel launch. <prefix>/bin/gcc gives <prefix> (its libexec and
+    binutils live there too)."""
+    out = []
+    for c in (os.environ.get("CC"), shutil.which("cc"), shutil.which("gcc"), shutil.which("clang")):
+        if not c or not os.path.isfile(c):
+            continue
+        for path in {c, os.path.realpath(c)}:
+            bin_dir = os.path.dirname(os.path.abspath(path))
+            prefix = os.path.dirname(bin_dir) if os.path.basename(bin_dir) == "bin" else bin_dir
+            out.append(bin_dir if prefix in ("/", "/usr", "/usr/local") else prefix)
+    return out
+
+
 def _system() -> tuple[list[list[str]], list[list[str]]]:
     """(read-only binds, symlinks) of the system: SYSTEM, then Python's own directories and library paths
     outside them (a pyenv or conda prefix, a virtualenv, LD_LIBRARY_PATH)."""
@@ -279,7 +295,7 @@ def _system() -> tuple[list[list[str]], list[list[str]]]:
             binds.append([p, p])
     extra = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *site.getsitepackages(),
              site.getusersitepackages(), *(p for p in sys.path if "-packages" in p),
-             *os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep)]
+             *os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep), *_compiler_dirs()]
     tops = [b[0] for b in binds] + [os.path.realpath(p) for _, p in links]
     seen: list[str] = []
     for p in sorted({os.path.abspath(p) for p in extra if p and os.path.isdir(p)}, key=len):
