@@ -1,4 +1,4 @@
-"""The layering in DESIGN.md, enforced: tik_kernels/ and tik_store/ never import textual or anthropic;
+"""The layering in docs/ARCHITECTURE.md, enforced: tik_kernels/ and tik_store/ never import textual or anthropic;
 tik_store/ never imports torch or triton; the agent never imports textual."""
 
 import subprocess

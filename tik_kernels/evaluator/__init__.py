@@ -1,6 +1,6 @@
 """The trusted evaluator: runs an implementation file in an isolated child, checks it against its
 operator's contract in this process, times it interleaved with the root, incumbent and stock
-PyTorch, and decides verified / admissible / eligible (DESIGN.md, docs/INTERFACES.md).
+PyTorch, and decides verified / admissible / eligible (docs/ARCHITECTURE.md, docs/INTERFACES.md).
 
     from tik_kernels.evaluator import evaluate, EvalReport
     rep = evaluate("rmsnorm", "my_rmsnorm.py")          # -> EvalReport; rep.as_dict() is JSON

@@ -1,4 +1,4 @@
-"""`EvalReport`, the decision rules of DESIGN.md, and the environment and code fingerprints a
+"""`EvalReport`, the decision rules of docs/ARCHITECTURE.md, and the environment and code fingerprints a
 result is bound to."""
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ tests check this in the interpreter, where BLOCK_K itself does change bits).
 
 The output tile (BLOCK_M, BLOCK_N, num_warps, num_stages, K_UNROLL) follows T, by bucket: on the
 H200 a plain K-sequential Triton matmul gave identical bits for a row under all 214 tile
-configurations tried and any M (DESIGN.md), because the tile only decides which rows and
+configurations tried and any M (bench_linear.py --sweep), because the tile only decides which rows and
 columns share a program, never the order in which K is summed. The contract checks this on
 every call shape (rows of T = 1 ... 4096 against the full batch), and the benchmark checks
 every configuration in CONFIG at M = 1 against M = 4096.
