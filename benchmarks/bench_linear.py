@@ -117,8 +117,7 @@ def reps_for(M: int, N: int, K: int, n_fns: int, budget_s: float) -> int:
 
 def geomean(xs) -> float:
     """H.geomean, NaN (printable) where there is nothing to average."""
-    g = H.geomean(xs)
-    return float("nan") if g is None else g
+    return H.geomean(xs, empty=float("nan"))
 
 
 def make_inputs(N: int, K: int, M: int, seed: int) -> tuple:

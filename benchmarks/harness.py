@@ -48,14 +48,15 @@ MAX_COPIES = 256
 # ----------------------------------------------------------------------------- statistics
 
 
-def geomean(xs: Iterable[float | None]) -> float | None:
-    """Geometric mean of the values given; None entries are skipped, None when nothing is left.
+def geomean(xs: Iterable[float | None], empty: float | None = None) -> float | None:
+    """Geometric mean of the values given; None entries are skipped, `empty` (None, or NaN for a printable
+    table) when nothing is left.
 
     A zero or negative ratio is a bug upstream, not a value to average: it raises.
     """
     vals = [float(x) for x in xs if x is not None]
     if not vals:
-        return None
+        return empty
     if any(not v > 0 for v in vals):
         raise ValueError(f"geomean of non-positive values: {[v for v in vals if not v > 0]}")
     return math.exp(sum(math.log(v) for v in vals) / len(vals))

@@ -26,7 +26,6 @@ import argparse
 import json
 import math
 import multiprocessing as mp
-import platform
 import statistics
 import sys
 import time
@@ -38,8 +37,12 @@ import torch  # noqa: E402
 
 import tik_kernels  # noqa: E402,F401  (before triton)
 import tik_kernels.ops.linear_tree as L  # noqa: E402
+from benchmarks import harness as H  # noqa: E402
 from tik_kernels.contracts.linear import projections  # noqa: E402
 from tik_kernels.models import QWEN3_8B  # noqa: E402
+
+#: what a geomean over nothing prints as (the local mean did the same)
+NAN = float("nan")
 
 MS = (1, 4, 16, 64, 256, 1024, 4096, 16384)
 LM_HEAD_MS = (1, 16, 256)
@@ -153,27 +156,9 @@ def time_graphs(graphs: dict, reps: int, rounds: int) -> dict:
     return {k: statistics.median(s.elapsed_time(e) * 1e3 / reps for s, e in ev) for k, ev in events.items()}
 
 
-def geomean(xs) -> float:
-    xs = list(xs)
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and torch.equal(a.view(torch.int16), b.view(torch.int16))
-
-
 def shapes() -> list:
     out = [(p.name, p.N, p.K, MS) for p in projections((QWEN3_8B,))]
     return out + [("lm_head", QWEN3_8B.vocab, QWEN3_8B.hidden, LM_HEAD_MS)]
-
-
-def env_info() -> dict:
-    import triton
-
-    return {"gpu": torch.cuda.get_device_name(), "cuda": torch.version.cuda, "torch": torch.__version__,
-            "triton": triton.__version__, "python": platform.python_version(),
-            "sms": torch.cuda.get_device_properties(0).multi_processor_count,
-            "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
 
 
 def run(args) -> dict:
@@ -200,12 +185,12 @@ def run(args) -> dict:
                                      for _ in range(n_cp - 1)]
             ws = [w0] + [w0.clone() for _ in range(n_cp - 1)]
             ref = L.linear(xs[0], ws[0])
-            rows_checked.append({"proj": proj, "M": M, "equal": same_bits(ref, big[:M])})
+            rows_checked.append({"proj": proj, "M": M, "equal": H.bits_equal(ref, big[:M])})
             fns = {"cublas": lambda i, xs=xs, ws=ws: xs[i % len(xs)] @ ws[i % len(ws)].t(),
                    "linear": lambda i, xs=xs, ws=ws: L.linear(xs[i % len(xs)], ws[i % len(ws)])}
             for tile, fused in cand[b]:
                 y = L._matmul(xs[0], ws[0], tile=tile, fused=fused)
-                if not same_bits(y, ref):
+                if not H.bits_equal(y, ref):
                     bits_bad.append({"proj": proj, "M": M, "candidate": label(tile, fused)})
                     continue
                 fns[label(tile, fused)] = (lambda i, xs=xs, ws=ws, tile=tile, fused=fused:
@@ -232,7 +217,7 @@ def run(args) -> dict:
         for tile, fused in cand[b]:
             key = label(tile, fused)
             if rows and all(key in r["us"] for r in rows):
-                scored.append((geomean(r["us"][key] / r["cublas_us"] for r in rows), key, tile, fused))
+                scored.append((H.geomean((r["us"][key] / r["cublas_us"] for r in rows), empty=NAN), key, tile, fused))
         if not scored:
             continue
         g, key, tile, fused = min(scored)
@@ -248,8 +233,8 @@ def run(args) -> dict:
     best_ratio = [c["us"][choice[c["bucket"]]["best"]] / c["cublas_us"] for c in cells if c["bucket"] in choice]
 
     def summary(ratios: list, small: list) -> dict:
-        return {"geomean": geomean(ratios), "worst": max(ratios, default=float("nan")),
-                "m_le_16_geomean": geomean(small)}
+        return {"geomean": H.geomean(ratios, empty=NAN), "worst": max(ratios, default=float("nan")),
+                "m_le_16_geomean": H.geomean(small, empty=NAN)}
 
     linear_ratio = [c["linear_us"] / c["cublas_us"] for c in cells]
     return {
@@ -306,7 +291,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("sweep_linear_tree: needs a CUDA GPU")
     doc = run(args)
-    doc["env"] = env_info()
+    doc["env"] = H.environment() | {"sms": torch.cuda.get_device_properties(0).multi_processor_count}
     doc["command"] = "python benchmarks/sweep_linear_tree.py " + " ".join(sys.argv[1:])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

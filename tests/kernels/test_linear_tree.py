@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import tik_kernels.ops.linear_tree as L
-from tik_kernels.contract import load_module, run_plan
+from tik_kernels.contract import load_module, run_plan, same_bits
 from tik_kernels.contracts import get_contract
 from tik_kernels.contracts.linear import CONTRACT, GPU_SIZES, _cancelling, projections
 
@@ -182,11 +182,6 @@ def _tree_fp32(x: torch.Tensor, w: torch.Tensor, kchunk: int, block_k: int) -> t
     return total
 
 
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and torch.equal(a.view(torch.int32 if a.element_size() == 4 else torch.int16),
-                                              b.view(torch.int32 if b.element_size() == 4 else torch.int16))
-
-
 def test_every_split_gives_the_tree_s_bits():
     """K = 3112: four chunks, the last partial. One program per tile walking all chunks, every number of
     chunks per program, the fused and the separate combine, other tiles: one fp32 result, the emulated tree's."""
@@ -200,11 +195,11 @@ def test_every_split_gives_the_tree_s_bits():
             runs[f"{per_prog}/{fused}"] = L._matmul(x, w, torch.float32, tile=tile, chunks_per_prog=per_prog,
                                                     fused=fused)
     for name, y in runs.items():
-        assert _same_bits(y, tree), name
+        assert same_bits(y, tree), name
     # the order is visible in these inputs: the chunk sums added right to left are other bits
-    assert not _same_bits(tree, _tree_fp32(x.flip(1), w.flip(1), L.CONFIG["KCHUNK"], L.CONFIG["BLOCK_K"]))
+    assert not same_bits(tree, _tree_fp32(x.flip(1), w.flip(1), L.CONFIG["KCHUNK"], L.CONFIG["BLOCK_K"]))
     # and the bf16 entry point is the same fp32 total, rounded once
-    assert _same_bits(L.linear(x, w), L._matmul(x, w, tile=(16, 16, 4, 2, 2, 0), chunks_per_prog=1, fused=False))
+    assert same_bits(L.linear(x, w), L._matmul(x, w, tile=(16, 16, 4, 2, 2, 0), chunks_per_prog=1, fused=False))
     # the fused combine leaves its arrival counters zero for the next launch
     assert not L._COUNTERS[x.device].any()
 
@@ -215,7 +210,7 @@ def test_rows_equal_in_a_bigger_batch():
     x, w = _cancelling(N, K)(24, torch.Generator().manual_seed(6))
     full = L.linear(x, w)
     for T in (1, 2, 5, 16, 17):
-        assert _same_bits(L.linear(x[-T:], w), full[-T:]), T
+        assert same_bits(L.linear(x[-T:], w), full[-T:]), T
 
 
 def test_gradients_are_deterministic_and_dx_rows_invariant():
@@ -230,8 +225,8 @@ def test_gradients_are_deterministic_and_dx_rows_invariant():
 
     (dx, dw), (dx2, dw2) = grads(x, dy), grads(x, dy)
     # dw reduces over T = 1048 tokens: two chunks, the last partial
-    assert _same_bits(dx, dx2) and _same_bits(dw, dw2)
-    assert _same_bits(grads(x[:3], dy[:3])[0], dx[:3])
+    assert same_bits(dx, dx2) and same_bits(dw, dw2)
+    assert same_bits(grads(x[:3], dy[:3])[0], dx[:3])
 
 
 def _merge(body: str) -> tuple:
@@ -380,6 +375,6 @@ def test_every_split_gives_the_same_bits_on_gpu(N, K):
             for per_prog in sorted({1, 2, 3, n_chunks}):
                 for fused in (True, False):
                     y = L._matmul(x[:M], w, torch.float32, tile=tile, chunks_per_prog=per_prog, fused=fused)
-                    assert _same_bits(y, big32[:M]), (M, tile, per_prog, fused)
-        assert _same_bits(L.linear(x[:M], w), big[:M]), M
+                    assert same_bits(y, big32[:M]), (M, tile, per_prog, fused)
+        assert same_bits(L.linear(x[:M], w), big[:M]), M
     assert not L._COUNTERS[x.device].any()
