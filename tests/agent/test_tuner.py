@@ -139,3 +139,15 @@ def test_tuner_on_the_library_rmsnorm():
     assert p.source.startswith(before)
     assert p.source.split("\n", 1)[0] == src.split("\n", 1)[0]
     compile(p.source, "rmsnorm.py", "exec")
+
+
+def test_every_library_root_gives_the_tuner_a_space():
+    """Each root's TUNABLES and CONFIG are literals the tuner can read, with at least one free key: attention's
+    once held `1 << 30`, which is not a literal, so the tuner saw no space and could not search attention."""
+    from tik_kernels.contracts import all_contracts
+    from tik_tui.agent.tuner import tunable_space
+
+    for op, c in all_contracts().items():
+        src = c.root_path.read_text()
+        assert module_literal(src, "TUNABLES") is not None, op
+        assert tunable_space(src, set(c.frozen_tunables))[1], op

@@ -84,7 +84,8 @@ TUNABLES = {
     # decode: chunks one split program computes (each chunk's state is written on its own)
     "DECODE_CHUNKS_PER_PROG": (1, 2, 4, 8),
     # decode: from this many (sequence, KV head) pairs on, no split: one program per pair merges in-program
-    "DECODE_FOLD_GROUPS": (32, 64, 128, 256, 512, 1024, 2048, 1 << 30),
+    # (1073741824 = 2**30: never; written out, since the tuner reads TUNABLES as a literal)
+    "DECODE_FOLD_GROUPS": (32, 64, 128, 256, 512, 1024, 2048, 1073741824),
     # combine: head-dim slice per program, chunk states loaded per step, warps
     "COMBINE_BLOCK_D": (16, 32, 64, 128),
     "COMBINE_CHUNKS": (2, 4, 8, 16),

@@ -1,0 +1,126 @@
+"""Seconds per evaluation in a running search, phase by phase: the figure issue #18's target is about.
+
+    python benchmarks/bench_eval_rate.py [--ops linear,attention,rmsnorm] [--evals 4] [--timeout 300]
+                                         [--device cuda|cpu] [--name eval_rate_h200]
+
+For each operator one process (this one) evaluates `--evals` tuner-style candidates in a row, as a search
+does: each is the root's source with one CONFIG value moved to a neighbour in its TUNABLES (the tuner's own
+rewrite, so every candidate compiles kernels of its own), evaluated with timing against the root. The first
+evaluation pays what a search pays once (the plan, the root's probes, the control run); the figure is the
+median over the evaluations after it. Every phase the report records is kept, per evaluation; the table
+prints the first evaluation and the median of the rest. Results: `<out>/<name>.json` and `.md`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.harness import environment  # noqa: E402
+
+#: the phases in table order (a report records those that ran)
+PHASES = ("plan", "probes_root", "probes_candidate", "checks", "timing_child", "timing_cells_warmup",
+          "timing_cells_timed", "control_child")
+
+
+def candidates(op: str, n: int, seed: int = 0) -> list[tuple[str, str]]:
+    """(label, source) of n tuner-style neighbours of `op`'s root: one key moved one step each."""
+    from tik_kernels.contracts import get_contract
+    from tik_tui.agent.tuner import rewrite_config, tunable_space
+
+    contract = get_contract(op)
+    src = contract.root_path.read_text()
+    config, space = tunable_space(src, set(contract.frozen_tunables))
+    moves = []
+    for k, vals in space.items():
+        i = vals.index(config[k]) if config[k] in vals else None
+        for j in ((i - 1, i + 1) if i is not None else range(len(vals))):
+            if 0 <= j < len(vals) and vals[j] != config[k]:
+                moves.append((k, vals[j]))
+    if not moves:
+        raise SystemExit(f"bench_eval_rate: {op}'s root has no tunable CONFIG key")
+    random.Random(seed).shuffle(moves)
+    return [(f"{k}={v!r}", rewrite_config(src, {**config, k: v})) for k, v in (moves * n)[:n]]
+
+
+def run_op(op: str, evals: int, device: str, timeout: float) -> dict:
+    from tik_kernels.evaluator import evaluate
+
+    tmp = Path(tempfile.mkdtemp(prefix=f"tik-evalrate-{op}-"))
+    rows = []
+    for i, (label, src) in enumerate(candidates(op, evals)):
+        path = tmp / f"{op}_cand{i}.py"
+        path.write_text(src)
+        t0 = time.perf_counter()
+        rep = evaluate(op, path, device=device, timeout=timeout, time_it=True)
+        wall = time.perf_counter() - t0
+        d = rep.as_dict()
+        rows.append({"candidate": label, "wall_s": round(wall, 2), "verified": d["verified"],
+                     "failure": d["failure"], "phases": {k: round(v, 2) for k, v in d["phases"].items()},
+                     "objective": d.get("objective"), "cells": len(d.get("cells") or [])})
+        print(f"{op} #{i} {label}: {wall:.1f} s, verified={d['verified']} "
+              f"{json.dumps(rows[-1]['phases'])}", flush=True)
+    later = rows[1:] or rows
+    med = {p: round(statistics.median([r["phases"].get(p, 0.0) for r in later]), 2) for p in PHASES}
+    return {"op": op, "evaluations": rows, "first_s": rows[0]["wall_s"],
+            "median_s_after_first": round(statistics.median(r["wall_s"] for r in later), 2),
+            "median_phases_after_first": med, "first_phases": rows[0]["phases"]}
+
+
+def markdown(doc: dict) -> str:
+    head = "| op | first eval | median after first | " + " | ".join(PHASES) + " |"
+    lines = [f"# Seconds per evaluation in a running search ({doc['env'].get('gpu') or 'cpu'})", "",
+             f"`{doc['command']}`", "", "Phases: median over the evaluations after the first (first in brackets).",
+             "", head, "|" + "---|" * (3 + len(PHASES))]
+    for r in doc["ops"]:
+        cells = [f"{r['median_phases_after_first'].get(p, 0):.1f} ({r['first_phases'].get(p, 0):.1f})"
+                 for p in PHASES]
+        lines.append(f"| {r['op']} | {r['first_s']:.1f} | **{r['median_s_after_first']:.1f}** | "
+                     + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ops", default="linear,attention,rmsnorm")
+    ap.add_argument("--evals", type=int, default=4)
+    ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    ap.add_argument("--name", default=None, help="file stem (default eval_rate_h200 / eval_rate_cpu)")
+    a = ap.parse_args()
+    import torch
+
+    from tik_kernels.contracts import UnknownOperator, get_contract
+
+    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    ops = [o.strip() for o in a.ops.split(",") if o.strip()]
+    for op in ops:
+        try:
+            get_contract(op)
+        except UnknownOperator as e:
+            raise SystemExit(f"bench_eval_rate: {e}") from None
+    if a.evals < 1:
+        raise SystemExit("bench_eval_rate: --evals must be at least 1")
+    name = a.name or ("eval_rate_cpu" if device == "cpu" else "eval_rate_h200")
+    doc = {"command": " ".join(["python benchmarks/bench_eval_rate.py", *sys.argv[1:]]),
+           "env": environment(), "ops": []}
+    a.out.mkdir(parents=True, exist_ok=True)
+    for op in ops:
+        doc["ops"].append(run_op(op, a.evals, device, a.timeout))
+        (a.out / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
+        (a.out / f"{name}.md").write_text(markdown(doc))
+    print(markdown(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
