@@ -343,3 +343,36 @@ def test_a_starting_worker_reaps_what_a_killed_evaluator_left(tmp_path, monkeypa
     with Workspace.open(ws) as w:
         reaped = [e["payload"] for e in w.events(kind="sandbox_reaped")]
     assert reaped == [{"processes": 1, "directories": 1, "search": s["search"]}]
+
+
+@jailed
+def test_an_evaluations_candidate_children_share_one_triton_cache_and_no_other_child_sees_it(tmp_path):
+    """cache="candidate": the candidate's probe child and timing child of one evaluation share a Triton cache
+    (kernels compiled for the probes are loaded when timed); a child of another mode, or of another evaluation,
+    gets its own; the shared one is gone when the evaluation ends."""
+    from tik_kernels.evaluator.protocol import TensorWriter
+
+    impl = tmp_path / "cache_look.py"
+    impl.write_text("import os\nd = os.environ['TRITON_CACHE_DIR']\n"
+                    "seen = sorted(os.listdir(d)) if os.path.isdir(d) else []\n"
+                    "os.makedirs(d, exist_ok=True)\nopen(os.path.join(d, 'by-candidate'), 'w').close()\n"
+                    "raise RuntimeError('SEEN' + repr(seen))\n")
+    job = {"mode": "probes", "impl": str(impl), "device": "cpu", "limits": sandbox.limits(60), "graph_probes": []}
+
+    def inputs(tmp: Path) -> dict:
+        return {"probes": [], "tensors": TensorWriter(tmp / "inputs.bin").close()}
+
+    def seen(cache: str) -> str:
+        out = sandbox.run_child(job, inputs, lambda out, doc: doc["import_error"], 60, cache=cache)
+        assert out.failure is None, out.failure
+        return out.doc.partition("SEEN")[2]
+
+    before = set(Path(sandbox.tempfile.gettempdir()).glob(f"tik-cand-triton-{os.getpid()}.*"))
+    fresh = seen("seeded")  # a copy of the trusted cache: what any child starts from
+    assert "by-candidate" not in fresh
+    with sandbox.candidate_cache():
+        assert seen("candidate") == fresh
+        assert seen("candidate") == repr(sorted([*eval(fresh), "by-candidate"]))
+        assert seen("seeded") == fresh
+    assert seen("candidate") == fresh
+    assert set(Path(sandbox.tempfile.gettempdir()).glob(f"tik-cand-triton-{os.getpid()}.*")) == before

@@ -20,10 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-
-def one_line(e: BaseException) -> str:
-    msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    return f"{type(e).__name__}: {msg}"[:300] if msg else type(e).__name__
+from tik_kernels.evaluator.outputs import check_outputs, one_line  # noqa: F401 (one_line: used by callers)
 
 
 def _limit_resources(job: dict) -> None:
@@ -101,27 +98,6 @@ class GuardedModule:
             return out
 
         return call
-
-
-def check_outputs(out: Any, args: tuple, kwargs: dict, device: str) -> None:
-    import torch
-
-    items = list(out) if isinstance(out, (tuple, list)) else [out]
-    inputs = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
-    in_ptrs = {a.untyped_storage().data_ptr() for a in inputs if a.numel()}
-    for i, t in enumerate(items):
-        if type(t) is not torch.Tensor:
-            raise TypeError(f"output {i} is {type(t).__name__}, not a plain torch.Tensor")
-        if t.layout != torch.strided or t.is_meta:
-            raise TypeError(f"output {i} is not a dense strided tensor")
-        if t.device.type != torch.device(device).type:
-            raise TypeError(f"output {i} is on {t.device}, expected {device}")
-        if not t.is_contiguous():
-            raise TypeError(f"output {i} is not contiguous (shape {tuple(t.shape)}, strides {t.stride()})")
-        if t.numel() and (t.storage_offset() != 0 or t.untyped_storage().nbytes() != t.numel() * t.element_size()):
-            raise TypeError(f"output {i} is a view into a larger buffer")
-        if t.numel() and t.untyped_storage().data_ptr() in in_ptrs:
-            raise TypeError(f"output {i} aliases an input")
 
 
 def run_probes_job(workdir: Path, job: dict) -> dict:

@@ -7,11 +7,13 @@
 3. Every check runs here, on the bytes that came back: the contract's, plus the generic ones —
    outputs have the root's dtypes and shapes; every probe's inputs are bitwise unchanged; on the
    GPU a CUDA graph replayed on changed inputs matches a fresh call (`checks.py`).
-4. Only a verified candidate is timed: one child times candidate, root, incumbent and baseline
-   interleaved; the timed outputs must match a reference computed here; on the GPU a control
-   child times root and incumbent alone (a candidate that slows its neighbours is caught) and the
-   profiler / wall-time evidence must show the candidate's work inside the timed window
-   (`measure.py` here, `timing.py` in the child).
+4. Only a verified candidate is timed: one child times candidate, root and incumbent (and on the
+   CPU stock PyTorch) interleaved, loading the kernels its probe child compiled
+   (`sandbox.candidate_cache`); the timed outputs must match a reference computed here; on the GPU
+   a control child times root, incumbent and stock PyTorch alone (a candidate that slows its
+   neighbours is caught; the ratio to stock is chained through the root) and the profiler /
+   wall-time evidence must show the candidate's work inside the timed window (`measure.py` here,
+   `timing.py` in the child).
 
 A bad candidate never raises: every failure is a one-line `failure` and failed checks.
 """
@@ -33,7 +35,7 @@ from tik_kernels.evaluator.checks import GRAPH_PREFIX, all_inputs_unchanged, gra
 from tik_kernels.evaluator.measure import time_candidate
 from tik_kernels.evaluator.protocol import ProtocolError, TensorWriter, encode, index_list, read_tensors, tensor_index
 from tik_kernels.evaluator.report import EvalReport, decide, environment, evaluator_fingerprint, fail
-from tik_kernels.evaluator.sandbox import isolation, limits, policy, run_child
+from tik_kernels.evaluator.sandbox import candidate_cache, isolation, limits, policy, run_child
 
 #: root results already computed in this process: (root sha, contract, profile, seed, device) -> results
 _ROOT_CACHE: dict[tuple, dict[str, ProbeResult]] = {}
@@ -90,7 +92,7 @@ def evaluate(
                         contract_fingerprint=contract.fingerprint(), evaluator_fingerprint=evaluator_fingerprint(),
                         profile=profile, seed=seed)
     try:
-        with policy(sandbox):
+        with policy(sandbox), candidate_cache():
             _evaluate(report, contract, Path(candidate_path), root_path, incumbent_path, device, timeout, time_it)
     except Exception as e:  # an evaluator bug must still leave a report, and never pass
         report.failure = "evaluator error: " + one_line(e)
@@ -300,7 +302,7 @@ def run_probes(plan: Plan, impl: Path, device: str, timeout: float, trusted: boo
 
     job = {"mode": "probes", "impl": str(impl.resolve()), "device": device, "limits": limits(timeout),
            "graph_probes": graph_probe_ids(plan) if device.startswith("cuda") else []}
-    cache = "private" if not device.startswith("cuda") else "trusted" if trusted else "seeded"
+    cache = "private" if not device.startswith("cuda") else "trusted" if trusted else "candidate"
     outcome = run_child(job, write_inputs, read_result, timeout, cache=cache, trusted=library)
     if outcome.failure:
         return None, outcome.failure

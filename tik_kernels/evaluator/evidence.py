@@ -32,7 +32,7 @@ from typing import Any
 
 # module level, not inside the child-side functions: the child imports this module before it closes the harness's
 # modules to imports (child.guard_imports), so everything the evidence job needs must be loaded by then
-from tik_kernels.evaluator.child import one_line
+from tik_kernels.evaluator.outputs import one_line
 from tik_kernels.evaluator.protocol import ProtocolError
 from tik_kernels.evaluator.sandbox import limits
 

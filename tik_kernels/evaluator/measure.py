@@ -49,11 +49,12 @@ def _contract_file(contract: Contract) -> str:
 def run_timing(contract: Contract, impls: list[tuple[str, Path]], *, device: str, profile: str, seed: int,
                timeout: float, return_outputs: tuple[str, ...] = (), profile_kernels: bool = False,
                reps: int | None = None, fixed_reps: bool = False,
-               baseline: bool = True) -> tuple[dict | None, str | None]:
+               baseline: bool = True, cache: str = "seeded") -> tuple[dict | None, str | None]:
     """Time `impls` (name, file), interleaved, over every cell of `profile`, in one child.
 
     `reps` rounds per cell at most (default GPU_REPS / CPU_REPS); on the GPU a cell stops early after
-    GPU_MIN_REPS once CELL_BUDGET_S is spent, unless `fixed_reps`. `baseline`: time stock PyTorch too."""
+    GPU_MIN_REPS once CELL_BUDGET_S is spent, unless `fixed_reps`. `baseline`: time stock PyTorch too.
+    `cache`: the child's Triton cache on the GPU (`sandbox.triton_cache`; "candidate" when a candidate is timed)."""
     cuda = device.startswith("cuda")
     cells = [c.name for c in contract.cells(profile)]
     wall = 3 * timeout + (10 * len(cells) if cuda else 0)
@@ -101,7 +102,7 @@ def run_timing(contract: Contract, impls: list[tuple[str, Path]], *, device: str
                 "import_errors": {str(k): str(v)[:300] for k, v in _dict(doc.get("import_errors", {})).items()}}
 
     # a copy of the root's compiled kernels: the timing child never recompiles what the root's probes compiled
-    outcome = run_child(job, lambda tmp: {}, read_result, wall, cache="seeded" if cuda else "private")
+    outcome = run_child(job, lambda tmp: {}, read_result, wall, cache=cache if cuda else "private")
     return outcome.doc, outcome.failure
 
 
@@ -165,7 +166,7 @@ def time_candidate(report: EvalReport, contract: Contract, cand_path: Path, root
     t = time.monotonic()
     doc, failure = run_timing(contract, trusted + [("candidate", cand_path)], device=device, profile=report.profile,
                               seed=report.seed, timeout=timeout, return_outputs=("candidate", "root"),
-                              profile_kernels=cuda)
+                              profile_kernels=cuda, cache="candidate", baseline=not cuda)
     report.phases["timing_child"] = time.monotonic() - t
     if failure:
         return fail(report, "timing/run", "timed_outputs", f"timing run: {failure}")
@@ -264,16 +265,27 @@ def _cell_row(cell, c: dict, control: dict | None) -> dict:
     cand = summarize(s.get("candidate", {}).get("event_us", []))
     root = summarize(s.get("root", {}).get("event_us", []))
     inc = summarize(s["incumbent"]["event_us"]) if "incumbent" in s else root
-    base = summarize(s["baseline"]["event_us"]) if "baseline" in s else summarize([])
     wall = summarize(s.get("candidate", {}).get("wall_us", []))
     med = cand["median_us"]
+    vs_root = med / root["median_us"] if med is not None and root["median_us"] else None
+    if "baseline" in s:  # timed beside the candidate (the CPU)
+        base = summarize(s["baseline"]["event_us"])["median_us"]
+        vs_base = med / base if med is not None and base else None
+    else:
+        # on the GPU stock PyTorch is timed in the control run only (a quarter less of every candidate's timed
+        # rounds): the ratio is chained through the root, each factor from one run (candidate/root beside each
+        # other, root/stock in the control run), never a time of one run over a time of another
+        cs = (control or {}).get("samples", {})
+        base = summarize(cs["baseline"]["event_us"])["median_us"] if "baseline" in cs else None
+        alone = summarize(cs["root"]["event_us"])["median_us"] if "root" in cs else None
+        vs_base = vs_root * alone / base if vs_root is not None and alone and base else None
     row = {
         "cell": cell.name, "coeff": cell.coeff, "limit": cell.limit,
         "median_us": med, "spread_us": cand["spread_us"], "samples": cand["samples"],
         "root_median_us": root["median_us"], "incumbent_median_us": inc["median_us"],
-        "baseline_median_us": base["median_us"],
-        "ratio_vs_root": med / root["median_us"] if med is not None and root["median_us"] else None,
-        "ratio_vs_baseline": med / base["median_us"] if med is not None and base["median_us"] else None,
+        "baseline_median_us": base,
+        "ratio_vs_root": vs_root,
+        "ratio_vs_baseline": vs_base,
         "root_spread_us": root["spread_us"], "wall_median_us": wall["median_us"], "rounds": c.get("rounds"),
         "timing": c.get("timing"),
     }

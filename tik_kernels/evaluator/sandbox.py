@@ -223,19 +223,54 @@ def trusted_cache_dir() -> Path:
     return _TRUSTED_CACHE
 
 
+#: the Triton cache of the evaluation in progress (this thread), see `candidate_cache`
+_CANDIDATE_CACHE: contextvars.ContextVar[list | None] = contextvars.ContextVar("tik_candidate_cache", default=None)
+
+
+@contextlib.contextmanager
+def candidate_cache() -> Iterator[None]:
+    """Within this block, children started with cache="candidate" share one Triton cache: a seeded copy made
+    when the first of them starts, removed when the block ends. The candidate's probe child and its timing
+    child are such children, so the kernels the probes compiled are loaded, not compiled again, when the
+    candidate is timed (on the H200 the timing child's warm-up was 11 s for rmsnorm and 25 s for attention,
+    mostly those compiles: benchmarks/results/eval_rate_h200_before.md).
+
+    This trusts the candidate no more than before. What the probe child writes there is read only by the
+    timing child, which runs that same candidate in its own process beside the root and incumbent: code that
+    could plant a slow kernel for the root in the cache can already patch the root's module in that process.
+    Neither is trusted: the root's and incumbent's times are checked against the control child, which runs
+    without the candidate on a fresh copy of the trusted cache, and every output against the parent's."""
+    holder: list = []
+    token = _CANDIDATE_CACHE.set(holder)
+    try:
+        yield
+    finally:
+        _CANDIDATE_CACHE.reset(token)
+        for d in holder:
+            shutil.rmtree(d, ignore_errors=True)
+
+
 def triton_cache(mode: str, tmp: Path) -> Path:
     """The Triton cache directory of a child. "private": empty, its own. "trusted": the process's shared
     directory, which only children running trusted code (the root) get, so they alone write it. "seeded": a
     private copy of the shared directory: a candidate that keeps most of the root's kernels (a tuner changing
     one tile bucket) loads them instead of compiling them again (Triton's key is the kernel's source and
-    constants, not the file), and what it writes or deletes stays in its copy."""
-    if mode not in ("private", "trusted", "seeded"):
+    constants, not the file), and what it writes or deletes stays in its copy. "candidate": within
+    `candidate_cache()`, one seeded copy shared by the evaluation's candidate children; "seeded" elsewhere."""
+    if mode not in ("private", "trusted", "seeded", "candidate"):
         raise ValueError(f"unknown cache mode {mode!r}")
     if mode == "trusted":
         return trusted_cache_dir()
-    own = tmp / "triton-cache"
-    if mode == "seeded" and _TRUSTED_CACHE is not None and _TRUSTED_CACHE.is_dir():
+    holder = _CANDIDATE_CACHE.get() if mode == "candidate" else None
+    if holder:
+        return holder[0] / "triton-cache"
+    base = owned_tempdir("tik-cand-triton-") if holder is not None else tmp
+    own = base / "triton-cache"
+    if mode in ("seeded", "candidate") and _TRUSTED_CACHE is not None and _TRUSTED_CACHE.is_dir():
         shutil.copytree(_TRUSTED_CACHE, own, dirs_exist_ok=True, ignore=shutil.ignore_patterns("tmp.*"))
+    own.mkdir(parents=True, exist_ok=True)
+    if holder is not None:
+        holder.append(base)
     return own
 
 
@@ -417,7 +452,8 @@ def run_child(job: dict, write_inputs: Callable[[Path], dict], read_result: Call
         here = JAIL_SCRATCH if jailed else str(scratch)
         argv = [sys.executable, "-m", "tik_kernels.evaluator.child", here]
         if jailed:
-            shared = cache_dir if cache == "trusted" else None
+            # the trusted cache and an evaluation's candidate cache outlive the child: mounted, not in its scratch
+            shared = cache_dir if cache == "trusted" or not _under(str(cache_dir), str(scratch)) else None
             env = child_env(job["device"], JAIL_SCRATCH, JAIL_CACHE if shared else f"{JAIL_SCRATCH}/triton-cache",
                             runtime=JAIL_RUNTIME)
             env["HOME"] = JAIL_SCRATCH

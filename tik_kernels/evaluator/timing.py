@@ -34,7 +34,7 @@ import torch
 # imported here, not where used: once the child guards the harness's modules (child.guard_imports) they can
 # no longer be imported
 from tik_kernels.contract import Contract, flatten_outputs, load_module
-from tik_kernels.evaluator.child import check_outputs, one_line
+from tik_kernels.evaluator.outputs import check_outputs, one_line
 from tik_kernels.evaluator.protocol import TensorWriter
 
 FLUSH_BYTES = 256 << 20
