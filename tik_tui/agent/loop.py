@@ -43,7 +43,8 @@ from tik_tui.agent.base import (
     config_key,
     module_literal,
 )
-from tik_tui.agent.executor import ATTEMPTS, EvalJob, InlineExecutor, Outcome
+from tik_tui.agent.executor import InlineExecutor
+from tik_tui.agent.jobs import ATTEMPTS, EvalJob, Outcome
 from tik_tui.agent.select import select_parent
 
 
