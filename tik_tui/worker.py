@@ -208,12 +208,13 @@ def run_search(workspace: Any, ops: list[str] | None = None, proposer: str = "tu
                             heartbeat=time.time(), message="starting")
 
         def beat() -> None:
-            from tik_store import Workspace as W
+            from tik_store.channel import Channel
 
             try:
-                with W.open(path) as bws:
+                # the control channel alone: no git repository, no repair pass in this thread
+                with Channel.open(path) as channel:
                     while not beat_stop.wait(HEARTBEAT_S):
-                        bws.set_worker_state(heartbeat=time.time())
+                        channel.set_worker_state(heartbeat=time.time())
             except Exception:  # a full disk: the search's own write reports it
                 return
 
