@@ -7,8 +7,9 @@
 No torch, triton, textual or anthropic here (tests/test_layering.py).
 """
 
+from tik_store.channel import Channel
 from tik_store.errors import UnknownImplementation, WorkspaceError
 from tik_store.schema import ACTIONS, STATUSES, WORKER_STATES
 from tik_store.workspace import Workspace
 
-__all__ = ["ACTIONS", "STATUSES", "WORKER_STATES", "UnknownImplementation", "Workspace", "WorkspaceError"]
+__all__ = ["ACTIONS", "STATUSES", "WORKER_STATES", "Channel", "UnknownImplementation", "Workspace", "WorkspaceError"]

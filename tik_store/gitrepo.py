@@ -3,13 +3,15 @@
 Each implementation is one commit of a one-file tree; its first parent is the first parent
 implementation's commit (a merge has several). The commit message carries the row's metadata
 as JSON after a marker line, so a commit whose row was never written (a crash between the two)
-can be recorded later without loss. Objects are written (and loose ones read) in-process with
-gitdb's loose object database, and the repository is opened on GitPython's pure-Python object
-database (`GitDB`, which also reads packs), so the store never runs the `git` program: a machine
-without it (the GPU hosts have none) can hold a workspace, and `git` itself can still inspect it.
+can be recorded later without loss. Objects are written and read in-process with gitdb's loose
+and packed object databases, and commits and trees are parsed here, so the store never runs the
+`git` program: a machine without it (the GPU hosts have none) can hold a workspace, and `git`
+itself can still inspect it. GitPython's `Repo` is used only to write refs and to serialize
+commits, never to read an object, so it keeps its default object database (the one that would
+run `git`, never called; GitPython deprecates the pure-Python one as a `Repo` backend).
 Ref names, refs and the commit metadata are plain files (`tik_store.gitfiles`, re-exported here).
 GitPython `Repo` objects are not thread-safe: one `Repo` is used under a lock (one thread at a
-time), reopened after a fork, and closed by `close()`.
+time), reopened after a fork, and closed by `close()`; the pack database likewise.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from git.objects.fun import tree_to_stream  # noqa: E402
 from git.refs.symbolic import SymbolicReference  # noqa: E402
 from git.util import Actor  # noqa: E402
 from gitdb import IStream, LooseObjectDB  # noqa: E402
+from gitdb.db.pack import PackedDB  # noqa: E402
 from gitdb.exc import BadObject  # noqa: E402
 from gitdb.util import bin_to_hex, hex_to_bin  # noqa: E402
 
@@ -63,6 +66,8 @@ class GitRepo:
         self._loose = LooseObjectDB(str(self.path / "objects"))
         self._open: git.Repo | None = None
         self._pid = 0
+        self._packs: PackedDB | None = None
+        self._packs_pid = 0
 
     @classmethod
     def init(cls, path: Path) -> GitRepo:
@@ -83,7 +88,7 @@ class GitRepo:
         with self._lock:
             if self._open is None or self._pid != os.getpid():
                 # opening parses the config (~3 ms): keep one per process, used by one thread at a time
-                self._open, self._pid = git.Repo(self.path, odbt=git.GitDB), os.getpid()
+                self._open, self._pid = git.Repo(self.path), os.getpid()
             yield self._open
 
     def close(self) -> None:
@@ -91,6 +96,7 @@ class GitRepo:
             if self._open is not None and self._pid == os.getpid():
                 self._open.close()
             self._open = None
+            self._packs = None
 
     # ------------------------------------------------------------------ writes
 
@@ -157,44 +163,83 @@ class GitRepo:
         """All refs under `prefix` (loose and packed) -> hexsha."""
         return read_refs(self.path, prefix)
 
-    def read_object(self, hexsha: str) -> bytes:
-        """An object's raw content (loose objects through gitdb directly, packed ones through GitDB)."""
+    def _stream(self, hexsha: str):
+        """An object's gitdb stream (type, size, read()): loose, else from a pack; BadObject when missing."""
         binsha = hex_to_bin(hexsha)
         with self._lock:
             try:
-                return self._loose.stream(binsha).read()
+                return self._loose.stream(binsha)
             except BadObject:
                 pass
-        with self._repo() as repo:
-            try:
-                return repo.odb.stream(binsha).read()
-            except BadObject:
-                raise DamagedWorkspace(f"git object {hexsha[:12]} is missing from {self.path}; `tik doctor` "
-                                       "lists the damage") from None
+            if self._packs is None or self._packs_pid != os.getpid():
+                self._packs, self._packs_pid = PackedDB(str(self.path / "objects" / "pack")), os.getpid()
+            return self._packs.stream(binsha)
+
+    def read_object(self, hexsha: str) -> bytes:
+        """An object's raw content (loose or packed)."""
+        try:
+            return self._stream(hexsha).read()
+        except BadObject:
+            raise DamagedWorkspace(f"git object {hexsha[:12]} is missing from {self.path}; `tik doctor` "
+                                   "lists the damage") from None
 
     def read_blob(self, hexsha: str) -> bytes:
         return self.read_object(hexsha)
 
+    def _commit(self, hexsha: str) -> tuple[str, list[str], str] | None:
+        """(tree hexsha, parent hexshas, message) of a commit, or None when it is missing or not a commit."""
+        try:
+            stream = self._stream(hexsha)
+        except (ValueError, BadObject):
+            return None
+        if stream.type != b"commit" and stream.type != "commit":
+            return None
+        header, _, message = stream.read().partition(b"\n\n")
+        tree, parents, encoding = None, [], "utf-8"
+        for line in header.split(b"\n"):
+            key, _, value = line.partition(b" ")
+            if key == b"tree":
+                tree = value.decode()
+            elif key == b"parent":
+                parents.append(value.decode())
+            elif key == b"encoding":
+                encoding = value.decode()
+        if tree is None:
+            return None
+        return tree, parents, message.decode(encoding, "replace")
+
+    def _tree_blobs(self, hexsha: str) -> list[tuple[str, str]]:
+        """(name, blob hexsha) of a tree's files, in tree order."""
+        data = self._stream(hexsha).read()
+        out, i = [], 0
+        while i < len(data):
+            sp = data.index(b" ", i)
+            nul = data.index(b"\0", sp)
+            mode, name, sha = data[i:sp], data[sp + 1:nul], data[nul + 1:nul + 21]
+            if not mode.startswith(b"4") and mode != b"160000":  # not a subtree, not a submodule
+                out.append((name.decode("utf-8", "replace"), bin_to_hex(sha).decode()))
+            i = nul + 21
+        return out
+
     def commit_info(self, hexsha: str) -> dict | None:
         """{parents, message, blob, filename} of a commit, or None when it is missing."""
-        with self._repo() as repo:
-            try:
-                c = repo.commit(hexsha)
-                blobs = [(b.path, b.hexsha) for b in c.tree.blobs]
-                return {"parents": [p.hexsha for p in c.parents], "message": c.message,
-                        "filename": blobs[0][0] if blobs else None, "blob": blobs[0][1] if blobs else None}
-            except (ValueError, git.BadObject, git.BadName):
-                return None
+        c = self._commit(hexsha)
+        if c is None:
+            return None
+        tree, parents, message = c
+        try:
+            blobs = self._tree_blobs(tree)
+        except (ValueError, BadObject):
+            return None
+        return {"parents": parents, "message": message,
+                "filename": blobs[0][0] if blobs else None, "blob": blobs[0][1] if blobs else None}
 
     def commits_info(self, hexshas: list[str]) -> dict[str, list[str] | None]:
-        """Parent hexshas of many commits in one repository session (None when a commit is missing)."""
+        """Parent hexshas of many commits (None when a commit is missing)."""
         out: dict[str, list[str] | None] = {}
-        with self._repo() as repo:
-            for h in hexshas:
-                try:
-                    out[h] = [p.hexsha for p in repo.commit(h).parents]
-                except (ValueError, git.BadObject, git.BadName):
-                    out[h] = None
+        for h in hexshas:
+            c = self._commit(h)
+            out[h] = None if c is None else c[1]
         return out
 
     def tag_message(self, hexsha: str) -> str | None:

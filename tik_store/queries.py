@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import time
 from collections.abc import Iterator
 from typing import Any
 
+from tik_store.connection import _loads
 from tik_store.diffing import unified_diff
-
-#: a worker whose heartbeat is older than this is presumed dead (the worker beats every few seconds)
-STALE_HEARTBEAT_S = 120.0
 
 #: an implementation's columns in the order of the keys `_impl` gives them (the order `tik log --json` prints);
 #: {parents} is the csv of its impl_parents, in position order
@@ -40,27 +34,6 @@ def _impl(row: tuple, parents: list[int] | None = None) -> dict:
             "updated": updated, "objective": objective, "incumbent_objective": incumbent_objective,
             "admissible": None if admissible is None else bool(admissible), "failure": failure, "commit": commit,
             "filename": filename, "source_sha256": source_sha256}
-
-
-def _loads(text: str | None, default: Any = None) -> Any:
-    if text is None:
-        return default
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
-
-
-def pid_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class Queries:
@@ -243,39 +216,3 @@ class Queries:
         total["by_model"] = {r.pop("model"): r for r in
                              self.db.query(f"SELECT model, {_USAGE_SUM} FROM llm_usage GROUP BY model ORDER BY model")}
         return total
-
-    def _event_rows(self, sql: str, params: list) -> list[dict]:
-        rows = list(self.db.query(sql, params))
-        for r in rows:
-            r["payload"] = _loads(r["payload"], {})
-        return rows
-
-    def events_since(self, last_id: int = 0, limit: int = 500) -> list[dict]:
-        return self._event_rows("SELECT * FROM events WHERE id > ? ORDER BY id LIMIT ?", [int(last_id), int(limit)])
-
-    def events(self, kind: str | None = None, op: str | None = None, impl_id: int | None = None) -> list[dict]:
-        """Events of one kind / operator / implementation (each filter optional), oldest first."""
-        where, params = [], []
-        for col, val in (("kind", kind), ("op", op), ("impl_id", impl_id)):
-            if val is not None:
-                where.append(f"{col} = ?")
-                params.append(val)
-        return self._event_rows("SELECT * FROM events" + (" WHERE " + " AND ".join(where) if where else "")
-                                + " ORDER BY id", params)
-
-    def last_event_id(self) -> int:
-        return int(self.db.execute("SELECT coalesce(max(id), 0) FROM events").fetchone()[0])
-
-    def worker_state(self) -> dict:
-        """The worker's row plus `alive` (its process exists / it beat recently) and `heartbeat_age_s`."""
-        rows = list(self.db.query("SELECT * FROM worker_state WHERE id = 1"))
-        w = rows[0] if rows else {"state": "idle", "pid": None, "host": None, "heartbeat": None, "extra": "{}"}
-        w.pop("id", None)
-        w.update(_loads(w.pop("extra", "{}"), {}) or {})
-        age = None if w.get("heartbeat") is None else max(0.0, time.time() - w["heartbeat"])
-        w["heartbeat_age_s"] = age
-        if w.get("host") == socket.gethostname() and w.get("pid"):
-            w["alive"] = pid_alive(w["pid"]) and age is not None and age < STALE_HEARTBEAT_S
-        else:
-            w["alive"] = age is not None and age < STALE_HEARTBEAT_S and w.get("state") in ("running", "paused")
-        return w

@@ -7,9 +7,10 @@ row it was meant to be (the commit message carries the row as JSON), or a row wh
 `reconcile()` recreates. Readers only ever see whole derivations: a row is committed after the
 objects it names exist.
 
-One sqlite connection per thread (WAL, foreign keys on, a 30 s busy timeout), so a worker
-process and any number of viewer processes can share the workspace; write transactions are
-`BEGIN IMMEDIATE`, so two writers queue instead of failing on a lock upgrade.
+Connections: `tik_store.connection` (one per thread, WAL, `BEGIN IMMEDIATE` writes), so a worker
+process and any number of viewer processes can share the workspace. The control channel
+(events, commands, the worker's state and heartbeat) is `tik_store.channel.Channel`, which a
+`Workspace` is, plus the record.
 
 `Workspace.open(path, readonly=True)` is the viewer's open (`tik log | show | status`): its
 connections are `query_only`, it leaves repairs to the next writer (`open` without `readonly`,
@@ -19,20 +20,16 @@ connections are `query_only`, it leaves repairs to the next writer (`open` witho
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import socket
 import sqlite3
 import threading
-import time
-import urllib.parse
 import uuid
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
-from datetime import UTC, datetime
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tik_store.channel import Channel
+from tik_store.connection import DB_NAME, _j, now
 from tik_store.db import Database
 from tik_store.diffing import analyse
 from tik_store.errors import (
@@ -45,39 +42,28 @@ from tik_store.errors import (
 from tik_store.gitfiles import PENDING_PREFIX, commit_message, derivation_ref, is_repo, promotion_tag, read_loose
 from tik_store.health import Health
 from tik_store.queries import Queries
-from tik_store.schema import ACTIONS, SCHEMA, SCHEMA_VERSION, STATUSES, WORKER_STATES
+from tik_store.schema import ACTIONS, SCHEMA, SCHEMA_VERSION, STATUSES
 
 if TYPE_CHECKING:
     from tik_store.gitrepo import GitRepo
 
-DB_NAME = "tik.db"
 REPO_NAME = "repo"
 USAGE_FIELDS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
-WORKER_FIELDS = ("pid", "host", "state", "op", "proposer", "budget", "spent", "heartbeat", "message")
 OPPORTUNITY_FIELDS = ("mechanism", "workloads", "evidence", "status", "impl_id")
 
 
-def now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def _j(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, default=str)
-
-
-class Workspace(Queries, Health):
+class Workspace(Channel, Queries, Health):
     """The IR store. Use `Workspace.init(path)` / `Workspace.open(path)`, ideally as a context manager."""
 
     def __init__(self, path: Path, *, readonly: bool = False):
-        self.path = Path(path)
-        self.db_path = self.path / DB_NAME
+        super().__init__(path, readonly=readonly)
         self.repo_path = self.path / REPO_NAME
-        self.readonly = readonly
         self._git: GitRepo | None = None
         self._git_lock = threading.Lock()
-        self._local = threading.local()
-        self._conns: list[sqlite3.Connection] = []
-        self._conns_lock = threading.Lock()
+
+    def _now(self) -> str:
+        # this module's clock stamps the channel's rows too (one clock for the whole workspace)
+        return now()
 
     @property
     def git(self) -> GitRepo:
@@ -144,13 +130,9 @@ class Workspace(Queries, Health):
         return ws
 
     def close(self) -> None:
-        with self._conns_lock:
-            for conn in self._conns:
-                conn.close()
-            self._conns.clear()
+        super().close()
         with self._git_lock:
             git, self._git = self._git, None
-        self._local = threading.local()
         if git is not None:
             git.close()
 
@@ -162,79 +144,6 @@ class Workspace(Queries, Health):
 
     def __repr__(self) -> str:
         return f"Workspace({str(self.path)!r})"
-
-    # ------------------------------------------------------------------ connections, transactions
-
-    def _conn(self) -> sqlite3.Connection:
-        local = self._local
-        if getattr(local, "conn", None) is None or local.pid != os.getpid():
-            try:
-                conn = self._connect_readonly() if self.readonly else self._connect("")
-                conn.execute("PRAGMA synchronous=NORMAL") if not self.readonly else None
-            except sqlite3.DatabaseError as e:
-                raise sqlite_problem(e, self.path, self.db_path) from None
-            local.conn, local.pid, local.db = conn, os.getpid(), Database(conn)
-            with self._conns_lock:
-                self._conns.append(conn)
-        return local.conn
-
-    def _connect(self, mode: str) -> sqlite3.Connection:
-        """A connection; `mode` is a sqlite URI query (`mode=ro`, `immutable=1`), "" for the default."""
-        target = f"file:{urllib.parse.quote(str(self.db_path.absolute()))}?{mode}" if mode else self.db_path
-        conn = sqlite3.connect(target, timeout=30.0, isolation_level=None, check_same_thread=False, uri=bool(mode))
-        conn.execute("PRAGMA foreign_keys=ON")
-        conn.execute("PRAGMA busy_timeout=30000")
-        if self.readonly:
-            conn.execute("PRAGMA query_only=ON")
-        return conn
-
-    def _connect_readonly(self) -> sqlite3.Connection:
-        """The viewer's connection. A WAL database needs its `-shm` file, which a user without write access
-        cannot create: then open it `mode=ro` (works while a writer keeps `-shm` alive), else `immutable=1`
-        (no writer has it open: there is no `-wal` to miss)."""
-        last: sqlite3.Error | None = None
-        for mode in ("", "mode=ro", "immutable=1"):
-            if mode == "immutable=1" and self.db_path.with_name(DB_NAME + "-wal").exists():
-                break
-            try:
-                conn = self._connect(mode)
-                conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
-                return conn
-            except sqlite3.OperationalError as e:
-                last = e
-                if "readonly" not in str(e) and "unable to open" not in str(e):
-                    raise
-        raise last
-
-    @property
-    def db(self) -> Database:
-        self._conn()
-        return self._local.db
-
-    @contextmanager
-    def _tx(self) -> Iterator[Database]:
-        """A write transaction (`BEGIN IMMEDIATE`); nested uses become savepoints."""
-        if self.readonly:
-            raise WorkspaceError(f"{self.path} was opened read-only")
-        conn, db = self._conn(), self.db
-        if conn.in_transaction:
-            with db.atomic():
-                yield db
-            return
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield db
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
-
-    def _event(self, db: Database, kind: str, payload: dict, op: str | None = None,
-               impl_id: int | None = None) -> int:
-        cur = db.execute("INSERT INTO events (ts, kind, op, impl_id, payload) VALUES (?, ?, ?, ?, ?)",
-                         [now(), kind, op, impl_id, _j(payload)])
-        return int(cur.lastrowid)
 
     def _blob(self, hexsha: str) -> bytes:
         """A source: read straight from its loose object file (the store writes only those), else from GitPython."""
@@ -512,54 +421,6 @@ class Workspace(Queries, Health):
             return self._insert_usage(db, impl_id, model=model, cost_usd=cost_usd, input_tokens=input_tokens,
                                       output_tokens=output_tokens, cache_read_tokens=cache_read_tokens,
                                       cache_write_tokens=cache_write_tokens)
-
-    # ------------------------------------------------------------------ events, commands, the worker
-
-    def append_event(self, kind: str, payload: dict, *, op: str | None = None, impl_id: int | None = None) -> int:
-        with self._tx() as db:
-            return self._event(db, kind, payload, op, impl_id)
-
-    def send_command(self, kind: str, payload: dict | None = None) -> int:
-        with self._tx() as db:
-            cur = db.execute("INSERT INTO commands (kind, payload, created) VALUES (?, ?, ?)",
-                             [kind, _j(payload or {}), now()])
-            cid = int(cur.lastrowid)
-            self._event(db, "command", {"id": cid, "kind": kind, "payload": payload or {}})
-        return cid
-
-    def take_commands(self) -> list[dict]:
-        """Pending commands, oldest first, marked done in the same transaction (each is taken once)."""
-        with self._tx() as db:
-            rows = list(db.query("SELECT * FROM commands WHERE done IS NULL ORDER BY id"))
-            t = now()
-            for r in rows:
-                db.execute("UPDATE commands SET done = ? WHERE id = ?", [t, r["id"]])
-        return [{**r, "payload": json.loads(r["payload"]), "done": t} for r in rows]
-
-    def set_worker_state(self, **fields: Any) -> None:
-        """Update the worker's row; every call refreshes the heartbeat (unless one is given).
-        Fields outside the known ones are kept in `extra`."""
-        if "state" in fields and fields["state"] not in WORKER_STATES:
-            raise WorkspaceError(f"unknown worker state {fields['state']!r} (one of {', '.join(WORKER_STATES)})")
-        known = {k: v for k, v in fields.items() if k in WORKER_FIELDS}
-        extra = {k: v for k, v in fields.items() if k not in WORKER_FIELDS}
-        hb = known.get("heartbeat")
-        known["heartbeat"] = time.time() if hb in (None, True) else float(hb)
-        if "pid" in known and "host" not in known:
-            known["host"] = socket.gethostname()
-        with self._tx() as db:
-            old = list(db.query("SELECT * FROM worker_state WHERE id = 1"))
-            if not old:
-                db.execute("INSERT INTO worker_state (id, state, updated) VALUES (1, 'idle', ?)", [now()])
-                old = list(db.query("SELECT * FROM worker_state WHERE id = 1"))
-            merged_extra = {**json.loads(old[0]["extra"] or "{}"), **extra}
-            sets = ", ".join(f"{k} = ?" for k in known)
-            db.execute(f"UPDATE worker_state SET {sets}, extra = ?, updated = ? WHERE id = 1",
-                       [*known.values(), _j(merged_extra), now()])
-            if "state" in known and known["state"] != old[0]["state"]:
-                self._event(db, "worker", {"from": old[0]["state"], "state": known["state"],
-                                           "message": known.get("message")}, known.get("op"))
-
 
 def _opt_bool(v: Any) -> int | None:
     return None if v is None else int(bool(v))

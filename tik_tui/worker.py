@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import fcntl
-import importlib
-import importlib.util
 import os
 import signal
 import sys
@@ -88,24 +86,6 @@ def worker_busy(path: Path) -> str | None:
             return None
     except WorkerBusy as e:
         return str(e)
-
-
-def load_evaluator(spec: str) -> Callable:
-    """`module:function` or `path/to/file.py:function` (a test seam for injecting an evaluator)."""
-    target, _, fn = spec.rpartition(":")
-    if target.endswith(".py"):
-        s = importlib.util.spec_from_file_location("tik_injected_evaluator", target)
-        mod = importlib.util.module_from_spec(s)
-        s.loader.exec_module(mod)
-    else:
-        mod = importlib.import_module(target)
-    func = getattr(mod, fn)
-    try:
-        # so evaluator processes of a local pool can load it the same way
-        func.__tik_spec__ = spec
-    except (AttributeError, TypeError):
-        pass
-    return func
 
 
 #: configs the tuner screens at a time on a timed device (`--screen`)
@@ -228,12 +208,13 @@ def run_search(workspace: Any, ops: list[str] | None = None, proposer: str = "tu
                             heartbeat=time.time(), message="starting")
 
         def beat() -> None:
-            from tik_store import Workspace as W
+            from tik_store.channel import Channel
 
             try:
-                with W.open(path) as bws:
+                # the control channel alone: no git repository, no repair pass in this thread
+                with Channel.open(path) as channel:
                     while not beat_stop.wait(HEARTBEAT_S):
-                        bws.set_worker_state(heartbeat=time.time())
+                        channel.set_worker_state(heartbeat=time.time())
             except Exception:  # a full disk: the search's own write reports it
                 return
 
@@ -321,6 +302,7 @@ def sandbox_choice(args: argparse.Namespace) -> str | None:
 
 def search_kwargs(args: argparse.Namespace) -> dict:
     from tik_tui.agent import default_proposer
+    from tik_tui.agent.jobs import load_evaluator
 
     return dict(ops=args.ops, proposer=args.proposer or default_proposer(), budget=args.budget,
                 auto_promote=args.auto_promote, device=args.device, timeout=args.timeout,

@@ -115,6 +115,26 @@ def test_sources_in_a_pack_are_read_through_gitpython(ws, root):
         assert ro.diff(ids[-1]).startswith(f"--- #{ids[-2]}/toy.py")
 
 
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs the git program to pack the repository")
+def test_commits_in_a_pack_read_as_loose_ones(ws, root):
+    """tik_store.gitrepo parses commits and trees itself (GitPython's pure-Python object database is deprecated
+    as a Repo backend): packed commits read back as they did loose, a merge with both parents, a blob is no
+    commit, and `tik doctor` still finds the commits agree with their rows."""
+    ids = _tree(ws, root)
+    shas = [ws._row(i)["commit_sha"] for i in ids]
+    loose = {s: ws.git.commit_info(s) for s in shas}
+    assert [len(loose[s]["parents"]) for s in shas] == [0, 1, 1, 2, 1]
+    assert loose[shas[1]]["filename"] == "toy.py" and "n1" in loose[shas[1]]["message"]
+    subprocess.run(["git", "-C", str(ws.repo_path), "repack", "-a", "-d", "-q"], check=True, timeout=120)
+    subprocess.run(["git", "-C", str(ws.repo_path), "prune-packed"], check=True, timeout=120)
+    ws.git.close()
+    assert read_loose(ws.repo_path, shas[-1]) is None
+    assert {s: ws.git.commit_info(s) for s in shas} == loose
+    assert ws.git.commits_info(shas) == {s: loose[s]["parents"] for s in shas}
+    assert ws.git.commit_info(ws._row(ids[1])["blob_sha"]) is None
+    assert ws.doctor(in_flight_s=0) == []
+
+
 def test_loose_objects_read_as_gitpython_reads_them(ws, root):
     ids = _tree(ws, root)
     for i in ids:

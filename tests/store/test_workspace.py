@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import sqlite3
 
@@ -271,3 +272,20 @@ def test_threads_share_one_workspace(ws, root):
     assert sorted(r["proposer"] for r in ws.children(root)) == sorted(f"t{k}" for k in range(4) for _ in range(15))
     assert len([e for e in ws.events_since(0, limit=10_000) if e["kind"] == "thread"]) == 60
     assert ws.doctor(in_flight_s=0) == []
+
+
+def test_the_control_channel_opens_alone(ws, tmp_path):
+    """`Channel.open` reads and writes the same rows as the workspace, without the git repository."""
+    from tik_store.channel import Channel
+
+    ws.send_command("pause")
+    with Channel.open(ws.path) as channel:
+        assert not hasattr(channel, "git")
+        assert [c["kind"] for c in channel.take_commands()] == ["pause"]
+        channel.set_worker_state(state="running", pid=os.getpid(), message="beating")
+        channel.append_event("probe", {"n": 1})
+    assert ws.take_commands() == []
+    assert ws.worker_state()["message"] == "beating" and ws.worker_state()["alive"]
+    assert ws.events(kind="probe")[0]["payload"] == {"n": 1}
+    with pytest.raises(WorkspaceError, match="no TIK workspace"):
+        Channel.open(tmp_path / "nothing")

@@ -21,6 +21,9 @@ Executors:
 never raises. `Outcome.lost` says the process running the job died (an evaluator process
 killed, a Ray worker or node lost): the search retries such a job once. A candidate that
 crashes its own sandbox child is not a lost job: the evaluator reports it as a failure.
+
+The job, the outcome and how one runs are in `jobs.py`; this module imports `ray_executor.py`
+(only when asked for ray), never the other way round.
 """
 
 from __future__ import annotations
@@ -29,98 +32,29 @@ import os
 import pickle
 import queue
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import tik_tui
+from tik_tui.agent.jobs import (
+    EvalJob,
+    ExecutorError,
+    Outcome,
+    load_portable,
+    one_line,
+    portable_evaluator,
+    run_job,
+)
 
-#: a job whose process dies is run this many times in all before it is recorded as failed
-ATTEMPTS = 2
 EXECUTORS = ("local", "ray")
 #: the directory holding tik_tui (and, in a checkout, kernels and store), for slot processes
 PACKAGE_ROOT = Path(tik_tui.__file__).resolve().parent.parent
-
-
-class ExecutorError(ValueError):
-    """A user-facing executor problem (unknown executor, no ray, unreachable cluster): one line."""
-
-
-@dataclass
-class EvalJob:
-    op: str
-    impl_id: int
-    source: str
-    root_id: int | None = None
-    root_source: str | None = None
-    incumbent_id: int | None = None
-    incumbent_source: str | None = None
-    device: str | None = None
-    timeout: float = 120.0
-    time_it: bool | None = None
-
-
-@dataclass
-class Outcome:
-    #: the EvalReport as a dict, when evaluate() returned
-    report: dict | None = None
-    #: evaluate() raised: "Type: message" (the candidate fails, no retry)
-    error: str | None = None
-    trace: str | None = None
-    #: the process running the job died: why (retried once)
-    lost: str | None = None
-    #: where and when it ran: executor, slot, host, pid, gpu, started, finished (epoch seconds)
-    worker: dict = field(default_factory=dict)
-
-
-def report_dict(rep: Any) -> dict:
-    return rep.as_dict() if hasattr(rep, "as_dict") else dict(rep)
-
-
-def one_line(e: BaseException) -> str:
-    msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
-
-
-def run_job(job: EvalJob, evaluate: Callable | None = None, worker: dict | None = None) -> Outcome:
-    """Write the job's sources to a private directory and evaluate there (wherever "there" is)."""
-    worker = {"host": socket.gethostname(), "pid": os.getpid(), **(worker or {}), "started": time.time()}
-    if evaluate is None:
-        from tik_kernels.evaluator import evaluate
-    tmp = Path(tempfile.mkdtemp(prefix="tik-job-"))
-    try:
-        def write(impl_id: int | None, source: str | None) -> str | None:
-            if source is None:
-                return None
-            p = tmp / f"{job.op}_{impl_id}.py"
-            p.write_text(source)
-            return str(p)
-
-        cand = write(job.impl_id, job.source)
-        root = write(job.root_id, job.root_source)
-        inc = write(job.incumbent_id, job.incumbent_source)
-        extra = {} if job.time_it is None else {"time_it": job.time_it}
-        try:
-            rep = evaluate(job.op, cand, root_path=root, incumbent_path=inc, device=job.device, timeout=job.timeout,
-                           **extra)
-            out = Outcome(report=report_dict(rep))
-        except Exception as e:  # an evaluator crash fails this candidate, not the search
-            out = Outcome(error=one_line(e), trace=traceback.format_exc()[-2000:])
-    finally:
-        import shutil
-
-        shutil.rmtree(tmp, ignore_errors=True)
-    out.worker = {**worker, "finished": time.time()}
-    return out
 
 
 # ----------------------------------------------------------------------------- inline
@@ -154,31 +88,6 @@ class InlineExecutor:
 
 
 # ----------------------------------------------------------------------------- local pool
-
-
-def portable_evaluator(evaluate: Callable | None) -> tuple[str, Any] | None:
-    """How a slot process gets the evaluator: None (the real one), a `module:fn` spec, or pickled bytes."""
-    if evaluate is None:
-        return None
-    spec = getattr(evaluate, "__tik_spec__", None)
-    if spec:
-        return ("spec", spec)
-    try:
-        return ("pickle", pickle.dumps(evaluate))
-    except (pickle.PicklingError, AttributeError, TypeError) as e:
-        raise ExecutorError(f"the evaluator {getattr(evaluate, '__qualname__', evaluate)!r} cannot be sent to "
-                            f"worker processes ({type(e).__name__}): use one worker") from None
-
-
-def load_portable(p: tuple[str, Any] | None) -> Callable | None:
-    if p is None:
-        return None
-    kind, value = p
-    if kind == "spec":
-        from tik_tui.worker import load_evaluator
-
-        return load_evaluator(value)
-    return pickle.loads(value)
 
 
 def _exit_reason(rc: int | None) -> str:

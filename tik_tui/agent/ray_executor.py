@@ -19,7 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from tik_tui.agent.executor import EvalJob, ExecutorError, Outcome, one_line, run_job
+from tik_tui.agent.jobs import EvalJob, ExecutorError, Outcome, one_line, run_job
 
 
 def _import_ray():

@@ -116,3 +116,17 @@ def _merge_partner(store: Any, parent: dict, frontier: list[dict], attempts: lis
             continue
         return f
     return None
+
+
+def choose(store: Any, op: str, proposer: Any, *, explore: bool = True, exclude: set[int] | frozenset = frozenset(),
+           rng: random.Random | None = None) -> Selection | None:
+    """The step's parent (and merge partner): the proposer's own request when it makes one
+    (`preferred_parent(op, store) -> (parent id, merge id)`), else `select_parent`."""
+    pref = getattr(proposer, "preferred_parent", None)
+    if pref is not None:
+        pid, mid = pref(op, store)
+        if pid is not None:
+            return Selection(store.implementation(pid), store.implementation(mid) if mid is not None else None,
+                             "requested")
+    return select_parent(store, op, explore=explore, exclude=exclude,
+                         can_merge=bool(getattr(proposer, "supports_merge", False)), rng=rng)

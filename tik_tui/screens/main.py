@@ -206,8 +206,3 @@ class MainScreen(Screen):
             self.app.open_detail(event.node.data)
         else:
             event.node.toggle()
-
-    def jump_to(self, impl_id: int) -> bool:
-        """Show derivation `impl_id` in the tree, with the cursor on it."""
-        self.action_tab("tree")
-        return self.query_one(DerivationTree).expand_to(impl_id) is not None

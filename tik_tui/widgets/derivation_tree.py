@@ -161,13 +161,6 @@ class DerivationTree(Tree):
             self._loaded.add(key)
             self._add_missing_children(key)
 
-    def expand_to(self, i: int) -> TreeNode | None:
-        """Load and expand the path from the operator to derivation `i`; move the cursor there."""
-        node = self.reveal(i)
-        if node is not None:
-            self.move_cursor(node)
-        return node
-
     def reveal(self, i: int) -> TreeNode | None:
         """Load and expand the path from the operator to derivation `i` (the cursor stays)."""
         if i not in self.snap.impls:

@@ -74,10 +74,6 @@ class StoreClient:
                     self.readonly = True
         return self._ws
 
-    def call_sync(self, fn: Callable[..., Any], *args) -> Any:
-        """For worker threads and tests: block the calling thread (never the UI's) until done."""
-        return self._pool.submit(lambda: fn(self._workspace(), *args)).result()
-
     async def call(self, fn: Callable[..., Any], *args) -> Any:
         return await asyncio.wrap_future(self._pool.submit(lambda: fn(self._workspace(), *args)))
 
