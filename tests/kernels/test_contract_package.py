@@ -85,3 +85,9 @@ def test_a_contract_loads_by_path_as_the_timing_child_loads_it():
     mod = load_module(inspect.getfile(c.build_plan), "tik_contract")
     assert isinstance(mod.CONTRACT, Contract) and mod.CONTRACT is not c
     assert mod.CONTRACT.fingerprint() == c.fingerprint()
+
+
+def test_the_architecture_map_names_every_module():
+    doc = (REPO / "docs" / "ARCHITECTURE.md").read_text()
+    missing = [p.name for p in MODULES if p.name != "__init__.py" and f"  {p.name}  " not in doc]
+    assert not missing, f"docs/ARCHITECTURE.md's map lacks tik_kernels/contract/{missing}"
