@@ -22,10 +22,6 @@ INTERPRET: bool = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE: str = "cuda" if HAS_GPU and not INTERPRET else "cpu"
 
 
-def default_device() -> str:
-    return DEVICE
-
-
 def _order_defined_interpreter_dot() -> None:
     """Make the interpreter's `tl.dot` sum over K in order, the same for every tile shape.
 

@@ -62,8 +62,8 @@ def test_fingerprint_covers_every_frozen_module_a_contract_reaches():
                       ("logprob", ["contracts/_lmhead.py", "reference/logprob.py"]),
                       ("attention", ["reference/attention.py"])):
         mod = inspect.getmodule(get_contract(op).build_plan)
-        got = {str(p.relative_to(PKG)) for p in reached_sources([Path(mod.__file__), PKG / "contract.py"])}
-        assert {f"contracts/{op}.py", "contract.py", "models.py", *extra} <= got, (op, got)
+        got = {str(p.relative_to(PKG)) for p in reached_sources([Path(mod.__file__), PKG / "contract" / "__init__.py"])}
+        assert {f"contracts/{op}.py", "contract/spec.py", "models.py", *extra} <= got, (op, got)
         assert not any(p.startswith(("ops/", "evaluator/")) for p in got), got
 
 

@@ -17,7 +17,7 @@ import tik_kernels
 ROOT = Path(tik_kernels.__file__).resolve().parent
 #: the files an evaluation trusts: the evaluator, the contract framework, contracts, references, model shapes,
 #: the runtime helpers the children import, and the package's own __init__ (it sets TRITON_INTERPRET)
-TRUSTED = ("__init__.py", "_runtime.py", "contract.py", "models.py", "evaluator/*.py", "contracts/*.py",
+TRUSTED = ("__init__.py", "_runtime.py", "contract/*.py", "models.py", "evaluator/*.py", "contracts/*.py",
            "reference/*.py")
 
 

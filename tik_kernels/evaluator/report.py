@@ -147,7 +147,7 @@ def evaluator_fingerprint() -> str:
     """Hash of this package's code and the contract framework (sorted by file name)."""
     here = Path(__file__).resolve().parent
     h = hashlib.sha256()
-    for p in sorted(here.glob("*.py")) + [here.parent / "contract.py"]:
+    for p in sorted(here.glob("*.py")) + sorted((here.parent / "contract").glob("*.py")):
         h.update(p.name.encode())
         h.update(p.read_bytes())
     return h.hexdigest()[:16]

@@ -1,0 +1,62 @@
+"""Bit comparisons and errors against a float64 reference: what every check is built from."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from tik_kernels.contract.model import Tolerance
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The raw bits of a tensor as an integer tensor of the same element size."""
+    view = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    if t.dtype == torch.bool:
+        return t.to(torch.uint8)
+    return t.contiguous().view(view)
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same dtype, shape and raw bits (NaN payloads, -0.0): `bitwise_equal` without the detail."""
+    return a.dtype == b.dtype and a.shape == b.shape and bool(torch.equal(_bits(a.cpu()), _bits(b.cpu())))
+
+
+def bitwise_equal(a: torch.Tensor, b: torch.Tensor, what: str = "") -> tuple[bool, str, float | None]:
+    """Exact equality of raw bits (NaN payloads included). Returns (passed, detail, max_abs_diff)."""
+    prefix = f"{what}: " if what else ""
+    if a.shape != b.shape:
+        return False, f"{prefix}shape {tuple(a.shape)} != {tuple(b.shape)}", None
+    if a.dtype != b.dtype:
+        return False, f"{prefix}dtype {a.dtype} != {b.dtype}", None
+    ba, bb = _bits(a), _bits(b)
+    neq = ba != bb
+    n = int(neq.sum())
+    if n == 0:
+        return True, f"{prefix}{a.numel()} elements bitwise equal", 0.0
+    diff = float((a.double() - b.double()).abs().nan_to_num(nan=math.inf).max()) if a.is_floating_point() else None
+    where = neq.nonzero()[0].tolist()
+    return False, f"{prefix}{n}/{a.numel()} elements differ (first at {where}, max |diff| {diff:.3g})", diff
+
+
+def error_stats(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    """(max-abs error, relative RMS error) of `out` against a float64 `ref`."""
+    o, r = out.double(), ref.double()
+    d = o - r
+    max_abs = float(d.abs().max()) if d.numel() else 0.0
+    rms_ref = float(r.pow(2).mean().sqrt()) if r.numel() else 0.0
+    rel = float(d.pow(2).mean().sqrt()) / max(rms_ref, 1e-30) if d.numel() else 0.0
+    if not torch.isfinite(o).all():
+        return math.inf, math.inf
+    return max_abs, rel
+
+
+def accurate(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, what: str = "") -> tuple[bool, str, float]:
+    """Accuracy against float64: relative RMS (and max-abs when stated) within `tol`; NaN never passes."""
+    prefix = f"{what}: " if what else ""
+    if out.shape != ref.shape:
+        return False, f"{prefix}shape {tuple(out.shape)} != reference {tuple(ref.shape)}", math.inf
+    max_abs, rel = error_stats(out, ref)
+    ok = rel <= tol.rel_rms and (tol.max_abs is None or max_abs <= tol.max_abs)
+    bound = f"rel_rms<={tol.rel_rms:g}" + (f", max_abs<={tol.max_abs:g}" if tol.max_abs is not None else "")
+    return ok, f"{prefix}rel_rms {rel:.3g}, max_abs {max_abs:.3g} ({bound})", max_abs

@@ -1,0 +1,126 @@
+"""Running probes: importing an implementation file by path, calling a probe's entry point on a device,
+and running a whole plan in this process (`run_plan`, for trusted implementations: the library's tests).
+The evaluator's child runs the same `execute_probe` across a process boundary."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from tik_kernels.contract.model import CheckResult, Plan, Probe, ProbeResult, Results
+
+
+def flatten_outputs(value: Any) -> list[torch.Tensor]:
+    """An entry point's return value as a list of plain dense tensors; anything else is an error."""
+    items = list(value) if isinstance(value, (tuple, list)) else [value]
+    out = []
+    for i, t in enumerate(items):
+        if type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
+            raise TypeError(f"output {i} is {type(t).__name__}, not a plain torch.Tensor")
+        if t.layout != torch.strided:
+            raise TypeError(f"output {i} has layout {t.layout}, not strided")
+        if t.is_meta:
+            raise TypeError(f"output {i} is a meta tensor")
+        out.append(t)
+    return out
+
+
+def _to_device(v: Any, device: str, requires_grad: bool = False) -> Any:
+    if isinstance(v, torch.Tensor):
+        t = v.detach().to(device, copy=True)
+        if requires_grad:
+            t.requires_grad_(True)
+        return t
+    return v
+
+
+def execute_probe(module: ModuleType, probe: Probe, device: str) -> ProbeResult:
+    """Run one probe on `module` and return CPU copies of its outputs. Used in-process and by the child."""
+    fn = getattr(module, probe.entry, None)
+    if not callable(fn):
+        return ProbeResult(error=f"entry point {probe.entry}() missing")
+    # a fresh allocation of random size first, so tensor addresses differ run to run
+    pad = torch.empty(random.randint(1, 4096) * 64, dtype=torch.uint8, device=device)
+    args = tuple(_to_device(a, device, i in probe.grad_args) for i, a in enumerate(probe.args))
+    kwargs = {k: _to_device(v, device) for k, v in probe.kwargs.items()}
+    try:
+        with torch.set_grad_enabled(bool(probe.grad_args)):
+            outs = flatten_outputs(fn(*args, **kwargs))
+            if probe.grad_args:
+                gos = probe.grad_outputs or tuple(torch.ones_like(o) for o in outs)
+                pairs = [(o, g) for o, g in zip(outs, gos, strict=False) if g is not None and o.requires_grad]
+                if not pairs:
+                    raise RuntimeError("outputs do not require grad: no backward")
+                torch.autograd.backward([o for o, _ in pairs], [g.to(device) for _, g in pairs])
+                grads = []
+                for i in probe.grad_args:
+                    g = args[i].grad
+                    grads.append(g if g is not None else torch.zeros_like(args[i]))
+                outs = [o.detach() for o in outs] + grads
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        result = ProbeResult(outputs=[o.detach().to("cpu", copy=True) for o in outs])
+        if probe.echo_inputs:
+            result.inputs_after = [a.detach().to("cpu", copy=True) for a in args if isinstance(a, torch.Tensor)]
+    except Exception as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        result = ProbeResult(error=f"{type(e).__name__}: {msg}"[:300])
+    del pad
+    return result
+
+
+def run_probes(module: ModuleType, probes: Sequence[Probe], device: str) -> dict[str, ProbeResult]:
+    return {p.id: execute_probe(module, p, device) for p in probes}
+
+
+def load_module(path: str | Path, name: str = "tik_candidate") -> ModuleType:
+    """Import an implementation file by path (a fresh module object each call)."""
+    spec = importlib.util.spec_from_file_location(name, str(path))
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    mod = importlib.util.module_from_spec(spec)
+    # registered only while its body runs: dataclasses (Python 3.12) looks a class's string annotations
+    # up through sys.modules[cls.__module__] and failed on an unregistered module (every linear timing
+    # run on the H200 died in contracts/linear.py's dataclass). Left registered, a later load under the
+    # same name would replace an earlier one that Triton's interpreter still resolves through it.
+    previous = sys.modules.get(name)
+    sys.modules[name] = mod
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        if previous is None:
+            sys.modules.pop(name, None)
+        else:
+            sys.modules[name] = previous
+    return mod
+
+
+def run_plan(
+    plan: Plan,
+    module: ModuleType,
+    root_module: ModuleType | None = None,
+    device: str | None = None,
+) -> list[CheckResult]:
+    """Run a plan in this process (trusted implementations only: the library's tests use this)."""
+    from tik_kernels._runtime import DEVICE
+
+    device = device or DEVICE
+    cand = run_probes(module, plan.probes, device)
+    root = None
+    if plan.needs_root:
+        root = run_probes(root_module or module, plan.probes, device) if root_module is not None else None
+    return evaluate_checks(plan, cand, root)
+
+
+def evaluate_checks(
+    plan: Plan, cand: Mapping[str, ProbeResult], root: Mapping[str, ProbeResult] | None
+) -> list[CheckResult]:
+    res = Results(cand, root)
+    return [c.run(res) for c in plan.checks]
