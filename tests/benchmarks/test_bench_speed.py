@@ -111,6 +111,7 @@ def test_section_summary_withholds_on_failed_cells():
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_timing
 def test_quick_on_gpu_replays_graphs(tmp_path):
     """On the H200: the quick cells of linear and decode pass the bits gate and every timed row replayed graphs."""
     rc = bench_speed.main(["--quick", "--only", "linear", "--only", "decode", "--rounds", "3", "--out", str(tmp_path)])

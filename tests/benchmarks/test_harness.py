@@ -140,6 +140,7 @@ def test_provenance():
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_timing
 def test_compare_on_gpu_graphs_rotation_and_fallback():
     """On a GPU: graph replay, copies past 4 x L2, and a contender that syncs the host falls back and says so."""
     x = torch.randn(1024, 1024, device="cuda")  # 4 MiB: 50 copies to pass 200 MiB

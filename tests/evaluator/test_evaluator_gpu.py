@@ -25,6 +25,7 @@ def test_library_root_passes_on_gpu(op):
     assert rep.verified, rep.failure
 
 
+@pytest.mark.gpu_timing
 def test_good_candidate_timed_on_gpu():
     rep = evaluate(tiny(), FIX / "good.py", root_path=FIX / "tiny_root.py", device="cuda", time_it=True)
     assert rep.verified, rep.failure
@@ -37,6 +38,7 @@ def test_good_candidate_timed_on_gpu():
     assert all(c["timing"] == "graph" for c in d["cells"]), [c.get("graph_note") for c in d["cells"]]
 
 
+@pytest.mark.gpu_timing
 @pytest.mark.parametrize("name,check,reason", [
     ("side_stream", "timing/integrity", "escapes the timing events"),
     ("side_stream_small", "timing/integrity", "escapes the timing events"),

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The GPU suite, as a change to the kernels or the evaluator must pass it (README, "Tests"):
+#
+#     bash benchmarks/gpu_suite.sh [LOG]        (default LOG: benchmarks/results/pytest_gpu_h200.log)
+#
+# It is `pytest -m gpu`, in two parts that together select every GPU test exactly once:
+#   1. the tests whose verdict rests on bits (real-shape plans, the library roots through the evaluator,
+#      the jail, apply_tik), with pytest-xdist's workers side by side where it is installed (their
+#      Triton compiles run on the host's cores at once; none of them reads a clock);
+#   2. the tests marked gpu_timing (the timed evaluations, the planted timing cheats, the benchmark
+#      harness's graph replay), alone on the device, one after another.
+# The log holds both parts' output and their exit statuses; the script exits non-zero if either failed.
+set -u
+LOG=${1:-benchmarks/results/pytest_gpu_h200.log}
+mkdir -p "$(dirname "$LOG")"
+export PYTHONPATH=${PYTHONPATH:-}:. PYTHONUNBUFFERED=1
+py=${PYTHON:-python3}
+workers=${WORKERS:-4}
+par=()
+if "$py" -c "import xdist" 2>/dev/null; then par=(-n "$workers"); fi
+{
+    echo "== gpu suite: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    "$py" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
+    t0=$SECONDS
+    echo "== part 1: -m 'gpu and not gpu_timing' ${par[*]}"
+    "$py" -m pytest -q -m "gpu and not gpu_timing" "${par[@]}"
+    rc1=$?
+    echo "== part 1: rc=$rc1 in $((SECONDS - t0)) s"
+    t1=$SECONDS
+    echo "== part 2: -m gpu_timing (alone on the device)"
+    "$py" -m pytest -q -m gpu_timing
+    rc2=$?
+    echo "== part 2: rc=$rc2 in $((SECONDS - t1)) s"
+    echo "== gpu suite: rc=$((rc1 || rc2)) in $((SECONDS - t0)) s"
+    exit $((rc1 || rc2))
+} 2>&1 | tee "$LOG"
+exit "${PIPESTATUS[0]}"
