@@ -29,8 +29,9 @@ def test_cpu_default_sizes_show_a_stock_mismatch():
 
 
 def test_the_old_short_sequences_hid_the_stock_mismatch():
-    """What the defaults fixed: under 16 keys per row stock CPU SDPA is batch-invariant, so the old sizes (prompts
-    of 3-9 tokens) gave stock 100% equal too — a check for `> 0` mismatches fails there."""
+    """What the defaults fixed: the old sizes (at most 15 tokens a sequence) never pad a batch to 16 keys, where stock
+    CPU SDPA's bits start to depend on the padding, so stock was 100% equal too — a check for `> 0` mismatches fails
+    there."""
     a = run_e2e(_config(modes=("A",), prompt_len=(3, 9)))["modes"]["A"]
     assert a["equal_tokens"] == a["tokens"]
 

@@ -50,12 +50,12 @@ class E2EConfig:
     graphs: bool | None = None
 
 
-#: `tik e2e`'s defaults per device. Sequence lengths cross 16: on the CPU, stock SDPA's reductions over a row of
-#: keys change with the padded length of the batch it runs in (16-wide vector chunks, then a scalar tail), and
-#: below 16 keys everything is tail, so the old defaults (prompts of 3-9 tokens) showed no stock mismatch at all.
-#: Measured (`tik e2e --modes A`, tiny model, seeds 0-3): 6/34, 27/30, 12/35 and 18/33 rollout log-probs differ
-#: from the trainer's. The CPU default runs modes A and B for one step: the unified kernels run in Triton's
-#: interpreter there (~50 s a mode-step), and mode C's equality figure is mode B's.
+#: `tik e2e`'s defaults per device. Sequences longer than 16 tokens: on the CPU stock SDPA gives a row bits that
+#: depend on the length its batch was padded to (11 keys keep their bits padded to 15, not to 16; 17 keys padded to
+#: 20, not to 32), and rollout and trainer pad to different lengths; the old defaults (at most 15 tokens) never
+#: reached 16, so stock showed no mismatch at all. Measured (`tik e2e --modes A`, tiny model, seeds 0-3): 6/34,
+#: 29/30, 11/35 and 26/33 rollout log-probs differ from the trainer's. The CPU default runs modes A and B for one
+#: step: the unified kernels run in Triton's interpreter there (~35 s a mode-step), and mode C's equality is B's.
 CLI_DEFAULTS = {
     "cpu": {"modes": ("A", "B"), "steps": 1, "prompts": 2, "group": 4, "prompt_len": (8, 20), "answer_len": (2, 6)},
     "cuda": {"modes": ("A", "C", "B"), "steps": 2, "prompts": 4, "group": 4, "prompt_len": (8, 20),
