@@ -14,7 +14,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("e2e", parents=[common_parent()], help="rollout + training step: log-prob equality, throughput",
                        description="Run rollout + GRPO steps in modes A (stock, recompute), C (unified, recompute) "
                                    "and B (unified, reuse rollout log-probs); report bitwise equality and time.")
-    p.add_argument("--model", default="tiny", help="model preset: tiny, small, qwen3-0.6b, qwen3-1.7b (default tiny)")
+    p.add_argument("--model", default="tiny", help="model preset: tiny, small, qwen3-0.6b, qwen3-1.7b (default tiny; "
+                                                   "the qwen3 shapes at full depth, 28 layers)")
     p.add_argument("--checkpoint", help="a local Hugging Face checkpoint directory (config.json + safetensors)")
     p.add_argument("--layers", type=positive_int, help="override the number of decoder layers")
     p.add_argument("--modes", help="comma-separated modes (default A,C,B on cuda; A,B on cpu, where the unified "
@@ -73,6 +74,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"{k:<5}{r['backend']:<9}{'recompute' if r['recompute'] else 'reuse':<11}"
               f"{r['equal_tokens']:>7}/{r['tokens']:<6}{r['max_abs_dlogp']:>12.2e}{r['steps_per_s']:>9.2f}"
               f"{t['rollout']:>8.2f}s{t['recompute']:>7.2f}s{t['train']:>7.2f}s")
+    graphed = {k: r for k, r in out["modes"].items() if r.get("decode_graphs")}
+    if graphed:
+        print("decode steps replayed as CUDA graphs (" + ", ".join(
+            f"{k}: {r['graphs_captured']} captured in {r['graph_capture_s']:.1f} s" for k, r in graphed.items())
+              + "; captures are not in the step times)")
     for k, v in out["speedup"].items():
         # a time ratio, like every ratio TIK prints (the run reports steps/s over steps/s)
         new, _, ref = k.partition("_over_")
