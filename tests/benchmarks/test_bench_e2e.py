@@ -53,3 +53,21 @@ def test_decode_bench_cpu_path(tmp_path, monkeypatch):
     assert runs[0]["step_over_floor"] == runs[0]["step_ms"] / runs[0]["floor_ms"]
     assert runs[1]["bytes"]["kv_read"] == 2 * runs[0]["bytes"]["kv_read"]
     assert not (tmp_path / "summary_h200.json").exists()  # a CPU run writes no GPU summary keys
+
+
+def test_summary_keys_only_from_full_depth_gpu_runs():
+    from argparse import Namespace
+
+    gpu, cut, cpu = (Namespace(device="cuda", layers=None), Namespace(device="cuda", layers=4),
+                     Namespace(device="cpu", layers=None))
+    thr = {"qwen3-0.6b": {"speedup": {"B_over_C": 9.0}}, "qwen3-1.7b": {"speedup": {"B_over_C": 1.2, "B_over_A": 1.1}}}
+    assert bench_e2e.summary_keys("throughput", thr, gpu) == {"e2e_B_over_C": 1.2, "e2e_B_over_A": 1.1}
+    assert bench_e2e.summary_keys("throughput", thr, cut) == {} == bench_e2e.summary_keys("throughput", thr, cpu)
+    runs = [{"backend": b, "graphs": g, "batch": 64, "step_over_floor": r}
+            for b, g, r in (("unified", True, 2.0), ("unified", True, 2.5), ("unified", False, 9.0),
+                            ("stock", True, 1.5))]
+    dec = {"preset": "qwen3-0.6b", "runs": runs}
+    # the worst context of the graphed unified step; eager steps are not the figure
+    assert bench_e2e.summary_keys("decode", dec, gpu) == {"e2e_decode_floor_ratio": 2.5,
+                                                          "e2e_decode_floor_ratio_stock": 1.5}
+    assert bench_e2e.summary_keys("decode", dec | {"preset": "qwen3-1.7b"}, gpu) == {}
