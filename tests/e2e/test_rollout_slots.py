@@ -88,3 +88,50 @@ def test_a_slot_move_left_out_is_caught(setup, monkeypatch):
 def test_graphs_need_cuda():
     with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
         RolloutEngine(PRESETS["tiny"], make_backend("stock"), device="cpu", graphs=True)
+
+
+def test_graph_path_captures_once_per_bucket_and_replays(setup, monkeypatch):
+    """The graph path's bookkeeping with torch.cuda's graph API faked on the CPU: a capture records the step (and
+    computes nothing, as a real capture does not), a replay runs it. One capture per bucket, replays after."""
+    import contextlib
+
+    from tik_kernels.e2e import rollout
+
+    mc, be, params, exact, ref = setup
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    class Graph:
+        def replay(self):
+            self.run()
+
+    capturing: list[Graph] = []
+    real_step = rollout.RolloutEngine._step
+
+    def step(self, b, kv):
+        if capturing:
+            capturing[-1].run = lambda: real_step(self, b, kv)
+            self._tok.fill_(-1)  # a capture computes nothing: a step that is not replayed shows
+            self._lp.fill_(float("nan"))
+            return
+        real_step(self, b, kv)
+
+    @contextlib.contextmanager
+    def graph(g, pool=None):
+        capturing.append(g)
+        yield
+        capturing.pop()
+
+    for name, value in (("Stream", Stream), ("current_stream", Stream), ("stream", lambda s: contextlib.nullcontext()),
+                        ("graph_pool_handle", object), ("CUDAGraph", Graph), ("graph", graph)):
+        monkeypatch.setattr(torch.cuda, name, value)
+    monkeypatch.setattr(rollout.RolloutEngine, "_step", step)
+    eng = RolloutEngine(mc, be, max_slots=4, max_len=12, admit_per_step=3)
+    eng.graphs, eng.buckets = True, bucket_sizes(4)  # what a CUDA engine has
+    out = eng.generate(params, _requests())
+    assert _same(out, ref)
+    used = set(eng.stats.buckets)
+    assert eng.stats.graphs_captured == len(used) < eng.stats.decode_steps
+    assert sorted(eng._graphs) == [(b, 12) for b in sorted(used)]  # unified: the KV length is the capacity

@@ -210,7 +210,9 @@ class RolloutEngine:
         self._stage[0, :b] = torch.tensor(ids + pad)
         self._stage[1, :b] = torch.tensor(positions + pad)
         self._stage[2, :b] = torch.tensor(seeds + pad)
-        self._inp[:, :b].copy_(self._stage[:, :b], non_blocking=True)
+        # the whole staging buffer: a column slice is strided, and a strided pinned source is copied through a
+        # pageable temporary; the rows past b are not read by a step of b rows
+        self._inp.copy_(self._stage, non_blocking=True)
         if self.graphs:
             g = self._graphs.get((b, kv))
             if g is None:
