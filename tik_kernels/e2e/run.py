@@ -95,7 +95,7 @@ def run_mode(mode: str, cfg: E2EConfig, mc: ModelConfig, params0: dict, device: 
     opt = torch.optim.AdamW(list(params.values()), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
     max_len = cfg.prompt_len[1] + cfg.answer_len[1] + 1
     n_steps = cfg.warmup + cfg.steps
-    where = {"mode": mode, "step": 0, "steps": n_steps, "phase": "", "t0": 0.0}
+    where = {"step": 0, "phase": "", "t0": 0.0}  # where the mode has got to, for `report`
 
     def report(tokens: int, done: bool = False) -> None:
         if on_progress:
