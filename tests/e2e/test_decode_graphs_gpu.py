@@ -55,3 +55,13 @@ def test_mode_b_with_graphs_matches_the_trainer():
     b = out["modes"]["B"]
     assert b["decode_graphs"] and b["graphs_captured"] > 0
     assert b["equal_tokens"] == b["tokens"] > 0
+
+
+@pytest.mark.parametrize("backend", ["stock", "unified"])
+def test_decode_bench_times_one_captured_step(backend):
+    from tik_kernels.e2e.decode_bench import time_decode
+
+    r = time_decode(PRESETS["small"].with_layers(2), make_backend(backend), batch=8, context=64, graphs=True,
+                    reps=3, rounds=2)
+    assert r["graphs_captured"] == 1 and r["replay_ms"] > 0 and r["step_ms"] >= r["replay_ms"] * 0.5
+    assert r["floor_ms"] > 0 and r["step_over_floor"] > 1
