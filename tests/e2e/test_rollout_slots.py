@@ -90,14 +90,17 @@ def test_graphs_need_cuda():
         RolloutEngine(PRESETS["tiny"], make_backend("stock"), device="cpu", graphs=True)
 
 
-def test_graph_path_captures_once_per_bucket_and_replays(setup, monkeypatch):
-    """The graph path's bookkeeping with torch.cuda's graph API faked on the CPU: a capture records the step (and
-    computes nothing, as a real capture does not), a replay runs it. One capture per bucket, replays after."""
+@pytest.fixture
+def fake_graphs(monkeypatch):
+    """torch.cuda's graph API faked on the CPU: a capture records the step (and computes nothing, as a real capture
+    does not: the outputs are poisoned, so a step that is not replayed shows), a replay runs it. `fake.fail` makes
+    captures raise, as an op that waits on the GPU does."""
     import contextlib
+    from types import SimpleNamespace
 
     from tik_kernels.e2e import rollout
 
-    mc, be, params, exact, ref = setup
+    fake = SimpleNamespace(fail=False, capturing=[])
 
     class Stream:
         def wait_stream(self, other):
@@ -107,31 +110,57 @@ def test_graph_path_captures_once_per_bucket_and_replays(setup, monkeypatch):
         def replay(self):
             self.run()
 
-    capturing: list[Graph] = []
     real_step = rollout.RolloutEngine._step
 
     def step(self, b, kv):
-        if capturing:
-            capturing[-1].run = lambda: real_step(self, b, kv)
-            self._tok.fill_(-1)  # a capture computes nothing: a step that is not replayed shows
+        if fake.capturing:
+            if fake.fail:
+                raise RuntimeError("operation not permitted when stream is capturing")
+            fake.capturing[-1].run = lambda: real_step(self, b, kv)
+            self._tok.fill_(-1)
             self._lp.fill_(float("nan"))
             return
         real_step(self, b, kv)
 
     @contextlib.contextmanager
     def graph(g, pool=None):
-        capturing.append(g)
-        yield
-        capturing.pop()
+        fake.capturing.append(g)
+        try:
+            yield
+        finally:
+            fake.capturing.pop()
 
     for name, value in (("Stream", Stream), ("current_stream", Stream), ("stream", lambda s: contextlib.nullcontext()),
-                        ("graph_pool_handle", object), ("CUDAGraph", Graph), ("graph", graph)):
+                        ("graph_pool_handle", object), ("CUDAGraph", Graph), ("graph", graph),
+                        ("synchronize", lambda: None)):
         monkeypatch.setattr(torch.cuda, name, value)
     monkeypatch.setattr(rollout.RolloutEngine, "_step", step)
+    return fake
+
+
+def _graph_engine(mc, be):
     eng = RolloutEngine(mc, be, max_slots=4, max_len=12, admit_per_step=3)
     eng.graphs, eng.buckets = True, bucket_sizes(4)  # what a CUDA engine has
+    return eng
+
+
+def test_graph_path_captures_once_per_bucket_and_replays(setup, fake_graphs):
+    mc, be, params, exact, ref = setup
+    eng = _graph_engine(mc, be)
     out = eng.generate(params, _requests())
     assert _same(out, ref)
     used = set(eng.stats.buckets)
     assert eng.stats.graphs_captured == len(used) < eng.stats.decode_steps
     assert sorted(eng._graphs) == [(b, 12) for b in sorted(used)]  # unified: the KV length is the capacity
+    assert eng.stats.graph_error is None
+
+
+def test_a_failed_capture_falls_back_to_eager_steps_and_says_so(setup, fake_graphs, capsys):
+    mc, be, params, exact, ref = setup
+    fake_graphs.fail = True
+    eng = _graph_engine(mc, be)
+    out = eng.generate(params, _requests())
+    assert _same(out, ref)
+    assert not eng.graphs and eng.stats.graphs_captured == 0
+    assert "operation not permitted" in eng.stats.graph_error
+    assert "running eagerly" in capsys.readouterr().err

@@ -53,6 +53,8 @@ def time_decode(cfg: ModelConfig, backend, *, batch: int, context: int, graphs: 
 
     eng.decode(ids, pos, seeds)  # compiles, captures
     sync()
+    if graphs and not eng.graphs:
+        raise RuntimeError(f"the decode step could not be captured: {eng.stats.graph_error}")
     step_ms = []
     for _ in range(rounds):
         t = time.perf_counter()

@@ -16,6 +16,7 @@ the request that next takes the slot, and nothing reads it before.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -119,6 +120,8 @@ class RolloutStats:
     buckets: list[int] = field(default_factory=list)
     graphs_captured: int = 0
     capture_s: float = 0.0
+    #: why decode steps fell back to eager launches (a capture failed), None while graphs work
+    graph_error: str | None = None
 
 
 class RolloutEngine:
@@ -197,6 +200,7 @@ class RolloutEngine:
         # so the graphs can share it whatever order they replay in
         with torch.cuda.graph(g, pool=self._pool):
             self._step(b, kv)
+        torch.cuda.synchronize()  # the warm-up runs' GPU time belongs to the capture, not to the step after it
         self.stats.graphs_captured += 1
         self.stats.capture_s += time.perf_counter() - t
         return g
@@ -213,10 +217,16 @@ class RolloutEngine:
         # the whole staging buffer: a column slice is strided, and a strided pinned source is copied through a
         # pageable temporary; the rows past b are not read by a step of b rows
         self._inp.copy_(self._stage, non_blocking=True)
-        if self.graphs:
-            g = self._graphs.get((b, kv))
-            if g is None:
+        g = self._graphs.get((b, kv)) if self.graphs else None
+        if self.graphs and g is None:
+            try:
                 g = self._graphs[(b, kv)] = self._capture(b, kv)
+            except RuntimeError as e:
+                # a step that cannot be captured (an op that waits on the GPU) still runs: eagerly, and says so
+                self.graphs, self.stats.graph_error = False, " ".join(str(e).split())[:300]
+                print(f"rollout: decode step not captured as a CUDA graph, running eagerly: {self.stats.graph_error}",
+                      file=sys.stderr)
+        if g is not None:
             g.replay()
         else:
             self._step(b, kv)

@@ -199,6 +199,7 @@ def run_mode(mode: str, cfg: E2EConfig, mc: ModelConfig, params0: dict, device: 
         "decode_graphs": engine.graphs,
         "graphs_captured": engine.stats.graphs_captured,
         "graph_capture_s": engine.stats.capture_s,
+        "graph_error": engine.stats.graph_error,
         #: captures that happened in timed steps (left out of their times)
         "graph_capture_in_timed_steps_s": capture_timed,
         "kernels": getattr(be, "sources", {}),

@@ -79,6 +79,9 @@ def run(args: argparse.Namespace) -> int:
         print("decode steps replayed as CUDA graphs (" + ", ".join(
             f"{k}: {r['graphs_captured']} captured in {r['graph_capture_s']:.1f} s" for k, r in graphed.items())
               + "; captures are not in the step times)")
+    for k, r in out["modes"].items():
+        if r.get("graph_error"):
+            print(f"mode {k}: decode steps ran eagerly, a capture failed: {r['graph_error']}")
     for k, v in out["speedup"].items():
         # a time ratio, like every ratio TIK prints (the run reports steps/s over steps/s)
         new, _, ref = k.partition("_over_")
