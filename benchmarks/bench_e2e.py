@@ -288,7 +288,9 @@ def main() -> int:
            "command": H.command_line()}
     prefix = "e2e_h200" if args.device == "cuda" else "e2e_cpu"
     full = args.only == parts
-    name = f"{prefix}.json" if full else f"{prefix}_{'_'.join(args.only)}.json"
+    # the multi-seed learning run has a name of its own: the single-seed run's file stays what the README cites
+    label = {"learning": "learning_seeds"}
+    name = f"{prefix}.json" if full else f"{prefix}_{'_'.join(label.get(p, p) for p in args.only)}.json"
     if args.layers:
         name = name.replace(".json", f"_layers{args.layers}.json")
     for part, fn in (("layers", lambda: layers(args)), ("decode", lambda: decode(args)),

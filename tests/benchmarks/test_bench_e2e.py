@@ -23,7 +23,7 @@ def test_learning_curves_over_seeds(tmp_path, monkeypatch):
         assert abs(float(r["A_mean"]) - sum(seeds) / 3) < 1e-4
     png = (tmp_path / "e2e_learning_seeds.png").read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and b"IEND" in png
-    doc = json.loads((tmp_path / "e2e_cpu_learning.json").read_text())
+    doc = json.loads((tmp_path / "e2e_cpu_learning_seeds.json").read_text())
     assert doc["learning"]["seeds"] == [0, 1, 2] and len(doc["learning"]["curves"]["A"]) == 3
 
 
