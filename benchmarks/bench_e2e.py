@@ -14,9 +14,11 @@
     PYTHONPATH=. python benchmarks/bench_e2e.py --only learning --device cpu --learn-preset tiny --learn-steps 3 \
         --learn-modes A --out /tmp/e2e   # the learning command's code path on a CPU
 
-A full GPU run of a part also writes its keys of <out>/summary_h200.json: e2e_B_over_C and e2e_B_over_A
-(throughput, qwen3-1.7b at full depth; steps/s over steps/s, higher is better) and e2e_decode_floor_ratio
-(decode, unified kernels with graphs: step time over the floor, lower is better).
+Results: <out>/e2e_h200_<parts>_full.json (`_layers<N>` instead of `_full` for a cut run; `learning_seeds` for the
+learning part), e2e_learning_seeds.csv / .png. A full GPU run of a part also writes its keys of
+<out>/summary_h200.json: e2e_B_over_C and e2e_B_over_A (throughput, qwen3-1.7b at full depth; steps/s over steps/s,
+higher is better) and e2e_decode_floor_ratio (decode, unified kernels with graphs: step time over the floor,
+lower is better).
 """
 
 from __future__ import annotations
@@ -291,8 +293,8 @@ def main() -> int:
     # the multi-seed learning run has a name of its own: the single-seed run's file stays what the README cites
     label = {"learning": "learning_seeds"}
     name = f"{prefix}.json" if full else f"{prefix}_{'_'.join(label.get(p, p) for p in args.only)}.json"
-    if args.layers:
-        name = name.replace(".json", f"_layers{args.layers}.json")
+    # full depth is another experiment than the earlier 4-layer runs: its own file, theirs kept
+    name = name.replace(".json", f"_layers{args.layers}.json" if args.layers else "_full.json")
     for part, fn in (("layers", lambda: layers(args)), ("decode", lambda: decode(args)),
                      ("throughput", lambda: throughput(args, args.out)),
                      ("learning", lambda: learning(args, args.out))):

@@ -23,7 +23,7 @@ def test_learning_curves_over_seeds(tmp_path, monkeypatch):
         assert abs(float(r["A_mean"]) - sum(seeds) / 3) < 1e-4
     png = (tmp_path / "e2e_learning_seeds.png").read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and b"IEND" in png
-    doc = json.loads((tmp_path / "e2e_cpu_learning_seeds.json").read_text())
+    doc = json.loads((tmp_path / "e2e_cpu_learning_seeds_full.json").read_text())
     assert doc["learning"]["seeds"] == [0, 1, 2] and len(doc["learning"]["curves"]["A"]) == 3
 
 
@@ -46,7 +46,7 @@ def test_decode_bench_cpu_path(tmp_path, monkeypatch):
                                       "--decode-batch", "2", "--decode-context", "8", "16", "--decode-backends",
                                       "stock", "--out", str(tmp_path)])
     assert bench_e2e.main() == 0
-    doc = json.loads((tmp_path / "e2e_cpu_decode.json").read_text())
+    doc = json.loads((tmp_path / "e2e_cpu_decode_full.json").read_text())
     runs = doc["decode"]["runs"]
     assert [r["context"] for r in runs] == [8, 16]
     assert all(not r["graphs"] and r["step_ms"] > 0 and r["floor_ms"] > 0 for r in runs)
