@@ -1,12 +1,24 @@
-"""GPU end-to-end figures for issue 8, all in one run (medians; every ratio within the run):
+"""GPU end-to-end figures (issues 8 and 19), all in one run (medians; every ratio within the run):
 
-1. bitwise log-prob equality and steps/s of modes A / C / B on two model shapes (reduced layers),
-   the time split rollout / recompute / train;
-2. learning: GRPO from scratch on the synthetic task, modes A and B, reward curves (CSV + PNG);
-3. isolated-layer profiling: one decoder layer per shape, prefill / decode / train phases, stock
-   vs the unified root kernels (vs given incumbent files with --impl-dir).
+1. throughput: bitwise log-prob equality and steps/s of modes A / C / B on the model shapes at full depth
+   (`--layers N` to cut), the time split rollout / recompute / train, decode steps replayed as CUDA graphs;
+2. decode: one rollout-engine decode step (qwen3-0.6b, 64 sequences) against the weight + KV bandwidth floor,
+   stock and unified, graphs and eager;
+3. learning: GRPO from scratch on the synthetic task over several seeds, modes A and B: reward curves with
+   their spread (CSV + PNG);
+4. layers: isolated-layer profiling, one decoder layer per shape, prefill / decode / train phases, stock vs
+   the unified root kernels (vs given incumbent files with --impl-dir).
 
     PYTHONPATH=. python benchmarks/bench_e2e.py --out benchmarks/results
+    PYTHONPATH=. python benchmarks/bench_e2e.py --only decode --out benchmarks/results
+    PYTHONPATH=. python benchmarks/bench_e2e.py --only learning --device cpu --learn-preset tiny --learn-steps 3 \
+        --learn-modes A --out /tmp/e2e   # the learning command's code path on a CPU
+
+Results: <out>/e2e_h200_<parts>_full.json (`_layers<N>` instead of `_full` for a cut run; `learning_seeds` for the
+learning part), e2e_learning_seeds.csv / .png. A full GPU run of a part also writes its keys of
+<out>/summary_h200.json: e2e_B_over_C and e2e_B_over_A (throughput, qwen3-1.7b at full depth; steps/s over steps/s,
+higher is better) and e2e_decode_floor_ratio (decode, unified kernels with graphs: step time over the floor,
+lower is better).
 """
 
 from __future__ import annotations
@@ -23,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import tik_kernels  # noqa: E402,F401
 from benchmarks import harness as H  # noqa: E402
-from tik_kernels.e2e.model import PRESETS, make_backend  # noqa: E402
+from tik_kernels.e2e.decode_bench import time_decode  # noqa: E402
+from tik_kernels.e2e.model import PRESETS, init_params, make_backend  # noqa: E402
 from tik_kernels.e2e.profile import profile_layer  # noqa: E402
 from tik_kernels.e2e.run import E2EConfig, run_e2e  # noqa: E402
 
@@ -32,7 +45,8 @@ def throughput(args, out: Path) -> dict:
     res = {}
     for preset in args.shapes:
         cfg = E2EConfig(preset=preset, layers=args.layers, steps=args.steps, warmup=1, prompts=args.prompts,
-                        group=args.group, prompt_len=(32, 192), answer_len=(16, 96), max_slots=64, device="cuda")
+                        group=args.group, prompt_len=(32, 192), answer_len=(16, 96), max_slots=64, device=args.device,
+                        graphs=False if args.eager_decode else None)
         # one throw-away step of every mode first: the first mode run in a process paid the process's
         # one-time costs (cuBLAS/SDPA initialisation, Triton compiles) inside its measured steps
         t = time.time()
@@ -50,44 +64,157 @@ def throughput(args, out: Path) -> dict:
     return res
 
 
+def decode(args) -> dict:
+    """The engine's decode step vs the bandwidth floor: every backend, graphs and eager (graphs only on CUDA)."""
+    res = {"preset": args.decode_preset, "layers": args.layers, "runs": []}
+    mc = PRESETS[args.decode_preset]
+    if args.layers:
+        mc = mc.with_layers(args.layers)
+    cuda = args.device == "cuda"
+    params = init_params(mc, 0, args.device)
+    for context in args.decode_context:
+        for name in args.decode_backends:
+            for graphs in ((True, False) if cuda else (False,)):
+                try:
+                    r = time_decode(mc, make_backend(name), batch=args.decode_batch, context=context, graphs=graphs,
+                                    device=args.device, reps=args.decode_reps if cuda else 1,
+                                    rounds=5 if cuda else 1, tbps=H.COPY_TBPS, params=params)
+                except RuntimeError as e:  # one failed contender does not lose the others' figures
+                    r = {"backend": name, "graphs": graphs, "batch": args.decode_batch, "context": context,
+                         "error": H.one_line(e)}
+                res["runs"].append(r)
+                print(json.dumps({k: r[k] for k in ("backend", "graphs", "batch", "context", "step_ms", "floor_ms",
+                                                    "step_over_floor", "error") if k in r}
+                                 | ({"replay_over_floor": r["replay_over_floor"]} if "replay_over_floor" in r else {})),
+                      flush=True)
+    return res
+
+
+def _seed_stats(curves: list[list[float]]) -> tuple[list[float], list[float], list[float]]:
+    """Per step: mean, min and max over seeds."""
+    cols = list(zip(*curves, strict=True))
+    return [sum(c) / len(c) for c in cols], [min(c) for c in cols], [max(c) for c in cols]
+
+
 def learning(args, out: Path) -> dict:
-    curves = {}
-    cfg = E2EConfig(preset="small", modes=("A", "B"), steps=args.learn_steps, prompts=16, group=8,
-                    prompt_len=(3, 9), answer_len=(4, 8), max_slots=128, lr=args.lr, device="cuda")
-    r = run_e2e(cfg)
-    for m, v in r["modes"].items():
-        curves[m] = v["rewards"]
-    with open(out / "e2e_learning.csv", "w", newline="") as f:
+    """GRPO from scratch for every seed and mode; rewards per step with the mean and the min-max band over seeds."""
+    modes = tuple(args.learn_modes)
+    curves: dict[str, list[list[float]]] = {m: [] for m in modes}
+    equal = {m: [] for m in modes}
+    for seed in args.seeds:
+        cfg = E2EConfig(preset=args.learn_preset, modes=modes, steps=args.learn_steps, prompts=args.learn_prompts,
+                        group=args.learn_group, prompt_len=(3, 9), answer_len=(4, 8), max_slots=128, lr=args.lr,
+                        seed=seed, device=args.device)
+        r = run_e2e(cfg)
+        for m, v in r["modes"].items():
+            curves[m].append(v["rewards"])
+            equal[m].append(v["equal_frac"])
+        print(json.dumps({"seed": seed, "final_reward": {m: v["rewards"][-1] for m, v in r["modes"].items()}}),
+              flush=True)
+    stats = {m: _seed_stats(c) for m, c in curves.items()}
+    with open(out / "e2e_learning_seeds.csv", "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["step", "reward_A_stock_recompute", "reward_B_unified_reuse"])
-        for i, (a, b) in enumerate(zip(curves["A"], curves["B"], strict=True)):
-            w.writerow([i, f"{a:.4f}", f"{b:.4f}"])
-    tail = max(1, len(curves["A"]) // 5)
-    mean_a = sum(curves["A"][-tail:]) / tail
-    mean_b = sum(curves["B"][-tail:]) / tail
+        w.writerow(["step"] + [f"{m}_{k}" for m in modes for k in ("mean", "min", "max")]
+                   + [f"{m}_seed{s}" for m in modes for s in args.seeds])
+        for i in range(args.learn_steps):
+            w.writerow([i] + [f"{stats[m][j][i]:.4f}" for m in modes for j in range(3)]
+                       + [f"{c[i]:.4f}" for m in modes for c in curves[m]])
+    png = out / "e2e_learning_seeds.png"
+    label = {"A": "A: stock kernels, recompute", "B": "B: unified kernels, reuse rollout log-probs",
+             "C": "C: unified kernels, recompute"}
+    how = plot_bands(png, {label[m]: stats[m] for m in modes}, xlabel="GRPO step", ylabel="mean reward",
+                     title=f"GRPO from scratch, {len(args.seeds)} seeds (mean, min-max band)")
+    tail = max(1, args.learn_steps // 5)
+    summary = {"steps": args.learn_steps, "seeds": list(args.seeds), "preset": args.learn_preset, "png": how,
+               "first_mean_reward": {m: sum(stats[m][0][:tail]) / tail for m in modes},
+               "final_mean_reward": {m: sum(stats[m][0][-tail:]) / tail for m in modes},
+               "final_reward_per_seed": {m: [sum(c[-tail:]) / tail for c in curves[m]] for m in modes},
+               "equal_frac": equal, "curves": curves}
+    print(json.dumps({"learning": {k: v for k, v in summary.items() if k != "curves"}}), flush=True)
+    return summary
+
+
+def plot_bands(path: Path, series: dict[str, tuple[list[float], list[float], list[float]]], *, xlabel: str,
+               ylabel: str, title: str) -> str:
+    """A PNG of each series' mean line over its min-max band: matplotlib where installed, else a plain raster
+    (lines and bands, no text; the CSV beside it has the numbers). Returns which one was written."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(7, 4))
-        ax.plot(curves["A"], label="A: stock kernels, recompute")
-        ax.plot(curves["B"], label="B: unified kernels, reuse rollout log-probs")
-        ax.set_xlabel("GRPO step")
-        ax.set_ylabel("mean reward")
-        ax.set_title("GRPO from scratch: repeat the prompt's last token")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(out / "e2e_learning.png", dpi=120)
     except ImportError:
-        print("matplotlib missing: no PNG", flush=True)
-    summary = {"steps": args.learn_steps, "final_mean_reward": {"A": mean_a, "B": mean_b},
-               "ratio_B_over_A": mean_b / mean_a if mean_a else None,
-               "first_mean_reward": {m: sum(c[:tail]) / tail for m, c in curves.items()},
-               "equal_frac": {m: v["equal_frac"] for m, v in r["modes"].items()}}
-    print(json.dumps({"learning": summary}), flush=True)
-    return summary
+        write_band_png(path, list(series.values()))
+        return "plain (matplotlib missing: no labels)"
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, (mean, lo, hi) in series.items():
+        xs = list(range(len(mean)))
+        (line,) = ax.plot(xs, mean, label=name)
+        ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return "matplotlib"
+
+
+def write_band_png(path: Path, series: list[tuple[list[float], list[float], list[float]]], w: int = 640,
+                   h: int = 360) -> None:
+    """Mean lines over shaded min-max bands as an RGB PNG, with the standard library only."""
+    import struct
+    import zlib
+
+    colours = [(31, 119, 180), (255, 127, 14), (44, 160, 44)]
+    px = bytearray(b"\xff" * (w * h * 3))
+    lo_all = min((min(s[1]) for s in series if s[1]), default=0.0)
+    hi_all = max((max(s[2]) for s in series if s[2]), default=1.0)
+    span = (hi_all - lo_all) or 1.0
+    m = 20
+
+    def y_of(v: float) -> int:
+        return h - 1 - m - round((v - lo_all) / span * (h - 2 * m))
+
+    def put(x: int, y: int, c) -> None:
+        if 0 <= x < w and 0 <= y < h:
+            px[(y * w + x) * 3 : (y * w + x) * 3 + 3] = bytes(c)
+
+    def x_of(k: int, n: int) -> int:
+        return m + round(k / max(1, n - 1) * (w - 2 * m - 1))
+
+    def at(a: list[float], x: int) -> float:
+        """The series interpolated at pixel column x."""
+        n = len(a)
+        k = (x - m) / max(1, w - 2 * m - 1) * max(1, n - 1)
+        j = min(int(k), max(0, n - 2))
+        f = k - j if n > 1 else 0.0
+        return a[j] * (1 - f) + a[min(j + 1, n - 1)] * f
+
+    for i, (mean, lo, hi) in enumerate(series):
+        c = colours[i % len(colours)]
+        light = tuple(255 - (255 - v) // 4 for v in c)
+        for x in range(m, w - m):
+            for y in range(y_of(at(hi, x)), y_of(at(lo, x)) + 1):
+                put(x, y, light)
+        n = len(mean)
+        for k in range(n - 1):  # the mean, segment by segment
+            x0, y0, x1, y1 = x_of(k, n), y_of(mean[k]), x_of(k + 1, n), y_of(mean[k + 1])
+            steps = max(abs(x1 - x0), abs(y1 - y0), 1)
+            for t in range(steps + 1):
+                put(x0 + round((x1 - x0) * t / steps), y0 + round((y1 - y0) * t / steps), c)
+    for x in range(m, w - m):  # axes, over the bands
+        put(x, h - 1 - m, (0, 0, 0))
+    for y in range(m, h - m):
+        put(m, y, (0, 0, 0))
+    raw = b"".join(b"\x00" + bytes(px[y * w * 3 : (y + 1) * w * 3]) for y in range(h))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+                     + chunk(b"IDAT", zlib.compress(raw, 6)) + chunk(b"IEND", b""))
 
 
 def layers(args) -> dict:
@@ -99,40 +226,84 @@ def layers(args) -> dict:
         backends = {"stock": make_backend("stock"), "unified_root": make_backend("unified")}
         if impl:
             backends["unified_incumbent"] = make_backend("unified", impl)
-        r = profile_layer(PRESETS[preset], backends, device="cuda", reps=args.reps)
+        r = profile_layer(PRESETS[preset], backends, device=args.device, reps=args.reps)
         res[preset] = r
         print(json.dumps({preset: {k: v["sum_ms"] for k, v in r["backends"].items()}}), flush=True)
     return res
 
 
+def summary_keys(part: str, doc: dict, args) -> dict:
+    """The summary_h200.json keys a full-depth GPU run of `part` gives (none for a cut or CPU run)."""
+    if args.device != "cuda" or args.layers:
+        return {}
+    if part == "throughput" and "qwen3-1.7b" in doc:
+        sp = doc["qwen3-1.7b"]["speedup"]
+        return {k: v for k, v in (("e2e_B_over_C", sp.get("B_over_C")), ("e2e_B_over_A", sp.get("B_over_A")))
+                if v is not None}
+    if part == "decode" and doc["preset"] == "qwen3-0.6b":
+        runs = [r for r in doc["runs"] if r["graphs"] and r["batch"] == 64 and "error" not in r]
+        uni = [r["step_over_floor"] for r in runs if r["backend"] == "unified"]
+        stock = [r["step_over_floor"] for r in runs if r["backend"] == "stock"]
+        return ({"e2e_decode_floor_ratio": max(uni)} if uni else {}) | (
+            {"e2e_decode_floor_ratio_stock": max(stock)} if stock else {})
+    return {}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    ap.add_argument("--shapes", nargs="+", default=["qwen3-0.6b", "qwen3-1.7b"])
-    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--shapes", nargs="+", default=["qwen3-0.6b", "qwen3-1.7b"], choices=list(PRESETS))
+    ap.add_argument("--layers", type=int, default=None, help="cut the models to N layers (default: full depth)")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--eager-decode", action="store_true", help="throughput: no CUDA graphs in the rollout")
+    ap.add_argument("--decode-preset", default="qwen3-0.6b", choices=list(PRESETS))
+    ap.add_argument("--decode-batch", type=int, default=64)
+    ap.add_argument("--decode-context", type=int, nargs="+", default=[128, 256],
+                    help="decode: every sequence's context length (default 128 256)")
+    ap.add_argument("--decode-reps", type=int, default=20)
+    ap.add_argument("--decode-backends", nargs="+", default=["stock", "unified"], choices=["stock", "unified"])
     ap.add_argument("--learn-steps", type=int, default=120)
+    ap.add_argument("--learn-preset", default="small", choices=list(PRESETS))
+    ap.add_argument("--learn-modes", nargs="+", default=["A", "B"], choices=["A", "B", "C"])
+    ap.add_argument("--learn-prompts", type=int, default=16)
+    ap.add_argument("--learn-group", type=int, default=8)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--impl-dir", help="directory of incumbent implementation files (<op>.py)")
-    ap.add_argument("--only", nargs="+", choices=["throughput", "learning", "layers"],
-                    default=["throughput", "learning", "layers"])
+    parts = ["throughput", "decode", "learning", "layers"]
+    ap.add_argument("--only", nargs="+", choices=parts, default=parts)
     args = ap.parse_args()
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            ap.error("no CUDA GPU here: pass --device cpu (the code path only; times mean nothing)")
     args.out.mkdir(parents=True, exist_ok=True)
     import torch
 
     env = H.environment()
     doc = {"gpu": env["gpu"], "torch": torch.__version__, "triton": env["triton"], "env": env,
            "command": H.command_line()}
-    full = args.only == ["throughput", "learning", "layers"]
-    name = "e2e_h200.json" if full else f"e2e_h200_{'_'.join(args.only)}.json"
-    for part, fn in (("layers", lambda: layers(args)), ("throughput", lambda: throughput(args, args.out)),
+    prefix = "e2e_h200" if args.device == "cuda" else "e2e_cpu"
+    full = args.only == parts
+    # the multi-seed learning run has a name of its own: the single-seed run's file stays what the README cites
+    label = {"learning": "learning_seeds"}
+    name = f"{prefix}.json" if full else f"{prefix}_{'_'.join(label.get(p, p) for p in args.only)}.json"
+    # full depth is another experiment than the earlier 4-layer runs: its own file, theirs kept
+    name = name.replace(".json", f"_layers{args.layers}.json" if args.layers else "_full.json")
+    for part, fn in (("layers", lambda: layers(args)), ("decode", lambda: decode(args)),
+                     ("throughput", lambda: throughput(args, args.out)),
                      ("learning", lambda: learning(args, args.out))):
         if part in args.only:
             doc[part] = fn()
             H.write_json(args.out / name, doc)  # after every part: a cut run keeps its part
+            keys = summary_keys(part, doc[part], args)
+            if keys:
+                H.update_summary(args.out / "summary_h200.json", keys, source=str(args.out / name))
     return 0
 
 

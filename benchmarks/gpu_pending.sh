@@ -10,6 +10,11 @@
 #   attention     #16 bitwise sweep + prefill, forward+backward, decode (B 1..128 x L 1k..32k) vs SDPA, decode
 #                     split variants timed (targets: decode <= 1.05x, prefill <= 0.85x, fwd+bwd <= 1.15x)
 #   e2e           #8  layer profile stock / unified root / incumbents ($R/incumbents_h200), throughput
+#                 #19 at full depth (qwen3-0.6b and qwen3-1.7b, 28 layers), decode steps replayed as CUDA graphs;
+#                     e2e_B_over_C / e2e_B_over_A in $R/summary_h200.json
+#   e2e_decode    #19 one decode step (qwen3-0.6b, 64 sequences) vs the weight + KV bandwidth floor, stock and
+#                     unified, graphs and eager; e2e_decode_floor_ratio in $R/summary_h200.json
+#   e2e_learning  #19 GRPO from scratch, modes A and B, 3 seeds: $R/e2e_learning_seeds.{csv,png}
 #   speed         #16 bench_speed: linear / decode / prefill / fwd+bwd / ops vs stock, bits-gated;
 #                     $R/speed_h200.{md,json} and its keys of $R/summary_h200.json
 #   hf            #20 apply_tik on a random-init Qwen3-0.6B (transformers): bitwise log-probs, time vs stock,
@@ -44,14 +49,18 @@ for p in "$@"; do
         attention)
             part attention 590 "$py" benchmarks/bench_attention.py --out "$R" --budget 540 ;;
         e2e)
-            part e2e 400 "$py" benchmarks/bench_e2e.py --out "$R" --only layers throughput --steps 6 \
+            part e2e 590 "$py" benchmarks/bench_e2e.py --out "$R" --only layers throughput --steps 3 \
                 --impl-dir "$R/incumbents_h200" ;;
+        e2e_decode)
+            part e2e_decode 300 "$py" benchmarks/bench_e2e.py --out "$R" --only decode ;;
+        e2e_learning)
+            part e2e_learning 590 "$py" benchmarks/bench_e2e.py --out "$R" --only learning --learn-steps 100 ;;
         speed)
             part speed 590 "$py" benchmarks/bench_speed.py --out "$R" ;;
         hf)
             part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_h200
             part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (tuner_linear scaleout attention e2e speed hf)" >&2 ;;
+            echo "unknown part $p (tuner_linear scaleout attention e2e e2e_decode e2e_learning speed hf)" >&2 ;;
     esac
 done

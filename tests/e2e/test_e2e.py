@@ -120,7 +120,7 @@ def test_safetensors_rejects_garbage(tmp_path):
 def test_cli_e2e_json_and_errors(capsys):
     from tik_tui.cli.main import main
 
-    assert main(["e2e", "--modes", "B", "--steps", "1", "--prompts", "2", "--group", "2", "--json"]) == 0
+    assert main(["e2e", "--modes", "B", "--steps", "1", "--prompts", "1", "--group", "2", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     b = doc["modes"]["B"]
     assert b["equal_tokens"] == b["tokens"] > 0

@@ -162,6 +162,8 @@ class StockBackend:
     """Stock PyTorch kernels: what rollout engines and trainers run without TIK."""
 
     name = "stock"
+    #: attention_decode reads only the first kv_len cache entries (so a graph is captured per KV-length bucket)
+    decode_reads_kv_len = True
 
     def embedding(self, ids, table):
         return F.embedding(ids, table)
@@ -225,14 +227,18 @@ class StockBackend:
         return -(logp.exp() * logp).sum(-1)
 
     def sample(self, hidden, w, temperature, seeds):
-        logits = F.linear(hidden, w).float() / temperature
-        return torch.multinomial(logits.softmax(-1), 1)[:, 0]
+        """The exponential race (argmax of p / Exp(1) noise, a draw from p): what serving engines run, since
+        `torch.multinomial` may wait on the GPU and does not belong in a CUDA graph. Ignores `seeds`."""
+        probs = (F.linear(hidden, w).float() / temperature).softmax(-1)
+        return probs.div(torch.empty_like(probs).exponential_()).argmax(-1)
 
 
 class UnifiedBackend:
     """TIK's operators, from the library (`tik_kernels.ops.*`) or from given implementation files."""
 
     name = "unified"
+    #: attention_decode's launch depends on the cache's capacity only: one graph per batch bucket
+    decode_reads_kv_len = False
 
     def __init__(self, impl_files: dict[str, str | Path] | None = None):
         import importlib

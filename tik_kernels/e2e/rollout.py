@@ -1,13 +1,23 @@
 """A rollout engine with continuous batching: requests join and leave between decode steps.
 
-Active requests occupy KV-cache slots 0..n-1 (compacted when one leaves), so every decode
-step is a batch of n tokens whose composition changes from step to step. Each sampled
+Active requests occupy KV-cache slots 0..n-1 (compacted when one leaves, `SlotTable`), so every
+decode step is a batch of n tokens whose composition changes from step to step. Each sampled
 token's log-probability is recorded as the rollout saw it — the number a trainer would
 otherwise recompute.
+
+Decode steps run on static buffers (token ids, positions, sampling seeds in; tokens, log-probs
+out; the bf16 weights and the KV cache at fixed addresses), padded up to a batch *bucket*. On
+CUDA each (bucket, KV-length bucket) is captured once as a CUDA graph and replayed, so a step
+costs one graph launch instead of hundreds of kernel launches from Python; with `graphs=False`
+the same padded step runs eagerly (the CPU tests check the bookkeeping that way). Padding rows
+sit in free slots (>= n) at position 0: what they write there is overwritten by the prefill of
+the request that next takes the slot, and nothing reads it before.
 """
 
 from __future__ import annotations
 
+import sys
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -36,10 +46,69 @@ class Completion:
         return torch.cat(self.logprob_bits)
 
 
-def token_seeds(seeds: list[int], positions: list[int], device) -> torch.Tensor:
+def token_seeds(seeds: list[int], positions: list[int]) -> list[int]:
     """Per-token sampling seed from the request's seed and the token's position (same in every regime)."""
-    return torch.tensor([(s * 1_000_003 + p) % (2**31 - 1) for s, p in zip(seeds, positions, strict=True)],
-                        dtype=torch.int64, device=device)
+    return [(s * 1_000_003 + p) % (2**31 - 1) for s, p in zip(seeds, positions, strict=True)]
+
+
+#: decode batch sizes a step is padded up to (the engine's slot count closes the list)
+DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+
+
+def bucket_sizes(max_slots: int, buckets: tuple[int, ...] | list[int] | None = None) -> list[int]:
+    """The ascending batch buckets of an engine with `max_slots` slots: those below it, then `max_slots`."""
+    return sorted({b for b in (DEFAULT_BUCKETS if buckets is None else buckets) if 0 < b < max_slots} | {max_slots})
+
+
+def pick_bucket(n: int, sizes: list[int]) -> int:
+    """The smallest bucket that holds `n` rows."""
+    for b in sizes:
+        if b >= n:
+            return b
+    raise ValueError(f"{n} active requests exceed the largest decode bucket {sizes[-1]}")
+
+
+def kv_bucket(kv_len: int, capacity: int, floor: int = 64) -> int:
+    """The KV length a stock decode step attends over: `kv_len` rounded up to a power of two (at least `floor`),
+    at most the cache's capacity, so a graph captured for it serves every shorter context."""
+    b = floor
+    while b < kv_len:
+        b *= 2
+    return min(b, capacity)
+
+
+class SlotTable:
+    """Which request holds which KV-cache slot. The decode kernels read cache rows 0..B-1, so the n active
+    requests always hold slots 0..n-1: one that leaves is replaced by the last, and `release` returns that
+    move for the cache to copy."""
+
+    def __init__(self, n_slots: int):
+        self.n_slots = n_slots
+        self.holders: list = []
+
+    def __len__(self) -> int:
+        return len(self.holders)
+
+    def free(self) -> int:
+        return self.n_slots - len(self.holders)
+
+    def admit(self, holder) -> int:
+        if not self.free():
+            raise ValueError(f"all {self.n_slots} slots are taken")
+        self.holders.append(holder)
+        return len(self.holders) - 1
+
+    def release(self, slot: int) -> tuple[int, int] | None:
+        """Free `slot`; returns (src, dst) when the last holder moved from slot src into it."""
+        last = len(self.holders) - 1
+        if not 0 <= slot <= last:
+            raise ValueError(f"slot {slot} is not held")
+        if slot != last:
+            self.holders[slot] = self.holders[last]
+            self.holders.pop()
+            return last, slot
+        self.holders.pop()
+        return None
 
 
 @dataclass
@@ -47,77 +116,189 @@ class RolloutStats:
     decode_steps: int = 0
     prefills: int = 0
     batch_sizes: list[int] = field(default_factory=list)
+    #: the padded size of each decode step (its bucket)
+    buckets: list[int] = field(default_factory=list)
+    graphs_captured: int = 0
+    capture_s: float = 0.0
+    #: why decode steps fell back to eager launches (a capture failed), None while graphs work
+    graph_error: str | None = None
 
 
 class RolloutEngine:
+    """`graphs`: replay decode steps as CUDA graphs (default: on CUDA). `buckets`: the decode batch sizes a step
+    is padded to (default `DEFAULT_BUCKETS` with graphs, else none: each step runs at its exact size).
+    `on_token(n)` is called after every prefill and decode step with the tokens generated so far."""
+
     def __init__(self, cfg: ModelConfig, backend, *, max_slots: int = 16, max_len: int = 256,
-                 admit_per_step: int | None = None, temperature: float = 1.0, device: str = "cpu"):
+                 admit_per_step: int | None = None, temperature: float = 1.0, device: str = "cpu",
+                 graphs: bool | None = None, buckets: tuple[int, ...] | list[int] | None = None, on_token=None):
         self.cfg, self.be, self.device = cfg, backend, device
         self.max_slots, self.max_len, self.temperature = max_slots, max_len, temperature
         self.admit_per_step = admit_per_step or max(1, max_slots // 4)
+        self.graphs = torch.device(device).type == "cuda" if graphs is None else graphs
+        if self.graphs and torch.device(device).type != "cuda":
+            raise ValueError("CUDA graphs need a CUDA device")
+        if buckets is None and not self.graphs:
+            self.buckets = list(range(1, max_slots + 1))  # eager: every step at its own size
+        else:
+            self.buckets = bucket_sizes(max_slots, buckets)
         self.cache = KVCache(cfg, max_slots, max_len, device)
         self.stats = RolloutStats()
+        self.on_token = on_token
+        # static decode buffers: their addresses are baked into the captured graphs
+        self.W: dict[str, torch.Tensor] | None = None
+        self._inp = torch.zeros(3, max_slots, dtype=torch.int64, device=device)  # ids, positions, seeds
+        self._stage = torch.zeros(3, max_slots, dtype=torch.int64, pin_memory=self.graphs)
+        self._tok = torch.zeros(max_slots, dtype=torch.int64, device=device)
+        self._lp = torch.zeros(max_slots, dtype=torch.float32, device=device)
+        self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self._pool = None
+
+    # ------------------------------------------------------------------ decode step
+
+    def load_weights(self, params: dict[str, torch.Tensor]) -> None:
+        """Copy the fp32 master weights into the static bf16 buffers (the same rounding as `bf16_weights`)."""
+        with torch.no_grad():
+            if self.W is None:
+                self.W = bf16_weights(params, grad=False)
+            else:
+                for k, w in self.W.items():
+                    w.copy_(params[k].detach())
+
+    def _kv_len(self, kv_len: int) -> int:
+        """The KV length a step of contexts up to `kv_len` attends over: for a backend that reads only the
+        first kv_len cache entries (stock SDPA), a bucket when graphs need a fixed shape; the capacity for one
+        whose launch depends on the capacity alone (the unified kernel)."""
+        if not getattr(self.be, "decode_reads_kv_len", True):
+            return self.max_len
+        return kv_bucket(kv_len, self.max_len) if self.graphs else kv_len
+
+    def _step(self, b: int, kv: int) -> None:
+        """The decode step over rows 0..b-1 of the static buffers, results into `_tok` / `_lp`."""
+        ids, pos, seeds = self._inp[0, :b], self._inp[1, :b], self._inp[2, :b]
+        hidden = forward_decode(self.cfg, self.be, self.W, ids, pos, self.cache, kv_len=kv)
+        tok = self.be.sample(hidden, self.W["lm_head"], self.temperature, seeds)
+        lp = self.be.logprob(hidden, self.W["lm_head"], tok, self.temperature)
+        self._tok[:b].copy_(tok)
+        self._lp[:b].copy_(lp)
+
+    def _capture(self, b: int, kv: int) -> torch.cuda.CUDAGraph:
+        """Capture the step at (b, kv) with the current inputs. A decode step is idempotent (it writes the k/v of
+        its tokens, then reads them), so the warm-up runs that precede the capture (Triton compiles, cuBLAS
+        workspaces) change nothing the replay would not."""
+        t = time.perf_counter()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._step(b, kv)
+        torch.cuda.current_stream().wait_stream(side)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        g = torch.cuda.CUDAGraph()
+        # every graph writes its results to the engine's buffers and keeps nothing alive in the shared pool,
+        # so the graphs can share it whatever order they replay in
+        with torch.cuda.graph(g, pool=self._pool):
+            self._step(b, kv)
+        torch.cuda.synchronize()  # the warm-up runs' GPU time belongs to the capture, not to the step after it
+        self.stats.graphs_captured += 1
+        self.stats.capture_s += time.perf_counter() - t
+        return g
+
+    def decode(self, ids: list[int], positions: list[int], seeds: list[int]) -> tuple[list[int], torch.Tensor]:
+        """One decode step for the requests in slots 0..n-1: their sampled tokens (host) and log-probs (device)."""
+        n = len(ids)
+        b = pick_bucket(n, self.buckets)
+        kv = self._kv_len(max(positions) + 1)
+        pad = [0] * (b - n)
+        self._stage[0, :b] = torch.tensor(ids + pad)
+        self._stage[1, :b] = torch.tensor(positions + pad)
+        self._stage[2, :b] = torch.tensor(seeds + pad)
+        # the whole staging buffer: a column slice is strided, and a strided pinned source is copied through a
+        # pageable temporary; the rows past b are not read by a step of b rows
+        self._inp.copy_(self._stage, non_blocking=True)
+        g = self._graphs.get((b, kv)) if self.graphs else None
+        if self.graphs and g is None:
+            try:
+                g = self._graphs[(b, kv)] = self._capture(b, kv)
+            except RuntimeError as e:
+                # a step that cannot be captured (an op that waits on the GPU) still runs: eagerly, and says so
+                self.graphs, self.stats.graph_error = False, " ".join(str(e).split())[:300]
+                print(f"rollout: decode step not captured as a CUDA graph, running eagerly: {self.stats.graph_error}",
+                      file=sys.stderr)
+        if g is not None:
+            g.replay()
+        else:
+            self._step(b, kv)
+        self.stats.batch_sizes.append(n)
+        self.stats.buckets.append(b)
+        # one read-back per step: the engine needs the tokens on the host to retire requests
+        lp = self._lp[:n].clone()
+        return self._tok[:n].tolist(), lp
+
+    # ------------------------------------------------------------------ the loop
 
     @torch.no_grad()
     def generate(self, params: dict[str, torch.Tensor], requests: list[Request]) -> list[Completion]:
-        W = bf16_weights(params, grad=False)
-        be, cfg = self.be, self.cfg
+        self.load_weights(params)
+        W, be, cfg = self.W, self.be, self.cfg
         for r in requests:
             if len(r.prompt) + r.max_new > self.max_len:
                 raise ValueError(f"request of {len(r.prompt)}+{r.max_new} tokens exceeds max_len {self.max_len}")
         waiting = deque(Completion(r) for r in requests)
-        active: list[Completion] = []  # active[j] lives in cache slot j
+        slots = SlotTable(self.max_slots)  # slots.holders[j]: the Completion in cache slot j
         done: list[Completion] = []
+        made = 0
 
-        def emit(comps: list[Completion], hidden: torch.Tensor, positions: list[int]) -> None:
-            seeds = token_seeds([c.request.seed for c in comps], positions, self.device)
-            ids = be.sample(hidden, W["lm_head"], self.temperature, seeds)
-            lp = be.logprob(hidden, W["lm_head"], ids, self.temperature)
-            # one read-back per step: the engine needs the tokens on the host to retire requests
-            ids_h, lp_h = ids.tolist(), lp.tolist()
+        def record(comps: list[Completion], toks: list[int], lp: torch.Tensor) -> None:
+            nonlocal made
+            lp_h = lp.tolist()
             for j, c in enumerate(comps):
-                c.tokens.append(ids_h[j])
-                c.logprob_bits.append(lp[j : j + 1].clone())
+                c.tokens.append(toks[j])
+                c.logprob_bits.append(lp[j : j + 1])
                 c.logprobs.append(lp_h[j])
+            made += len(comps)
+            if self.on_token:
+                self.on_token(made)
 
         def retire() -> None:
             j = 0
-            while j < len(active):
-                c = active[j]
+            while j < len(slots):
+                c = slots.holders[j]
                 if len(c.tokens) >= c.request.max_new:
                     done.append(c)
-                    last = len(active) - 1
-                    if j != last:
-                        self.cache.move(last, j)
-                        active[j] = active[last]
-                    active.pop()
+                    move = slots.release(j)
+                    if move:
+                        self.cache.move(*move)
                 else:
                     j += 1
 
-        while waiting or active:
+        while waiting or len(slots):
             joining = []
-            while waiting and len(active) + len(joining) < self.max_slots and len(joining) < self.admit_per_step:
+            while waiting and len(joining) < min(slots.free(), self.admit_per_step):
                 joining.append(waiting.popleft())
             if joining:
-                slots = list(range(len(active), len(active) + len(joining)))
+                taken = [slots.admit(c) for c in joining]
                 lens = [len(c.request.prompt) for c in joining]
                 ids = to_device([t for c in joining for t in c.request.prompt], self.device)
                 cu = to_device([0, *torch.tensor(lens).cumsum(0).tolist()], self.device, torch.int32)
-                hidden = forward_packed(cfg, be, W, ids, cu, self.cache, slots, lens)
-                last_rows = (cu[1:] - 1).long()
-                emit(joining, hidden.index_select(0, last_rows), [n - 1 for n in lens])
-                active.extend(joining)
+                hidden = forward_packed(cfg, be, W, ids, cu, self.cache, taken, lens)
+                last = hidden.index_select(0, (cu[1:] - 1).long())
+                pos = [n - 1 for n in lens]
+                seeds = to_device(token_seeds([c.request.seed for c in joining], pos), self.device)
+                tok = be.sample(last, W["lm_head"], self.temperature, seeds)
+                lp = be.logprob(last, W["lm_head"], tok, self.temperature)
+                record(joining, tok.tolist(), lp)
                 self.stats.prefills += 1
                 retire()
-            if not active:
+            if not len(slots):
                 continue
-            ids = to_device([c.tokens[-1] for c in active], self.device)
+            active = slots.holders
             positions = [len(c.request.prompt) + len(c.tokens) - 1 for c in active]
-            hidden = forward_decode(cfg, be, W, ids, to_device(positions, self.device), self.cache,
-                                    kv_len=max(positions) + 1)
-            emit(active, hidden, positions)
+            toks, lp = self.decode([c.tokens[-1] for c in active], positions,
+                                   token_seeds([c.request.seed for c in active], positions))
+            record(list(active), toks, lp)
             self.stats.decode_steps += 1
-            self.stats.batch_sizes.append(len(active))
             retire()
         order = {id(r): i for i, r in enumerate(requests)}
         return sorted(done, key=lambda c: order[id(c.request)])

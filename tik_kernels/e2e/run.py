@@ -46,6 +46,21 @@ class E2EConfig:
     seed: int = 0
     device: str | None = None
     checkpoint: str | None = None
+    #: replay decode steps as CUDA graphs (None: on CUDA)
+    graphs: bool | None = None
+
+
+#: `tik e2e`'s defaults per device. Sequences longer than 16 tokens: on the CPU stock SDPA gives a row bits that
+#: depend on the length its batch was padded to (11 keys keep their bits padded to 15, not to 16; 17 keys padded to
+#: 20, not to 32), and rollout and trainer pad to different lengths; the old defaults (at most 15 tokens) never
+#: reached 16, so stock showed no mismatch at all. Measured (`tik e2e --modes A`, tiny model, seeds 0-3): 6/34,
+#: 29/30, 11/35 and 26/33 rollout log-probs differ from the trainer's. The CPU default runs modes A and B for one
+#: step: the unified kernels run in Triton's interpreter there (~35 s a mode-step), and mode C's equality is B's.
+CLI_DEFAULTS = {
+    "cpu": {"modes": ("A", "B"), "steps": 1, "prompts": 2, "group": 4, "prompt_len": (8, 20), "answer_len": (2, 6)},
+    "cuda": {"modes": ("A", "C", "B"), "steps": 2, "prompts": 4, "group": 4, "prompt_len": (8, 20),
+             "answer_len": (2, 6)},
+}
 
 
 def _sync(device: str) -> None:
@@ -70,53 +85,82 @@ def model_for(cfg: E2EConfig, device: str) -> tuple[ModelConfig, dict]:
 
 
 def run_mode(mode: str, cfg: E2EConfig, mc: ModelConfig, params0: dict, device: str, impl_files=None,
-             on_step=None) -> dict:
+             on_step=None, on_progress=None) -> dict:
+    """`on_progress(event)` is called as the mode runs: event = {mode, step (1-based), steps, phase (rollout,
+    recompute, train), tokens (generated or processed so far in the phase), seconds (in the phase), done}."""
     backend_name, recompute = MODES[mode]
+    torch.manual_seed(cfg.seed)  # stock sampling draws from torch's generator: the same run gives the same tokens
     be = make_backend(backend_name, impl_files)
     params = {k: v.detach().clone().requires_grad_(True) for k, v in params0.items()}
     opt = torch.optim.AdamW(list(params.values()), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
     max_len = cfg.prompt_len[1] + cfg.answer_len[1] + 1
+    n_steps = cfg.warmup + cfg.steps
+    where = {"step": 0, "phase": "", "t0": 0.0}  # where the mode has got to, for `report`
+
+    def report(tokens: int, done: bool = False) -> None:
+        if on_progress:
+            on_progress({"mode": mode, "step": where["step"], "steps": n_steps, "phase": where["phase"],
+                         "tokens": tokens, "seconds": time.perf_counter() - where["t0"], "done": done})
+
+    def phase(name: str) -> None:
+        where["phase"], where["t0"] = name, time.perf_counter()
+        report(0)
+
     engine = RolloutEngine(mc, be, max_slots=cfg.max_slots, max_len=max_len, temperature=cfg.temperature,
-                           device=device)
+                           device=device, graphs=cfg.graphs, on_token=report)
     ref_params = {k: v.detach().clone() for k, v in params0.items()} if cfg.kl_coef else None
     rng = random.Random(cfg.seed)
     clip_fracs: list[float] = []
     ratio_devs: list[float] = []
     times = {"rollout": [], "recompute": [], "train": []}
+    capture_timed = 0.0
     equal = total = 0
     max_diff = 0.0
     recompute_equal = 0
     reward_curve, batch_sizes = [], []
-    for step in range(cfg.warmup + cfg.steps):
+    for step in range(n_steps):
+        where["step"] = step + 1
         reqs = make_requests(mc.vocab, cfg.prompts, cfg.group, rng, prompt_len=cfg.prompt_len,
                              answer_len=cfg.answer_len, seed_base=step * 100_000)
         _sync(device)
+        phase("rollout")
         t0 = time.perf_counter()
+        captured_s = engine.stats.capture_s
         comps = engine.generate(params, reqs)
         _sync(device)
-        t1 = time.perf_counter()
+        # a CUDA graph's capture (once per decode bucket, for the engine's life) is set-up, not rollout: a step that
+        # met a new bucket would otherwise carry it (stock SDPA's graphs, per KV-length bucket too, meet more)
+        capture = engine.stats.capture_s - captured_s
+        t1 = time.perf_counter() - capture
+        report(sum(len(c.tokens) for c in comps), done=True)
         packed = pack(comps, device)
+        n_packed = packed.ids.numel()
         rollout_lp = torch.cat([c.old_logprobs() for c in comps]).to(device)
         if recompute:
+            phase("recompute")
             old, _ = sequence_logprobs(mc, be, params, packed, cfg.temperature, grad=False)
         else:
             old = rollout_lp
         _sync(device)
-        t2 = time.perf_counter()
+        t2 = time.perf_counter() - capture
+        if recompute:
+            report(n_packed, done=True)
+        phase("train")
         r = rewards(comps).to(device)
         adv = group_advantages(r, torch.tensor([c.request.group for c in comps], device=device))
         ref = None
         if cfg.kl_coef:
             ref, _ = sequence_logprobs(mc, be, ref_params, packed, cfg.temperature, grad=False)
         first = None
-        for _ in range(cfg.ppo_epochs):
+        for epoch in range(cfg.ppo_epochs):
             res = grpo_step(mc, be, params, opt, packed, old.detach(), adv, temperature=cfg.temperature,
                             ref_logprobs=ref, kl_coef=cfg.kl_coef)
             first = first or res
             clip_fracs.append(res.clip_frac)
             ratio_devs.append(res.ratio_max_dev)
+            report(n_packed * (epoch + 1), done=epoch + 1 == cfg.ppo_epochs)
         _sync(device)
-        t3 = time.perf_counter()
+        t3 = time.perf_counter() - capture
         # the trainer's own log-probs (the first training forward, before any update) against the rollout's
         eq = torch.eq(first.logprobs.view(torch.int32), rollout_lp.view(torch.int32))
         equal += int(eq.sum())
@@ -131,6 +175,7 @@ def run_mode(mode: str, cfg: E2EConfig, mc: ModelConfig, params0: dict, device: 
             times["rollout"].append(t1 - t0)
             times["recompute"].append(t2 - t1)
             times["train"].append(t3 - t2)
+            capture_timed += capture
         if on_step:
             on_step(mode, step, float(r.mean()), res)
     total_t = sum(sum(v) for v in times.values())
@@ -151,11 +196,17 @@ def run_mode(mode: str, cfg: E2EConfig, mc: ModelConfig, params0: dict, device: 
         "ratio_max_dev": max(ratio_devs, default=0.0),
         "rewards": reward_curve,
         "decode_batch_sizes": sorted(set(batch_sizes)),
+        "decode_graphs": engine.graphs,
+        "graphs_captured": engine.stats.graphs_captured,
+        "graph_capture_s": engine.stats.capture_s,
+        "graph_error": engine.stats.graph_error,
+        #: captures that happened in timed steps (left out of their times)
+        "graph_capture_in_timed_steps_s": capture_timed,
         "kernels": getattr(be, "sources", {}),
     }
 
 
-def run_e2e(cfg: E2EConfig, impl_files=None, on_step=None) -> dict:
+def run_e2e(cfg: E2EConfig, impl_files=None, on_step=None, on_progress=None) -> dict:
     device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
     mc, params0 = model_for(cfg, device)
     out = {"model": config_dict(mc) | {"preset": cfg.preset, "params": mc.n_params()}, "device": device,
@@ -165,7 +216,8 @@ def run_e2e(cfg: E2EConfig, impl_files=None, on_step=None) -> dict:
     for m in cfg.modes:
         if m not in MODES:
             raise ValueError(f"unknown mode {m!r} (A, B or C)")
-        out["modes"][m] = run_mode(m, cfg, mc, copy.copy(params0), device, impl_files, on_step)
+        out["modes"][m] = run_mode(m, cfg, mc, copy.copy(params0), device, impl_files, on_step,
+                                  on_progress)
     ms = out["modes"]
     sp = {}
     if "B" in ms and "C" in ms and ms["B"]["steps_per_s"] and ms["C"]["steps_per_s"]:

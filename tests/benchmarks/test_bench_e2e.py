@@ -1,0 +1,73 @@
+"""bench_e2e's CPU code paths: the multi-seed learning curves (CSV + PNG) and the decode step vs its floor."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+import zlib
+
+from benchmarks import bench_e2e
+
+
+def test_learning_curves_over_seeds(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["bench_e2e.py", "--only", "learning", "--device", "cpu", "--learn-preset", "tiny",
+                                      "--learn-steps", "2", "--learn-modes", "A", "--learn-prompts", "2",
+                                      "--learn-group", "2", "--seeds", "0", "1", "2", "--out", str(tmp_path)])
+    assert bench_e2e.main() == 0
+    rows = list(csv.DictReader(open(tmp_path / "e2e_learning_seeds.csv")))
+    assert [r["step"] for r in rows] == ["0", "1"]
+    for r in rows:
+        seeds = [float(r[f"A_seed{s}"]) for s in range(3)]
+        assert float(r["A_min"]) == min(seeds) and float(r["A_max"]) == max(seeds)
+        assert abs(float(r["A_mean"]) - sum(seeds) / 3) < 1e-4
+    png = (tmp_path / "e2e_learning_seeds.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and b"IEND" in png
+    doc = json.loads((tmp_path / "e2e_cpu_learning_seeds_full.json").read_text())
+    assert doc["learning"]["seeds"] == [0, 1, 2] and len(doc["learning"]["curves"]["A"]) == 3
+
+
+def test_band_png_is_a_valid_image(tmp_path):
+    p = tmp_path / "x.png"
+    bench_e2e.write_band_png(p, [([0.1, 0.5, 0.3], [0.0, 0.4, 0.2], [0.2, 0.6, 0.4])], w=40, h=20)
+    data = p.read_bytes()
+    # IHDR says 40 x 20 RGB; the IDAT inflates to one filter byte + 40 * 3 bytes per row
+    assert int.from_bytes(data[16:20], "big") == 40 and int.from_bytes(data[20:24], "big") == 20
+    n = int.from_bytes(data[33:37], "big")
+    assert data[37:41] == b"IDAT"
+    raw = zlib.decompress(data[41 : 41 + n])
+    assert len(raw) == 20 * (1 + 40 * 3)
+    assert any(b != 0xFF for b in raw[1:])  # something was drawn
+
+
+def test_decode_bench_cpu_path(tmp_path, monkeypatch):
+    # stock only: the unified decode runs in the interpreter here, and the timing code is the same for both
+    monkeypatch.setattr(sys, "argv", ["bench_e2e.py", "--only", "decode", "--device", "cpu", "--decode-preset", "tiny",
+                                      "--decode-batch", "2", "--decode-context", "8", "16", "--decode-backends",
+                                      "stock", "--out", str(tmp_path)])
+    assert bench_e2e.main() == 0
+    doc = json.loads((tmp_path / "e2e_cpu_decode_full.json").read_text())
+    runs = doc["decode"]["runs"]
+    assert [r["context"] for r in runs] == [8, 16]
+    assert all(not r["graphs"] and r["step_ms"] > 0 and r["floor_ms"] > 0 for r in runs)
+    assert runs[0]["step_over_floor"] == runs[0]["step_ms"] / runs[0]["floor_ms"]
+    assert runs[1]["bytes"]["kv_read"] == 2 * runs[0]["bytes"]["kv_read"]
+    assert not (tmp_path / "summary_h200.json").exists()  # a CPU run writes no GPU summary keys
+
+
+def test_summary_keys_only_from_full_depth_gpu_runs():
+    from argparse import Namespace
+
+    gpu, cut, cpu = (Namespace(device="cuda", layers=None), Namespace(device="cuda", layers=4),
+                     Namespace(device="cpu", layers=None))
+    thr = {"qwen3-0.6b": {"speedup": {"B_over_C": 9.0}}, "qwen3-1.7b": {"speedup": {"B_over_C": 1.2, "B_over_A": 1.1}}}
+    assert bench_e2e.summary_keys("throughput", thr, gpu) == {"e2e_B_over_C": 1.2, "e2e_B_over_A": 1.1}
+    assert bench_e2e.summary_keys("throughput", thr, cut) == {} == bench_e2e.summary_keys("throughput", thr, cpu)
+    runs = [{"backend": b, "graphs": g, "batch": 64, "step_over_floor": r}
+            for b, g, r in (("unified", True, 2.0), ("unified", True, 2.5), ("unified", False, 9.0),
+                            ("stock", True, 1.5))]
+    dec = {"preset": "qwen3-0.6b", "runs": runs}
+    # the worst context of the graphed unified step; eager steps are not the figure
+    assert bench_e2e.summary_keys("decode", dec, gpu) == {"e2e_decode_floor_ratio": 2.5,
+                                                          "e2e_decode_floor_ratio_stock": 1.5}
+    assert bench_e2e.summary_keys("decode", dec | {"preset": "qwen3-1.7b"}, gpu) == {}
