@@ -140,3 +140,59 @@ def test_a_screen_event_reads_as_one_line():
                     "1 failed; picked")
     assert "timed out" in screen_summary({**p, "failure": "screen: timed out after 6 s"})
     assert screen_summary({**p, "pick": None}).endswith("none faster than the parent")
+
+
+class _TwoSlots:
+    """An executor of two slots: evaluations through the fake evaluator, screens through FakeScreen; it keeps
+    every job it was given."""
+
+    name, slots, device = "fake", 2, "cuda"
+
+    def __init__(self):
+        self.jobs = []
+
+    def submit(self, job):
+        from concurrent.futures import Future
+
+        from tik_tui.agent.jobs import Outcome, ScreenJob, run_job
+
+        self.jobs.append(job)
+        fut = Future()
+        if isinstance(job, ScreenJob):
+            fut.set_result(Outcome(screen=FakeScreen(job.parent_source)(job.sources, job.rounds)))
+        else:
+            fut.set_result(run_job(job, fake_eval.evaluate, {"executor": "fake"}))
+        return fut
+
+    def describe(self):
+        return {"executor": "fake", "workers": 2}
+
+    def close(self):
+        pass
+
+
+def test_with_several_workers_the_screen_is_a_job_for_the_executor(toy_ws):
+    """Screening once turned itself off with more than one slot and ran in the search process; now each screen is
+    a ScreenJob the executor runs like an evaluation (on a slot's device, also on Ray), with the root's source so
+    the worker warms its compile cache."""
+    from tik_tui.agent.jobs import ScreenJob
+
+    ex = _TwoSlots()
+    cfg = SearchConfig(ops=["toy"], budget=3, screen=6, auto_promote=True, time_it=True)
+    summary = Search(toy_ws, TunerProposer(screen_rounds=2), cfg, executor=ex).run()
+    screens = [j for j in ex.jobs if isinstance(j, ScreenJob)]
+    assert summary["spent"] == 3 and screens
+    root = toy_ws.root("toy")
+    assert all(j.op == "toy" and j.root_source == toy_ws.source(root["id"]) and j.device == "cuda" for j in screens)
+    made = [toy_ws.implementation(i) for i in summary["derivations"]]
+    assert all("screened" in r["rationale"] for r in made), [r["rationale"] for r in made]
+
+
+def test_a_screen_job_runs_the_real_screen_and_its_failure_comes_back_as_a_result():
+    from tik_tui.agent.jobs import ScreenJob, run_job
+
+    out = run_job(ScreenJob(op="rmsnorm", parent_source="raise SystemExit(3)\n", sources=["X = 1\n"], rounds=1,
+                            device="cpu", timeout=60))
+    assert out.error is None and out.screen is not None, out.error
+    assert "the parent" in out.screen["failure"], out.screen["failure"]
+    assert out.worker["finished"] >= out.worker["started"]

@@ -44,6 +44,23 @@ class EvalJob:
 
 
 @dataclass
+class ScreenJob:
+    """A screen (`tik_kernels.evaluator.screen`): `sources` timed beside `parent_source`, `rounds` rounds per cell,
+    in one sandboxed child on the executor's device, the same way an evaluation runs there (one slot, one
+    GPU): so a search screens with several workers and on Ray too, and a screen never shares a GPU with
+    an evaluation. `root_source`: the operator's root, whose probes the worker runs first (once per process)
+    so the screen's copy of the compile cache starts from the root's kernels."""
+
+    op: str
+    parent_source: str
+    sources: list[str]
+    rounds: int
+    root_source: str | None = None
+    device: str | None = None
+    timeout: float = 120.0
+
+
+@dataclass
 class Outcome:
     #: the EvalReport as a dict, when evaluate() returned
     report: dict | None = None
@@ -54,6 +71,8 @@ class Outcome:
     lost: str | None = None
     #: where and when it ran: executor, slot, host, pid, gpu, started, finished (epoch seconds)
     worker: dict = field(default_factory=dict)
+    #: a ScreenJob's result (`tik_kernels.evaluator.screen.screen`'s dict)
+    screen: dict | None = None
 
 
 def report_dict(rep: Any) -> dict:
@@ -65,9 +84,13 @@ def one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
 
 
-def run_job(job: EvalJob, evaluate: Callable | None = None, worker: dict | None = None) -> Outcome:
-    """Write the job's sources to a private directory and evaluate there (wherever "there" is)."""
+def run_job(job: EvalJob | ScreenJob, evaluate: Callable | None = None, worker: dict | None = None) -> Outcome:
+    """Write the job's sources to a private directory and evaluate (or screen) there (wherever "there" is)."""
     worker = {"host": socket.gethostname(), "pid": os.getpid(), **(worker or {}), "started": time.time()}
+    if isinstance(job, ScreenJob):
+        out = _run_screen(job)
+        out.worker = {**worker, "finished": time.time()}
+        return out
     if evaluate is None:
         from tik_kernels.evaluator import evaluate
     tmp = Path(tempfile.mkdtemp(prefix="tik-job-"))
@@ -95,6 +118,35 @@ def run_job(job: EvalJob, evaluate: Callable | None = None, worker: dict | None 
         shutil.rmtree(tmp, ignore_errors=True)
     out.worker = {**worker, "finished": time.time()}
     return out
+
+
+def _run_screen(job: ScreenJob) -> Outcome:
+    import shutil
+
+    from tik_kernels.evaluator.core import warm_root
+    from tik_kernels.evaluator.screen import screen
+
+    device = job.device
+    if device is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        if job.root_source is not None and device.startswith("cuda"):
+            tmp = Path(tempfile.mkdtemp(prefix="tik-root-"))
+            try:
+                path = tmp / f"{job.op}_root.py"
+                path.write_text(job.root_source)
+                try:
+                    warm_root(job.op, device=device, timeout=job.timeout, root_path=path)
+                except Exception:  # pragma: no cover - a broken root: its evaluation says so; the screen goes on
+                    pass
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        return Outcome(screen=screen(job.op, job.parent_source, list(job.sources), device=device, rounds=job.rounds,
+                                     timeout=job.timeout))
+    except Exception as e:  # a screen decides nothing: its failure is the proposer's to skip
+        return Outcome(error=one_line(e), trace=traceback.format_exc()[-2000:])
 
 
 def load_evaluator(spec: str) -> Callable:

@@ -30,7 +30,7 @@ def _mod(row: dict) -> dict:
 
 class ContextBuilder:
     """Builds each step's `ProposalContext`; holds what lives for the whole search (the modification cache,
-    one `DeviceEvidence` per operator, the operators whose root has warmed the compile cache)."""
+    one `DeviceEvidence` per operator)."""
 
     def __init__(self, ws: Any, cfg: SearchConfig, state: SearchState, control: Control, proposer: Any,
                  executor: Any, screen: Callable | None = None):
@@ -38,7 +38,6 @@ class ContextBuilder:
         self.proposer, self.executor = proposer, executor
         #: screen(op, parent_source, sources, rounds) -> screen result; default tik_kernels.evaluator.screen
         self._screen = screen
-        self._warmed: set[str] = set()
         self._mods: dict[int, dict] = {}
         self._evidence: dict[str, Any] = {}
 
@@ -83,9 +82,11 @@ class ContextBuilder:
         )
 
     def screener(self, op: str, parent: dict) -> Callable[[list[str], int], dict] | None:
-        """The context's `screen` for `parent`, or None where the search does not screen."""
+        """The context's `screen` for `parent`, or None where the search does not screen. A screen is a job for
+        the executor (`jobs.ScreenJob`): it runs on a slot's device like an evaluation, so it works with any
+        number of workers and on Ray, and never times on a GPU an evaluation is using."""
         c = self.cfg
-        if c.screen < 2 or self.executor.slots != 1:
+        if c.screen < 2:
             return None
         device = getattr(self.executor, "device", None) or c.device
         if self._screen is None:
@@ -101,30 +102,24 @@ class ContextBuilder:
                                    f"{rounds} rounds")
             if self._screen is not None:
                 return self._screen(op, source, sources, rounds)
-            return self._screen_on_device(op, source, sources, rounds, device)
+            return self._screen_on_executor(op, source, sources, rounds, device)
 
         return run
 
-    def _screen_on_device(self, op: str, source: str, sources: list[str], rounds: int, device: str) -> dict:
-        import tempfile
-        from pathlib import Path
-
-        from tik_kernels.evaluator.core import warm_root
-        from tik_kernels.evaluator.screen import screen
+    def _screen_on_executor(self, op: str, source: str, sources: list[str], rounds: int, device: str) -> dict:
+        from tik_tui.agent.jobs import ScreenJob
 
         root = self.ws.root(op)
-        if device.startswith("cuda") and op not in self._warmed and root is not None:
-            # the root's probes (which the first evaluation needs anyway) compile the kernels the screen's copy
-            # of the cache then starts from
-            self._warmed.add(op)
-            with tempfile.TemporaryDirectory(prefix="tik-root-") as d:
-                path = Path(d) / f"{op}_root.py"
-                path.write_text(self.ws.source(root["id"]))
-                try:
-                    warm_root(op, device=device, timeout=self.cfg.timeout, root_path=path)
-                except Exception as e:  # the evaluation reports a broken root; the screen goes on
-                    self.control.emit("warm_root_failed", {"reason": str(e)[:300]}, op=op)
-        return screen(op, source, sources, device=device, rounds=rounds, timeout=self.cfg.timeout)
+        job = ScreenJob(op=op, parent_source=source, sources=list(sources), rounds=rounds,
+                        root_source=self.ws.source(root["id"]) if root is not None else None,
+                        device=device, timeout=self.cfg.timeout)
+        out = self.executor.submit(job).result()
+        if out.screen is not None:
+            return out.screen
+        why = out.error or out.lost or "no result"
+        # the tuner goes on without a screen that failed (as with a screen child that died)
+        return {"failure": f"screen job: {why}"[:300], "rounds": rounds, "seconds": 0.0, "parent_objective": None,
+                "results": []}
 
     def device_evidence(self, op: str) -> Any:
         """The operator's `DeviceEvidence` on the search's device (one per search, so its cache lives on)."""
