@@ -26,10 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 import tik_kernels  # noqa: E402,F401
+from benchmarks.harness import environment  # noqa: E402
 from tik_kernels.contracts import get_contract  # noqa: E402
 from tik_kernels.evaluator.evidence import floors, ncu_profile  # noqa: E402
 from tik_kernels.evaluator.measure import run_timing  # noqa: E402
-from tik_kernels.evaluator.report import environment  # noqa: E402
 from tik_tui.agent import ProposalContext  # noqa: E402
 from tik_tui.agent.claude import ClaudeProposer  # noqa: E402
 from tik_tui.agent.evidence import DeviceEvidence  # noqa: E402

@@ -112,7 +112,7 @@ def main() -> int:
         raise SystemExit("bench_eval_rate: --evals must be at least 1")
     name = a.name or ("eval_rate_cpu" if device == "cpu" else "eval_rate_h200")
     doc = {"command": " ".join(["python benchmarks/bench_eval_rate.py", *sys.argv[1:]]),
-           "env": environment(), "ops": []}
+           "env": environment(device), "ops": []}
     a.out.mkdir(parents=True, exist_ok=True)
     for op in ops:
         doc["ops"].append(run_op(op, a.evals, device, a.timeout))

@@ -31,7 +31,7 @@ import tik_kernels  # noqa: E402,F401  (sets TRITON_INTERPRET on a CPU before tr
 import torch  # noqa: E402
 from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
-from tik_kernels.evaluator.report import environment  # noqa: E402
+from benchmarks.harness import environment  # noqa: E402
 from tik_kernels.hf import apply_tik, generated_logprobs, token_logprobs  # noqa: E402
 
 #: Qwen/Qwen3-0.6B's config.json, the fields that shape the model

@@ -37,12 +37,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def environment(device: str) -> dict:
-    from tik_kernels.evaluator.report import environment as env
-
-    return env(device)
-
-
 def default_out(env: dict, device: str) -> Path:
     if device == "cpu":
         return RESULTS / "scaleout_cpu.json"
@@ -124,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     available = torch.cuda.device_count() if device == "cuda" else 2
     counts = [int(c) for c in args.gpus.split(",")] if args.gpus else list(range(1, available + 1))
+    from benchmarks.harness import environment
+
     env = environment(device)
     out = args.out or default_out(env, device)
     doc = {"bench": "scaleout", "op": args.op, "evals": args.evals, "device": device, "env": env,

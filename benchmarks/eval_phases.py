@@ -31,10 +31,10 @@ def main() -> int:
     a = ap.parse_args()
     import torch
 
+    from benchmarks.harness import environment
     from tik_kernels.contracts import UnknownOperator, get_contract
     from tik_kernels.evaluator import evaluate
     from tik_kernels.evaluator.core import warm_root
-    from tik_kernels.evaluator.report import environment
     from tik_tui.agent.base import module_literal
     from tik_tui.agent.tuner import rewrite_config
 

@@ -364,8 +364,11 @@ def command_line(argv: Sequence[str] | None = None) -> str:
     return "PYTHONPATH=. python " + shlex.join([script, *argv[1:]])
 
 
-def environment() -> dict:
-    """GPU, driver, library versions, git commit, date: what a result depends on besides the code's args."""
+def environment(device: str | None = None) -> dict:
+    """GPU, driver, library versions, git commit, date: what a result depends on besides the code's args.
+
+    With `device`, also the evaluator's own environment record for it (`device`, `interpreter`, and `gpu` None
+    on the CPU), the fields an evaluation report carries, so a benchmark of evaluations matches its reports."""
     import triton
 
     env = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "none (CPU)",
@@ -375,6 +378,10 @@ def environment() -> dict:
            "python": platform.python_version(), "git_commit": git_commit(),
            "triton_interpret": os.environ.get("TRITON_INTERPRET") == "1",
            "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    if device is not None:
+        from tik_kernels.evaluator.report import environment as evaluation_environment
+
+        env.update(evaluation_environment(device))
     return env
 
 

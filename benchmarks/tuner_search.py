@@ -190,7 +190,7 @@ def main() -> int:
     args = ap.parse_args()
     import torch
 
-    from tik_kernels.evaluator.report import environment
+    from benchmarks.harness import environment
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     out = args.out or Path("benchmarks/results") / ("tuner_h200" if device == "cuda" else "tuner_cpu")
