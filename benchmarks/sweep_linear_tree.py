@@ -11,8 +11,8 @@ largest M of that shape (batch invariance at real shapes).
 
 Timing: each provider (cuBLAS `x @ w.T`, the entry point `linear`, each candidate) is captured
 in a CUDA graph of back-to-back calls on rotating copies of x and w (more bytes than L2 holds,
-so the weights come from HBM as in a real layer); graphs replayed in interleaved rounds, the
-order rotating every round; medians of the per-call time. Candidates are compiled first in
+so the weights come from HBM as in a real layer); graphs replayed in interleaved rounds, in a
+random order every round; medians of the per-call time (`benchmarks/harness.compare`). Candidates are compiled first in
 parallel processes (Triton's disk cache), so the timed process only loads them.
 
 Writes <out>/sweep.json and <out>/sweep.md: per cell cuBLAS µs and each candidate's ratio, per
@@ -26,7 +26,6 @@ import argparse
 import json
 import math
 import multiprocessing as mp
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -71,7 +70,6 @@ SMEM_BYTES = 220 * 1024
 #: where the timed run happens (a dry run of the bookkeeping in the tests sets "cpu")
 DEVICE = "cuda"
 #: bytes of rotating input copies per provider (H200 L2 is 60 MB: the weights never stay resident)
-ROTATE_BYTES = 256 << 20
 
 
 def bucket_tile(b: str) -> tuple:
@@ -126,36 +124,6 @@ def compile_parallel(jobs: list, workers: int) -> dict:
     return {(t, f): err for chunk in results for t, f, err in chunk}
 
 
-def graph_of(fn, reps: int) -> torch.cuda.CUDAGraph:
-    """`reps` calls of fn(i) back to back in one CUDA graph (fn(i) uses input copy i mod n)."""
-    fn(0)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(reps):
-            fn(i)
-    return g
-
-
-def time_graphs(graphs: dict, reps: int, rounds: int) -> dict:
-    """Median µs per call of each graph; graphs replayed in interleaved rounds, the order rotating."""
-    names = list(graphs)
-    for g in graphs.values():
-        g.replay()
-    torch.cuda.synchronize()
-    events = {k: [] for k in names}
-    for r in range(rounds):
-        k0 = r % len(names)
-        for k in names[k0:] + names[:k0]:
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            graphs[k].replay()
-            e.record()
-            events[k].append((s, e))
-    torch.cuda.synchronize()
-    return {k: statistics.median(s.elapsed_time(e) * 1e3 / reps for s, e in ev) for k, ev in events.items()}
-
-
 def shapes() -> list:
     out = [(p.name, p.N, p.K, MS) for p in projections((QWEN3_8B,))]
     return out + [("lm_head", QWEN3_8B.vocab, QWEN3_8B.hidden, LM_HEAD_MS)]
@@ -180,33 +148,30 @@ def run(args) -> dict:
         big = L.linear(x0, w0)
         for M in ms:
             b = L._bucket(M)
-            n_cp = max(2, math.ceil(ROTATE_BYTES / (2 * (N * K + M * K))))
-            xs = [x0[:M].clone()] + [torch.randn(M, K, generator=gen, device=DEVICE).to(torch.bfloat16)
-                                     for _ in range(n_cp - 1)]
-            ws = [w0] + [w0.clone() for _ in range(n_cp - 1)]
-            ref = L.linear(xs[0], ws[0])
+            x = x0[:M].clone()
+            ref = L.linear(x, w0)
             rows_checked.append({"proj": proj, "M": M, "equal": H.bits_equal(ref, big[:M])})
-            fns = {"cublas": lambda i, xs=xs, ws=ws: xs[i % len(xs)] @ ws[i % len(ws)].t(),
-                   "linear": lambda i, xs=xs, ws=ws: L.linear(xs[i % len(xs)], ws[i % len(ws)])}
+            fns = {"cublas": lambda x, w: x @ w.t(), "linear": L.linear}
             for tile, fused in cand[b]:
-                y = L._matmul(xs[0], ws[0], tile=tile, fused=fused)
+                y = L._matmul(x, w0, tile=tile, fused=fused)
                 if not H.bits_equal(y, ref):
                     bits_bad.append({"proj": proj, "M": M, "candidate": label(tile, fused)})
                     continue
-                fns[label(tile, fused)] = (lambda i, xs=xs, ws=ws, tile=tile, fused=fused:
-                                           L._matmul(xs[i % len(xs)], ws[i % len(ws)], tile=tile, fused=fused))
-            est_s = max(2 * (N * K + M * K + M * N) / 3.5e12, 2 * M * N * K / 6e14)
-            reps = int(min(100, max(1, round(1e-3 / est_s))))
-            graphs = {k: graph_of(f, reps) for k, f in fns.items()}
-            us = time_graphs(graphs, reps, args.rounds)
-            del graphs
+                fns[label(tile, fused)] = lambda x, w, tile=tile, fused=fused: L._matmul(x, w, tile=tile, fused=fused)
+            # the harness's method: every contender a CUDA graph of back-to-back calls on rotating copies of x and
+            # w (weights from HBM, as in a forward), interleaved over rounds
+            timed = H.compare(fns, (x, w0), rounds=args.rounds)["contenders"]
+            bad = {k: c["error"] for k, c in timed.items() if "error" in c}
+            if bad:
+                raise RuntimeError(f"{proj} M={M}: " + "; ".join(f"{k}: {v}" for k, v in bad.items()))
+            us = {k: c["median_us"] for k, c in timed.items()}
             base = us["cublas"]
             cells.append({"proj": proj, "M": M, "N": N, "K": K, "bucket": b, "cublas_us": base,
                           "linear_us": us["linear"], "us": {k: v for k, v in us.items() if k not in ("cublas",)}})
             best = min((k for k in us if k not in ("cublas", "linear")), key=us.get, default="linear")
             print(f"{proj:8s} M={M:<6d} cublas {base:9.1f} us  linear {us['linear'] / base:.3f}  "
                   f"best {best} {us[best] / base:.3f}", flush=True)
-            del xs, ws, ref, fns
+            del x, ref, fns, timed
         del w0, x0, big
         torch.cuda.empty_cache()
 
