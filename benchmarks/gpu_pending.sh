@@ -4,6 +4,14 @@
 #     R=benchmarks/results bash benchmarks/gpu_pending.sh tuner_linear scaleout attention e2e
 #
 # Parts (run in the order given; one that fails or runs out of time does not stop the next):
+#   suite         #23 the GPU suite (benchmarks/gpu_suite.sh), log $R/pytest_gpu_h200_run<N>.log (N=${RUN:-2})
+#   eval_rate     #18 seconds per evaluation in a running search, linear / attention / rmsnorm, phase by phase
+#                     ($R/eval_rate_h200.{json,md}; eval_s_* keys of $R/summary_h200.json by hand)
+#   search_linear, search_attention
+#                 #18 the tuner on the current root, in a workspace kept under .gpu_ws/ (ignored: carry it),
+#                     570 s per call and going on from the IR the next call: two calls back to back (the
+#                     machine stays warm 30 s) make the 20-minute search. Needs GitPython, gitdb and smmap,
+#                     which the GPU image lacks: carry them as wheels (.whl, see the device notes)
 #   tuner_linear  #6  tik search --proposer tuner on linear, best vs root in the same evaluation;
 #                     exports the incumbent to $R/incumbents_h200/linear.py
 #   scaleout      #9  evaluations per hour on the visible GPUs (1, and more where lent)
@@ -40,6 +48,14 @@ part() {  # part NAME SECONDS CMD...: run CMD under a limit, log to $R/NAME.log,
 
 for p in "$@"; do
     case $p in
+        suite)
+            part "pytest_gpu_h200_run${RUN:-2}" 590 bash benchmarks/gpu_suite.sh "$R/pytest_gpu_h200_run${RUN:-2}_suite.log" ;;
+        eval_rate)
+            part eval_rate 590 "$py" benchmarks/bench_eval_rate.py --evals 3 --out "$R" --name eval_rate_h200 ;;
+        search_linear | search_attention)
+            op=${p#search_}
+            part "tuner_h200_${op}_20min" 580 "$py" benchmarks/tuner_search.py --ops "$op" --budget 200 \
+                --max-time 560 --timeout 240 --screen 12 --workspace .gpu_ws --out "$R/tuner_h200_${op}_20min" ;;
         tuner_linear)
             part tuner_linear 570 "$py" benchmarks/tuner_search.py --ops linear --budget 10 --max-time 360 \
                 --timeout 150 --screen 16 --out "$R/tuner_h200_linear" --export "$R/incumbents_h200" ;;
@@ -61,6 +77,6 @@ for p in "$@"; do
             part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_h200
             part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (tuner_linear scaleout attention e2e e2e_decode e2e_learning speed hf)" >&2 ;;
+            echo "unknown part $p (suite eval_rate search_linear search_attention tuner_linear scaleout attention e2e e2e_decode e2e_learning speed hf)" >&2 ;;
     esac
 done
