@@ -240,3 +240,19 @@ def test_missing_ray_is_a_one_line_error(tmp_path, capsys, monkeypatch):
     # the worker's own command line (what --detach runs) says the same in one line
     assert worker.main(["-w", str(tmp_path / "ws"), "--executor", "ray", "--address", "127.0.0.1:1"]) == 2
     assert capsys.readouterr().err.strip().startswith("tik-worker: error: --executor ray needs the ray package")
+
+
+def test_a_slot_process_runs_a_screen_job():
+    """A ScreenJob goes through a slot process like an evaluation (so screening works with several workers);
+    a broken parent makes the real screen fail, and that failure comes back as the screen's result."""
+    from tik_tui.agent.executor import LocalPool
+    from tik_tui.agent.jobs import ScreenJob
+
+    pool = LocalPool(1)
+    try:
+        out = pool.submit(ScreenJob(op="rmsnorm", parent_source="raise SystemExit(3)\n", sources=["X = 1\n"],
+                                    rounds=1, device="cpu", timeout=60)).result(timeout=300)
+    finally:
+        pool.close()
+    assert out.lost is None and out.error is None, (out.lost, out.error)
+    assert "the parent" in out.screen["failure"] and out.worker["executor"] == "local"

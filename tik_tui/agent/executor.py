@@ -77,7 +77,7 @@ class InlineExecutor:
             fut.set_result(run_job(job, self.evaluate, {"executor": "inline", "slot": 0}))
 
         # a daemon thread (not a pool): a second Ctrl-C must be able to end the head at once
-        threading.Thread(target=work, name=f"tik-eval-{job.impl_id}", daemon=True).start()
+        threading.Thread(target=work, name=f"tik-eval-{getattr(job, 'impl_id', 'screen')}", daemon=True).start()
         return fut
 
     def describe(self) -> dict:
