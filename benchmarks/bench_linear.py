@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import multiprocessing as mp
 import os
 import sys
 import time
@@ -90,11 +89,7 @@ def _compile_jobs(jobs: list) -> list:
 
 def compile_parallel(jobs: list, workers: int) -> dict:
     """(tile, bk) -> error or None. Compiles in `workers` processes (same cache keys as the real shapes)."""
-    jobs = list(dict.fromkeys(jobs))
-    chunks = [jobs[i::workers] for i in range(workers) if jobs[i::workers]]
-    with mp.get_context("spawn").Pool(len(chunks)) as pool:
-        results = pool.map(_compile_jobs, chunks)
-    return {(t, bk): err for chunk in results for t, bk, err in chunk}
+    return {(t, bk): err for t, bk, err in H.in_processes(_compile_jobs, jobs, workers)}
 
 
 def time_interleaved(fns: dict, reps: int, x: torch.Tensor, w: torch.Tensor) -> dict:

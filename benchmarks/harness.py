@@ -181,6 +181,20 @@ def make_copies(args: tuple, copies: int) -> list[tuple]:
     return [args] + [clone_args(args) for _ in range(copies - 1)]
 
 
+def in_processes(fn: Callable[[list], list], items: Iterable, workers: int) -> list:
+    """fn over `items` in `workers` fresh (spawned) processes, each given an interleaved share of the distinct
+    items; the results concatenated. For compiling launch candidates ahead of timing: Triton's disk cache then
+    holds them, so the timed process only loads them. fn must be importable (module level)."""
+    import multiprocessing as mp
+
+    items = list(dict.fromkeys(items))
+    chunks = [items[i::workers] for i in range(workers) if items[i::workers]]
+    if not chunks:
+        return []
+    with mp.get_context("spawn").Pool(len(chunks)) as pool:
+        return [r for part in pool.map(fn, chunks) for r in part]
+
+
 # ----------------------------------------------------------------------------- timing
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import multiprocessing as mp
 import sys
 import time
 from pathlib import Path
@@ -117,11 +116,7 @@ def _compile_jobs(jobs: list) -> list:
 
 
 def compile_parallel(jobs: list, workers: int) -> dict:
-    jobs = list(dict.fromkeys(jobs))
-    chunks = [jobs[i::workers] for i in range(workers) if jobs[i::workers]]
-    with mp.get_context("spawn").Pool(len(chunks)) as pool:
-        results = pool.map(_compile_jobs, chunks)
-    return {(t, f): err for chunk in results for t, f, err in chunk}
+    return {(t, f): err for t, f, err in H.in_processes(_compile_jobs, jobs, workers)}
 
 
 def shapes() -> list:

@@ -158,3 +158,9 @@ def test_compare_on_gpu_graphs_rotation_and_fallback():
     assert c["mul"]["graph"] and c["add"]["graph"] and c["mul"]["median_us"] > 0
     assert c["syncs"]["graph"] is False and "graph capture failed" in c["syncs"]["fallback"]
     assert 0 < c["mul"]["copy_fraction"] < 1.5
+
+
+def test_in_processes_splits_distinct_items_over_spawned_workers():
+    # sorted(chunk) in each process: the chunks are the interleaved shares of the distinct items
+    assert H.in_processes(sorted, [3, 1, 2, 5, 4, 3], 2) == [2, 3, 4, 1, 5]
+    assert H.in_processes(sorted, [], 3) == []
