@@ -32,23 +32,20 @@ PHASES = ("plan", "probes_root", "probes_candidate", "checks", "timing_child", "
 
 
 def candidates(op: str, n: int, seed: int = 0) -> list[tuple[str, str]]:
-    """(label, source) of n tuner-style neighbours of `op`'s root: one key moved one step each."""
+    """(label, source) of the first n configs the tuner itself would try from `op`'s root (one key moved one
+    step first, then two-key moves), each rewritten the tuner's way."""
+    import itertools
+
     from tik_kernels.contracts import get_contract
-    from tik_tui.agent.tuner import rewrite_config, tunable_space
+    from tik_tui.agent.tuner import _moves, rewrite_config, tunable_space
 
     contract = get_contract(op)
     src = contract.root_path.read_text()
     config, space = tunable_space(src, set(contract.frozen_tunables))
-    moves = []
-    for k, vals in space.items():
-        i = vals.index(config[k]) if config[k] in vals else None
-        for j in ((i - 1, i + 1) if i is not None else range(len(vals))):
-            if 0 <= j < len(vals) and vals[j] != config[k]:
-                moves.append((k, vals[j]))
-    if not moves:
+    if not space:
         raise SystemExit(f"bench_eval_rate: {op}'s root has no tunable CONFIG key")
-    random.Random(seed).shuffle(moves)
-    return [(f"{k}={v!r}", rewrite_config(src, {**config, k: v})) for k, v in (moves * n)[:n]]
+    picked = list(itertools.islice(_moves(config, space, random.Random(seed)), n))
+    return [(", ".join(f"{k}={v!r}" for k, v in c.items() if v != config[k]), rewrite_config(src, c)) for c in picked]
 
 
 def run_op(op: str, evals: int, device: str, timeout: float) -> dict:
