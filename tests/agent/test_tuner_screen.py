@@ -196,3 +196,22 @@ def test_a_screen_job_runs_the_real_screen_and_its_failure_comes_back_as_a_resul
     assert out.error is None and out.screen is not None, out.error
     assert "the parent" in out.screen["failure"], out.screen["failure"]
     assert out.worker["finished"] >= out.worker["started"]
+
+
+def test_a_root_that_fails_to_warm_in_the_worker_is_an_event_and_the_screen_goes_on(toy_ws):
+    from dataclasses import replace
+
+    class WarmFails(_TwoSlots):
+        def submit(self, job):
+            fut = super().submit(job)
+            out = fut.result()
+            if out.screen is not None:
+                fut = type(fut)()
+                fut.set_result(replace(out, warm_root_failure="RuntimeError: the root implementation failed"))
+            return fut
+
+    cfg = SearchConfig(ops=["toy"], budget=1, screen=6, auto_promote=True, time_it=True)
+    summary = Search(toy_ws, TunerProposer(screen_rounds=2), cfg, executor=WarmFails()).run()
+    assert summary["spent"] == 1
+    warm = toy_ws.events(kind="warm_root_failed", op="toy")
+    assert warm and warm[0]["payload"]["reason"].startswith("RuntimeError")

@@ -71,8 +71,10 @@ class Outcome:
     lost: str | None = None
     #: where and when it ran: executor, slot, host, pid, gpu, started, finished (epoch seconds)
     worker: dict = field(default_factory=dict)
-    #: a ScreenJob's result (`tik_kernels.evaluator.screen.screen`'s dict)
+    #: a ScreenJob's result (`tik_kernels.evaluator.screen.screen`'s dict), and why warming the root failed (the
+    #: search records it as a `warm_root_failed` event)
     screen: dict | None = None
+    warm_root_failure: str | None = None
 
 
 def report_dict(rep: Any) -> dict:
@@ -132,6 +134,7 @@ def _run_screen(job: ScreenJob) -> Outcome:
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
+        warm_failure = None
         if job.root_source is not None and device.startswith("cuda"):
             tmp = Path(tempfile.mkdtemp(prefix="tik-root-"))
             try:
@@ -139,12 +142,12 @@ def _run_screen(job: ScreenJob) -> Outcome:
                 path.write_text(job.root_source)
                 try:
                     warm_root(job.op, device=device, timeout=job.timeout, root_path=path)
-                except Exception:  # pragma: no cover - a broken root: its evaluation says so; the screen goes on
-                    pass
+                except Exception as e:  # a broken root: its evaluation says so; the screen goes on
+                    warm_failure = str(e)[:300]
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
         return Outcome(screen=screen(job.op, job.parent_source, list(job.sources), device=device, rounds=job.rounds,
-                                     timeout=job.timeout))
+                                     timeout=job.timeout), warm_root_failure=warm_failure)
     except Exception as e:  # a screen decides nothing: its failure is the proposer's to skip
         return Outcome(error=one_line(e), trace=traceback.format_exc()[-2000:])
 

@@ -114,6 +114,8 @@ class ContextBuilder:
                         root_source=self.ws.source(root["id"]) if root is not None else None,
                         device=device, timeout=self.cfg.timeout)
         out = self.executor.submit(job).result()
+        if out.warm_root_failure is not None:
+            self.control.emit("warm_root_failed", {"reason": out.warm_root_failure}, op=op)
         if out.screen is not None:
             return out.screen
         why = out.error or out.lost or "no result"
