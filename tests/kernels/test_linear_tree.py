@@ -9,33 +9,24 @@ and every way of spreading the chunks over programs must give its bits.
 from __future__ import annotations
 
 import ast
+import functools
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from linear_planted import ALTERNATING_BLOCK_K, SPLIT_K_BY_T, variant
+from linear_planted import failed as _failed
 
 import tik_kernels.ops.linear_tree as L
-from tik_kernels.contract import load_module, run_plan, same_bits
+from tik_kernels.contract import run_plan, same_bits
 from tik_kernels.contracts import get_contract
 from tik_kernels.contracts.linear import CONTRACT, GPU_SIZES, _cancelling, projections
 
 ROOT_SRC = Path(L.__file__).read_text()
 
 
-def _failed(results, requirement: str | None = None) -> list:
-    return [r for r in results if not r.passed and (requirement is None or r.requirement == requirement)]
-
-
-def _variant(tmp_path: Path, name: str, old: str | None = None, new: str | None = None, append: str = "",
-             edits: tuple = ()):
-    src = ROOT_SRC
-    for o, n in ((old, new),) * (old is not None) + tuple(edits):
-        assert src.count(o) == 1, f"planted edit {name}: {o!r} not found exactly once in the root"
-        src = src.replace(o, n)
-    path = tmp_path / f"{name}.py"
-    path.write_text(src + append)
-    return load_module(path, f"tik_planted_{name}")
+_variant = functools.partial(variant, ROOT_SRC)
 
 
 @pytest.fixture(scope="module")
@@ -75,20 +66,6 @@ def test_root_passes_cpu_contract():
     assert "chunks[N=16,K=3112]/batch_invariance[T=17]" in names
 
 
-SPLIT_K_BY_T = '''
-_root_linear = linear
-
-
-def linear(x, w):
-    # planted: split K in two fp32 halves once the batch is "large"
-    if x.shape[0] > 4:
-        h = x.shape[1] // 2
-        part = _matmul(x[:, :h], w[:, :h], torch.float32) + _matmul(x[:, h:], w[:, h:], torch.float32)
-        return part.to(x.dtype)
-    return _root_linear(x, w)
-'''
-
-
 def test_split_k_by_t_is_caught(tmp_path, cpu_plan):
     results = run_plan(cpu_plan, _variant(tmp_path, "split_k", append=SPLIT_K_BY_T))
     bad = _failed(results, "batch_invariance")
@@ -107,16 +84,7 @@ def test_t_dependent_block_k_is_caught(tmp_path, cpu_plan):
 
 
 def test_nondeterminism_is_caught(tmp_path, cpu_plan):
-    append = '''
-_calls = [0]
-
-
-def linear(x, w):
-    # planted: the reduction order alternates from call to call
-    _calls[0] += 1
-    return _matmul(x, w, block_k=16 if _calls[0] % 2 else 64)
-'''
-    results = run_plan(cpu_plan, _variant(tmp_path, "flaky", append=append))
+    results = run_plan(cpu_plan, _variant(tmp_path, "flaky", append=ALTERNATING_BLOCK_K))
     assert any(r.name == "cancel[N=64,K=64]/determinism" for r in _failed(results, "determinism"))
 
 
