@@ -212,12 +212,18 @@ def test_split_kv_decode_fails_decode_matches_prefill(plan, root):
     assert not failed(results, "accuracy")
 
 
+def _prefill_relations(group: str):
+    """The checks a length-dependent prefill breaks, within one probe group: prefix and decode relations, root
+    bits, and accuracy (which it must keep)."""
+    return lambda n: n.startswith(group) and any(
+        k in n for k in ("prefix_matches_full", "decode_matches_prefill", "accuracy[prefill]", "root_bits[prefill"))
+
+
 def test_block_size_following_length_fails_prefix_and_decode(plan, root, tmp_path):
     bad = patched(tmp_path, "block_follows_S",
                   'BLOCK_N=cfg["BLOCK_N"], CHUNK=cfg["CHUNK_BLOCKS"], VARLEN=varlen,',
                   'BLOCK_N=cfg["BLOCK_N"] * (2 if max_len > 12 else 1), CHUNK=cfg["CHUNK_BLOCKS"], VARLEN=varlen,')
-    results = run_checks(plan, bad, root, select=lambda n: n.startswith("gqa") and any(
-        k in n for k in ("prefix_matches_full", "decode_matches_prefill", "accuracy[prefill]", "root_bits[prefill")))
+    results = run_checks(plan, bad, root, select=_prefill_relations("gqa"))
     assert failed(results, "prefix_matches_full")
     assert failed(results, "decode_matches_prefill")
     assert failed(results, "root_bits")
@@ -234,8 +240,7 @@ def test_chunk_size_following_length_fails_prefix_and_decode(plan, root, tmp_pat
     bad = patched(tmp_path, "chunk_follows_S",
                   'CHUNK=cfg["CHUNK_BLOCKS"], VARLEN=varlen,',
                   'CHUNK=cfg["CHUNK_BLOCKS"] * (2 if max_len > 20 else 1), VARLEN=varlen,')
-    results = run_checks(plan, bad, root, select=lambda n: n.startswith("sharp") and any(
-        k in n for k in ("prefix_matches_full", "decode_matches_prefill", "accuracy[prefill]", "root_bits[prefill")))
+    results = run_checks(plan, bad, root, select=_prefill_relations("sharp"))
     assert failed(results, "prefix_matches_full")
     assert failed(results, "decode_matches_prefill")
     assert failed(results, "root_bits")
