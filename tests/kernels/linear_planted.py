@@ -1,4 +1,5 @@
-"""Planted linear bugs shared by test_linear.py (the root) and test_linear_tree.py (the fixed-tree candidate).
+"""Planted linear bugs and entry-point checks shared by test_linear.py (the root) and test_linear_tree.py
+(the fixed-tree candidate).
 
 Both implementation files expose `linear(x, w)` and `_matmul(x, w, out_dtype, block_k=...)`, and the contract
 must catch the same bugs planted in either: a variant is the file's source, edited or with an entry point
@@ -8,6 +9,9 @@ appended, loaded from disk like a candidate.
 from __future__ import annotations
 
 from pathlib import Path
+
+import pytest
+import torch
 
 from tik_kernels.contract import load_module
 
@@ -51,3 +55,33 @@ def variant(root_src: str, tmp_path: Path, name: str, old: str | None = None, ne
     path = tmp_path / f"{name}.py"
     path.write_text(src + append)
     return load_module(path, f"tik_planted_{name}")
+
+
+def forward_matches_float64(L, T: int, N: int, K: int) -> None:
+    """`L.linear` against a float64 product: within 3x torch's own bf16 error."""
+    x = torch.randn(T, K).to(torch.bfloat16)
+    w = torch.randn(N, K).to(torch.bfloat16)
+    y = L.linear(x, w)
+    ref = x.double() @ w.double().t()
+    torch_err = ((x @ w.t()).double() - ref).norm() / ref.norm()
+    err = (y.double() - ref).norm() / ref.norm()
+    assert y.dtype == torch.bfloat16 and y.shape == (T, N)
+    # the interpreter truncates to bf16 where torch rounds: within 3× torch's own bf16 error
+    assert err <= 3 * torch_err + 1e-6, (float(err), float(torch_err))
+
+
+def strided_and_batched_inputs(L) -> None:
+    """`L.linear` on a 3-D x, a transposed x and an empty batch; a wrong w shape is refused."""
+    x = torch.randn(2, 5, 32).to(torch.bfloat16)
+    w = torch.randn(24, 32).to(torch.bfloat16)
+    y = L.linear(x, w)
+    assert y.shape == (2, 5, 24)
+    flat = L.linear(x.reshape(10, 32), w)
+    assert torch.equal(y.reshape(10, 24).view(torch.int16), flat.view(torch.int16))
+    # a transposed (non-contiguous) x gives the same bits as its contiguous copy
+    xt = x.reshape(10, 32).t().contiguous().t()
+    assert not xt.is_contiguous()
+    assert torch.equal(L.linear(xt, w).view(torch.int16), flat.view(torch.int16))
+    assert L.linear(torch.empty(0, 32, dtype=torch.bfloat16), w).shape == (0, 24)
+    with pytest.raises(ValueError):
+        L.linear(x, w.t())

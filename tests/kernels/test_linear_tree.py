@@ -15,7 +15,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from linear_planted import ALTERNATING_BLOCK_K, SPLIT_K_BY_T, variant
+from linear_planted import (
+    ALTERNATING_BLOCK_K,
+    SPLIT_K_BY_T,
+    forward_matches_float64,
+    strided_and_batched_inputs,
+    variant,
+)
 from linear_planted import failed as _failed
 
 import tik_kernels.ops.linear_tree as L
@@ -248,31 +254,11 @@ def test_pairwise_combine_is_caught(tmp_path, chunk_plan):
 
 @pytest.mark.parametrize("T,N,K", [(1, 16, 16), (3, 48, 40), (13, 33, 64)], ids=["T1", "T3-K40", "T13-N33"])
 def test_forward_matches_float64(T, N, K):
-    x = torch.randn(T, K).to(torch.bfloat16)
-    w = torch.randn(N, K).to(torch.bfloat16)
-    y = L.linear(x, w)
-    ref = x.double() @ w.double().t()
-    torch_err = ((x @ w.t()).double() - ref).norm() / ref.norm()
-    err = (y.double() - ref).norm() / ref.norm()
-    assert y.dtype == torch.bfloat16 and y.shape == (T, N)
-    # the interpreter truncates to bf16 where torch rounds: within 3× torch's own bf16 error
-    assert err <= 3 * torch_err + 1e-6, (float(err), float(torch_err))
+    forward_matches_float64(L, T, N, K)
 
 
 def test_strided_and_batched_inputs():
-    x = torch.randn(2, 5, 32).to(torch.bfloat16)
-    w = torch.randn(24, 32).to(torch.bfloat16)
-    y = L.linear(x, w)
-    assert y.shape == (2, 5, 24)
-    flat = L.linear(x.reshape(10, 32), w)
-    assert torch.equal(y.reshape(10, 24).view(torch.int16), flat.view(torch.int16))
-    # a transposed (non-contiguous) x gives the same bits as its contiguous copy
-    xt = x.reshape(10, 32).t().contiguous().t()
-    assert not xt.is_contiguous()
-    assert torch.equal(L.linear(xt, w).view(torch.int16), flat.view(torch.int16))
-    assert L.linear(torch.empty(0, 32, dtype=torch.bfloat16), w).shape == (0, 24)
-    with pytest.raises(ValueError):
-        L.linear(x, w.t())
+    strided_and_batched_inputs(L)
 
 
 def test_config_is_a_literal_within_tunables():
