@@ -8,6 +8,7 @@ itself, except through the `record_opportunity` hook the context hands it.
 from __future__ import annotations
 
 import ast
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -103,6 +104,17 @@ class NothingToPropose(Exception):
 
 class BudgetExhausted(Exception):
     """A token or dollar budget would be exceeded by another call."""
+
+
+def modification_of(row: dict) -> dict:
+    """An implementation row's modification record as a dict ({} when absent or not valid JSON)."""
+    mod = row.get("modification")
+    if isinstance(mod, str):
+        try:
+            mod = json.loads(mod)
+        except json.JSONDecodeError:
+            return {}
+    return mod if isinstance(mod, dict) else {}
 
 
 def module_literal(source: str, name: str) -> Any:

@@ -13,19 +13,9 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from tik_tui.agent.base import ProposalContext, config_key, module_literal
+from tik_tui.agent.base import ProposalContext, config_key, modification_of, module_literal
 from tik_tui.agent.control import Control
 from tik_tui.agent.state import SearchConfig, SearchState
-
-
-def _mod(row: dict) -> dict:
-    mod = row.get("modification")
-    if isinstance(mod, str):
-        try:
-            mod = json.loads(mod)
-        except json.JSONDecodeError:
-            return {}
-    return mod if isinstance(mod, dict) else {}
 
 
 class ContextBuilder:
@@ -44,7 +34,7 @@ class ContextBuilder:
     def modification(self, impl_id: int) -> dict:
         """An implementation's modification record (immutable, so cached)."""
         if impl_id not in self._mods:
-            self._mods[impl_id] = _mod(self.ws.implementation(impl_id))
+            self._mods[impl_id] = modification_of(self.ws.implementation(impl_id))
         return self._mods[impl_id]
 
     def _contract(self, op: str) -> dict:

@@ -20,7 +20,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tik_tui.agent.base import NothingToPropose, Proposal, ProposalContext, ProposalFailed, ProposerFatal, check_source
+from tik_tui.agent.base import (
+    NothingToPropose,
+    Proposal,
+    ProposalContext,
+    ProposalFailed,
+    ProposerFatal,
+    check_source,
+    modification_of,
+)
 from tik_tui.agent.tuner import rewrite_config
 
 
@@ -39,16 +47,6 @@ def load_records(path: Path) -> list[dict]:
     if not all(isinstance(r, dict) for r in records):
         raise ProposerFatal(f"replay file {path}: every record must be an object")
     return records
-
-
-def _modification(row: dict) -> dict:
-    mod = row.get("modification")
-    if isinstance(mod, str):
-        try:
-            mod = json.loads(mod)
-        except json.JSONDecodeError:
-            mod = None
-    return mod if isinstance(mod, dict) else {}
 
 
 class ReplayProposer:
@@ -70,7 +68,7 @@ class ReplayProposer:
             return made
         for row in store.implementations():
             if row["id"] not in self._cache:
-                self._cache[row["id"]] = _modification(store.implementation(row["id"]))
+                self._cache[row["id"]] = modification_of(store.implementation(row["id"]))
             mod = self._cache[row["id"]]
             if mod.get("replay_file") == self.tag and isinstance(mod.get("replay_index"), int):
                 made[mod["replay_index"]] = row["id"]
