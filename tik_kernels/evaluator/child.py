@@ -270,15 +270,16 @@ def main(argv: list[str]) -> int:
     doc["done"] = True
     write_json(workdir / "out" / "result.json", doc)
     if job["mode"] == "probes" and job.get("next") and "impl" in _HELD:
+        # the probes' tensors went with their job: their memory goes back while the parent checks
+        del doc
+        gc.collect()
+        import torch
+
+        if torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
         nxt = await_next(Path(job["next"]))
         if nxt.get("job", {}).get("mode") == "time":
-            # the probes' tensors are gone with their job; their memory goes back before anything is timed
-            gc.collect()
-            if str(job["device"]).startswith("cuda"):
-                import torch
-
-                torch.cuda.synchronize()
-                torch.cuda.empty_cache()
             (workdir / "out").mkdir()
             doc = run_timing_job(workdir, nxt["job"], imported={"candidate": _HELD["impl"]})
             doc["done"] = True

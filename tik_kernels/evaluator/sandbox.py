@@ -594,7 +594,11 @@ class PhasedChild:
                 return ChildOutcome(None, failure, time.monotonic() - t0)
         taken = self.tmp / "reply-1"
         if os.path.lexists(out):
-            os.rename(out, taken)  # a link named out is moved as a link, and refused by _plain
+            try:
+                os.rename(out, taken)  # a link named out is moved as a link, and refused by _plain
+            except OSError as e:
+                return ChildOutcome(None, f"protocol error: its reply could not be taken ({e.strerror})",
+                                    time.monotonic() - t0)
         return _read_reply(taken, read_result, t0)
 
     def then(self, read_result: Callable[[Path, dict], Any], timeout: float) -> ChildOutcome:
