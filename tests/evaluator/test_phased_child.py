@@ -48,8 +48,10 @@ def spawned(monkeypatch):
     launch = sandbox._launch
 
     def counting(tmp, mode, job, write_inputs, cache, then=None):
+        # a child starting while an earlier candidate child still runs: recorded, the GPU test forbids it
+        alive = [m for m, p in seen if m == "probes+time" and p.poll() is None]
         proc = launch(tmp, mode, job, write_inputs, cache, then=then)
-        seen.append((job["mode"] + ("+time" if then is not None else ""), proc))
+        seen.append((job["mode"] + ("+time" if then is not None else "") + ("+alongside" if alive else ""), proc))
         return proc
 
     monkeypatch.setattr(sandbox, "_launch", counting)
@@ -115,3 +117,15 @@ def test_a_malformed_first_reply_is_a_protocol_error(spawned, tmp_path):
     assert rep.failure == "protocol error: probe results do not match the probes sent", rep.failure
     assert not rep.verified and not rep.cells
     assert time.monotonic() - t0 < 20 and spawned[0][1].poll() is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.gpu_timing
+def test_on_the_gpu_the_candidate_has_one_child_and_it_is_gone_before_the_control_run(spawned, monkeypatch):
+    monkeypatch.setattr(measure, "_CONTROL_CACHE", {})  # a control run of its own, not one an earlier test kept
+    rep = evaluate(tiny(), FIX / "good.py", root_path=ROOT, device="cuda", time_it=True, timeout=120)
+    assert rep.verified, rep.failure
+    modes = [m for m, _ in spawned]
+    assert modes.count("probes+time") == 1 and modes[-1] == "time", modes  # the control child comes last
+    assert not any(m.endswith("+alongside") for m in modes), modes
+    assert rep.as_dict()["cells"] and any(c.name == "timing/integrity" and c.passed for c in rep.checks)

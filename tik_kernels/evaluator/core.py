@@ -189,6 +189,7 @@ def _evaluate(report: EvalReport, contract: Contract, cand_path: Path, root_path
         # one child for the candidate: its probes, then (once every check here has passed) its timing
         timing = candidate_timing_job(contract, cand_path, root_path, incumbent_path, device, report.profile,
                                       report.seed, timeout)
+        # its rlimits (set once, at its start) cover both phases; each phase has its own wall-clock kill
         job, write_inputs, read_result = probes_job(plan, cand_path, device, timeout + timing[1])
         with PhasedChild(job, write_inputs, timing[0], cache="candidate" if device.startswith("cuda") else "private") \
                 as child:
