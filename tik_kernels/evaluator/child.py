@@ -9,14 +9,21 @@ files the parent only tails for a failure line, so printing cannot break the pro
 Jobs: `probes` (run the contract's probes on one implementation), `time` (the timing
 harness of `tik_kernels.evaluator.timing` on the candidate, root, incumbent and baseline) and
 `evidence` / `ncu_cell` (compile stats and work per cell, `tik_kernels.evaluator.evidence`).
+
+A probes job with `next` (a path the parent writes and this process can only read, `sandbox.PhasedChild`)
+is the first of two: after its reply this process waits for the parent's decision there, `{"stop": true}`
+or `{"job": <a time job>}`, and runs that job on the implementation it has already imported (as
+"candidate"), replying the same way in a fresh `out/` (the parent has taken the first one away).
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import resource
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +127,7 @@ def run_probes_job(workdir: Path, job: dict) -> dict:
         module = load_module(job["impl"], "tik_impl")
     except BaseException as e:  # noqa: B036 (SystemExit at import is an import failure too)
         return {"import_error": one_line(e)}
+    _HELD["impl"] = module  # a second job (`next`) times this module, not another import of the file
     guarded = GuardedModule(module, job["device"])
     out_dir = workdir / "out"
     w = TensorWriter(out_dir / "outputs.bin")
@@ -216,6 +224,24 @@ def _graph_replay(fn: Any, probe: Any, device: str, w: Any) -> dict:
         return {"error": one_line(e), "replay": [], "eager": []}
 
 
+#: bound before any implementation is imported (one that patches time.sleep does not change the wait)
+_sleep = time.sleep
+#: how often a waiting child looks for the parent's decision
+NEXT_POLL_S = 0.01
+
+
+def await_next(path: Path) -> dict:
+    """The parent's decision after the first reply (written atomically; the parent kills this process if it
+    never comes)."""
+    while True:
+        try:
+            doc = json.loads(path.read_text())
+        except FileNotFoundError:
+            _sleep(NEXT_POLL_S)
+            continue
+        return doc if isinstance(doc, dict) else {}
+
+
 def main(argv: list[str]) -> int:
     workdir = Path(argv[1])
     job = json.loads((workdir / "job.json").read_text())
@@ -243,6 +269,21 @@ def main(argv: list[str]) -> int:
         raise SystemExit(f"unknown job mode {job['mode']!r}")
     doc["done"] = True
     write_json(workdir / "out" / "result.json", doc)
+    if job["mode"] == "probes" and job.get("next") and "impl" in _HELD:
+        # the probes' tensors went with their job: their memory goes back while the parent checks
+        del doc
+        gc.collect()
+        import torch
+
+        if torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+        nxt = await_next(Path(job["next"]))
+        if nxt.get("job", {}).get("mode") == "time":
+            (workdir / "out").mkdir()
+            doc = run_timing_job(workdir, nxt["job"], imported={"candidate": _HELD["impl"]})
+            doc["done"] = True
+            write_json(workdir / "out" / "result.json", doc)
     sys.stdout.flush()
     # skip interpreter teardown: a candidate's atexit hooks or thread joins cannot hang the reply
     os._exit(0)

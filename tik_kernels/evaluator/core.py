@@ -7,9 +7,12 @@
 3. Every check runs here, on the bytes that came back: the contract's, plus the generic ones —
    outputs have the root's dtypes and shapes; every probe's inputs are bitwise unchanged; on the
    GPU a CUDA graph replayed on changed inputs matches a fresh call (`checks.py`).
-4. Only a verified candidate is timed: one child times candidate, root and incumbent (and on the
-   CPU stock PyTorch) interleaved, loading the kernels its probe child compiled
-   (`sandbox.candidate_cache`); the timed outputs must match a reference computed here; on the GPU
+4. Only a verified candidate is timed, by the child that ran its probes (`sandbox.PhasedChild`): it waits
+   while the checks run here, and only when they all passed is it told to time candidate, root and
+   incumbent (and on the CPU stock PyTorch) interleaved, with the candidate module and kernels its probes
+   loaded (else it is told to stop, and killed); one start per candidate, not two. The root evaluated as
+   its own candidate, which writes the trusted Triton cache, is timed by a timing child of its own
+   (`sandbox.candidate_cache`). The timed outputs must match a reference computed here; on the GPU
    a control child times root, incumbent and stock PyTorch alone (a candidate that slows its
    neighbours is caught; the ratio to stock is chained through the root) and the profiler /
    wall-time evidence must show the candidate's work inside the timed window (`measure.py` here,
@@ -23,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +36,18 @@ from tik_kernels.contract import Contract, Plan, ProbeResult, evaluate_checks
 from tik_kernels.contracts import get_contract
 from tik_kernels.evaluator import integrity
 from tik_kernels.evaluator.checks import GRAPH_PREFIX, all_inputs_unchanged, graph_replay_check, output_spec
-from tik_kernels.evaluator.measure import time_candidate
+from tik_kernels.evaluator.measure import candidate_timing_job, time_candidate
 from tik_kernels.evaluator.protocol import ProtocolError, TensorWriter, encode, index_list, read_tensors, tensor_index
 from tik_kernels.evaluator.report import EvalReport, decide, environment, evaluator_fingerprint, fail
-from tik_kernels.evaluator.sandbox import candidate_cache, isolation, limits, policy, run_child
+from tik_kernels.evaluator.sandbox import (
+    ChildOutcome,
+    PhasedChild,
+    candidate_cache,
+    isolation,
+    limits,
+    policy,
+    run_child,
+)
 
 #: root results already computed in this process: (root sha, contract, profile, seed, device) -> results
 _ROOT_CACHE: dict[tuple, dict[str, ProbeResult]] = {}
@@ -173,18 +185,44 @@ def _evaluate(report: EvalReport, contract: Contract, cand_path: Path, root_path
     if device.startswith("cuda") and plan.needs_root and not is_root and key not in _ROOT_CACHE:
         # the root first: its kernels then seed the candidate's cache (none are compiled twice)
         _root_probes(report, plan, root_path, device, timeout, key, library_root(contract, root_sha))
+    if time_it and not is_root:
+        # one child for the candidate: its probes, then (once every check here has passed) its timing
+        timing = candidate_timing_job(contract, cand_path, root_path, incumbent_path, device, report.profile,
+                                      report.seed, timeout)
+        # its rlimits (set once, at its start) cover both phases; each phase has its own wall-clock kill
+        job, write_inputs, read_result = probes_job(plan, cand_path, device, timeout + timing[1])
+        with PhasedChild(job, write_inputs, timing[0], cache="candidate" if device.startswith("cuda") else "private") \
+                as child:
+            t = time.monotonic()
+            cand, failure = probe_outcome(child.first(read_result, timeout))
+            report.phases["probes_candidate"] = time.monotonic() - t
+            if failure:
+                return fail(report, "run", "runs", failure)
+            if _check(report, contract, plan, cand, root_path, device, timeout, key, root_sha, is_root):
+                time_candidate(report, contract, cand_path, root_path, incumbent_path, device, timeout, phased=child)
+            else:
+                child.stop()
+        return
     t = time.monotonic()
     cand, failure = run_probes(plan, cand_path, device, timeout, trusted=is_root,
                                library=library_root(contract, report.source_sha256))
     report.phases["probes_candidate"] = time.monotonic() - t
     if failure:
         return fail(report, "run", "runs", failure)
+    if _check(report, contract, plan, cand, root_path, device, timeout, key, root_sha, is_root) and time_it:
+        # the root as its own candidate (trusted: its probe child wrote the trusted cache): a timing child of its own
+        time_candidate(report, contract, cand_path, root_path, incumbent_path, device, timeout)
+
+
+def _check(report: EvalReport, contract: Contract, plan: Plan, cand: dict[str, ProbeResult], root_path: Path,
+           device: str, timeout: float, key: tuple, root_sha: str, is_root: bool) -> bool:
+    """Every check on the candidate's probe results, into the report: whether all passed."""
     if not plan.needs_root:
         report.checks = evaluate_checks(plan, cand, None)
         if not all(c.passed for c in report.checks):
             # already failed: the root's child (only needed for output_spec here) is not worth its start
             report.checks.append(all_inputs_unchanged(plan, cand))
-            return
+            return False
     root = cand if is_root else (_ROOT_CACHE.get(key) or _root_probes(report, plan, root_path, device, timeout, key,
                                                                       library_root(contract, root_sha)))
     t = time.monotonic()
@@ -194,9 +232,7 @@ def _evaluate(report: EvalReport, contract: Contract, cand_path: Path, root_path
     if graph is not None:
         report.checks.append(graph)
     report.phases["checks"] = time.monotonic() - t
-    if not time_it or not all(c.passed for c in report.checks):
-        return
-    time_candidate(report, contract, cand_path, root_path, incumbent_path, device, timeout)
+    return all(c.passed for c in report.checks)
 
 
 # ----------------------------------------------------------------------------- probes
@@ -247,6 +283,23 @@ def run_probes(plan: Plan, impl: Path, device: str, timeout: float, trusted: boo
     `trusted` (the root only): the child compiles into the process's shared Triton cache, which every other
     GPU child gets a private copy of (`sandbox.triton_cache`). `library`: `impl` is the library's own root
     (it may run where the jail does not start)."""
+    job, write_inputs, read_result = probes_job(plan, impl, device, timeout)
+    cache = "private" if not device.startswith("cuda") else "trusted" if trusted else "candidate"
+    return probe_outcome(run_child(job, write_inputs, read_result, timeout, cache=cache, trusted=library))
+
+
+def probe_outcome(outcome: ChildOutcome) -> tuple[dict[str, ProbeResult] | None, str | None]:
+    if outcome.failure:
+        return None, outcome.failure
+    kind, value = outcome.doc
+    if kind == "import":
+        return None, f"import failed: {value}"
+    return value, None
+
+
+def probes_job(plan: Plan, impl: Path, device: str, limit_s: float) -> tuple[dict, Callable, Callable]:
+    """(job, write_inputs, read_result) of a child running every probe of `plan` on `impl` (`sandbox.run_child`);
+    `limit_s` sizes the child's resource limits (`sandbox.limits`)."""
 
     sent: list[torch.Tensor] = []  # the tensors written to the child, by input index
 
@@ -300,16 +353,9 @@ def run_probes(plan: Plan, impl: Path, device: str, timeout: float, trusted: boo
                 error=str(g["error"])[:300] if g["error"] is not None else None)
         return ("ok", results)
 
-    job = {"mode": "probes", "impl": str(impl.resolve()), "device": device, "limits": limits(timeout),
+    job = {"mode": "probes", "impl": str(impl.resolve()), "device": device, "limits": limits(limit_s),
            "graph_probes": graph_probe_ids(plan) if device.startswith("cuda") else []}
-    cache = "private" if not device.startswith("cuda") else "trusted" if trusted else "candidate"
-    outcome = run_child(job, write_inputs, read_result, timeout, cache=cache, trusted=library)
-    if outcome.failure:
-        return None, outcome.failure
-    kind, value = outcome.doc
-    if kind == "import":
-        return None, f"import failed: {value}"
-    return value, None
+    return job, write_inputs, read_result
 
 
 def graph_probe_ids(plan: Plan) -> list[str]:

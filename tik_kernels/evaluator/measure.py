@@ -9,6 +9,7 @@ import inspect
 import math
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from tik_kernels.evaluator.checks import spec
 from tik_kernels.evaluator.promotion import objective_ratio_ci
 from tik_kernels.evaluator.protocol import ProtocolError, read_tensors, tensor_index
 from tik_kernels.evaluator.report import EvalReport, fail
-from tik_kernels.evaluator.sandbox import limits, run_child
+from tik_kernels.evaluator.sandbox import PhasedChild, limits, run_child
 from tik_kernels.evaluator.timing import summarize, variant_seeds
 
 #: a candidate's timed output must be this close (relative RMS) to the reference, at least
@@ -55,9 +56,28 @@ def run_timing(contract: Contract, impls: list[tuple[str, Path]], *, device: str
     `reps` rounds per cell at most (default GPU_REPS / CPU_REPS); on the GPU a cell stops early after
     GPU_MIN_REPS once CELL_BUDGET_S is spent, unless `fixed_reps`. `baseline`: time stock PyTorch too.
     `cache`: the child's Triton cache on the GPU (`sandbox.triton_cache`; "candidate" when a candidate is timed)."""
+    job, wall, read_result = timing_job(contract, impls, device=device, profile=profile, seed=seed, timeout=timeout,
+                                        return_outputs=return_outputs, profile_kernels=profile_kernels, reps=reps,
+                                        fixed_reps=fixed_reps, baseline=baseline)
+    # a copy of the root's compiled kernels: the timing child never recompiles what the root's probes compiled
+    outcome = run_child(job, lambda tmp: {}, read_result, wall, cache=cache if device.startswith("cuda") else "private")
+    return outcome.doc, outcome.failure
+
+
+def timing_wall(timeout: float, n_cells: int, cuda: bool) -> float:
+    """The wall-clock limit of a timing run (a child's check phase gets `timeout`)."""
+    return 3 * timeout + (10 * n_cells if cuda else 0)
+
+
+def timing_job(contract: Contract, impls: list[tuple[str, Path]], *, device: str, profile: str, seed: int,
+               timeout: float, return_outputs: tuple[str, ...] = (), profile_kernels: bool = False,
+               reps: int | None = None, fixed_reps: bool = False,
+               baseline: bool = True) -> tuple[dict, float, Callable[[Path, dict], dict]]:
+    """(job, wall-clock limit, reader of the reply) of a timing run (see `run_timing`): the job a timing child
+    runs, or the second job of the candidate's own child (`time_candidate`)."""
     cuda = device.startswith("cuda")
     cells = [c.name for c in contract.cells(profile)]
-    wall = 3 * timeout + (10 * len(cells) if cuda else 0)
+    wall = timing_wall(timeout, len(cells), cuda)
     n_reps = reps or (GPU_REPS if cuda else CPU_REPS)
     early = cuda and not fixed_reps
     job = {"mode": "time", "op": contract.op, "contract_file": _contract_file(contract), "profile": profile,
@@ -101,9 +121,7 @@ def run_timing(contract: Contract, impls: list[tuple[str, Path]], *, device: str
         return {"cells": parsed, "floor_us": float(floor) if isinstance(floor, (int, float)) else None,
                 "import_errors": {str(k): str(v)[:300] for k, v in _dict(doc.get("import_errors", {})).items()}}
 
-    # a copy of the root's compiled kernels: the timing child never recompiles what the root's probes compiled
-    outcome = run_child(job, lambda tmp: {}, read_result, wall, cache=cache if cuda else "private")
-    return outcome.doc, outcome.failure
+    return job, wall, read_result
 
 
 def _dict(x: Any) -> dict:
@@ -158,15 +176,34 @@ def _floats(x: Any) -> list[float]:
     return out
 
 
+def candidate_timing_job(contract: Contract, cand_path: Path, root_path: Path, incumbent_path, device: str,
+                         profile: str, seed: int, timeout: float) -> tuple[dict, float, Callable[[Path, dict], dict]]:
+    """The timing run of a candidate: root (and incumbent) beside it, interleaved; see `timing_job`."""
+    cuda = device.startswith("cuda")
+    return timing_job(contract, _trusted(root_path, incumbent_path) + [("candidate", cand_path)], device=device,
+                      profile=profile, seed=seed, timeout=timeout, return_outputs=("candidate", "root"),
+                      profile_kernels=cuda, baseline=not cuda)
+
+
+def _trusted(root_path: Path, incumbent_path) -> list[tuple[str, Path]]:
+    return [("root", root_path)] + ([("incumbent", Path(incumbent_path))] if incumbent_path else [])
+
+
 def time_candidate(report: EvalReport, contract: Contract, cand_path: Path, root_path: Path, incumbent_path,
-          device: str, timeout: float) -> None:
+                   device: str, timeout: float, phased: PhasedChild | None = None) -> None:
+    """Time a verified candidate and judge the run. `phased`: the candidate's own child, waiting after its probes
+    (its second job is `candidate_timing_job`); else a timing child of its own."""
     cuda = device.startswith("cuda")
     report.timing = "gpu" if cuda else "interpreter"
-    trusted = [("root", root_path)] + ([("incumbent", Path(incumbent_path))] if incumbent_path else [])
+    trusted = _trusted(root_path, incumbent_path)
+    job, wall, read_result = candidate_timing_job(contract, cand_path, root_path, incumbent_path, device,
+                                                  report.profile, report.seed, timeout)
     t = time.monotonic()
-    doc, failure = run_timing(contract, trusted + [("candidate", cand_path)], device=device, profile=report.profile,
-                              seed=report.seed, timeout=timeout, return_outputs=("candidate", "root"),
-                              profile_kernels=cuda, cache="candidate", baseline=not cuda)
+    if phased is not None:
+        outcome = phased.then(read_result, wall)
+    else:
+        outcome = run_child(job, lambda tmp: {}, read_result, wall, cache="candidate" if cuda else "private")
+    doc, failure = outcome.doc, outcome.failure
     report.phases["timing_child"] = time.monotonic() - t
     if failure:
         return fail(report, "timing/run", "timed_outputs", f"timing run: {failure}")

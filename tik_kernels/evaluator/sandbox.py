@@ -230,10 +230,11 @@ _CANDIDATE_CACHE: contextvars.ContextVar[list | None] = contextvars.ContextVar("
 @contextlib.contextmanager
 def candidate_cache() -> Iterator[None]:
     """Within this block, children started with cache="candidate" share one Triton cache: a seeded copy made
-    when the first of them starts, removed when the block ends. The candidate's probe child and its timing
-    child are such children, so the kernels the probes compiled are loaded, not compiled again, when the
-    candidate is timed (on the H200 the timing child's warm-up was 11 s for rmsnorm and 25 s for attention,
-    mostly those compiles: benchmarks/results/eval_rate_h200_before.md).
+    when the first of them starts, removed when the block ends. The candidate's child (probes, then timing:
+    `PhasedChild`) is such a child, and where probes and timing run in separate children (a timing child of
+    its own, the evidence jobs) they share it, so the kernels the probes compiled are loaded, not compiled
+    again, when the candidate is timed (on the H200 the timing child's warm-up was 11 s for rmsnorm and 25 s
+    for attention, mostly those compiles: benchmarks/results/eval_rate_h200_before.md).
 
     This trusts the candidate no more than before. What the probe child writes there is read only by the
     timing child, which runs that same candidate in its own process beside the root and incumbent: code that
@@ -434,7 +435,7 @@ def run_child(job: dict, write_inputs: Callable[[Path], dict], read_result: Call
     ProtocolError); `cache` is the child's Triton cache (`triton_cache`). `trusted`: the job runs only the
     library's own code (it may run without the jail where the jail does not start). The job's "impl",
     "impls" and "contract_file" paths are copied for the child. The scratch directory is removed before this
-    returns."""
+    returns. (`PhasedChild`: one child, two jobs, with the parent's decision between them.)"""
     t0 = time.monotonic()
     mode, refused = isolation(trusted)
     if refused:
@@ -442,72 +443,205 @@ def run_child(job: dict, write_inputs: Callable[[Path], dict], read_result: Call
     tmp = owned_tempdir("tik-eval-")
     proc = None
     try:
-        scratch = tmp / "scratch"
-        (scratch / "work").mkdir(parents=True)
-        jailed = mode is not None
-        job = {**job, **write_inputs(scratch)}
-        job = _stage(job, tmp / "impl", JAIL_IMPL if jailed else str(tmp / "impl"))
-        (scratch / "job.json").write_text(_dumps(job))
-        cache_dir = triton_cache(cache, scratch)
-        here = JAIL_SCRATCH if jailed else str(scratch)
-        argv = [sys.executable, "-m", "tik_kernels.evaluator.child", here]
-        if jailed:
-            # the trusted cache and an evaluation's candidate cache outlive the child: mounted, not in its scratch
-            shared = cache_dir if cache == "trusted" or not _under(str(cache_dir), str(scratch)) else None
-            env = child_env(job["device"], JAIL_SCRATCH, JAIL_CACHE if shared else f"{JAIL_SCRATCH}/triton-cache",
-                            runtime=JAIL_RUNTIME)
-            env["HOME"] = JAIL_SCRATCH
-            spec = _spec(tmp, mode, argv, env, f"{JAIL_SCRATCH}/work", job["device"], shared)
-            if mode == "nobody":
-                _give(scratch)
-                if shared is not None:
-                    _give(shared)
-        else:
-            env = child_env(job["device"], scratch, cache_dir)
-            spec = {"owner_pid": os.getpid(), "namespaces": False, "argv": argv, "env": env,
-                    "cwd": str(scratch / "work")}
-        (tmp / "spec.json").write_text(_dumps(spec))
-        with open(tmp / "stdout.txt", "wb") as out, open(tmp / "stderr.txt", "wb") as err:
-            proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", str(ISOLATE), str(tmp / "spec.json")],
-                cwd=tmp, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                start_new_session=True, close_fds=True,
-            )
-            try:
-                rc = proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                _kill(proc)
-                return ChildOutcome(None, f"timed out after {timeout:g} s (killed)", time.monotonic() - t0)
+        proc = _launch(tmp, mode, job, write_inputs, cache)
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill(proc)
+            return ChildOutcome(None, f"timed out after {timeout:g} s (killed)", time.monotonic() - t0)
         # reap anything the candidate left running in its session
         _kill(proc)
-        if rc < 0:
-            name = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else str(-rc)
-            return ChildOutcome(None, f"crashed with signal {name}", time.monotonic() - t0)
-        if rc == SETUP_FAILED:
-            said = [ln for ln in _tail(tmp / "stderr.txt").splitlines() if ln.startswith("tik-sandbox: ")]
-            if said:
-                return ChildOutcome(None, f"sandbox: {said[-1].removeprefix('tik-sandbox: ')}"[:300],
-                                    time.monotonic() - t0)
-        if rc != 0:
-            line = _last_error_line(_tail(tmp / "stderr.txt"))
-            return ChildOutcome(None, f"exited with status {rc}" + (f": {line}" if line else ""),
-                                time.monotonic() - t0)
-        try:
-            _plain(scratch / "out")
-            doc = read_json(scratch / "out" / "result.json")
-            if not isinstance(doc, dict) or doc.get("done") is not True:
-                raise ProtocolError("the child's result is incomplete")
-            value = read_result(scratch / "out", doc)
-        except ProtocolError as e:
-            return ChildOutcome(None, f"protocol error: {e}", time.monotonic() - t0)
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            return ChildOutcome(None, f"protocol error: malformed result ({type(e).__name__}: {e})"[:300],
-                                time.monotonic() - t0)
-        return ChildOutcome(value, None, time.monotonic() - t0)
+        failure = _exit_failure(rc, tmp)
+        if failure:
+            return ChildOutcome(None, failure, time.monotonic() - t0)
+        return _read_reply(tmp / "scratch" / "out", read_result, t0)
     finally:
         if proc is not None and proc.poll() is None:
             _kill(proc)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _launch(tmp: Path, mode: str | None, job: dict, write_inputs: Callable[[Path], dict], cache: str,
+            then: dict | None = None) -> subprocess.Popen:
+    """Stage the job (and `then`, a second job, see `PhasedChild`) under `tmp` and start the child."""
+    scratch = tmp / "scratch"
+    (scratch / "work").mkdir(parents=True)
+    jailed = mode is not None
+    inside = JAIL_IMPL if jailed else str(tmp / "impl")
+    job = {**job, **write_inputs(scratch)}
+    job = _stage(job, tmp / "impl", inside)
+    if then is not None:
+        # the second job's files are staged now (the implementation directory is mounted when the child starts);
+        # the job itself reaches the child only when the parent says so (`PhasedChild.then`)
+        (tmp / "impl").mkdir(exist_ok=True)
+        (tmp / "then.json").write_text(_dumps(_stage(then, tmp / "impl" / "then", f"{inside}/then")))
+        job["next"] = f"{inside}/{NEXT}"
+    (scratch / "job.json").write_text(_dumps(job))
+    cache_dir = triton_cache(cache, scratch)
+    here = JAIL_SCRATCH if jailed else str(scratch)
+    argv = [sys.executable, "-m", "tik_kernels.evaluator.child", here]
+    if jailed:
+        # the trusted cache and an evaluation's candidate cache outlive the child: mounted, not in its scratch
+        shared = cache_dir if cache == "trusted" or not _under(str(cache_dir), str(scratch)) else None
+        env = child_env(job["device"], JAIL_SCRATCH, JAIL_CACHE if shared else f"{JAIL_SCRATCH}/triton-cache",
+                        runtime=JAIL_RUNTIME)
+        env["HOME"] = JAIL_SCRATCH
+        spec = _spec(tmp, mode, argv, env, f"{JAIL_SCRATCH}/work", job["device"], shared)
+        if mode == "nobody":
+            _give(scratch)
+            if shared is not None:
+                _give(shared)
+    else:
+        env = child_env(job["device"], scratch, cache_dir)
+        spec = {"owner_pid": os.getpid(), "namespaces": False, "argv": argv, "env": env,
+                "cwd": str(scratch / "work")}
+    (tmp / "spec.json").write_text(_dumps(spec))
+    with open(tmp / "stdout.txt", "wb") as out, open(tmp / "stderr.txt", "wb") as err:
+        return subprocess.Popen(
+            [sys.executable, "-I", "-S", str(ISOLATE), str(tmp / "spec.json")],
+            cwd=tmp, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+            start_new_session=True, close_fds=True,
+        )
+
+
+def _exit_failure(rc: int, tmp: Path) -> str | None:
+    """The one-line failure of a child that exited with status `rc` (None for 0)."""
+    if rc < 0:
+        name = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else str(-rc)
+        return f"crashed with signal {name}"
+    if rc == SETUP_FAILED:
+        said = [ln for ln in _tail(tmp / "stderr.txt").splitlines() if ln.startswith("tik-sandbox: ")]
+        if said:
+            return f"sandbox: {said[-1].removeprefix('tik-sandbox: ')}"[:300]
+    if rc != 0:
+        line = _last_error_line(_tail(tmp / "stderr.txt"))
+        return f"exited with status {rc}" + (f": {line}" if line else "")
+    return None
+
+
+def _read_reply(out: Path, read_result: Callable[[Path, dict], Any], t0: float) -> ChildOutcome:
+    """The child's reply in `out` (result.json + data files), through `read_result`."""
+    try:
+        _plain(out)
+        doc = read_json(out / "result.json")
+        if not isinstance(doc, dict) or doc.get("done") is not True:
+            raise ProtocolError("the child's result is incomplete")
+        value = read_result(out, doc)
+    except ProtocolError as e:
+        return ChildOutcome(None, f"protocol error: {e}", time.monotonic() - t0)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        return ChildOutcome(None, f"protocol error: malformed result ({type(e).__name__}: {e})"[:300],
+                            time.monotonic() - t0)
+    return ChildOutcome(value, None, time.monotonic() - t0)
+
+
+#: the parent's next step for a `PhasedChild`, in its implementation directory: read-only to the child, so the
+#: candidate can neither forge the parent's decision nor make the parent write through a link of its own
+NEXT = "next.json"
+#: how often the parent looks for the first reply (the child looks for NEXT as often): a few ms per evaluation
+POLL_S = 0.01
+
+
+class PhasedChild:
+    """One child, two jobs, the parent deciding in between: the candidate's probes, then (only if the parent says
+    so) its timing, in the same process, so an evaluation pays the child's start, CUDA initialisation, imports
+    and kernel loading once instead of twice.
+
+    `first` starts the child on `job` and waits (at most its timeout) for its first reply, `out/result.json`;
+    the child then waits. The reply directory is moved out of the child's reach (into the parent's own directory,
+    which the jail does not mount) before it is read, so the live child cannot change what is read, and it is
+    read exactly as `run_child` reads a reply. `then` hands the child the second job (staged when the child
+    started: `then_job`), waits for it to exit (at most its own timeout) and reads the second reply the same way;
+    `stop` tells it to exit. A child that dies, hangs or lies in either phase is a one-line failure, and the
+    child is killed (with anything it started) when the block ends, whatever happened."""
+
+    def __init__(self, job: dict, write_inputs: Callable[[Path], dict], then_job: dict, cache: str = "private"):
+        self.job, self.write_inputs, self.then_job, self.cache = job, write_inputs, then_job, cache
+        self.tmp: Path | None = None
+        self.proc: subprocess.Popen | None = None
+        self.exited: int | None = None
+
+    def __enter__(self) -> PhasedChild:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            _kill(self.proc)
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def first(self, read_result: Callable[[Path, dict], Any], timeout: float) -> ChildOutcome:
+        t0 = time.monotonic()
+        mode, refused = isolation(False)
+        if refused:
+            return ChildOutcome(None, refused, 0.0)
+        self.tmp = owned_tempdir("tik-eval-")
+        self.proc = _launch(self.tmp, mode, self.job, self.write_inputs, self.cache, then=self.then_job)
+        out = self.tmp / "scratch" / "out"
+        while (rc := self.proc.poll()) is None and not os.path.lexists(out / "result.json"):
+            if time.monotonic() - t0 > timeout:
+                _kill(self.proc)
+                return ChildOutcome(None, f"timed out after {timeout:g} s (killed)", time.monotonic() - t0)
+            time.sleep(POLL_S)
+        if rc is not None:  # it exited without waiting for the parent: its reply is read as run_child reads one
+            _kill(self.proc)
+            self.exited = rc
+            failure = _exit_failure(rc, self.tmp)
+            if failure:
+                return ChildOutcome(None, failure, time.monotonic() - t0)
+        taken = self.tmp / "reply-1"
+        if os.path.lexists(out):
+            try:
+                os.rename(out, taken)  # a link named out is moved as a link, and refused by _plain
+            except OSError as e:
+                return ChildOutcome(None, f"protocol error: its reply could not be taken ({e.strerror})",
+                                    time.monotonic() - t0)
+        return _read_reply(taken, read_result, t0)
+
+    def then(self, read_result: Callable[[Path, dict], Any], timeout: float) -> ChildOutcome:
+        t0 = time.monotonic()
+        assert self.proc is not None and self.tmp is not None, "then() before first()"
+        rc = self.exited if self.exited is not None else self.proc.poll()
+        if rc is not None:
+            _kill(self.proc)
+            failure = _exit_failure(rc, self.tmp)
+            return ChildOutcome(None, (failure + " while waiting") if failure else
+                                "exited before it was told to go on", time.monotonic() - t0)
+        job = json.loads((self.tmp / "then.json").read_text())
+        _write_next(self.tmp / "impl", {"job": job})
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill(self.proc)
+            return ChildOutcome(None, f"timed out after {timeout:g} s (killed)", time.monotonic() - t0)
+        _kill(self.proc)
+        self.exited = rc
+        failure = _exit_failure(rc, self.tmp)
+        if failure:
+            return ChildOutcome(None, failure, time.monotonic() - t0)
+        return _read_reply(self.tmp / "scratch" / "out", read_result, t0)
+
+    def stop(self) -> None:
+        """Tell a waiting child to exit, and kill it (a clean exit is a courtesy: nothing waits on it long)."""
+        if self.proc is None or self.proc.poll() is not None or self.tmp is None:
+            return self.close()
+        _write_next(self.tmp / "impl", {"stop": True})
+        try:
+            self.proc.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            pass
+        _kill(self.proc)  # what it left running in its session too
+        self.close()
+
+
+def _write_next(impl: Path, doc: dict) -> None:
+    """Atomically: the child never reads half a decision."""
+    part = impl / f".{NEXT}.part"
+    part.write_text(_dumps(doc))
+    os.replace(part, impl / NEXT)
 
 
 def _plain(out: Path) -> None:

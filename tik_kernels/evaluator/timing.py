@@ -209,14 +209,20 @@ def window_evidence(events: list[tuple[str, Any, float, float]], window_us: floa
             "streams": len({e[1] for e in call})}
 
 
-def run_timing_job(workdir: Path, job: dict) -> dict:
+def run_timing_job(workdir: Path, job: dict, imported: dict[str, Any] | None = None) -> dict:
+    """`imported`: implementations this process has already imported, by name (the candidate, after its probes
+    in the same child: `child.await_next`); the others are imported here, in the order given."""
     device = job["device"]
     cmod = load_module(job["contract_file"], "tik_contract")
     contract = next(v for v in vars(cmod).values() if isinstance(v, Contract) and v.op == job["op"])
     cells = {c.name: c for c in contract.cells(job["profile"])}
-    # trusted implementations are imported before the candidate, in the order given
+    # trusted implementations are imported before the candidate, in the order given (unless the candidate was
+    # imported for its probes already: the parent's checks of root and incumbent never rested on the order)
     mods, errors = {}, {}
     for name, path in job["impls"]:
+        if imported and name in imported:
+            mods[name] = imported[name]
+            continue
         try:
             mods[name] = load_module(path, f"tik_{name}")
         except BaseException as e:  # noqa: B036
