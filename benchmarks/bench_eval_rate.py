@@ -28,7 +28,7 @@ from benchmarks.harness import environment  # noqa: E402
 
 #: the phases in table order (a report records those that ran)
 PHASES = ("plan", "probes_root", "probes_candidate", "checks", "timing_child", "timing_cells_warmup",
-          "timing_cells_timed", "control_child")
+          "timing_cells_capture", "timing_cells_profile", "timing_cells_timed", "timing_cells_after", "control_child")
 
 
 def candidates(op: str, n: int, seed: int = 0) -> list[tuple[str, str]]:

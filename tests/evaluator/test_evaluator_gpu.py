@@ -3,8 +3,9 @@
 Timed samples are CUDA-graph replays, so work on a side stream buys no speed; the eager side-stream cheats
 (one kernel, fifty, half a millisecond of matmuls) are still rejected by the profiled call's window (kernels
 that end after the timed stream passed its end event), a lazy-when-timed one by the profiled call that ran no
-kernel, a switch above the probed token counts by the timed rows computed again, and a cache by input address
-by the CUDA-graph replay check.
+kernel, a switch above the probed token counts by the timed rows computed again, a cache by input address
+by the CUDA-graph replay check, and a call that copies the previous call's output inside a capture (a sample of
+a microsecond cell replays several calls) by the timed outputs.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ def test_good_candidate_timed_on_gpu():
     ("side_stream_large", "timing/integrity", "escapes the timing events"),
     ("lazy_gpu", "timing/integrity", "no GPU kernel ran during a profiled call"),
     ("large_t_switch", "timing/rows", "differ from the same rows of the timed call"),
+    ("repeats_in_capture", "timing/outputs", "timed call on input variant"),
 ])
 def test_timing_cheat_caught_on_gpu(name, check, reason):
     rep = evaluate(tiny(), FIX / f"{name}.py", root_path=FIX / "tiny_root.py", device="cuda", time_it=True)

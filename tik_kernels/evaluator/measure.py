@@ -21,7 +21,7 @@ from tik_kernels.evaluator.promotion import objective_ratio_ci
 from tik_kernels.evaluator.protocol import ProtocolError, read_tensors, tensor_index
 from tik_kernels.evaluator.report import EvalReport, fail
 from tik_kernels.evaluator.sandbox import PhasedChild, limits, run_child
-from tik_kernels.evaluator.timing import summarize, variant_seeds
+from tik_kernels.evaluator.timing import MAX_CALLS, summarize, variant_seeds
 
 #: a candidate's timed output must be this close (relative RMS) to the reference, at least
 MIN_TIMED_BOUND = 0.05
@@ -41,6 +41,9 @@ CPU_REPS = 5
 #: GPU_REPS rounds, the microsecond cells the 100 rounds were measured on keep all of them
 GPU_MIN_REPS = 20
 CELL_BUDGET_S = 1.0
+#: the parts of a timed cell the child reports seconds for (`timing._time_cell`): "warmup" is everything before the
+#: timed rounds (inputs, warm-up calls, capture, profile), "after" the outputs sent back and the rows computed again
+CELL_PARTS = ("warmup", "inputs", "warm_calls", "capture", "profile", "timed", "after")
 
 
 def _contract_file(contract: Contract) -> str:
@@ -99,7 +102,11 @@ def timing_job(contract: Contract, impls: list[tuple[str, Path]], *, device: str
             if "error" in c:
                 parsed[name] = {"error": str(c["error"])[:300]}
                 continue
-            if c.get("seeds") != variant_seeds(seed, job["variants"]):
+            calls = c.get("calls", 1)
+            if type(calls) is not int or not 1 <= calls <= MAX_CALLS:
+                raise ProtocolError(f"cell {name}: calls per sample out of range")
+            # a multi-call sample reads one variant per call (timing._calls_per_sample)
+            if c.get("seeds") != variant_seeds(seed, max(job["variants"], calls)):
                 raise ProtocolError(f"cell {name}: wrong input seeds")
             parsed[name] = {
                 "samples": {str(k): {"event_us": _floats(v["event_us"]), "wall_us": _floats(v["wall_us"])}
@@ -110,12 +117,13 @@ def timing_job(contract: Contract, impls: list[tuple[str, Path]], *, device: str
                             for k, v in _dict(c["outputs"]).items()},
                 "seeds": c["seeds"],
                 "rounds": c.get("rounds") if type(c.get("rounds")) is int else None,
+                "calls": calls,
                 "timing": c.get("timing") if c.get("timing") in ("graph", "eager") else None,
                 "graph_note": str(c["graph_note"])[:300] if c.get("graph_note") is not None else None,
                 "eager_us": {str(k): _floats(v) for k, v in _dict(c.get("eager_us", {})).items()},
                 "rows": {str(k): _rows(v, tensors, name) for k, v in _dict(c.get("rows", {})).items()},
                 "seconds": {k: float(v) for k, v in _dict(c.get("seconds", {})).items()
-                            if k in ("warmup", "timed") and type(v) in (int, float) and math.isfinite(v)},
+                            if k in CELL_PARTS and type(v) in (int, float) and math.isfinite(v)},
             }
         floor = doc.get("floor_us")
         return {"cells": parsed, "floor_us": float(floor) if isinstance(floor, (int, float)) else None,
@@ -207,7 +215,7 @@ def time_candidate(report: EvalReport, contract: Contract, cand_path: Path, root
     report.phases["timing_child"] = time.monotonic() - t
     if failure:
         return fail(report, "timing/run", "timed_outputs", f"timing run: {failure}")
-    for part in ("warmup", "timed"):  # as the child reports them: diagnostics, never used to decide
+    for part in CELL_PARTS:  # as the child reports them: diagnostics, never used to decide
         report.phases[f"timing_cells_{part}"] = sum(c.get("seconds", {}).get(part, 0.0)
                                                     for c in doc["cells"].values())
     errs = doc["import_errors"]
@@ -324,7 +332,7 @@ def _cell_row(cell, c: dict, control: dict | None) -> dict:
         "ratio_vs_root": vs_root,
         "ratio_vs_baseline": vs_base,
         "root_spread_us": root["spread_us"], "wall_median_us": wall["median_us"], "rounds": c.get("rounds"),
-        "timing": c.get("timing"),
+        "timing": c.get("timing"), "calls": c.get("calls", 1),
     }
     if c.get("graph_note"):
         row["graph_note"] = c["graph_note"]

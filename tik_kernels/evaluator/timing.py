@@ -11,7 +11,13 @@ One GPU sample: L2 flushed (a 256 MiB memset) → device synchronized → a spin
 the host's launch latency is hidden → start event → call → end event → device synchronized.
 On the GPU the call is the replay of a CUDA graph of the implementation's call, captured once per
 cell (`_capture_all`): work the call launches on another stream is then either in the graph or
-makes the capture fail, so no work escapes the events, whatever its size. Alongside the event
+makes the capture fail, so no work escapes the events, whatever its size. A microsecond kernel is
+captured `calls` times back to back, call k on its own input set (`_calls_per_sample`): timed one
+replay of one call at a time, identical code captured in two graphs came out up to 8.6% apart on
+the H200's 4-5 us cells (benchmarks/results/evaluator_cheats_h200.md), a fixed per-replay cost that
+paired rounds do not average away; `calls` calls share it. Every contender of a cell gets the same
+`calls`, the input sets hold distinct variants (a call that hands back an earlier call's result is
+wrong on its own inputs), and a sample's time is per call. Alongside the event
 time the host wall time to the whole-device sync is kept; one eager call per cell is profiled
 (kernels on every stream must lie between the spin and a marker after the end event) and timed a
 few times eagerly, so a candidate that hides work from the events when not captured is rejected,
@@ -53,6 +59,15 @@ ROWS_ALONE = 2
 ROWS_BATCH = 32
 #: outputs larger than this (elements) come back as a random subset of rows, drawn after the timed calls
 MAX_SENT_ELEMS = 1 << 22
+#: a graph-replayed sample lasts at least this long: a cell whose root call is shorter is captured `calls` times
+#: back to back (a power of two, so that a few percent of noise in the estimate rarely changes it)
+SAMPLE_TARGET_US = 50.0
+MAX_CALLS = 16
+#: the input sets of a multi-call sample together stay below this (they are the cell's inputs `calls` times)
+MAX_SETS_BYTES = 1 << 30
+#: the spin before a graph replay only has to outlast one graph launch on the host (an eager call launches every
+#: kernel of the call); a sample whose spin ended before the host had launched the replay is taken again
+GRAPH_SPIN_US = 100.0
 
 # Bound when this module is imported, which is before any implementation is: a candidate that
 # patches torch.cuda.Event or time.perf_counter afterwards does not change what the harness calls.
@@ -92,6 +107,8 @@ class Timer:
             self.flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device)
             self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             self.spin_cycles = self._calibrate()
+            self.graph_spin_cycles = max(1000, int(self.spin_cycles * GRAPH_SPIN_US / SPIN_US))
+        self.uncovered = 0  # graph samples taken again because the host had not launched the replay within the spin
 
     def _calibrate(self) -> int:
         """Spin cycles that keep the GPU busy for at least SPIN_US at its highest clock.
@@ -123,22 +140,31 @@ class Timer:
         self.spin_us = _elapsed(self.start, self.end) * 1e3
         return spin
 
-    def sample(self, fn) -> tuple[Any, float, float]:
-        """(output, event µs, wall µs). On the CPU both times are the host wall time."""
+    def sample(self, fn, graph: bool = False) -> tuple[Any, float, float]:
+        """(output, event µs, wall µs). On the CPU both times are the host wall time. `graph`: fn replays a CUDA
+        graph, so a short spin hides its launch; a sample whose spin had ended when the host was done launching
+        (its window then holds host time) is taken again, with a spin 4x longer, up to three times."""
         if not self.cuda:
             t0 = _perf()
             out = fn()
             us = (_perf() - t0) * 1e6
             return out, us, us
-        self.flush.zero_()
-        _sync()
-        _spin(self.spin_cycles)
-        t0 = _perf()
-        _record(self.start)
-        out = fn()
-        _record(self.end)
-        _sync()
-        wall = (_perf() - t0) * 1e6
+        cycles = self.graph_spin_cycles if graph else self.spin_cycles
+        for _ in range(4 if graph else 1):
+            self.flush.zero_()
+            _sync()
+            _spin(cycles)
+            t0 = _perf()
+            _record(self.start)
+            out = fn()
+            _record(self.end)
+            covered = not self.start.query()
+            _sync()
+            wall = (_perf() - t0) * 1e6
+            if covered:
+                break
+            self.uncovered += 1
+            cycles *= 4
         return out, _elapsed(self.start, self.end) * 1e3, wall
 
     def profile(self, fn) -> dict:
@@ -248,13 +274,15 @@ def _time_cell(contract, cell, mods, job, timer: Timer, w, check_outputs, flatte
     seeds = variant_seeds(job["seed"], job["variants"])
     cases = [contract.bench_case(cell, s, device) for s in seeds]
     case = cases[0]
-    bufs = tensors_of(case.args, case.kwargs)
     pools = [[t.clone() for t in tensors_of(c.args, c.kwargs)] for c in cases]
     del cases[1:]
+    # the input sets a sample calls on: call k of a sample reads set k, which holds variant (v + k) mod len(pools)
+    sets = [tensors_of(case.args, case.kwargs)]
 
     def load(v: int) -> None:
-        for b, p in zip(bufs, pools[v], strict=True):
-            b.copy_(p)
+        for k, bufs in enumerate(sets):
+            for b, p in zip(bufs, pools[(v + k) % len(pools)], strict=True):
+                b.copy_(p)
 
     fns: dict[str, Any] = {}
     entries: dict[str, Any] = {}
@@ -273,23 +301,27 @@ def _time_cell(contract, cell, mods, job, timer: Timer, w, check_outputs, flatte
     outs: dict[str, list] = {n: [None] * len(pools) for n in fns if n in keep}
     timed: dict[str, Any] = dict(fns)  # what a timed sample calls: the eager call, or its CUDA graph's replay
 
-    def guarded(name: str, v: int, timed_call: bool):
+    def guarded(name: str, v: int, timed_call: bool) -> list:
+        """The outputs of one sample's calls, call k's on input set k."""
         load(v)
         if timed_call:
-            out, ev, wall = timer.sample(timed[name])
-            samples[name]["event_us"].append(ev)
-            samples[name]["wall_us"].append(wall)
+            out, ev, wall = timer.sample(timed[name], graph=name in graphs)
+            samples[name]["event_us"].append(ev / calls)
+            samples[name]["wall_us"].append(wall / calls)
         else:
             out = fns[name]()
+        per_call = out if timed_call and calls > 1 else [out]
         if name != "baseline":
-            check_outputs(out, case.args, case.kwargs, device)
-        return out
+            for o in per_call:
+                check_outputs(o, case.args, case.kwargs, device)
+        return per_call
 
     def drop(name: str, e: BaseException | str) -> None:
         errors[name] = e if isinstance(e, str) else one_line_(e)
         for table in (fns, timed, samples, outs):
             table.pop(name, None)
 
+    marks = {"inputs": time.perf_counter()}
     for name in list(fns):
         try:
             for _ in range(job["warmup"]):
@@ -299,11 +331,28 @@ def _time_cell(contract, cell, mods, job, timer: Timer, w, check_outputs, flatte
             drop(name, e)
     if timer.cuda:
         torch.cuda.synchronize()
-    mode, graphs, why = "eager", {}, None
+    marks["warm_calls"] = time.perf_counter()
+    mode, graphs, why, calls = "eager", {}, None, 1
     if timer.cuda and job.get("graphs", True):
         mode, graphs, why = _capture_all(fns, load, drop)
+        if mode == "graph" and "root" in graphs:
+            calls = _calls_per_sample(timer, graphs["root"], load, tensors_of(case.args, case.kwargs))
+        if calls > 1:
+            # the extra input sets, and variants enough that the calls of one sample read distinct ones
+            graphs.clear()
+            seeds = variant_seeds(job["seed"], max(len(pools), calls))
+            extra = [contract.bench_case(cell, sd, device) for sd in seeds[1:calls]]
+            pools += [[t.clone() for t in tensors_of(c.args, c.kwargs)] for c in extra[len(pools) - 1:]]
+            sets += [tensors_of(c.args, c.kwargs) for c in extra]
+            multi = {name: _calls_of(name, entries, [case] + extra) for name in fns}
+            mode, graphs, why = _capture_all(multi, load, drop)
+            if mode != "graph":  # no worse than a single call: the cell is timed eagerly, one call per sample
+                calls = 1
         for name, (g, out) in graphs.items():
             timed[name] = (lambda g=g, out=out: (g.replay(), out)[1])
+        for n in outs:
+            outs[n] = [None] * len(pools)
+    marks["capture"] = time.perf_counter()
     prof, eager = {}, {}
     if job.get("profile_kernels") and timer.cuda:
         for name in ("candidate", "root"):
@@ -318,6 +367,7 @@ def _time_cell(contract, cell, mods, job, timer: Timer, w, check_outputs, flatte
     # every implementation once, so every implementation gets the same number of samples
     min_reps, budget = job.get("min_reps", job["reps"]), job.get("cell_budget_s")
     t_timed, rounds = time.perf_counter(), 0
+    marks["profile"] = t_timed
     for r in range(job["reps"]):
         if r >= min_reps and budget is not None and time.perf_counter() - t_timed > budget:
             break
@@ -329,15 +379,18 @@ def _time_cell(contract, cell, mods, job, timer: Timer, w, check_outputs, flatte
             if name not in timed:
                 continue
             try:
-                out = guarded(name, v, timed_call=True)
+                per_call = guarded(name, v, timed_call=True)
             except Exception as e:
                 drop(name, e)
                 continue
             if name in outs:
                 # a graph writes every replay into the same tensors: keep a copy (after the timed window)
-                outs[name][v] = [t.clone() for t in flatten_outputs(out)] if name in graphs else out
+                for k, out in enumerate(per_call):
+                    outs[name][(v + k) % len(pools)] = ([t.clone() for t in flatten_outputs(out)] if name in graphs
+                                                        else out)
     if timer.cuda:
         torch.cuda.synchronize()
+    marks["timed"] = time.perf_counter()
     sent: dict[str, list] = {}
     picks: dict = {}  # one random row order per (variant, token count), shared by every output and implementation
     for name, per_v in outs.items():
@@ -360,8 +413,44 @@ def _time_cell(contract, cell, mods, job, timer: Timer, w, check_outputs, flatte
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
     return {"samples": samples, "errors": errors, "profile": prof, "outputs": sent, "seeds": seeds,
-            "rounds": rounds, "timing": mode, "graph_note": why, "eager_us": eager, "rows": rows,
-            "seconds": {"warmup": round(t_timed - t_start, 3), "timed": round(time.perf_counter() - t_timed, 3)}}
+            "rounds": rounds, "timing": mode, "graph_note": why, "eager_us": eager, "rows": rows, "calls": calls,
+            "uncovered": timer.uncovered,
+            "seconds": {"warmup": round(t_timed - t_start, 3), **_spans(t_start, marks)}}
+
+
+def _spans(t0: float, marks: dict[str, float]) -> dict[str, float]:
+    """Seconds of each part of a cell, from the time each part ended (in order), and of what followed the last."""
+    out, prev = {}, t0
+    for name, t in marks.items():
+        out[name], prev = round(t - prev, 3), t
+    out["after"] = round(time.perf_counter() - prev, 3)
+    return out
+
+
+def _calls_per_sample(timer: Timer, root_graph, load, inputs: list[torch.Tensor]) -> int:
+    """Calls per graph-replayed sample: the fewest (a power of two, at most MAX_CALLS) that make a sample of the root
+    last SAMPLE_TARGET_US, its input sets together under MAX_SETS_BYTES. The estimate is the median of 3 replays
+    of the root's one-call graph, which every contender's `calls` then follows."""
+    g, out = root_graph
+    times = []
+    for _ in range(3):
+        load(0)
+        times.append(timer.sample(lambda: (g.replay(), out)[1], graph=True)[1])
+    one = max(statistics.median(times), 1e-3)
+    per_set = max(1, sum(t.numel() * t.element_size() for t in inputs))
+    calls = 1
+    while calls < MAX_CALLS and calls * one < SAMPLE_TARGET_US and 2 * calls * per_set <= MAX_SETS_BYTES:
+        calls *= 2
+    return calls
+
+
+def _calls_of(name: str, entries: dict, sets: list) -> Any:
+    """One sample's calls of an implementation (the stock baseline: its closure over each set's inputs), call k on
+    set k, outputs as a list."""
+    if name == "baseline":
+        return lambda: [c.baseline() for c in sets]
+    fn = entries[name]
+    return lambda: [fn(*c.args, **c.kwargs) for c in sets]
 
 
 def _capture(fn) -> tuple[Any, Any]:

@@ -1,0 +1,70 @@
+"""Calls per timed sample: how many back-to-back calls a graph-replayed sample holds (`timing._calls_per_sample`),
+and the parent's refusal of a reply whose input variants do not fit its calls."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from evaluator_fixtures import FIX, tiny
+
+from tik_kernels.evaluator import timing
+from tik_kernels.evaluator.measure import timing_job
+from tik_kernels.evaluator.protocol import ProtocolError
+
+
+class FakeTimer:
+    """Times every sample at a fixed µs and records whether the sample was a graph replay."""
+
+    def __init__(self, us: float):
+        self.us, self.graph = us, []
+
+    def sample(self, fn, graph=False):
+        self.graph.append(graph)
+        return fn(), self.us, self.us
+
+
+@pytest.mark.parametrize("us,calls", [(4.0, 16), (10.0, 8), (13.0, 4), (25.0, 2), (30.0, 2), (50.0, 1), (900.0, 1)])
+def test_calls_fill_the_sample_target_in_powers_of_two(us, calls):
+    class Graph:
+        replays = 0
+
+        def replay(self):
+            Graph.replays += 1
+
+    loads, t = [], FakeTimer(us)
+    got = timing._calls_per_sample(t, (Graph(), None), loads.append, [torch.zeros(4)])
+    assert got == calls and got * us >= min(timing.SAMPLE_TARGET_US, timing.MAX_CALLS * us)
+    # the estimate replays the root's one-call graph on variant 0, timed as a graph sample
+    assert Graph.replays == 3 and loads == [0, 0, 0] and t.graph == [True] * 3
+
+
+def test_calls_stop_where_the_input_sets_would_outgrow_memory():
+    # half the cap per input set (float32, a view: counted by elements, no memory): two sets fit, four do not
+    half = torch.zeros(1).expand(timing.MAX_SETS_BYTES // 8)
+    graph = (type("G", (), {"replay": lambda s: None})(), None)
+    assert timing._calls_per_sample(FakeTimer(1.0), graph, lambda v: None, [half]) == 2
+
+
+def _reply(tmp_path):
+    (tmp_path / "out").mkdir()
+    job, _, read = timing_job(tiny(), [("root", FIX / "tiny_root.py"), ("candidate", FIX / "good.py")],
+                              device="cpu", profile="cpu", seed=3, timeout=60, reps=2)
+    return timing.run_timing_job(tmp_path, job), read
+
+
+def test_parent_takes_a_reply_whose_variants_fit_its_calls(tmp_path):
+    doc, read = _reply(tmp_path)
+    assert all(c["calls"] == 1 for c in read(tmp_path / "out", doc)["cells"].values())
+    cell = next(iter(doc["cells"].values()))
+    cell["calls"], cell["seeds"] = 4, timing.variant_seeds(3, 4)
+    assert {c["calls"] for c in read(tmp_path / "out", doc)["cells"].values()} == {1, 4}
+
+
+@pytest.mark.parametrize("calls,n_seeds", [(4, 2), (1, 4), (timing.MAX_CALLS + 1, timing.MAX_CALLS + 1), (0, 2),
+                                           (2.0, 2)])
+def test_parent_refuses_variants_that_do_not_fit_the_calls(tmp_path, calls, n_seeds):
+    doc, read = _reply(tmp_path)
+    cell = next(iter(doc["cells"].values()))
+    cell["calls"], cell["seeds"] = calls, timing.variant_seeds(3, n_seeds)
+    with pytest.raises(ProtocolError):
+        read(tmp_path / "out", doc)
