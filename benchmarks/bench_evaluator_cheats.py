@@ -15,7 +15,8 @@ each cheats only the timing:
   large_t_switch   right at every token count the probes use (<= 2560 rows), 2^-7 larger above 8192 tokens
   grad_mode_switch right under no_grad, 2^-7 larger with grad enabled (the trainer's forward)
 Each must be rejected (verified False, with the check that caught it). The root evaluated as a
-candidate against itself must be verified, and its per-cell ratio to itself within ±2%.
+candidate against itself must be verified, and its per-cell ratio to itself within ±1% (issue #18 asks for
+that at the rounds the evaluator uses).
 
     python benchmarks/bench_evaluator_cheats.py --out benchmarks/results/evaluator_cheats_h200
 
@@ -254,11 +255,11 @@ def main() -> int:
                          for c in self_cells},
             "max_abs_deviation": max(abs(r - 1) for r in ratios) if ratios else None,
             "geomean": statistics.geometric_mean(ratios) if ratios else None,
-            "within_2pct": bool(ratios) and all(abs(r - 1) <= 0.02 for r in ratios),
+            "within_1pct": bool(ratios) and all(abs(r - 1) <= 0.01 for r in ratios),
         }
         doc["complete"] = set(doc["scenarios"]) == {"root_vs_itself", *CHEATS}
         doc["pass"] = (doc["complete"] and all(s["ok"] for s in doc["scenarios"].values())
-                       and doc["self_ratio"]["within_2pct"])
+                       and doc["self_ratio"]["within_1pct"])
         doc["elapsed_s"] = round(time.monotonic() - t_all, 1)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.with_suffix(".json").write_text(json.dumps(doc, indent=2))
@@ -296,7 +297,7 @@ def main() -> int:
 def _missing(doc: dict) -> str:
     """Why a run of a subset cannot pass as a whole: the scenarios it did not run."""
     left = [k for k in ("root_vs_itself", *CHEATS) if k not in doc["scenarios"]]
-    ran_ok = all(s["ok"] for s in doc["scenarios"].values()) and doc["self_ratio"]["within_2pct"]
+    ran_ok = all(s["ok"] for s in doc["scenarios"].values()) and doc["self_ratio"]["within_1pct"]
     return (f" (not run at this round count: {', '.join(left)}; the {len(doc['scenarios'])} that ran: "
             f"{'all as expected' if ran_ok else 'NOT all as expected'})") if left else ""
 
