@@ -68,3 +68,16 @@ def test_parent_refuses_variants_that_do_not_fit_the_calls(tmp_path, calls, n_se
     cell["calls"], cell["seeds"] = calls, timing.variant_seeds(3, n_seeds)
     with pytest.raises(ProtocolError):
         read(tmp_path / "out", doc)
+
+
+def test_rounds_are_precise_once_every_median_is_pinned_down():
+    steady = {"event_us": [10.0, 10.01, 9.99, 10.0] * 5}
+    noisy = {"event_us": [10.0, 12.0, 8.0, 11.0] * 5}
+    assert timing.precise({"root": steady, "candidate": dict(steady)}, 0.003)
+    # one implementation still noisy, or too few rounds to say: keep timing
+    assert not timing.precise({"root": steady, "candidate": noisy}, 0.003)
+    assert not timing.precise({"root": {"event_us": [10.0] * 7}}, 0.003)
+    # the interval narrows as 1/sqrt(rounds): the noisy one (IQR 3.25 around 10.5) is known to ±10.9% at 20
+    # rounds and to ±5.4% at 80
+    assert not timing.precise({"c": noisy}, 0.1) and timing.precise({"c": noisy}, 0.11)
+    assert timing.precise({"c": {"event_us": noisy["event_us"] * 4}}, 0.055)

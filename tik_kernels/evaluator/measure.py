@@ -41,6 +41,10 @@ CPU_REPS = 5
 #: GPU_REPS rounds, the microsecond cells the 100 rounds were measured on keep all of them
 GPU_MIN_REPS = 20
 CELL_BUDGET_S = 1.0
+#: past GPU_MIN_REPS rounds a cell also stops once every implementation's median is known to ±this (relative;
+#: `timing.precise`): root vs itself must stay within ±1% per cell at the rounds this leaves
+#: (benchmarks/bench_evaluator_cheats.py)
+GPU_PRECISION = 0.003
 #: the parts of a timed cell the child reports seconds for (`timing._time_cell`): "warmup" is everything before the
 #: timed rounds (inputs, warm-up calls, capture, profile), "after" the outputs sent back and the rows computed again
 CELL_PARTS = ("warmup", "inputs", "warm_calls", "capture", "profile", "timed", "after")
@@ -87,7 +91,8 @@ def timing_job(contract: Contract, impls: list[tuple[str, Path]], *, device: str
            "seed": seed, "device": device, "impls": [[n, str(p.resolve())] for n, p in impls], "cells": cells,
            "reps": n_reps, "warmup": 3 if cuda else 1, "variants": 2,
            "min_reps": min(n_reps, GPU_MIN_REPS) if early else n_reps,
-           "cell_budget_s": CELL_BUDGET_S if early else None, "baseline": baseline,
+           "cell_budget_s": CELL_BUDGET_S if early else None, "precision": GPU_PRECISION if early else None,
+           "baseline": baseline,
            "return_outputs": list(return_outputs), "profile_kernels": profile_kernels, "limits": limits(wall)}
 
     def read_result(out: Path, doc: dict) -> dict:

@@ -28,6 +28,7 @@ On the CPU only wall times exist, and they are Triton-interpreter times.
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import statistics
@@ -363,13 +364,16 @@ def _time_cell(contract, cell, mods, job, timer: Timer, w, check_outputs, flatte
                     load(0)
                     eager[name] = [timer.sample(fns[name])[1] for _ in range(EAGER_SAMPLES)]
     rng = random.Random(job["seed"] ^ 0x5EED)
-    # rounds: at least min_reps, then until the cell's time budget is spent, at most reps; a round times
-    # every implementation once, so every implementation gets the same number of samples
-    min_reps, budget = job.get("min_reps", job["reps"]), job.get("cell_budget_s")
+    # rounds: at least min_reps, then until every median is known to `precision` or the cell's time budget is
+    # spent, at most reps; a round times every implementation once, so every implementation gets the same number
+    # of samples
+    min_reps, budget, precision = job.get("min_reps", job["reps"]), job.get("cell_budget_s"), job.get("precision")
     t_timed, rounds = time.perf_counter(), 0
     marks["profile"] = t_timed
     for r in range(job["reps"]):
         if r >= min_reps and budget is not None and time.perf_counter() - t_timed > budget:
+            break
+        if r >= min_reps and precision and r % 5 == 0 and precise(samples, precision):
             break
         rounds += 1
         v = r % len(pools)
@@ -416,6 +420,21 @@ def _time_cell(contract, cell, mods, job, timer: Timer, w, check_outputs, flatte
             "rounds": rounds, "timing": mode, "graph_note": why, "eager_us": eager, "rows": rows, "calls": calls,
             "uncovered": timer.uncovered,
             "seconds": {"warmup": round(t_timed - t_start, 3), **_spans(t_start, marks)}}
+
+
+def precise(samples: dict[str, dict[str, list]], precision: float) -> bool:
+    """Every implementation's median event time known to within ±precision (relative): the half-width of the
+    median's 95% interval, 1.57 x IQR / sqrt(n) (the notch of a box plot), over its median. The ratio of two such
+    medians is then known to about ±1.4 x precision; the paired-bootstrap promotion rule sees the same rounds."""
+    for s in samples.values():
+        xs = s["event_us"]
+        if len(xs) < 8:
+            return False
+        q = statistics.quantiles(xs, n=4)
+        med = statistics.median(xs)
+        if med <= 0 or 1.57 * (q[2] - q[0]) / math.sqrt(len(xs)) > precision * med:
+            return False
+    return True
 
 
 def _spans(t0: float, marks: dict[str, float]) -> dict[str, float]:
