@@ -249,6 +249,9 @@ def time_candidate(report: EvalReport, contract: Contract, cand_path: Path, root
         "timing/integrity", "timing_integrity")
     rows_check = _TimedChecks("timing/rows", "timed_rows")
     bound = max([MIN_TIMED_BOUND] + [4 * t.rel_rms for t in contract.tolerances.values()])
+    root_profile = next((c["profile"]["root"] for c in doc["cells"].values() if c.get("profile", {}).get("root")),
+                        None)
+    t_judge = time.monotonic()
     for cell in contract.cells(report.profile):
         c = doc["cells"][cell.name]
         if "error" in c:
@@ -262,13 +265,14 @@ def time_candidate(report: EvalReport, contract: Contract, cand_path: Path, root
         outputs_check.add(cell.name, timed_outputs_ok(contract, cell, c, device, bound))
         rows_check.add(cell.name, timed_rows_ok(c))
         if cuda:
-            integrity.add(cell.name, integrity_ok(c, control["cells"][cell.name]))
+            integrity.add(cell.name, integrity_ok(c, control["cells"][cell.name], root_profile))
         report.cells.append(_cell_row(cell, c, control["cells"][cell.name] if control else None))
     report.checks.append(outputs_check.result())
     report.checks.append(rows_check.result())
     if cuda:
         report.checks.append(integrity.result())
     report.objective_ci = paired_ci(contract, report, doc)
+    report.phases["judge"] = time.monotonic() - t_judge  # the parent's checks of the timed run
 
 
 def paired_ci(contract: Contract, report: EvalReport, doc: dict) -> list[float] | None:
@@ -453,11 +457,13 @@ def _rows_match(again: list | dict, timed: list) -> tuple[bool, str]:
     return True, f"{n} recomputed row sets bitwise equal to the timed call's rows"
 
 
-def integrity_ok(c: dict, control: dict) -> tuple[bool, str]:
-    """Evidence that the candidate's work ran inside its timed window and did not slow its neighbours."""
+def integrity_ok(c: dict, control: dict, root_profile: dict | None = None) -> tuple[bool, str]:
+    """Evidence that the candidate's work ran inside its timed window and did not slow its neighbours.
+    `root_profile`: the root's profiled call of this run (the child profiles it in one cell only: it shows the
+    profiler works here); the cell's own when it has one."""
     s = c["samples"]
     prof = c["profile"]
-    cp, rp = prof.get("candidate", {}), prof.get("root", {})
+    cp, rp = prof.get("candidate", {}), prof.get("root") or root_profile or {}
     notes = []
     if "error" in rp or not rp.get("kernels") or "error" in cp:
         notes.append("profiler unusable: " + str(rp.get("error") or cp.get("error") or "no kernels seen for the root"))

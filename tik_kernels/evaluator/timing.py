@@ -258,18 +258,21 @@ def run_timing_job(workdir: Path, job: dict, imported: dict[str, Any] | None = N
     w = TensorWriter(workdir / "out" / "outputs.bin")
     doc: dict = {"import_errors": errors, "cells": {}, "floor_us": None, "spin_us": getattr(timer, "spin_us", None)}
     floor = [timer.sample(lambda: None)[1] for _ in range(job["reps"])]
+    profiled_root: list[str] = []
     doc["floor_us"] = statistics.median(floor)
     for cname in job["cells"]:
         try:
             doc["cells"][cname] = _time_cell(contract, cells[cname], mods, job, timer, w, check_outputs,
-                                             flatten_outputs)
+                                             flatten_outputs, profiled_root)
         except Exception as e:
             doc["cells"][cname] = {"error": one_line(e)}
     doc["tensors"] = w.close()
     return doc
 
 
-def _time_cell(contract, cell, mods, job, timer: Timer, w, check_outputs, flatten_outputs) -> dict:
+def _time_cell(contract, cell, mods, job, timer: Timer, w, check_outputs, flatten_outputs,
+               profiled_root: list[str]) -> dict:
+    """`profiled_root`: the cell whose timing profiled the root, once per run (empty before)."""
     t_start = time.perf_counter()
     device = job["device"]
     seeds = variant_seeds(job["seed"], job["variants"])
@@ -281,9 +284,11 @@ def _time_cell(contract, cell, mods, job, timer: Timer, w, check_outputs, flatte
     sets = [tensors_of(case.args, case.kwargs)]
 
     def load(v: int) -> None:
-        for k, bufs in enumerate(sets):
-            for b, p in zip(bufs, pools[(v + k) % len(pools)], strict=True):
-                b.copy_(p)
+        dst = [b for bufs in sets for b in bufs]
+        src = [p for k in range(len(sets)) for p in pools[(v + k) % len(pools)]]
+        if len(dst) != len(src):
+            raise RuntimeError("input sets and variant pools differ in length")
+        torch._foreach_copy_(dst, src)  # one launch for every set (a copy_ each cost ~5 us of host per tensor)
 
     fns: dict[str, Any] = {}
     entries: dict[str, Any] = {}
@@ -312,7 +317,8 @@ def _time_cell(contract, cell, mods, job, timer: Timer, w, check_outputs, flatte
         else:
             out = fns[name]()
         per_call = out if timed_call and calls > 1 else [out]
-        if name != "baseline":
+        # a graph's replay returns the tensors its capture returned, checked once then (`checked_graph_outputs`)
+        if name != "baseline" and not (timed_call and name in graphs):
             for o in per_call:
                 check_outputs(o, case.args, case.kwargs, device)
         return per_call
@@ -333,7 +339,7 @@ def _time_cell(contract, cell, mods, job, timer: Timer, w, check_outputs, flatte
     if timer.cuda:
         torch.cuda.synchronize()
     marks["warm_calls"] = time.perf_counter()
-    mode, graphs, why, calls = "eager", {}, None, 1
+    mode, graphs, why, calls, extra = "eager", {}, None, 1, []
     if timer.cuda and job.get("graphs", True):
         mode, graphs, why = _capture_all(fns, load, drop)
         if mode == "graph" and "root" in graphs:
@@ -349,18 +355,26 @@ def _time_cell(contract, cell, mods, job, timer: Timer, w, check_outputs, flatte
             mode, graphs, why = _capture_all(multi, load, drop)
             if mode != "graph":  # no worse than a single call: the cell is timed eagerly, one call per sample
                 calls = 1
-        for name, (g, out) in graphs.items():
+        for name, (g, out) in list(graphs.items()):
+            problem = checked_graph_outputs(name, out, calls, [case] + (extra if calls > 1 else []), device)
+            if problem:
+                graphs.pop(name)
+                drop(name, problem)
+                continue
             timed[name] = (lambda g=g, out=out: (g.replay(), out)[1])
         for n in outs:
             outs[n] = [None] * len(pools)
     marks["capture"] = time.perf_counter()
     prof, eager = {}, {}
     if job.get("profile_kernels") and timer.cuda:
-        for name in ("candidate", "root"):
+        # the root's profile only shows the profiler works here: once per run (`profiled_root`), not per cell
+        for name in ("candidate",) + (() if profiled_root else ("root",)):
             if name in fns:
                 load(0)
                 prof[name] = timer.profile(fns[name])
-                if mode == "graph":
+                if name == "root":
+                    profiled_root.append(cell.name)
+                if mode == "graph" and name == "candidate":
                     load(0)
                     eager[name] = [timer.sample(fns[name])[1] for _ in range(EAGER_SAMPLES)]
     rng = random.Random(job["seed"] ^ 0x5EED)
@@ -370,6 +384,7 @@ def _time_cell(contract, cell, mods, job, timer: Timer, w, check_outputs, flatte
     min_reps, budget, precision = job.get("min_reps", job["reps"]), job.get("cell_budget_s"), job.get("precision")
     t_timed, rounds = time.perf_counter(), 0
     marks["profile"] = t_timed
+    last: dict[str, tuple[int, list]] = {}  # each implementation's last timed sample: (variant, outputs)
     for r in range(job["reps"]):
         if r >= min_reps and budget is not None and time.perf_counter() - t_timed > budget:
             break
@@ -387,13 +402,20 @@ def _time_cell(contract, cell, mods, job, timer: Timer, w, check_outputs, flatte
             except Exception as e:
                 drop(name, e)
                 continue
-            if name in outs:
+            if name in outs and not (name in graphs and calls >= len(pools)):
                 # a graph writes every replay into the same tensors: keep a copy (after the timed window)
                 for k, out in enumerate(per_call):
                     outs[name][(v + k) % len(pools)] = ([t.clone() for t in flatten_outputs(out)] if name in graphs
                                                         else out)
+            last[name] = (v, per_call)
     if timer.cuda:
         torch.cuda.synchronize()
+    for name in outs:
+        if name in graphs and calls >= len(pools) and name in last:
+            # every sample covered every variant: the last round's outputs, still in the graph's tensors, are kept
+            v, per_call = last[name]
+            for k, out in enumerate(per_call):
+                outs[name][(v + k) % len(pools)] = [t.clone() for t in flatten_outputs(out)]
     marks["timed"] = time.perf_counter()
     sent: dict[str, list] = {}
     picks: dict = {}  # one random row order per (variant, token count), shared by every output and implementation
@@ -408,7 +430,8 @@ def _time_cell(contract, cell, mods, job, timer: Timer, w, check_outputs, flatte
         for name in outs:
             if name in entries and name not in errors:
                 try:
-                    rows[name] = _rows_again(entries[name], case, outs[name], load, picks, w, flatten_outputs)
+                    rows[name] = _rows_again(entries[name], case, outs[name][:job["variants"]], load, picks, w,
+                                             flatten_outputs)
                 except Exception as e:
                     rows[name] = {"error": one_line_(e)}
     graphs.clear()  # the graphs' memory pools go with them
@@ -444,6 +467,18 @@ def _spans(t0: float, marks: dict[str, float]) -> dict[str, float]:
         out[name], prev = round(t - prev, 3), t
     out["after"] = round(time.perf_counter() - prev, 3)
     return out
+
+
+def checked_graph_outputs(name: str, out: Any, calls: int, sets: list, device: str) -> str | None:
+    """Why the outputs a graph's capture returned are unfit (every replay returns these tensors), or None."""
+    if name == "baseline":
+        return None
+    try:
+        for o, c in zip(out if calls > 1 else [out], sets, strict=True):
+            check_outputs(o, c.args, c.kwargs, device)
+    except Exception as e:
+        return one_line_(e)
+    return None
 
 
 def _calls_per_sample(timer: Timer, root_graph, load, inputs: list[torch.Tensor]) -> int:
