@@ -97,6 +97,29 @@ def test_a_spare_whose_world_changed_is_not_used(children, monkeypatch):
     assert sandbox.SPARES.stats["discarded"] == 1
 
 
+def test_a_candidate_spare_cache_is_seeded_topped_up_and_becomes_the_evaluations(children, monkeypatch, tmp_path):
+    trusted = tmp_path / "trusted"
+    (trusted / "k1").mkdir(parents=True)
+    (trusted / "k1" / "kernel.bin").write_text("root's kernel")
+    monkeypatch.setattr(sandbox, "_TRUSTED_CACHE", trusted)
+    mode = sandbox.isolation(False)[0]
+    job = {"device": "cpu", "limits": sandbox.limits(30)}
+    sandbox.SPARES.prime(mode, "cpu", job["limits"], "candidate")
+    assert sandbox.SPARES.settle("cpu") < 30
+    (trusted / "k2").mkdir()  # compiled by a trusted child after the spare was seeded
+    (trusted / "k2" / "kernel.bin").write_text("another")
+    with sandbox.candidate_cache():
+        sandbox.triton_cache("candidate", tmp_path)  # this evaluation already has its candidate cache
+        assert sandbox.SPARES.take(mode, job, "candidate") is None
+    with sandbox.candidate_cache():
+        spare = sandbox.SPARES.take(mode, job, "candidate")
+        assert spare is not None and spare.own_cache is None  # adopted by the evaluation
+        assert sorted(p.name for p in spare.cache_dir.iterdir()) == ["k1", "k2"]
+        assert sandbox.triton_cache("candidate", tmp_path) == spare.cache_dir  # its later children share it
+        spare.discard()
+    assert not spare.cache_dir.exists()  # removed with the evaluation
+
+
 #: fixtures whose cheat or crash is caught in the child or after it: the same report through a spare
 CHEATS = ["forges", "mutates", "segfault", "obfuscated_import", "lazy_when_timed", "nosy"]
 
@@ -164,3 +187,19 @@ def test_no_spare_outlives_the_evaluator(tmp_path, end):
         assert list(tmp_path.glob("tik-spare-*"))
         sandbox.reap_stale(tmp_path)
     assert not list(tmp_path.glob("tik-*")), list(tmp_path.iterdir())
+
+
+@pytest.mark.gpu
+@pytest.mark.gpu_timing
+def test_on_the_gpu_a_spare_serves_the_next_candidate_and_its_cache_goes_with_the_evaluation(children):
+    import tempfile
+
+    reps = [evaluate(tiny(), FIX / "good.py", root_path=ROOT, device="cuda", time_it=True, timeout=120)
+            for _ in range(2)]
+    assert all(r.verified for r in reps), [r.failure for r in reps]
+    assert [pre for _, pre in children] == [False, True]
+    assert "spare_settle" in reps[1].phases and reps[1].as_dict()["cells"]
+    # the used spare's seeded Triton cache was the second evaluation's candidate cache, removed with it: the one
+    # left belongs to the spare waiting for a third candidate
+    left = list(Path(tempfile.gettempdir()).glob(f"tik-cand-triton-{os.getpid()}.*"))
+    assert len(left) == 1 and len(sandbox.SPARES.pids()) == 1
