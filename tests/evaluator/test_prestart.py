@@ -120,6 +120,24 @@ def test_a_candidate_spare_cache_is_seeded_topped_up_and_becomes_the_evaluations
     assert not spare.cache_dir.exists()  # removed with the evaluation
 
 
+def test_a_forked_copy_of_the_evaluator_neither_takes_nor_kills_its_parents_spares(children):
+    mode = sandbox.isolation(False)[0]
+    job = {"device": "cpu", "limits": sandbox.limits(30)}
+    sandbox.SPARES.prime(mode, "cpu", job["limits"], "private")
+    sandbox.SPARES.settle("cpu")
+    [pid] = sandbox.SPARES.pids()
+    sandbox.SPARES.cond.acquire()  # held by "another thread" when the process forks
+    child = os.fork()
+    if child == 0:
+        ok = sandbox.SPARES.take(mode, job, "private") is None and not sandbox.SPARES.pids()
+        sandbox.SPARES.close()
+        os._exit(0 if ok else 1)
+    sandbox.SPARES.cond.release()
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert sandbox.SPARES.pids() == [pid] and alive(pid)
+
+
 #: fixtures whose cheat or crash is caught in the child or after it: the same report through a spare
 CHEATS = ["forges", "mutates", "segfault", "obfuscated_import", "lazy_when_timed", "nosy"]
 

@@ -266,7 +266,7 @@ def _prestarted(workdir: Path, boot: dict) -> dict:
     job = doc.get("job")
     if not isinstance(job, dict) or job.get("mode") != "probes":
         os._exit(0)  # never taken (the parent stopped waiting for it), or nothing this child serves
-    ready.unlink()
+    ready.unlink(missing_ok=True)
     (workdir / "job.json").write_text(json.dumps(job))
     return job
 

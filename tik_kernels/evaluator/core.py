@@ -40,7 +40,6 @@ from tik_kernels.evaluator.measure import candidate_timing_job, time_candidate
 from tik_kernels.evaluator.protocol import ProtocolError, TensorWriter, encode, index_list, read_tensors, tensor_index
 from tik_kernels.evaluator.report import EvalReport, decide, environment, evaluator_fingerprint, fail
 from tik_kernels.evaluator.sandbox import (
-    SPARES,
     ChildOutcome,
     PhasedChild,
     candidate_cache,
@@ -48,6 +47,7 @@ from tik_kernels.evaluator.sandbox import (
     limits,
     policy,
     run_child,
+    settle_spares,
 )
 
 #: root results already computed in this process: (root sha, contract, profile, seed, device) -> results
@@ -203,7 +203,7 @@ def _evaluate(report: EvalReport, contract: Contract, cand_path: Path, root_path
                 if device.startswith("cuda"):
                     # the next candidate's child (`sandbox.Spares`) has been starting since this one's probes began:
                     # the GPU is timed once it is idle, not while a CUDA context is being created beside it
-                    report.phases["spare_settle"] = SPARES.settle(device)
+                    report.phases["spare_settle"] = settle_spares(device)
                 time_candidate(report, contract, cand_path, root_path, incumbent_path, device, timeout, phased=child)
             else:
                 child.stop()

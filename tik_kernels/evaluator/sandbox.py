@@ -755,7 +755,8 @@ class Spares:
         self.stats = {"started": 0, "taken": 0, "discarded": 0, "failed": 0}
 
     def _mine(self) -> None:
-        """A forked copy of this process starts with none (its parent's spares are not its children)."""
+        """A forked copy of this process starts with none (its parent's spares are not its children), and with a
+        lock of its own (the parent's may have been held by another thread when it forked). Called first, unlocked."""
         if self.owner != os.getpid():
             self.__init__()
 
@@ -768,8 +769,8 @@ class Spares:
             return None
         slot, key = (job["device"], cache), (mode, job["device"], cache, _dumps(job["limits"]))
         deadline = time.monotonic() + SETTLE_S
+        self._mine()
         with self.cond:
-            self._mine()
             while self.pending.get(slot) and time.monotonic() < deadline:
                 self.cond.wait(0.05)  # one being started: it is nearly ready, a fresh child is not
             spares = self.ready.pop(slot, [])
@@ -805,8 +806,8 @@ class Spares:
         if cache not in SPARE_CACHES:
             return
         slot, key = (device, cache), (mode, device, cache, _dumps(limits))
+        self._mine()
         with self.cond:
-            self._mine()
             if self.closed:
                 return
             spares = self.ready.pop(slot, [])
@@ -850,9 +851,9 @@ class Spares:
         """Wait (at most `limit_s`) until no spare for `device` is starting: a GPU is timed without a CUDA context
         being created beside it. The seconds waited."""
         t0 = time.monotonic()
+        self._mine()
         while time.monotonic() - t0 < limit_s:
             with self.cond:
-                self._mine()
                 busy = any(n for (d, _), n in self.pending.items() if d == device) or any(
                     s.proc.poll() is None and not (s.tmp / "scratch" / READY).exists()
                     for (d, _), v in self.ready.items() if d == device for s in v)
@@ -868,9 +869,9 @@ class Spares:
 
     def close(self) -> None:
         """Kill every spare and remove its directories (atexit); spares being started are discarded when they are."""
+        if self.owner != os.getpid():
+            return
         with self.cond:
-            if self.owner != os.getpid():
-                return
             self.closed = True
             spares = [s for v in self.ready.values() for s in v]
             self.ready.clear()
@@ -883,6 +884,11 @@ class Spares:
 
 #: this process's spares
 SPARES = Spares()
+
+
+def settle_spares(device: str) -> float:
+    """`SPARES.settle(device)`: the seconds waited until no spare for `device` is starting."""
+    return SPARES.settle(device)
 
 
 def _spawn_spare(mode: str | None, device: str, limits: dict, cache: str) -> Spare:
