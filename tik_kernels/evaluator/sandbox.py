@@ -10,6 +10,9 @@ network. Where the kernel refuses the namespaces, untrusted children do not run 
 caller opted out: `evaluate(..., sandbox=False)`, or `TIK_UNSAFE_NO_SANDBOX=1`, which `--unsafe-no-sandbox`
 sets.
 
+A timed evaluation's candidate child is usually pre-started (`Spares`): the same child in the same jail, started
+while the previous candidate was evaluated, waiting for its first job; it serves one candidate.
+
 Every scratch directory is named after its owner (`owned_tempdir`: evaluator pid and start time), so a later
 process can tell a dead evaluator's leftovers from a live one's and remove them (`reap_stale`).
 """
