@@ -1,7 +1,7 @@
 """Seconds per evaluation in a running search, phase by phase: the figure issue #18's target is about.
 
     python benchmarks/bench_eval_rate.py [--ops linear,attention,rmsnorm] [--evals 4] [--timeout 300]
-                                         [--device cuda|cpu] [--name eval_rate_h200]
+                                         [--device cuda|cpu] [--name eval_rate_h200] [--prestart N]
 
 For each operator one process (this one) evaluates `--evals` tuner-style candidates in a row, as a search
 does: each is the root's source with one CONFIG value moved to a neighbour in its TUNABLES (the tuner's own
@@ -9,6 +9,10 @@ rewrite, so every candidate compiles kernels of its own), evaluated with timing 
 evaluation pays what a search pays once (the plan, the root's probes, the control run); the figure is the
 median over the evaluations after it. Every phase the report records is kept, per evaluation; the table
 prints the first evaluation and the median of the rest. Results: `<out>/<name>.json` and `.md`.
+
+`--prestart N` keeps N pre-started candidate children ready (`TIK_PRESTART`, default 1; 0: every candidate's
+child starts on its evaluation's critical path); the JSON records how many candidates each op's evaluations took
+from a spare (`spares`).
 """
 
 from __future__ import annotations
@@ -27,12 +31,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.harness import environment  # noqa: E402
 
 #: the phases in table order (a report records those that ran)
-PHASES = ("plan", "probes_root", "probes_candidate", "checks", "timing_child", "timing_cells_warmup",
+PHASES = ("plan", "probes_root", "probes_candidate", "checks", "spare_settle", "timing_child", "timing_cells_warmup",
           "timing_cells_capture", "timing_cells_profile", "timing_cells_timed", "timing_cells_after", "control_child",
           "judge", "other")
 #: the phases that follow each other (the timing_cells_* parts lie inside timing_child): "other" is the wall time
 #: none of them covers (the source checks, the child's start and exit, the temporary files)
-TOP = ("plan", "probes_root", "probes_candidate", "checks", "timing_child", "control_child", "judge")
+TOP = ("plan", "probes_root", "probes_candidate", "checks", "spare_settle", "timing_child", "control_child", "judge")
 
 
 def candidates(op: str, n: int, seed: int = 0) -> list[tuple[str, str]]:
@@ -53,7 +57,9 @@ def candidates(op: str, n: int, seed: int = 0) -> list[tuple[str, str]]:
 
 
 def run_op(op: str, evals: int, device: str, timeout: float) -> dict:
-    from tik_kernels.evaluator import evaluate
+    from tik_kernels.evaluator import evaluate, sandbox
+
+    before = dict(sandbox.SPARES.stats)
 
     tmp = Path(tempfile.mkdtemp(prefix=f"tik-evalrate-{op}-"))
     rows = []
@@ -73,7 +79,8 @@ def run_op(op: str, evals: int, device: str, timeout: float) -> dict:
               f"{json.dumps(rows[-1]['phases'])}", flush=True)
     later = rows[1:] or rows
     med = {p: round(statistics.median([r["phases"].get(p, 0.0) for r in later]), 2) for p in PHASES}
-    return {"op": op, "evaluations": rows, "first_s": rows[0]["wall_s"],
+    spares = {k: v - before.get(k, 0) for k, v in sandbox.SPARES.stats.items()}
+    return {"op": op, "evaluations": rows, "first_s": rows[0]["wall_s"], "spares": spares,
             "median_s_after_first": round(statistics.median(r["wall_s"] for r in later), 2),
             "median_phases_after_first": med, "first_phases": rows[0]["phases"]}
 
@@ -81,7 +88,8 @@ def run_op(op: str, evals: int, device: str, timeout: float) -> dict:
 def markdown(doc: dict) -> str:
     head = "| op | first eval | median after first | " + " | ".join(PHASES) + " |"
     lines = [f"# Seconds per evaluation in a running search ({doc['env'].get('gpu') or 'cpu'})", "",
-             f"`{doc['command']}`", "", "Phases: median over the evaluations after the first (first in brackets).",
+             f"`{doc['command']}`", "", f"Pre-started candidate children kept ready: {doc.get('prestart', 0)}.", "",
+             "Phases: median over the evaluations after the first (first in brackets).",
              "", head, "|" + "---|" * (3 + len(PHASES))]
     for r in doc["ops"]:
         cells = [f"{r['median_phases_after_first'].get(p, 0):.1f} ({r['first_phases'].get(p, 0):.1f})"
@@ -99,10 +107,17 @@ def main() -> int:
     ap.add_argument("--device", default=None)
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     ap.add_argument("--name", default=None, help="file stem (default eval_rate_h200 / eval_rate_cpu)")
+    ap.add_argument("--prestart", type=int, default=None, help="pre-started candidate children kept ready "
+                    "(TIK_PRESTART; default 1, 0: none)")
     a = ap.parse_args()
+    if a.prestart is not None:
+        import os
+
+        os.environ["TIK_PRESTART"] = str(a.prestart)
     import torch
 
     from tik_kernels.contracts import UnknownOperator, get_contract
+    from tik_kernels.evaluator import sandbox
 
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     ops = [o.strip() for o in a.ops.split(",") if o.strip()]
@@ -115,7 +130,7 @@ def main() -> int:
         raise SystemExit("bench_eval_rate: --evals must be at least 1")
     name = a.name or ("eval_rate_cpu" if device == "cpu" else "eval_rate_h200")
     doc = {"command": " ".join(["python benchmarks/bench_eval_rate.py", *sys.argv[1:]]),
-           "env": environment(device), "ops": []}
+           "env": environment(device), "prestart": sandbox.prestart_depth(), "ops": []}
     a.out.mkdir(parents=True, exist_ok=True)
     for op in ops:
         doc["ops"].append(run_op(op, a.evals, device, a.timeout))

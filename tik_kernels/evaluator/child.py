@@ -10,6 +10,9 @@ Jobs: `probes` (run the contract's probes on one implementation), `time` (the ti
 harness of `tik_kernels.evaluator.timing` on the candidate, root, incumbent and baseline) and
 `evidence` / `ncu_cell` (compile stats and work per cell, `tik_kernels.evaluator.evidence`).
 
+A child started before its candidate existed (`sandbox.Spares`) is started on a `spare` job: it imports, initialises
+its device and waits for its probes job (`_prestarted`), then runs it as above.
+
 A probes job with `next` (a path the parent writes and this process can only read, `sandbox.PhasedChild`)
 is the first of two: after its reply this process waits for the parent's decision there, `{"stop": true}`
 or `{"job": <a time job>}`, and runs that job on the implementation it has already imported (as
@@ -114,7 +117,8 @@ def run_probes_job(workdir: Path, job: dict) -> dict:
 
     TensorWriter, decode, read_tensors = _protocol()
 
-    tensors = read_tensors(workdir / "inputs.bin", job["tensors"])
+    # a pre-started child's inputs come with its job, in its read-only implementation directory
+    tensors = read_tensors(Path(job["inputs"]) if job.get("inputs") else workdir / "inputs.bin", job["tensors"])
     probes, sent = [], {}
     for p in job["probes"]:
         gos = decode(p["grad_outputs"], tensors) if p["grad_outputs"] is not None else None
@@ -230,16 +234,41 @@ _sleep = time.sleep
 NEXT_POLL_S = 0.01
 
 
-def await_next(path: Path) -> dict:
+def await_next(path: Path, limit_s: float | None = None) -> dict:
     """The parent's decision after the first reply (written atomically; the parent kills this process if it
-    never comes)."""
+    never comes), or a pre-started child's first job; {} after `limit_s`."""
+    t0 = time.monotonic()
     while True:
         try:
             doc = json.loads(path.read_text())
         except FileNotFoundError:
+            if limit_s is not None and time.monotonic() - t0 > limit_s:
+                return {}
             _sleep(NEXT_POLL_S)
             continue
         return doc if isinstance(doc, dict) else {}
+
+
+def _prestarted(workdir: Path, boot: dict) -> dict:
+    """A pre-started child (`sandbox.Spares`): import what a probes job imports, initialise the device, then wait
+    for the first job, which the parent writes where this process can only read (`boot["start"]`). Nothing of a
+    candidate has run here yet. The job is then this child's job.json, as if it had been started with it."""
+    import torch
+    import triton  # noqa: F401 (what a candidate imports first)
+
+    import tik_kernels.contract  # noqa: F401
+
+    if str(boot["device"]).startswith("cuda"):
+        torch.empty(1, device=boot["device"])  # the CUDA context
+    ready = workdir / "ready"
+    ready.write_text("")
+    doc = await_next(Path(boot["start"]), limit_s=float(boot["idle_s"]))
+    job = doc.get("job")
+    if not isinstance(job, dict) or job.get("mode") != "probes":
+        os._exit(0)  # never taken (the parent stopped waiting for it), or nothing this child serves
+    ready.unlink(missing_ok=True)
+    (workdir / "job.json").write_text(json.dumps(job))
+    return job
 
 
 def main(argv: list[str]) -> int:
@@ -254,6 +283,8 @@ def main(argv: list[str]) -> int:
     from tik_kernels.evaluator.protocol import write_json
     from tik_kernels.evaluator.timing import run_timing_job
 
+    if job["mode"] == "spare":
+        job = _prestarted(workdir, job)
     if job["mode"] in ("evidence", "ncu_cell"):
         from tik_kernels.evaluator.evidence import run_evidence_job, run_ncu_cell_job
     (workdir / "out").mkdir(exist_ok=True)

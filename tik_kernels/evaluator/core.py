@@ -47,6 +47,7 @@ from tik_kernels.evaluator.sandbox import (
     limits,
     policy,
     run_child,
+    settle_spares,
 )
 
 #: root results already computed in this process: (root sha, contract, profile, seed, device) -> results
@@ -199,6 +200,10 @@ def _evaluate(report: EvalReport, contract: Contract, cand_path: Path, root_path
             if failure:
                 return fail(report, "run", "runs", failure)
             if _check(report, contract, plan, cand, root_path, device, timeout, key, root_sha, is_root):
+                if device.startswith("cuda"):
+                    # the next candidate's child (`sandbox.Spares`) has been starting since this one's probes began:
+                    # the GPU is timed once it is idle, not while a CUDA context is being created beside it
+                    report.phases["spare_settle"] = settle_spares(device)
                 time_candidate(report, contract, cand_path, root_path, incumbent_path, device, timeout, phased=child)
             else:
                 child.stop()

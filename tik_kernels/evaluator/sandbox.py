@@ -10,6 +10,9 @@ network. Where the kernel refuses the namespaces, untrusted children do not run 
 caller opted out: `evaluate(..., sandbox=False)`, or `TIK_UNSAFE_NO_SANDBOX=1`, which `--unsafe-no-sandbox`
 sets.
 
+A timed evaluation's candidate child is usually pre-started (`Spares`): the same child in the same jail, started
+while the previous candidate was evaluated, waiting for its first job; it serves one candidate.
+
 Every scratch directory is named after its owner (`owned_tempdir`: evaluator pid and start time), so a later
 process can tell a dead evaluator's leftovers from a live one's and remove them (`reap_stale`).
 """
@@ -21,6 +24,7 @@ import contextvars
 import glob
 import json
 import os
+import queue
 import re
 import shutil
 import signal
@@ -28,6 +32,7 @@ import site
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -266,12 +271,18 @@ def triton_cache(mode: str, tmp: Path) -> Path:
     if holder:
         return holder[0] / "triton-cache"
     base = owned_tempdir("tik-cand-triton-") if holder is not None else tmp
-    own = base / "triton-cache"
-    if mode in ("seeded", "candidate") and _TRUSTED_CACHE is not None and _TRUSTED_CACHE.is_dir():
-        shutil.copytree(_TRUSTED_CACHE, own, dirs_exist_ok=True, ignore=shutil.ignore_patterns("tmp.*"))
+    own = _seeded(base / "triton-cache") if mode in ("seeded", "candidate") else base / "triton-cache"
     own.mkdir(parents=True, exist_ok=True)
     if holder is not None:
         holder.append(base)
+    return own
+
+
+def _seeded(own: Path) -> Path:
+    """`own`, created as a copy of the trusted cache (empty when there is none yet)."""
+    if _TRUSTED_CACHE is not None and _TRUSTED_CACHE.is_dir():
+        shutil.copytree(_TRUSTED_CACHE, own, dirs_exist_ok=True, ignore=shutil.ignore_patterns("tmp.*"))
+    own.mkdir(parents=True, exist_ok=True)
     return own
 
 
@@ -478,23 +489,34 @@ def _launch(tmp: Path, mode: str | None, job: dict, write_inputs: Callable[[Path
         job["next"] = f"{inside}/{NEXT}"
     (scratch / "job.json").write_text(_dumps(job))
     cache_dir = triton_cache(cache, scratch)
-    here = JAIL_SCRATCH if jailed else str(scratch)
+    env, spec, shared = _world(tmp, mode, job["device"], cache, cache_dir)
+    if mode == "nobody":
+        _give(scratch)
+        if shared is not None:
+            _give(shared)
+    return _popen(tmp, env, spec)
+
+
+def _world(tmp: Path, mode: str | None, device: str, cache: str, cache_dir: Path) -> tuple[dict, dict, Path | None]:
+    """(environment, launcher spec, cache directory mounted from outside or None) of a child in `tmp`: a function
+    of the child's parameters and of this process's state now (its environment, cwd), so a pre-started child's
+    world can be compared with the one a child started now would get (`Spares.take`)."""
+    scratch = tmp / "scratch"
+    here = JAIL_SCRATCH if mode is not None else str(scratch)
     argv = [sys.executable, "-m", "tik_kernels.evaluator.child", here]
-    if jailed:
-        # the trusted cache and an evaluation's candidate cache outlive the child: mounted, not in its scratch
-        shared = cache_dir if cache == "trusted" or not _under(str(cache_dir), str(scratch)) else None
-        env = child_env(job["device"], JAIL_SCRATCH, JAIL_CACHE if shared else f"{JAIL_SCRATCH}/triton-cache",
-                        runtime=JAIL_RUNTIME)
-        env["HOME"] = JAIL_SCRATCH
-        spec = _spec(tmp, mode, argv, env, f"{JAIL_SCRATCH}/work", job["device"], shared)
-        if mode == "nobody":
-            _give(scratch)
-            if shared is not None:
-                _give(shared)
-    else:
-        env = child_env(job["device"], scratch, cache_dir)
-        spec = {"owner_pid": os.getpid(), "namespaces": False, "argv": argv, "env": env,
-                "cwd": str(scratch / "work")}
+    if mode is None:
+        env = child_env(device, scratch, cache_dir)
+        return env, {"owner_pid": os.getpid(), "namespaces": False, "argv": argv, "env": env,
+                     "cwd": str(scratch / "work")}, None
+    # the trusted cache and an evaluation's candidate cache outlive the child: mounted, not in its scratch
+    shared = cache_dir if cache == "trusted" or not _under(str(cache_dir), str(scratch)) else None
+    env = child_env(device, JAIL_SCRATCH, JAIL_CACHE if shared else f"{JAIL_SCRATCH}/triton-cache",
+                    runtime=JAIL_RUNTIME)
+    env["HOME"] = JAIL_SCRATCH
+    return env, _spec(tmp, mode, argv, env, f"{JAIL_SCRATCH}/work", device, shared), shared
+
+
+def _popen(tmp: Path, env: dict, spec: dict) -> subprocess.Popen:
     (tmp / "spec.json").write_text(_dumps(spec))
     with open(tmp / "stdout.txt", "wb") as out, open(tmp / "stderr.txt", "wb") as err:
         return subprocess.Popen(
@@ -560,6 +582,10 @@ class PhasedChild:
         self.tmp: Path | None = None
         self.proc: subprocess.Popen | None = None
         self.exited: int | None = None
+        #: whether the child was pre-started (`Spares`); a pre-started child's own Triton cache outside its scratch
+        #: (None once an evaluation's `candidate_cache` has adopted it)
+        self.prestarted = False
+        self.own_cache: Path | None = None
 
     def __enter__(self) -> PhasedChild:
         return self
@@ -572,14 +598,25 @@ class PhasedChild:
             _kill(self.proc)
         if self.tmp is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
+        if self.own_cache is not None:
+            shutil.rmtree(self.own_cache, ignore_errors=True)
 
     def first(self, read_result: Callable[[Path, dict], Any], timeout: float) -> ChildOutcome:
         t0 = time.monotonic()
         mode, refused = isolation(False)
         if refused:
             return ChildOutcome(None, refused, 0.0)
-        self.tmp = owned_tempdir("tik-eval-")
-        self.proc = _launch(self.tmp, mode, self.job, self.write_inputs, self.cache, then=self.then_job)
+        spare = SPARES.take(mode, self.job, self.cache) if prestart_depth() else None
+        if spare is not None:
+            # a child started (same jail, limits and world) before this candidate existed: it gets its first job now
+            self.tmp, self.proc, self.own_cache, self.prestarted = spare.tmp, spare.proc, spare.own_cache, True
+            _hand_over(self.tmp, mode, self.job, self.write_inputs, self.then_job)
+        else:
+            self.tmp = owned_tempdir("tik-eval-")
+            self.proc = _launch(self.tmp, mode, self.job, self.write_inputs, self.cache, then=self.then_job)
+        if prestart_depth():
+            # the next candidate's child starts now, while this one runs
+            SPARES.prime(mode, self.job["device"], self.job["limits"], self.cache)
         out = self.tmp / "scratch" / "out"
         while (rc := self.proc.poll()) is None and not os.path.lexists(out / "result.json"):
             if time.monotonic() - t0 > timeout:
@@ -637,11 +674,288 @@ class PhasedChild:
         self.close()
 
 
-def _write_next(impl: Path, doc: dict) -> None:
+def _write_next(impl: Path, doc: dict, name: str = NEXT) -> None:
     """Atomically: the child never reads half a decision."""
-    part = impl / f".{NEXT}.part"
+    part = impl / f".{name}.part"
     part.write_text(_dumps(doc))
-    os.replace(part, impl / NEXT)
+    os.replace(part, impl / name)
+
+
+# ----------------------------------------------------------------------------- pre-started children
+
+
+#: how many pre-started candidate children (`Spares`) the evaluator keeps ready per (device, cache mode); 0 turns
+#: them off. Off suits a process that evaluates once (its spare would only compete with the evaluation for the
+#: CPU, hold a CUDA context, and be killed at exit unused) and tests that count the children an evaluation starts.
+PRESTART_ENV = "TIK_PRESTART"
+#: a spare older than this is not used but killed, and a fresh child started: an idle child should not hold its
+#: memory (a CUDA context) for ever; the child itself gives up waiting a minute later
+SPARE_MAX_AGE_S = 600.0
+#: at most this long an evaluation waits for a spare that is being started (`Spares.take`, `Spares.settle`)
+SETTLE_S = 60.0
+#: the cache modes a spare can serve ("trusted" children run the root, never a candidate)
+SPARE_CACHES = ("private", "seeded", "candidate")
+#: a pre-started child's first job, written by the parent into its implementation directory (as NEXT is)
+START = "start.json"
+#: a pre-started child writes this in its scratch once started (imports done, device initialised) and removes it
+#: when it takes its job: read only to wait until a starting child has gone quiet (`Spares.settle`), never to decide
+READY = "ready"
+
+
+def prestart_depth() -> int:
+    v = os.environ.get(PRESTART_ENV, "").strip()
+    return int(v) if v.isdigit() else 1
+
+
+@dataclass
+class Spare:
+    """A candidate child started before its candidate existed, waiting for its first job (`START`)."""
+
+    tmp: Path
+    proc: subprocess.Popen
+    key: tuple  # (uid mode, device, cache mode, limits)
+    spec: dict  # the launcher's spec: environment, mounts, hidden paths, cwd
+    cache_dir: Path
+    own_cache: Path | None  # a "candidate" cache: its directory outside the scratch
+    born: float
+
+    def discard(self) -> None:
+        _kill(self.proc)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        if self.own_cache is not None:
+            shutil.rmtree(self.own_cache, ignore_errors=True)
+
+
+class Spares:
+    """The pre-started candidate children of this process: a candidate's child starts (Python, torch, Triton, the
+    harness, the CUDA context: seconds) while the previous candidate is evaluated, not on its own critical path.
+
+    A spare is the child `PhasedChild` would start, started earlier: the same launcher, jail, scrubbed environment,
+    rlimits (set at its start from the limits of the evaluation that asked for it) and an empty scratch directory;
+    it imports what a child imports, initialises its device, then waits, running nothing else, until the parent
+    writes its first job into its read-only implementation directory. From then on it is a `PhasedChild` like any
+    other (the same phases, timeouts, checks and reply). Each serves one candidate and is never reused. `take` uses
+    one only if it is alive, younger than SPARE_MAX_AGE_S and its world (uid mode, device, cache mode, limits, and
+    the spec a child started now would get: environment, mounts, hidden paths) is the evaluation's; any other is
+    killed and its directories removed. Spares are started by one long-lived thread (a launcher dies with the thread
+    that started it: PR_SET_PDEATHSIG), killed at exit (atexit), and die with this process however it ends (the
+    launcher's PDEATHSIG chain); `reap_stale` removes what a killed evaluator left (the directories are owned).
+
+    The Triton cache: a "private" spare has its own empty cache in its scratch, as any child. A "candidate" spare
+    cannot share its evaluation's cache (`candidate_cache`), which does not exist yet: it gets a seeded copy of the
+    trusted cache of its own, outside its scratch, topped up with what the trusted cache gained since when it is
+    taken, and the evaluation's `candidate_cache` adopts it, so the evaluation's later candidate children share it
+    and the next evaluation does not see it; an evaluation that already has a candidate cache takes no spare."""
+
+    def __init__(self) -> None:
+        self.owner = os.getpid()
+        self.cond = threading.Condition()
+        self.ready: dict[tuple[str, str], list[Spare]] = {}
+        self.pending: dict[tuple[str, str], int] = {}
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread: threading.Thread | None = None
+        self.closed = False
+        self.stats = {"started": 0, "taken": 0, "discarded": 0, "failed": 0}
+
+    def _mine(self) -> None:
+        """A forked copy of this process starts with none (its parent's spares are not its children), and with a
+        lock of its own (the parent's may have been held by another thread when it forked). Called first, unlocked."""
+        if self.owner != os.getpid():
+            self.__init__()
+
+    def take(self, mode: str | None, job: dict, cache: str) -> Spare | None:
+        """A spare fit for this child, now in the caller's hands, or None (then start one the usual way)."""
+        if cache not in SPARE_CACHES:
+            return None
+        holder = _CANDIDATE_CACHE.get() if cache == "candidate" else None
+        if holder:  # this evaluation already has its candidate cache: a spare's would be another
+            return None
+        slot, key = (job["device"], cache), (mode, job["device"], cache, _dumps(job["limits"]))
+        deadline = time.monotonic() + SETTLE_S
+        self._mine()
+        with self.cond:
+            while self.pending.get(slot) and time.monotonic() < deadline:
+                self.cond.wait(0.05)  # one being started: it is nearly ready, a fresh child is not
+            spares = self.ready.pop(slot, [])
+        chosen, keep, drop = None, [], []
+        for s in spares:
+            if not self._fits(s, mode, key):
+                drop.append(s)
+            elif chosen is None:
+                chosen = s
+            else:
+                keep.append(s)
+        with self.cond:
+            self.ready.setdefault(slot, [])[:0] = keep
+            self.stats["discarded"] += len(drop)
+            self.stats["taken"] += chosen is not None
+        for s in drop:
+            s.discard()
+        if chosen is not None and cache != "private":
+            _top_up(chosen.cache_dir, mode)
+        if chosen is not None and holder is not None and chosen.own_cache is not None:
+            holder.append(chosen.own_cache)  # the evaluation's candidate cache from now on (removed with it)
+            chosen.own_cache = None
+        return chosen
+
+    @staticmethod
+    def _fits(s: Spare, mode: str | None, key: tuple) -> bool:
+        if s.proc.poll() is not None or time.monotonic() - s.born >= SPARE_MAX_AGE_S or s.key != key:
+            return False
+        return _world(s.tmp, mode, key[1], key[2], s.cache_dir)[1] == s.spec
+
+    def prime(self, mode: str | None, device: str, limits: dict, cache: str) -> None:
+        """Start spares in the background until prestart_depth() fit for such a child are ready or starting."""
+        if cache not in SPARE_CACHES:
+            return
+        slot, key = (device, cache), (mode, device, cache, _dumps(limits))
+        self._mine()
+        with self.cond:
+            if self.closed:
+                return
+            spares = self.ready.pop(slot, [])
+            self.ready[slot] = [s for s in spares if s.key == key]
+            drop = [s for s in spares if s.key != key]
+            want = prestart_depth() - len(self.ready[slot]) - self.pending.get(slot, 0)
+            self.stats["discarded"] += len(drop)
+            if want > 0:
+                self.pending[slot] = self.pending.get(slot, 0) + want
+                if self.thread is None:
+                    import atexit
+
+                    self.thread = threading.Thread(target=self._run, name="tik-spares", daemon=True)
+                    self.thread.start()
+                    atexit.register(self.close)
+        for s in drop:
+            s.discard()
+        for _ in range(max(0, want)):
+            self.queue.put((mode, device, limits, cache))
+
+    def _run(self) -> None:
+        while (req := self.queue.get()) is not None:
+            mode, device, limits, cache = req
+            spare = None
+            if not self.closed:
+                try:
+                    spare = _spawn_spare(mode, device, limits, cache)
+                except Exception:  # it only costs the speed-up: the next evaluation starts its own child
+                    self.stats["failed"] += 1
+            with self.cond:
+                self.pending[(device, cache)] -= 1
+                if spare is not None and not self.closed:
+                    self.ready.setdefault((device, cache), []).append(spare)
+                    self.stats["started"] += 1
+                    spare = None
+                self.cond.notify_all()
+            if spare is not None:
+                spare.discard()
+
+    def settle(self, device: str, limit_s: float = SETTLE_S) -> float:
+        """Wait (at most `limit_s`) until no spare for `device` is starting: a GPU is timed without a CUDA context
+        being created beside it. The seconds waited."""
+        t0 = time.monotonic()
+        self._mine()
+        while time.monotonic() - t0 < limit_s:
+            with self.cond:
+                busy = any(n for (d, _), n in self.pending.items() if d == device) or any(
+                    s.proc.poll() is None and not (s.tmp / "scratch" / READY).exists()
+                    for (d, _), v in self.ready.items() if d == device for s in v)
+            if not busy:
+                break
+            time.sleep(POLL_S)
+        return time.monotonic() - t0
+
+    def pids(self) -> list[int]:
+        """The launcher pids of the spares ready now (for tests and benchmarks)."""
+        with self.cond:
+            return [s.proc.pid for v in self.ready.values() for s in v]
+
+    def close(self) -> None:
+        """Kill every spare and remove its directories (atexit); spares being started are discarded when they are."""
+        if self.owner != os.getpid():
+            return
+        with self.cond:
+            self.closed = True
+            spares = [s for v in self.ready.values() for s in v]
+            self.ready.clear()
+        if self.thread is not None:
+            self.queue.put(None)
+            self.thread.join(timeout=SETTLE_S)
+        for s in spares:
+            s.discard()
+
+
+#: this process's spares
+SPARES = Spares()
+
+
+def settle_spares(device: str) -> float:
+    """`SPARES.settle(device)`: the seconds waited until no spare for `device` is starting."""
+    return SPARES.settle(device)
+
+
+def _spawn_spare(mode: str | None, device: str, limits: dict, cache: str) -> Spare:
+    """Start a child that waits for its first job (`child._prestarted`) in a new scratch directory."""
+    tmp = owned_tempdir("tik-spare-")
+    own = None
+    try:
+        scratch = tmp / "scratch"
+        (scratch / "work").mkdir(parents=True)
+        (tmp / "impl").mkdir()
+        inside = JAIL_IMPL if mode is not None else str(tmp / "impl")
+        (scratch / "job.json").write_text(_dumps({"mode": "spare", "device": device, "limits": limits,
+                                                  "start": f"{inside}/{START}", "idle_s": SPARE_MAX_AGE_S + 60}))
+        if cache == "candidate":
+            own = owned_tempdir("tik-cand-triton-")
+            cache_dir = _seeded(own / "triton-cache")
+        else:
+            cache_dir = triton_cache(cache, scratch)
+        env, spec, shared = _world(tmp, mode, device, cache, cache_dir)
+        if mode == "nobody":
+            _give(scratch)
+            if shared is not None:
+                _give(shared)
+        proc = _popen(tmp, env, spec)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if own is not None:
+            shutil.rmtree(own, ignore_errors=True)
+        raise
+    return Spare(tmp, proc, (mode, device, cache, _dumps(limits)), spec, cache_dir, own, time.monotonic())
+
+
+def _top_up(cache_dir: Path, mode: str | None) -> None:
+    """Copy into a spare's seeded cache what the trusted cache gained since it was seeded (the spare has run no
+    candidate yet: nothing of its own is there to trust or distrust)."""
+    if _TRUSTED_CACHE is None or not _TRUSTED_CACHE.is_dir():
+        return
+    for entry in _TRUSTED_CACHE.iterdir():
+        dst = cache_dir / entry.name
+        if entry.name.startswith("tmp.") or os.path.lexists(dst):
+            continue
+        if entry.is_dir():
+            shutil.copytree(entry, dst)
+        else:
+            shutil.copyfile(entry, dst)
+        if mode == "nobody":
+            _give(dst)
+
+
+def _hand_over(tmp: Path, mode: str | None, job: dict, write_inputs: Callable[[Path], dict],
+               then: dict | None) -> None:
+    """A spare's first job (and its second, `then`, staged as `_launch` stages it): the job's files, its inputs and
+    the job itself under its implementation directory, which the child reads and cannot write; START last."""
+    inside = JAIL_IMPL if mode is not None else str(tmp / "impl")
+    box = tmp / "impl" / "job"
+    box.mkdir()
+    job = {**job, **write_inputs(box)}
+    if (box / "inputs.bin").exists():
+        job["inputs"] = f"{inside}/job/inputs.bin"
+    job = _stage(job, box, f"{inside}/job")
+    if then is not None:
+        (tmp / "then.json").write_text(_dumps(_stage(then, tmp / "impl" / "then", f"{inside}/then")))
+        job["next"] = f"{inside}/{NEXT}"
+    _write_next(tmp / "impl", {"job": job}, START)
 
 
 def _plain(out: Path) -> None:

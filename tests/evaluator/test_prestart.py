@@ -1,0 +1,223 @@
+"""Pre-started candidate children (sandbox.Spares): a timed evaluation takes the child started during the previous
+one, which serves that one candidate and no other; a dead spare is replaced by a fresh child; a planted cheat run
+through a spare fails exactly as it does through a fresh child; nothing is left once the evaluator exits, cleanly
+(atexit) or killed (`reap_stale`).
+
+Each test gets a pool of its own (pytest changes $PYTEST_CURRENT_TEST between tests, so a spare of an earlier test
+would not match anyway: its environment is not the one a child started now would get)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from evaluator_fixtures import FIX, tiny
+
+from tik_kernels.evaluator import evaluate, sandbox
+from tik_kernels.evaluator.core import warm_root
+
+ROOT = FIX / "tiny_root.py"
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _root_warm():
+    warm_root(tiny(), device="cpu", timeout=60, root_path=ROOT)
+
+
+@pytest.fixture
+def children(monkeypatch):
+    """(launcher pid, pre-started?) of every candidate child, in order, with a pool of spares of this test's own
+    (closed at the end: killed, directories removed)."""
+    monkeypatch.setenv(sandbox.PRESTART_ENV, "1")
+    pool = sandbox.Spares()
+    monkeypatch.setattr(sandbox, "SPARES", pool)
+    seen: list[tuple[int, bool]] = []
+    first = sandbox.PhasedChild.first
+
+    def spy(self, read_result, timeout):
+        out = first(self, read_result, timeout)
+        seen.append((self.proc.pid, self.prestarted))
+        return out
+
+    monkeypatch.setattr(sandbox.PhasedChild, "first", spy)
+    yield seen
+    pool.close()
+    assert not pool.pids()
+
+
+def run(name: str, **kw):
+    kw.setdefault("timeout", 30)
+    return evaluate(tiny(), FIX / f"{name}.py", root_path=ROOT, device="cpu", time_it=True, **kw)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return not Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_a_spare_serves_one_candidate_and_the_next_evaluation_gets_another(children):
+    reps = [run("good") for _ in range(3)]
+    assert all(r.verified for r in reps), [r.failure for r in reps]
+    assert [pre for _, pre in children] == [False, True, True]
+    pids = [pid for pid, _ in children]
+    assert len(set(pids)) == 3
+    assert not any(alive(p) for p in pids)  # each candidate's child is gone when its evaluation returns
+    [waiting] = sandbox.SPARES.pids()  # and one spare waits for the next candidate
+    assert waiting not in pids and alive(waiting)
+    assert sandbox.SPARES.stats["taken"] == 2
+
+
+def test_a_dead_spare_is_replaced_by_a_fresh_child_and_the_evaluation_verifies(children):
+    assert run("good").verified
+    [spare] = [s for v in sandbox.SPARES.ready.values() for s in v]
+    os.killpg(spare.proc.pid, signal.SIGKILL)
+    spare.proc.wait(timeout=10)
+    rep = run("good")
+    assert rep.verified, rep.failure
+    assert children[1][1] is False and children[1][0] != spare.proc.pid
+    assert sandbox.SPARES.stats["discarded"] == 1 and not spare.tmp.exists()
+
+
+def test_a_spare_whose_world_changed_is_not_used(children, monkeypatch):
+    assert run("good").verified
+    [spare] = [s for v in sandbox.SPARES.ready.values() for s in v]
+    monkeypatch.setenv("TIK_SOME_SETTING", "changed")  # the child's environment would differ now
+    assert run("good").verified
+    assert [pre for _, pre in children] == [False, False] and not alive(spare.proc.pid)
+    assert sandbox.SPARES.stats["discarded"] == 1
+
+
+def test_a_candidate_spare_cache_is_seeded_topped_up_and_becomes_the_evaluations(children, monkeypatch, tmp_path):
+    trusted = tmp_path / "trusted"
+    (trusted / "k1").mkdir(parents=True)
+    (trusted / "k1" / "kernel.bin").write_text("root's kernel")
+    monkeypatch.setattr(sandbox, "_TRUSTED_CACHE", trusted)
+    mode = sandbox.isolation(False)[0]
+    job = {"device": "cpu", "limits": sandbox.limits(30)}
+    sandbox.SPARES.prime(mode, "cpu", job["limits"], "candidate")
+    assert sandbox.SPARES.settle("cpu") < 30
+    (trusted / "k2").mkdir()  # compiled by a trusted child after the spare was seeded
+    (trusted / "k2" / "kernel.bin").write_text("another")
+    with sandbox.candidate_cache():
+        sandbox.triton_cache("candidate", tmp_path)  # this evaluation already has its candidate cache
+        assert sandbox.SPARES.take(mode, job, "candidate") is None
+    with sandbox.candidate_cache():
+        spare = sandbox.SPARES.take(mode, job, "candidate")
+        assert spare is not None and spare.own_cache is None  # adopted by the evaluation
+        assert sorted(p.name for p in spare.cache_dir.iterdir()) == ["k1", "k2"]
+        assert sandbox.triton_cache("candidate", tmp_path) == spare.cache_dir  # its later children share it
+        spare.discard()
+    assert not spare.cache_dir.exists()  # removed with the evaluation
+
+
+def test_a_forked_copy_of_the_evaluator_neither_takes_nor_kills_its_parents_spares(children):
+    mode = sandbox.isolation(False)[0]
+    job = {"device": "cpu", "limits": sandbox.limits(30)}
+    sandbox.SPARES.prime(mode, "cpu", job["limits"], "private")
+    sandbox.SPARES.settle("cpu")
+    [pid] = sandbox.SPARES.pids()
+    sandbox.SPARES.cond.acquire()  # held by "another thread" when the process forks
+    child = os.fork()
+    if child == 0:
+        ok = sandbox.SPARES.take(mode, job, "private") is None and not sandbox.SPARES.pids()
+        sandbox.SPARES.close()
+        os._exit(0 if ok else 1)
+    sandbox.SPARES.cond.release()
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert sandbox.SPARES.pids() == [pid] and alive(pid)
+
+
+#: fixtures whose cheat or crash is caught in the child or after it: the same report through a spare
+CHEATS = ["forges", "mutates", "segfault", "obfuscated_import", "lazy_when_timed", "nosy"]
+
+
+def test_planted_cheats_fail_the_same_way_through_a_spare(children, monkeypatch):
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-fake")  # nosy looks for it
+    monkeypatch.setenv(sandbox.PRESTART_ENV, "0")
+    fresh = {name: run(name) for name in CHEATS}
+    assert not any(pre for _, pre in children)
+    monkeypatch.setenv(sandbox.PRESTART_ENV, "1")
+    assert run("good").verified  # starts the first spare
+    del children[:]
+    spared = {name: run(name) for name in CHEATS}
+    assert [pre for _, pre in children] == [True] * len(CHEATS)
+    for name in CHEATS:
+        a, b = fresh[name], spared[name]
+        assert (b.verified, b.failure) == (a.verified, a.failure), name
+        assert [(c.name, c.passed) for c in b.checks] == [(c.name, c.passed) for c in a.checks], name
+    assert spared["nosy"].verified and not spared["forges"].verified  # the fixtures did what they are for
+
+
+DRIVER = """
+import json, os, sys, time
+from evaluator_fixtures import FIX, tiny
+from tik_kernels.evaluator import evaluate, sandbox
+
+for _ in range(2):
+    rep = evaluate(tiny(), FIX / "good.py", root_path=FIX / "tiny_root.py", device="cpu", time_it=True, timeout=30)
+    assert rep.verified, rep.failure
+assert sandbox.SPARES.settle("cpu") < 30
+procs = {}
+for d in os.listdir("/proc"):
+    if d.isdigit():
+        try:
+            procs[int(d)] = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            pass
+tree, grew = {os.getpid()}, True
+while grew:
+    new = {p for p, pp in procs.items() if pp in tree} - tree
+    grew, tree = bool(new), tree | new
+print(json.dumps({"pids": sorted(tree - {os.getpid()}), "spares": sandbox.SPARES.pids()}), flush=True)
+if sys.argv[1] == "hang":
+    time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("end", ["exit", "killed"])
+def test_no_spare_outlives_the_evaluator(tmp_path, end):
+    env = {**os.environ, "TMPDIR": str(tmp_path), sandbox.PRESTART_ENV: "1",
+           "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests" / "evaluator")])}
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER, "hang" if end == "killed" else "exit"], env=env,
+                            stdout=subprocess.PIPE, text=True)
+    line = json.loads(proc.stdout.readline())
+    assert len(line["spares"]) == 1 and len(line["pids"]) >= 4  # launcher, holder, init, child
+    assert list(tmp_path.glob("tik-spare-*"))
+    if end == "killed":
+        proc.kill()
+    proc.wait(timeout=60)
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in line["pids"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in line["pids"] if alive(p)]
+    if end == "killed":  # no atexit ran: the next evaluator removes the directories
+        assert list(tmp_path.glob("tik-spare-*"))
+        sandbox.reap_stale(tmp_path)
+    assert not list(tmp_path.glob("tik-*")), list(tmp_path.iterdir())
+
+
+@pytest.mark.gpu
+@pytest.mark.gpu_timing
+def test_on_the_gpu_a_spare_serves_the_next_candidate_and_its_cache_goes_with_the_evaluation(children):
+    import tempfile
+
+    reps = [evaluate(tiny(), FIX / "good.py", root_path=ROOT, device="cuda", time_it=True, timeout=120)
+            for _ in range(2)]
+    assert all(r.verified for r in reps), [r.failure for r in reps]
+    assert [pre for _, pre in children] == [False, True]
+    assert "spare_settle" in reps[1].phases and reps[1].as_dict()["cells"]
+    # the used spare's seeded Triton cache was the second evaluation's candidate cache, removed with it: the one
+    # left belongs to the spare waiting for a third candidate
+    left = list(Path(tempfile.gettempdir()).glob(f"tik-cand-triton-{os.getpid()}.*"))
+    assert len(left) == 1 and len(sandbox.SPARES.pids()) == 1
