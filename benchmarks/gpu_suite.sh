@@ -2,6 +2,8 @@
 # The GPU suite, as a change to the kernels or the evaluator must pass it (README, "Tests"):
 #
 #     bash benchmarks/gpu_suite.sh [LOG]        (default LOG: benchmarks/results/pytest_gpu_h200.log)
+#     PARTS=1 bash benchmarks/gpu_suite.sh LOG1; PARTS=2 bash benchmarks/gpu_suite.sh LOG2
+#                                               (one part per call, where a call has a time limit)
 #
 # It is `pytest -m gpu`, in two parts that together select every GPU test exactly once:
 #   1. the tests whose verdict rests on bits (real-shape plans, the library roots through the evaluator,
@@ -25,15 +27,20 @@ if "$py" -c "import xdist" 2>/dev/null; then par=(-n "$workers"); fi
     echo "== gpu suite: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
     "$py" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
     t0=$SECONDS
-    echo "== part 1: -m 'gpu and not gpu_timing' ${par[*]}"
-    "$py" -m pytest -q -m "gpu and not gpu_timing" "${par[@]}" "${where[@]}"
-    rc1=$?
-    echo "== part 1: rc=$rc1 in $((SECONDS - t0)) s"
+    rc1=0 rc2=0
+    if [[ ${PARTS:-12} == *1* ]]; then
+        echo "== part 1: -m 'gpu and not gpu_timing' ${par[*]}"
+        "$py" -m pytest -q -m "gpu and not gpu_timing" "${par[@]}" "${where[@]}"
+        rc1=$?
+        echo "== part 1: rc=$rc1 in $((SECONDS - t0)) s"
+    fi
     t1=$SECONDS
-    echo "== part 2: -m gpu_timing (alone on the device)"
-    "$py" -m pytest -q -m gpu_timing "${where[@]}"
-    rc2=$?
-    echo "== part 2: rc=$rc2 in $((SECONDS - t1)) s"
+    if [[ ${PARTS:-12} == *2* ]]; then
+        echo "== part 2: -m gpu_timing (alone on the device)"
+        "$py" -m pytest -q -m gpu_timing "${where[@]}"
+        rc2=$?
+        echo "== part 2: rc=$rc2 in $((SECONDS - t1)) s"
+    fi
     echo "== gpu suite: rc=$((rc1 || rc2)) in $((SECONDS - t0)) s"
     exit $((rc1 || rc2))
 } 2>&1 | tee "$LOG"
