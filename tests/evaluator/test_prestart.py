@@ -212,6 +212,12 @@ def test_no_spare_outlives_the_evaluator(tmp_path, end):
 def test_on_the_gpu_a_spare_serves_the_next_candidate_and_its_cache_goes_with_the_evaluation(children):
     import tempfile
 
+    def caches() -> set[Path]:
+        return set(Path(tempfile.gettempdir()).glob(f"tik-cand-triton-{os.getpid()}.*"))
+
+    # an earlier GPU test of this process left a spare (with its cache) in the process's own pool, which this
+    # test's pool replaces: only what appears from here on is this test's
+    before = caches()
     reps = [evaluate(tiny(), FIX / "good.py", root_path=ROOT, device="cuda", time_it=True, timeout=120)
             for _ in range(2)]
     assert all(r.verified for r in reps), [r.failure for r in reps]
@@ -219,5 +225,5 @@ def test_on_the_gpu_a_spare_serves_the_next_candidate_and_its_cache_goes_with_th
     assert "spare_settle" in reps[1].phases and reps[1].as_dict()["cells"]
     # the used spare's seeded Triton cache was the second evaluation's candidate cache, removed with it: the one
     # left belongs to the spare waiting for a third candidate
-    left = list(Path(tempfile.gettempdir()).glob(f"tik-cand-triton-{os.getpid()}.*"))
-    assert len(left) == 1 and len(sandbox.SPARES.pids()) == 1
+    left = caches() - before
+    assert len(left) == 1 and len(sandbox.SPARES.pids()) == 1, (left, before)
