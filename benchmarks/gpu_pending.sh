@@ -7,6 +7,9 @@
 #   suite         #23 the GPU suite (benchmarks/gpu_suite.sh), log $R/pytest_gpu_h200_run<N>.log (N=${RUN:-2})
 #   eval_rate     #18 seconds per evaluation in a running search, linear / attention / rmsnorm, phase by phase
 #                     ($R/eval_rate_h200.{json,md}; eval_s_* keys of $R/summary_h200.json by hand)
+#   eval_rate_rmsnorm, eval_rate_attention, eval_rate_linear
+#                 #18 the same, one operator per part (EVALS=3 evaluations; an attention or linear part fills a call)
+#   rvi           #18 the root timed against itself (rmsnorm, 7 cells): within ±1% per cell?
 #   search_linear, search_attention
 #                 #18 the tuner on the current root, in a workspace kept under .gpu_ws/ (ignored: carry it),
 #                     570 s per call and going on from the IR the next call: two calls back to back (the
@@ -52,6 +55,13 @@ for p in "$@"; do
             part "pytest_gpu_h200_run${RUN:-2}" 590 bash benchmarks/gpu_suite.sh "$R/pytest_gpu_h200_run${RUN:-2}_suite.log" ;;
         eval_rate)
             part eval_rate 590 "$py" benchmarks/bench_eval_rate.py --evals 3 --out "$R" --name eval_rate_h200 ;;
+        eval_rate_rmsnorm | eval_rate_attention | eval_rate_linear)
+            op=${p#eval_rate_}
+            part "$p" 590 "$py" benchmarks/bench_eval_rate.py --evals "${EVALS:-3}" --ops "$op" --out "$R" \
+                --name "eval_rate_h200_$op" ;;
+        rvi)
+            part rvi 300 "$py" benchmarks/bench_evaluator_cheats.py --scenarios root_vs_itself \
+                --out "$R/evaluator_rvi_h200" ;;
         search_linear | search_attention)
             op=${p#search_}
             part "tuner_h200_${op}_20min" 580 "$py" benchmarks/tuner_search.py --ops "$op" --budget 200 \
@@ -77,6 +87,6 @@ for p in "$@"; do
             part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_h200
             part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (suite eval_rate search_linear search_attention tuner_linear scaleout attention e2e e2e_decode e2e_learning speed hf)" >&2 ;;
+            echo "unknown part $p (suite eval_rate eval_rate_OP rvi search_linear search_attention tuner_linear scaleout attention e2e e2e_decode e2e_learning speed hf)" >&2 ;;
     esac
 done
