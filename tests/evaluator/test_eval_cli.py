@@ -94,3 +94,32 @@ def test_bench_on_cpu_is_marked_interpreter(runs):
     assert doc["timing"] == "interpreter" and "not GPU timings" in doc["note"]
     assert "interpreter" in stderr.lower()
     assert doc["cells"] and all(c["median_us"] > 0 and c["baseline_median_us"] > 0 for c in doc["cells"])
+
+
+@pytest.mark.parametrize("preset,expect", [(None, "0"), ("2", "2")])
+def test_bench_starts_no_spare_child_unless_asked(monkeypatch, preset, expect):
+    """`tik bench` is one evaluation: a pre-started child for a next candidate would be thrown away."""
+    import tik_kernels.evaluator as ev
+    from tik_tui.cli.main import main
+
+    # set first, so that monkeypatch restores the variable (and drops the one `tik bench` sets) after the test
+    monkeypatch.setenv("TIK_PRESTART", preset or "")
+    if preset is None:
+        monkeypatch.delenv("TIK_PRESTART")
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_evaluate(*a, **kw):
+        import os
+
+        seen.append(os.environ.get("TIK_PRESTART"))
+        raise Stop("recorded")
+
+    monkeypatch.setattr(ev, "evaluate", fake_evaluate)
+    try:
+        main(["bench", "rmsnorm", "--device", "cpu", "--json"])
+    except (Stop, SystemExit):
+        pass
+    assert seen == [expect]

@@ -10,6 +10,7 @@ say nothing about GPU speed and are never compared with GPU ones.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -160,8 +161,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if interp:
         print("tik bench: no GPU: these are Triton-interpreter wall times on the CPU, not GPU timings "
               "(never compare them with GPU numbers)", file=sys.stderr)
+    from tik_kernels.evaluator.sandbox import PRESTART_ENV
     from tik_tui.cli.charts import progress
 
+    # one evaluation, no next candidate: a pre-started child would start, take a CPU (and a CUDA context) and be
+    # thrown away (a TIK_PRESTART the user set is kept)
+    os.environ.setdefault(PRESTART_ENV, "0")
     with progress(f"tik bench: checking and timing {contract.op} on {device}"):
         rep = evaluate(contract, impl, incumbent_path=incumbent, device=device, timeout=args.timeout, time_it=True,
                        seed=args.seed, sandbox=sandbox)
