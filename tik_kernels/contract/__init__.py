@@ -8,7 +8,8 @@ boundary (`tik_kernels.evaluator`, where the candidate only ever sees the probes
 
 One module per job, each name importable from here:
 - `model`      the plan's data: Requirement, Tolerance, Cell, BenchCase, Probe, Check, Plan, results
-- `compare`    bit comparisons (`bitwise_equal`, `same_bits`) and errors against float64 (`accurate`)
+- `compare`    bit comparisons (`bitwise_equal`, `same_bits`, `inputs_unchanged`) and errors against float64
+  (`accurate`)
 - `grad_mode`  the check every training operator's plan gets (grad enabled vs no_grad, same bits)
 - `sources`    the frozen modules a contract reaches, which its fingerprint hashes
 - `spec`       `Contract`, what each `tik_kernels/contracts/<op>.py` defines
@@ -19,7 +20,7 @@ The modules import each other by their own names, never through this file: it im
 which is also how a contract's fingerprint reaches every one of them (`spec.FRAMEWORK`).
 """
 
-from tik_kernels.contract.compare import accurate, bitwise_equal, error_stats, same_bits
+from tik_kernels.contract.compare import accurate, bitwise_equal, error_stats, inputs_unchanged, same_bits
 from tik_kernels.contract.grad_mode import GRAD_MODE_REQUIREMENT, with_grad_mode_check
 from tik_kernels.contract.model import (
     BenchCase,
@@ -85,6 +86,7 @@ __all__ = [
     "execute_probe",
     "flatten_outputs",
     "gather_rows",
+    "inputs_unchanged",
     "load_module",
     "reached_sources",
     "reference_grads",

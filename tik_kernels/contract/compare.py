@@ -60,3 +60,16 @@ def accurate(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, what: str = "
     ok = rel <= tol.rel_rms and (tol.max_abs is None or max_abs <= tol.max_abs)
     bound = f"rel_rms<={tol.rel_rms:g}" + (f", max_abs<={tol.max_abs:g}" if tol.max_abs is not None else "")
     return ok, f"{prefix}rel_rms {rel:.3g}, max_abs {max_abs:.3g} ({bound})", max_abs
+
+
+def inputs_unchanged(after: list[torch.Tensor] | None, sent: tuple | list) -> tuple[bool, str]:
+    """A probe's inputs as it echoed them back (`Results.inputs_after`) against the tensors of `sent`, bit for bit."""
+    sent = [t for t in sent if isinstance(t, torch.Tensor)]
+    after = after or []
+    if len(after) != len(sent):
+        return False, "inputs were not echoed"
+    for k, (x, y) in enumerate(zip(after, sent, strict=True)):
+        ok, detail, _ = bitwise_equal(x, y, f"input {k}")
+        if not ok:
+            return False, "input mutated: " + detail
+    return True, f"{len(sent)} inputs bitwise unchanged"

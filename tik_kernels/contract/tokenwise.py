@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from tik_kernels.contract.compare import accurate, bitwise_equal
+from tik_kernels.contract.compare import accurate, bitwise_equal, inputs_unchanged
 from tik_kernels.contract.model import Plan, Probe, Requirement, Results, Tolerance
 from tik_kernels.contract.runner import flatten_outputs
 
@@ -60,6 +60,18 @@ def reference_grads(cfg: TokenwiseConfig, args: tuple, grad_outputs: Sequence[to
     pairs = [(o, g.double()) for o, g in zip(outs, grad_outputs, strict=False) if g is not None]
     torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
     return [a64[i].grad for i in cfg.grad_args]
+
+
+def _all_accurate(pairs: Sequence[tuple[torch.Tensor, torch.Tensor, str]], tol: Tolerance) -> tuple:
+    """(ok, detail, worst error) of (got, float64 reference, label) pairs: the first that misses `tol`, else all
+    details joined and the worst error."""
+    worst, details = 0.0, []
+    for got, ref, what in pairs:
+        ok, detail, d = accurate(got, ref, tol, what)
+        if not ok:
+            return False, detail, d
+        worst, details = max(worst, d), details + [detail]
+    return True, "; ".join(details), worst
 
 
 def tokenwise_plan(
@@ -156,15 +168,7 @@ def tokenwise_plan(
         plan.check(p + "determinism", "determinism", determinism)
 
         def unchanged(res: Results, full: tuple = full, full_id: str = full_id):
-            after = res.inputs_after(full_id) or []
-            sent = [a for a in full if isinstance(a, torch.Tensor)]
-            if len(after) != len(sent):
-                return False, "inputs were not echoed"
-            for k, (x, y) in enumerate(zip(after, sent, strict=True)):
-                ok, detail, _ = bitwise_equal(x, y, f"input {k}")
-                if not ok:
-                    return False, "input mutated: " + detail
-            return True, f"{len(sent)} inputs bitwise unchanged"
+            return inputs_unchanged(res.inputs_after(full_id), full)
 
         plan.check(p + "inputs_unchanged", "inputs_unchanged", unchanged)
 
@@ -175,13 +179,8 @@ def tokenwise_plan(
                 outs = res[full_id]
                 if len(outs) != len(refs):
                     return False, f"{len(outs)} outputs, reference has {len(refs)}"
-                worst, details = 0.0, []
-                for k, (o, r) in enumerate(zip(outs, refs, strict=True)):
-                    ok, detail, d = accurate(o, r, tol, f"output {k}")
-                    if not ok:
-                        return False, detail, d
-                    worst, details = max(worst, d), details + [detail]
-                return True, "; ".join(details), worst
+                pairs = [(o, r, f"output {k}") for k, (o, r) in enumerate(zip(outs, refs, strict=True))]
+                return _all_accurate(pairs, tol)
 
             plan.check(p + "accuracy", "accuracy", accuracy)
 
@@ -200,13 +199,8 @@ def tokenwise_plan(
                 got = res[gid][n_out:]
                 if len(got) != len(ref_g):
                     return False, f"{len(got)} gradients, expected {len(ref_g)}"
-                worst, details = 0.0, []
-                for i, g, r in zip(grad_args, got, ref_g, strict=True):
-                    ok, detail, d = accurate(g, r, gtol, f"grad of arg {i}")
-                    if not ok:
-                        return False, detail, d
-                    worst, details = max(worst, d), details + [detail]
-                return True, "; ".join(details), worst
+                pairs = [(g, r, f"grad of arg {i}") for i, g, r in zip(grad_args, got, ref_g, strict=True)]
+                return _all_accurate(pairs, gtol)
 
             plan.check(p + "gradient", "gradient", gradient)
 
