@@ -488,13 +488,18 @@ def _launch(tmp: Path, mode: str | None, job: dict, write_inputs: Callable[[Path
         (tmp / "then.json").write_text(_dumps(_stage(then, tmp / "impl" / "then", f"{inside}/then")))
         job["next"] = f"{inside}/{NEXT}"
     (scratch / "job.json").write_text(_dumps(job))
-    cache_dir = triton_cache(cache, scratch)
-    env, spec, shared = _world(tmp, mode, job["device"], cache, cache_dir)
+    return _start(tmp, mode, job["device"], cache, triton_cache(cache, scratch))[0]
+
+
+def _start(tmp: Path, mode: str | None, device: str, cache: str, cache_dir: Path) -> tuple[subprocess.Popen, dict]:
+    """Start the child staged in `tmp` (its job.json written) in its world (`_world`): the process and its launcher
+    spec. Run as "nobody", the child is given its scratch and a cache mounted from outside."""
+    env, spec, shared = _world(tmp, mode, device, cache, cache_dir)
     if mode == "nobody":
-        _give(scratch)
+        _give(tmp / "scratch")
         if shared is not None:
             _give(shared)
-    return _popen(tmp, env, spec)
+    return _popen(tmp, env, spec), spec
 
 
 def _world(tmp: Path, mode: str | None, device: str, cache: str, cache_dir: Path) -> tuple[dict, dict, Path | None]:
@@ -910,12 +915,7 @@ def _spawn_spare(mode: str | None, device: str, limits: dict, cache: str) -> Spa
             cache_dir = _seeded(own / "triton-cache")
         else:
             cache_dir = triton_cache(cache, scratch)
-        env, spec, shared = _world(tmp, mode, device, cache, cache_dir)
-        if mode == "nobody":
-            _give(scratch)
-            if shared is not None:
-                _give(shared)
-        proc = _popen(tmp, env, spec)
+        proc, spec = _start(tmp, mode, device, cache, cache_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         if own is not None:
