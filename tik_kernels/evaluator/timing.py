@@ -109,7 +109,6 @@ class Timer:
             self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             self.spin_cycles = self._calibrate()
             self.graph_spin_cycles = max(1000, int(self.spin_cycles * GRAPH_SPIN_US / SPIN_US))
-        self.uncovered = 0  # graph samples taken again because the host had not launched the replay within the spin
 
     def _calibrate(self) -> int:
         """Spin cycles that keep the GPU busy for at least SPIN_US at its highest clock.
@@ -164,7 +163,6 @@ class Timer:
             wall = (_perf() - t0) * 1e6
             if covered:
                 break
-            self.uncovered += 1
             cycles *= 4
         return out, _elapsed(self.start, self.end) * 1e3, wall
 
@@ -343,7 +341,7 @@ def _time_cell(contract, cell, mods, job, timer: Timer, w, check_outputs, flatte
     if timer.cuda and job.get("graphs", True):
         mode, graphs, why = _capture_all(fns, load, drop)
         if mode == "graph" and "root" in graphs:
-            calls = _calls_per_sample(timer, graphs["root"], load, tensors_of(case.args, case.kwargs))
+            calls = _calls_per_sample(timer, graphs["root"], load, sets[0])
         if calls > 1:
             # the extra input sets, and variants enough that the calls of one sample read distinct ones
             graphs.clear()
@@ -441,7 +439,6 @@ def _time_cell(contract, cell, mods, job, timer: Timer, w, check_outputs, flatte
         torch.cuda.empty_cache()
     return {"samples": samples, "errors": errors, "profile": prof, "outputs": sent, "seeds": seeds,
             "rounds": rounds, "timing": mode, "graph_note": why, "eager_us": eager, "rows": rows, "calls": calls,
-            "uncovered": timer.uncovered,
             "seconds": {"warmup": round(t_timed - t_start, 3), **_spans(t_start, marks)}}
 
 
