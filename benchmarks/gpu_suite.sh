@@ -14,6 +14,10 @@
 # The log holds both parts' output and their exit statuses; the script exits non-zero if either failed.
 set -u
 LOG=${1:-benchmarks/results/pytest_gpu_h200.log}
+case ${PARTS:-12} in
+    1 | 2 | 12) ;;
+    *) echo "gpu_suite.sh: PARTS must be 1, 2 or 12 (got '$PARTS')" >&2; exit 2 ;;
+esac
 mkdir -p "$(dirname "$LOG")"
 export PYTHONPATH=${PYTHONPATH:-}:. PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
