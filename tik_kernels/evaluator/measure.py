@@ -45,6 +45,9 @@ CELL_BUDGET_S = 1.0
 #: `timing.precise`): root vs itself must stay within ±1% per cell at the rounds this leaves
 #: (benchmarks/bench_evaluator_cheats.py)
 GPU_PRECISION = 0.003
+#: a microsecond cell (several calls a sample) is captured this many times per implementation, rounds rotating over
+#: the instances (`timing._more_instances`): one graph instance of identical code timed up to 2.9% off another
+GPU_GRAPH_INSTANCES = 4
 #: the parts of a timed cell the child reports seconds for (`timing._time_cell`): "warmup" is everything before the
 #: timed rounds (inputs, warm-up calls, capture, profile), "after" the outputs sent back and the rows computed again
 CELL_PARTS = ("warmup", "inputs", "warm_calls", "capture", "profile", "timed", "after")
@@ -92,6 +95,7 @@ def timing_job(contract: Contract, impls: list[tuple[str, Path]], *, device: str
            "reps": n_reps, "warmup": 3 if cuda else 1, "variants": 2,
            "min_reps": min(n_reps, GPU_MIN_REPS) if early else n_reps,
            "cell_budget_s": CELL_BUDGET_S if early else None, "precision": GPU_PRECISION if early else None,
+           "graph_instances": GPU_GRAPH_INSTANCES,
            "baseline": baseline,
            "return_outputs": list(return_outputs), "profile_kernels": profile_kernels, "limits": limits(wall)}
 
@@ -123,6 +127,7 @@ def timing_job(contract: Contract, impls: list[tuple[str, Path]], *, device: str
                 "seeds": c["seeds"],
                 "rounds": c.get("rounds") if type(c.get("rounds")) is int else None,
                 "calls": calls,
+                "instances": c["instances"] if type(c.get("instances")) is int else None,
                 "timing": c.get("timing") if c.get("timing") in ("graph", "eager") else None,
                 "graph_note": str(c["graph_note"])[:300] if c.get("graph_note") is not None else None,
                 "eager_us": {str(k): _floats(v) for k, v in _dict(c.get("eager_us", {})).items()},
@@ -341,7 +346,7 @@ def _cell_row(cell, c: dict, control: dict | None) -> dict:
         "ratio_vs_root": vs_root,
         "ratio_vs_baseline": vs_base,
         "root_spread_us": root["spread_us"], "wall_median_us": wall["median_us"], "rounds": c.get("rounds"),
-        "timing": c.get("timing"), "calls": c.get("calls", 1),
+        "timing": c.get("timing"), "calls": c.get("calls", 1), "graph_instances": c.get("instances"),
     }
     if c.get("graph_note"):
         row["graph_note"] = c["graph_note"]
