@@ -12,12 +12,39 @@ import pytest
 import torch
 from evaluator_fixtures import tiny
 
-from tik_kernels.contract import flatten_outputs
+from tik_kernels.contract import error_stats, flatten_outputs
 from tik_kernels.evaluator import measure
-from tik_kernels.evaluator.measure import close_to, timed_outputs_ok
+from tik_kernels.evaluator.checks import spec
+from tik_kernels.evaluator.measure import rel_rms, timed_outputs_ok
 from tik_kernels.evaluator.timing import MAX_CALLS, variant_seeds
 
 BOUND = 0.05
+
+
+def close_to(outs: list, refs: list[torch.Tensor], bound: float) -> tuple[bool, str]:
+    """`measure.close_to` before it compared on the GPU and before `rel_rms` (the oracle's own)."""
+    if len(outs) != len(refs):
+        return False, f"{len(outs)} outputs, reference has {len(refs)}"
+    worst = 0.0
+    for k, (o, r) in enumerate(zip(outs, refs, strict=True)):
+        if isinstance(o, tuple):
+            o, rows = o
+            if rows is not None:
+                if r.dim() == 0 or (rows.numel() and (int(rows.max()) >= r.shape[0] or int(rows.min()) < 0)):
+                    return False, f"output {k}: row sample outside the output"
+                r = r[rows]
+        if o.shape != r.shape or o.dtype != r.dtype:
+            return False, f"output {k} is {spec(o)}, reference {spec(r)}"
+        if o.is_floating_point():
+            _, rel = error_stats(o, r)
+            if not rel <= bound:
+                return False, f"output {k}: rel_rms {rel:.3g} from the reference (bound {bound:g})"
+            worst = max(worst, rel)
+        else:
+            frac = float((o == r).double().mean()) if o.numel() else 1.0
+            if frac < 0.99:
+                return False, f"output {k}: only {frac:.1%} of elements equal to the reference"
+    return True, f"rel_rms <= {worst:.3g}"
 
 
 def fresh_judge(contract, cell, c: dict, device: str, bound: float) -> tuple[bool, str]:
@@ -85,6 +112,20 @@ def scenarios(contract, cell, n: int, seed: int = 0) -> dict[str, dict]:
     for v in sorted({0, 1, n // 2, n - 1}):  # any one variant's timed call wrong
         out[f"zeros_at_{v}"] = cell_of(broken(v, torch.zeros_like), sent(base))
     return out
+
+
+def test_rel_rms_is_error_stats_relative_rms():
+    g = torch.Generator().manual_seed(0)
+    r = torch.randn(257, 33, generator=g).to(torch.bfloat16)
+    o = (r.float() + 0.01 * torch.randn(257, 33, generator=g)).to(torch.bfloat16)
+    nan, inf = o.clone(), o.clone()
+    nan[5, 3], inf[0, 0] = float("nan"), float("-inf")
+    cases = [(o, r), (r, r), (nan, r), (inf, r), (o, nan), (o, torch.zeros_like(r)), (o[:0], r[:0]),
+             (o.float(), r.float()), (torch.zeros(()), torch.ones(()))]
+    for out, ref in cases:
+        want, got = error_stats(out, ref)[1], rel_rms(out, ref)
+        assert got == want or (got != got and want != want), (got, want)
+    assert rel_rms(o, r) > 0 and rel_rms(nan, r) == float("inf")
 
 
 @pytest.fixture
