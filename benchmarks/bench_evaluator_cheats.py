@@ -226,17 +226,21 @@ def main() -> int:
     ap.add_argument("--scenarios", default=None,
                     help="comma-separated subset to run (results merge into an existing JSON of the same reps)")
     ap.add_argument("--all-cells", action="store_true", help="time every rmsnorm cell (default: 7 representative)")
+    ap.add_argument("--graph-instances", type=int, default=measure.GPU_GRAPH_INSTANCES,
+                    help="captures per implementation of a microsecond cell (default: the evaluator's)")
     ap.add_argument("--out", type=Path, default=RESULTS / "evaluator_h200")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_evaluator_cheats: needs a CUDA GPU", file=sys.stderr)
         return 2
     measure.GPU_REPS = args.reps
+    measure.GPU_GRAPH_INSTANCES = args.graph_instances
     base = get_contract("rmsnorm")
     contract = pick_cells(base, args.all_cells)
     root = base.root_path
     doc: dict = {"what": "trusted evaluator vs planted timing cheats; root timed against itself",
-                 "op": "rmsnorm", "reps": args.reps, "cells": [c.name for c in contract.cells("gpu")], "scenarios": {}}
+                 "op": "rmsnorm", "reps": args.reps, "graph_instances": args.graph_instances,
+                 "cells": [c.name for c in contract.cells("gpu")], "scenarios": {}}
     wanted = ["root_vs_itself", *CHEATS]
     if args.scenarios:
         wanted = [s for s in wanted if s in args.scenarios.split(",")]

@@ -37,6 +37,10 @@ def test_good_candidate_timed_on_gpu():
     assert any(c["name"] == "timing/rows" and c["passed"] and c["detail"] == "2 cells passed" for c in d["checks"])
     assert all(c["median_us"] > 0 and c["baseline_median_us"] > 0 for c in d["cells"])
     assert all(c["timing"] == "graph" for c in d["cells"]), [c.get("graph_note") for c in d["cells"]]
+    # the tiny contract's cells are microseconds: several calls a sample, over several graph instances
+    from tik_kernels.evaluator import measure
+
+    assert all(c["calls"] > 1 and c["graph_instances"] == measure.GPU_GRAPH_INSTANCES for c in d["cells"]), d["cells"]
 
 
 @pytest.mark.gpu_timing

@@ -81,3 +81,22 @@ def test_rounds_are_precise_once_every_median_is_pinned_down():
     # rounds and to ±5.4% at 80
     assert not timing.precise({"c": noisy}, 0.1) and timing.precise({"c": noisy}, 0.11)
     assert timing.precise({"c": {"event_us": noisy["event_us"] * 4}}, 0.055)
+
+
+def test_more_graph_instances_stop_at_the_first_capture_that_fails(monkeypatch):
+    results = iter([("graph", {"root": "g1"}, None), ("graph", {"root": "g2"}, None), ("eager", {}, "root failed"),
+                    ("graph", {"root": "g4"}, None)])
+    monkeypatch.setattr(timing, "_capture_all", lambda fns, load, drop: next(results))
+    assert timing._more_instances({}, None, None, 3) == [{"root": "g1"}, {"root": "g2"}]
+    assert timing._more_instances({}, None, None, 0) == []
+
+
+def test_a_replay_returns_the_tensors_its_capture_returned():
+    class Graph:
+        replays = 0
+
+        def replay(self):
+            Graph.replays += 1
+
+    out = [torch.zeros(2)]
+    assert timing._replay((Graph(), out)) is out and Graph.replays == 1
