@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -100,6 +101,8 @@ def _compile_jobs(jobs: list) -> list:
     """Child process: launch each candidate on a small problem (2 chunks) so Triton's disk cache holds it."""
     import tik_kernels.ops.linear_tree as lin
 
+    if os.environ.get("SWEEP_LINEAR_TMA"):  # the parent's --tma (spawned processes do not share its CONFIG)
+        lin.CONFIG["TMA"] = int(os.environ["SWEEP_LINEAR_TMA"])
     out = []
     x = torch.randn(16, 2 * lin.CONFIG["KCHUNK"], device="cuda").to(torch.bfloat16)
     w = torch.randn(256, 2 * lin.CONFIG["KCHUNK"], device="cuda").to(torch.bfloat16)
@@ -243,6 +246,8 @@ def write_md(doc: dict, path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="folder for sweep.json and sweep.md")
+    ap.add_argument("--tma", type=int, choices=(0, 1), default=None,
+                    help="CONFIG['TMA'] for this run (operands through TMA descriptors; changes no bits)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--workers", type=int, default=12, help="compile processes")
@@ -250,7 +255,11 @@ def main() -> None:
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("sweep_linear_tree: needs a CUDA GPU")
+    if args.tma is not None:
+        L.CONFIG["TMA"] = args.tma
+        os.environ["SWEEP_LINEAR_TMA"] = str(args.tma)
     doc = run(args)
+    doc["tma"] = L.CONFIG["TMA"]
     doc["env"] = H.environment() | {"sms": torch.cuda.get_device_properties(0).multi_processor_count}
     doc["command"] = "python benchmarks/sweep_linear_tree.py " + " ".join(sys.argv[1:])
     out = Path(args.out)

@@ -95,9 +95,9 @@ def test_nondeterminism_is_caught(tmp_path, cpu_plan):
 
 
 def test_dropped_k_tail_fails_accuracy(tmp_path, cpu_plan):
-    mod = _variant(tmp_path, "no_tail", "for k in range(k_lo, min(k_lo + KCHUNK, K), BLOCK_K * K_UNROLL):",
-                   "for k in range(k_lo, min(k_lo + KCHUNK, K // (BLOCK_K * K_UNROLL) * BLOCK_K * K_UNROLL), "
-                   "BLOCK_K * K_UNROLL):")
+    mod = _variant(tmp_path, "no_tail",
+                   "n_steps = tl.cdiv(tl.minimum(c_hi.to(tl.int64) * KCHUNK, K) - k_lo, BLOCK_K * K_UNROLL)",
+                   "n_steps = (tl.minimum(c_hi.to(tl.int64) * KCHUNK, K) - k_lo) // (BLOCK_K * K_UNROLL)")
     bad = _failed(run_plan(cpu_plan, mod), "accuracy")
     # K = 40 is a tail for any BLOCK_K; K = 64 is one too when 128 of K are loaded per iteration
     assert "w[N=40,K=40]/accuracy" in [r.name for r in bad]

@@ -58,12 +58,18 @@ import triton.language as tl
 
 from tik_kernels._runtime import INTERPRET
 
+try:  # Triton >= 3.4: operands described for the tensor-memory accelerator (TMA)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older Triton reads through pointers
+    TensorDescriptor = None
+
 #: allowed values; per-bucket keys are <bucket>_<name>, buckets by the number of rows M.
 #: BLOCK_K and KCHUNK are frozen (they are the reduction tree), the rest only launch it.
 TUNABLES = {
     "BLOCK_K": (32, 64, 128),
     "KCHUNK": (512, 1024, 2048),
     "FUSED_COMBINE": (0, 1),
+    "TMA": (0, 1),
     "M16_BLOCK_M": (16, 32, 64),
     "M16_BLOCK_N": (16, 32, 64, 128, 256),
     "M16_num_warps": (2, 4, 8),
@@ -103,6 +109,7 @@ CONFIG = {
     "BLOCK_K": 64,
     "KCHUNK": 1024,
     "FUSED_COMBINE": 1,
+    "TMA": 0,
     "M16_BLOCK_M": 16,
     "M16_BLOCK_N": 64,
     "M16_num_warps": 4,
@@ -164,6 +171,8 @@ def _linear_fwd_kernel(
     a_ptr,  # [M, K] rows to project (x, dy or dy.T), any strides
     b_ptr,  # [N, K] one row per output column (w, w.T or x.T), any strides
     c_ptr,  # [M, N] output
+    a_desc,  # TMA: a's tiles (A_T: of a.T's storage); unused otherwise
+    b_desc,  # TMA: b's tiles (B_T: of b.T's storage); unused otherwise
     ws_ptr,  # [n_chunks, M, N] fp32 chunk sums, contiguous (SPLIT only)
     cnt_ptr,  # [programs along axis 0] int32 arrivals, zero between launches (SPLIT and FUSED only)
     M,
@@ -186,6 +195,9 @@ def _linear_fwd_kernel(
     FUSED: tl.constexpr,
     EVEN_K: tl.constexpr,
     UPCAST: tl.constexpr,
+    TMA: tl.constexpr = False,  # operands through the tensor-memory accelerator: same values, same dots
+    A_T: tl.constexpr = False,  # a's storage is [K, M] (a is a transposed view), so its tiles come transposed
+    B_T: tl.constexpr = False,  # b's storage is [K, N]
 ):
     pid = tl.program_id(0)
     pid_c = tl.program_id(1)
@@ -208,38 +220,57 @@ def _linear_fwd_kernel(
     n_chunks = tl.cdiv(K, KCHUNK)
     c_lo = pid_c * CHUNKS_PER_PROG
     c_hi = min(c_lo + CHUNKS_PER_PROG, n_chunks)
-    o_k0 = c_lo.to(tl.int64) * KCHUNK + o_k
+    k_lo = c_lo.to(tl.int64) * KCHUNK
+    o_k0 = k_lo + o_k
     p_a = a_ptr + o_am[:, None] * stride_am + o_k0[None, :] * stride_ak  # [BM, BK]
     p_b = b_ptr + o_bn[None, :] * stride_bn + o_k0[:, None] * stride_bk  # [BK, BN]
+    # One flat loop over this program's steps (BLOCK_K * K_UNROLL of K each; KCHUNK is a multiple of a
+    # step, so a chunk is STEPS whole steps, the last chunk fewer where K ends inside it). A chunk's sum
+    # starts from a fresh accumulator and is handed on at its last step: added to the running total
+    # (walking) or written to the workspace (split). Flat, not a loop per chunk, so the compiler pipelines
+    # the loads across chunk boundaries and turns the reset into the MMA's "ignore the accumulator" flag.
+    STEPS: tl.constexpr = KCHUNK // (BLOCK_K * K_UNROLL)
+    n_steps = tl.cdiv(tl.minimum(c_hi.to(tl.int64) * KCHUNK, K) - k_lo, BLOCK_K * K_UNROLL)
     b_total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for c in range(c_lo, c_hi):
-        # one chunk, from a fresh accumulator, the same code on every path: its sum never depends on the launch.
-        # KCHUNK is a multiple of BLOCK_K * K_UNROLL, so the pointers end each chunk at the next one's start
-        b_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        k_lo = c * KCHUNK
-        for k in range(k_lo, min(k_lo + KCHUNK, K), BLOCK_K * K_UNROLL):
-            for u in tl.static_range(K_UNROLL):
-                if EVEN_K:
-                    b_a = tl.load(p_a)
-                    b_b = tl.load(p_b)
+    b_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for i in range(0, n_steps):
+        k = k_lo + i * (BLOCK_K * K_UNROLL)
+        for u in tl.static_range(K_UNROLL):
+            if TMA:
+                # out-of-bounds rows, columns and K are filled with +0: past K, exact zeros as below
+                k_u = (k + u * BLOCK_K).to(tl.int32)
+                if A_T:
+                    b_a = a_desc.load([k_u, pid_m * BLOCK_M]).T
                 else:
-                    # past K: exact zeros added to an accumulator that is never -0
-                    m_k = o_k < K - (k + u * BLOCK_K)
-                    b_a = tl.load(p_a, mask=m_k[None, :], other=0.0)
-                    b_b = tl.load(p_b, mask=m_k[:, None], other=0.0)
-                if UPCAST:
-                    # the interpreter's bf16 tl.dot is wrong; fp32 operands are exact there
-                    b_acc = tl.dot(b_a.to(tl.float32), b_b.to(tl.float32), b_acc)
+                    b_a = a_desc.load([pid_m * BLOCK_M, k_u])
+                if B_T:
+                    b_b = b_desc.load([k_u, pid_n * BLOCK_N])
                 else:
-                    b_acc = tl.dot(b_a, b_b, b_acc)
-                p_a += BLOCK_K * stride_ak
-                p_b += BLOCK_K * stride_bk
-        if SPLIT:
-            p_ws = ws_ptr + (c * M + o_m[:, None]) * N + o_n[None, :]
-            tl.store(p_ws, b_acc, mask=m_c)
-        else:
-            # the merge order of `_sum_chunks`: chunk c is added to the sum of chunks 0 .. c-1
-            b_total = b_total + b_acc
+                    b_b = b_desc.load([pid_n * BLOCK_N, k_u]).T
+            elif EVEN_K:
+                b_a = tl.load(p_a)
+                b_b = tl.load(p_b)
+            else:
+                # past K: exact zeros added to an accumulator that is never -0
+                m_k = o_k < K - (k + u * BLOCK_K)
+                b_a = tl.load(p_a, mask=m_k[None, :], other=0.0)
+                b_b = tl.load(p_b, mask=m_k[:, None], other=0.0)
+            if UPCAST:
+                # the interpreter's bf16 tl.dot is wrong; fp32 operands are exact there
+                b_acc = tl.dot(b_a.to(tl.float32), b_b.to(tl.float32), b_acc)
+            else:
+                b_acc = tl.dot(b_a, b_b, b_acc)
+            p_a += BLOCK_K * stride_ak
+            p_b += BLOCK_K * stride_bk
+        if (i % STEPS == STEPS - 1) | (i == n_steps - 1):
+            if SPLIT:
+                c = c_lo + i // STEPS
+                p_ws = ws_ptr + (c * M + o_m[:, None]) * N + o_n[None, :]
+                tl.store(p_ws, b_acc, mask=m_c)
+            else:
+                # the merge order of `_sum_chunks`: chunk c is added to the sum of chunks 0 .. c-1
+                b_total = b_total + b_acc
+            b_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
 
     p_c = c_ptr + o_m[:, None] * stride_cm + o_n[None, :] * stride_cn
     if SPLIT:
@@ -314,6 +345,24 @@ def _dummy(device: torch.device) -> torch.Tensor:
     return _DUMMIES[device]
 
 
+def _tma_operand(t: torch.Tensor, block_rows: int, block_k: int):
+    """(descriptor, transposed) for an operand t[R, K] read in [block_rows, block_k] tiles, or None.
+
+    TMA needs a unit stride in one dimension and 16-byte aligned rows and base; a transposed view (unit
+    stride along R, as dy.T and x.T in the backward) is described through its storage, tiles [block_k,
+    block_rows], which the kernel transposes back. Anything else goes through pointers: the same values.
+    """
+    if TensorDescriptor is None or t.data_ptr() % 16:
+        return None
+    size = t.element_size()
+    if t.stride(1) == 1 and (t.stride(0) * size) % 16 == 0:
+        return TensorDescriptor(t, list(t.shape), [t.stride(0), 1], [block_rows, block_k]), False
+    if t.stride(0) == 1 and (t.stride(1) * size) % 16 == 0:
+        s = t.t()
+        return TensorDescriptor(s, list(s.shape), [s.stride(0), 1], [block_k, block_rows]), True
+    return None
+
+
 def _chunks_per_program(tiles: int, n_chunks: int, split: int, sms: int) -> int:
     """Fewest consecutive chunks per program that give `tiles` × groups ≥ split × sms programs; all if split = 0."""
     if split == 0 or n_chunks == 1:
@@ -330,10 +379,11 @@ def _matmul(
     block_k: int | None = None,
     chunks_per_prog: int | None = None,
     fused: bool | None = None,
+    tma: bool | None = None,
 ) -> torch.Tensor:
     """a[M, K] @ b[N, K].T -> [M, N] in `out_dtype` (default a's), any strides.
 
-    `tile`, `chunks_per_prog` and `fused` override CONFIG's launch (the CPU tests and
+    `tile`, `chunks_per_prog`, `fused` and `tma` override CONFIG's launch (the CPU tests and
     benchmarks/sweep_linear_tree.py use them; none changes bits); `block_k` overrides the frozen
     BLOCK_K (tests only: it does change bits). The entry point passes none of them.
     """
@@ -360,11 +410,16 @@ def _matmul(
     # only a split launch touches the workspace and the counters
     ws = torch.empty((n_chunks, M, N), device=a.device, dtype=torch.float32) if split else _dummy(a.device)
     cnt = _counters(a.device, tiles if fuse else 1)
+    da = db = None
+    if CONFIG["TMA"] if tma is None else tma:
+        da, db = _tma_operand(a, BLOCK_M, BLOCK_K), _tma_operand(b, BLOCK_N, BLOCK_K)
+    use_tma = da is not None and db is not None
     _linear_fwd_kernel[(tiles, groups)](
-        a, b, c, ws, cnt, M, N, K,
+        a, b, c, da[0] if use_tma else a, db[0] if use_tma else b, ws, cnt, M, N, K,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1), per_prog,
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, KCHUNK=KCHUNK, K_UNROLL=K_UNROLL, GROUP_M=GROUP_M,
         SPLIT=split, FUSED=bool(fuse), EVEN_K=K % (BLOCK_K * K_UNROLL) == 0, UPCAST=INTERPRET,
+        TMA=use_tma, A_T=use_tma and da[1], B_T=use_tma and db[1],
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     if split and not fuse:
