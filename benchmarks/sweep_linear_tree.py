@@ -51,20 +51,76 @@ KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "K_UNROLL", "SPLIT")
 #: with the combine CONFIG does not use for the bucket's own tile (fused vs a second kernel)
 CANDIDATES = {
     "M16": [(16, bn, 4, 6, 2, s) for bn in (32, 64) for s in (0, 2, 4, 8)]
-    + [(16, 128, 4, 4, 2, 0), (16, 128, 4, 4, 2, 4), (16, 64, 4, 8, 1, 4), (16, 32, 2, 8, 2, 4),
-       (16, 64, 8, 4, 4, 4), (16, 16, 2, 8, 4, 4)],
-    "M64": [(64, 64, 4, 4, 2, s) for s in (0, 1, 2, 4)] + [(64, 32, 4, 6, 2, s) for s in (0, 2, 4)]
-    + [(64, 128, 4, 4, 2, 0), (64, 128, 4, 4, 2, 2), (64, 128, 8, 4, 1, 1), (32, 64, 4, 6, 2, 2),
-       (64, 64, 4, 6, 1, 2), (64, 256, 8, 3, 1, 1)],
-    "M256": [(64, 128, 4, 4, 2, s) for s in (0, 1, 2)] + [(128, 128, 8, 3, 1, s) for s in (0, 1, 2)]
-    + [(128, 64, 4, 4, 2, 0), (128, 64, 4, 4, 2, 1), (64, 64, 4, 4, 2, 1), (128, 256, 8, 3, 1, 1),
-       (64, 256, 8, 3, 1, 1), (128, 128, 8, 4, 1, 1), (128, 128, 4, 4, 1, 1)],
-    "M1024": [(128, 128, 8, 3, 1, s) for s in (0, 1)] + [(128, 256, 8, 3, 1, s) for s in (0, 1)]
-    + [(128, 128, 8, 4, 1, 0), (128, 128, 4, 4, 1, 0), (128, 128, 8, 3, 2, 0), (256, 128, 8, 3, 1, 0),
-       (64, 128, 4, 4, 1, 1), (128, 64, 4, 4, 1, 1)],
-    "MBIG": [(128, 128, 8, 3, 1, 0), (128, 128, 8, 4, 1, 0), (128, 256, 8, 3, 1, 0), (256, 128, 8, 3, 1, 0),
-             (128, 128, 4, 4, 1, 0), (128, 128, 8, 3, 2, 0), (128, 256, 8, 4, 1, 0), (256, 128, 8, 4, 1, 0),
-             (128, 128, 8, 5, 1, 0)],
+    + [
+        (16, 128, 4, 4, 2, 0),
+        (16, 128, 4, 4, 2, 4),
+        (16, 64, 4, 8, 1, 4),
+        (16, 32, 2, 8, 2, 4),
+        (16, 64, 8, 4, 4, 4),
+        (16, 16, 2, 8, 4, 4),
+    ],
+    "M64": [(64, 64, 4, 4, 2, s) for s in (0, 1, 2, 4)]
+    + [(64, 32, 4, 6, 2, s) for s in (0, 2, 4)]
+    + [
+        (64, 128, 4, 4, 2, 0),
+        (64, 128, 4, 4, 2, 2),
+        (64, 128, 8, 4, 1, 1),
+        (32, 64, 4, 6, 2, 2),
+        (64, 64, 4, 6, 1, 2),
+        (64, 256, 8, 3, 1, 1),
+        (64, 32, 4, 4, 1, 2),
+        (64, 32, 4, 6, 1, 4),
+        (32, 64, 4, 4, 1, 2),
+        (32, 64, 4, 6, 1, 4),
+        (16, 64, 4, 4, 2, 4),
+        (16, 128, 4, 4, 2, 2),
+        (64, 128, 8, 4, 1, 2),
+        (64, 64, 4, 4, 1, 4),
+    ],
+    "M256": [(64, 128, 4, 4, 2, s) for s in (0, 1, 2)]
+    + [(128, 128, 8, 3, 1, s) for s in (0, 1, 2)]
+    + [
+        (128, 64, 4, 4, 2, 0),
+        (128, 64, 4, 4, 2, 1),
+        (64, 64, 4, 4, 2, 1),
+        (128, 256, 8, 3, 1, 1),
+        (64, 256, 8, 3, 1, 1),
+        (128, 128, 8, 4, 1, 1),
+        (128, 128, 4, 4, 1, 1),
+        (64, 64, 4, 4, 1, 0),
+        (64, 64, 4, 6, 1, 0),
+        (128, 64, 4, 4, 1, 0),
+        (128, 64, 8, 4, 1, 0),
+        (64, 128, 4, 3, 1, 0),
+        (64, 128, 8, 4, 1, 0),
+        (64, 256, 8, 3, 1, 0),
+        (128, 256, 8, 3, 1, 1),
+        (128, 128, 8, 4, 1, 0),
+        (64, 64, 4, 4, 1, 2),
+    ],
+    "M1024": [(128, 128, 8, 3, 1, s) for s in (0, 1)]
+    + [(128, 256, 8, 3, 1, s) for s in (0, 1)]
+    + [
+        (128, 128, 8, 4, 1, 0),
+        (128, 128, 4, 4, 1, 0),
+        (128, 128, 8, 3, 2, 0),
+        (256, 128, 8, 3, 1, 0),
+        (64, 128, 4, 4, 1, 1),
+        (128, 64, 4, 4, 1, 1),
+        (128, 256, 8, 4, 1, 0),
+        (128, 128, 8, 5, 1, 0),
+    ],
+    "MBIG": [
+        (128, 128, 8, 3, 1, 0),
+        (128, 128, 8, 4, 1, 0),
+        (128, 256, 8, 3, 1, 0),
+        (256, 128, 8, 3, 1, 0),
+        (128, 128, 4, 4, 1, 0),
+        (128, 128, 8, 3, 2, 0),
+        (128, 256, 8, 4, 1, 0),
+        (256, 128, 8, 4, 1, 0),
+        (128, 128, 8, 5, 1, 0),
+    ],
 }
 SMEM_BYTES = 220 * 1024
 #: where the timed run happens (a dry run of the bookkeeping in the tests sets "cpu")
@@ -132,8 +188,10 @@ def run(args) -> dict:
     cand = {b: candidates(b) for b in BUCKETS}
     errors = compile_parallel([c for cs in cand.values() for c in cs], args.workers)
     cand = {b: [c for c in cs if errors.get(c) is None] for b, cs in cand.items()}
-    print(f"compiled {sum(e is None for e in errors.values())}/{len(errors)} candidates in "
-          f"{time.time() - t0:.0f}s", flush=True)
+    print(
+        f"compiled {sum(e is None for e in errors.values())}/{len(errors)} candidates in {time.time() - t0:.0f}s",
+        flush=True,
+    )
     gen = torch.Generator(device=DEVICE).manual_seed(args.seed)
     cells, bits_bad, rows_checked = [], [], []
     for proj, N, K, ms in shapes():
@@ -164,11 +222,24 @@ def run(args) -> dict:
                 raise RuntimeError(f"{proj} M={M}: " + "; ".join(f"{k}: {v}" for k, v in bad.items()))
             us = {k: c["median_us"] for k, c in timed.items()}
             base = us["cublas"]
-            cells.append({"proj": proj, "M": M, "N": N, "K": K, "bucket": b, "cublas_us": base,
-                          "linear_us": us["linear"], "us": {k: v for k, v in us.items() if k not in ("cublas",)}})
+            cells.append(
+                {
+                    "proj": proj,
+                    "M": M,
+                    "N": N,
+                    "K": K,
+                    "bucket": b,
+                    "cublas_us": base,
+                    "linear_us": us["linear"],
+                    "us": {k: v for k, v in us.items() if k not in ("cublas",)},
+                }
+            )
             best = min((k for k in us if k not in ("cublas", "linear")), key=us.get, default="linear")
-            print(f"{proj:8s} M={M:<6d} cublas {base:9.1f} us  linear {us['linear'] / base:.3f}  "
-                  f"best {best} {us[best] / base:.3f}", flush=True)
+            print(
+                f"{proj:8s} M={M:<6d} cublas {base:9.1f} us  linear {us['linear'] / base:.3f}  "
+                f"best {best} {us[best] / base:.3f}",
+                flush=True,
+            )
             del x, ref, fns, timed
         del w0, x0, big
         torch.cuda.empty_cache()
@@ -184,9 +255,13 @@ def run(args) -> dict:
         if not scored:
             continue
         g, key, tile, fused = min(scored)
-        choice[b] = {"best": key, "geomean": g, "default": label(*cand[b][0]),
-                     "default_geomean": next((s for s, k, *_ in scored if k == label(*cand[b][0])), None),
-                     "all": {k: s for s, k, *_ in sorted(scored)}}
+        choice[b] = {
+            "best": key,
+            "geomean": g,
+            "default": label(*cand[b][0]),
+            "default_geomean": next((s for s, k, *_ in scored if k == label(*cand[b][0])), None),
+            "all": {k: s for s, k, *_ in sorted(scored)},
+        }
         config.update({f"{b}_{k}": v for k, v in zip(KEYS, tile, strict=True)})
         if tile[-1]:
             combines.append(int(fused))
@@ -196,48 +271,88 @@ def run(args) -> dict:
     best_ratio = [c["us"][choice[c["bucket"]]["best"]] / c["cublas_us"] for c in cells if c["bucket"] in choice]
 
     def summary(ratios: list, small: list) -> dict:
-        return {"geomean": H.geomean(ratios, empty=NAN), "worst": max(ratios, default=float("nan")),
-                "m_le_16_geomean": H.geomean(small, empty=NAN)}
+        return {
+            "geomean": H.geomean(ratios, empty=NAN),
+            "worst": max(ratios, default=float("nan")),
+            "m_le_16_geomean": H.geomean(small, empty=NAN),
+        }
 
     linear_ratio = [c["linear_us"] / c["cublas_us"] for c in cells]
     return {
-        "config": dict(L.CONFIG), "suggested_config": config, "choice": choice,
+        "config": dict(L.CONFIG),
+        "suggested_config": config,
+        "choice": choice,
         "summary_linear": summary(linear_ratio, [c["linear_us"] / c["cublas_us"] for c in cells if c["M"] <= 16]),
-        "summary_best": summary(best_ratio, [c["us"][choice[c["bucket"]]["best"]] / c["cublas_us"]
-                                             for c in cells if c["M"] <= 16 and c["bucket"] in choice]),
+        "summary_best": summary(
+            best_ratio,
+            [
+                c["us"][choice[c["bucket"]]["best"]] / c["cublas_us"]
+                for c in cells
+                if c["M"] <= 16 and c["bucket"] in choice
+            ],
+        ),
         "bits_gate_passed": not bits_bad and all(r["equal"] for r in rows_checked),
-        "bits_failures": bits_bad, "rows_vs_largest_m": rows_checked,
+        "bits_failures": bits_bad,
+        "rows_vs_largest_m": rows_checked,
         "compile_errors": {label(t, f): e for (t, f), e in errors.items() if e},
-        "cells": cells, "elapsed_s": time.time() - t0,
+        "cells": cells,
+        "elapsed_s": time.time() - t0,
     }
 
 
 def write_md(doc: dict, path: Path) -> None:
     e = doc["env"]
-    lines = [f"# linear tree root: launch configs per M bucket vs cuBLAS on {e['gpu']}", "",
-             f"`{doc['command']}`  ", f"torch {e['torch']}, triton {e['triton']}, {e['date']}", "",
-             f"Bits gate: **{'passed' if doc['bits_gate_passed'] else 'FAILED'}** (every candidate's output equals "
-             "the entry point's; the entry point's rows at every M equal the rows of the shape's largest M)", ""]
+    lines = [
+        f"# linear tree root: launch configs per M bucket vs cuBLAS on {e['gpu']}",
+        "",
+        f"`{doc['command']}`  ",
+        f"torch {e['torch']}, triton {e['triton']}, {e['date']}",
+        "",
+        f"Bits gate: **{'passed' if doc['bits_gate_passed'] else 'FAILED'}** (every candidate's output equals "
+        "the entry point's; the entry point's rows at every M equal the rows of the shape's largest M)",
+        "",
+    ]
     if not doc["bits_gate_passed"]:
-        lines += ["```", json.dumps(doc["bits_failures"][:20]), json.dumps(
-            [r for r in doc["rows_vs_largest_m"] if not r["equal"]][:20]), "```", ""]
+        lines += [
+            "```",
+            json.dumps(doc["bits_failures"][:20]),
+            json.dumps([r for r in doc["rows_vs_largest_m"] if not r["equal"]][:20]),
+            "```",
+            "",
+        ]
     for name in ("summary_linear", "summary_best"):
         s = doc[name]
-        lines.append(f"- {name.removeprefix('summary_')}: geomean {s['geomean']:.3f}× cuBLAS, worst {s['worst']:.3f}×, "
-                     f"M ≤ 16 geomean {s['m_le_16_geomean']:.3f}×")
+        lines.append(
+            f"- {name.removeprefix('summary_')}: geomean {s['geomean']:.3f}× cuBLAS, worst {s['worst']:.3f}×, "
+            f"M ≤ 16 geomean {s['m_le_16_geomean']:.3f}×"
+        )
     lines += ["", "| bucket | CONFIG's launch | its geomean | best launch | best geomean |", "|---|---|---|---|---|"]
     for b, c in doc["choice"].items():
         dg = f"{c['default_geomean']:.3f}" if c["default_geomean"] else "-"
         lines.append(f"| {b} | {c['default']} | {dg} | {c['best']} | {c['geomean']:.3f} |")
-    lines += ["", "Launch = BLOCK_M,BLOCK_N,num_warps,num_stages,K_UNROLL,SPLIT[,combine].", "",
-              "| cell | cuBLAS µs | linear µs | ratio | best ratio (bucket's best launch) |", "|---|---|---|---|---|"]
+    lines += [
+        "",
+        "Launch = BLOCK_M,BLOCK_N,num_warps,num_stages,K_UNROLL,SPLIT[,combine].",
+        "",
+        "| cell | cuBLAS µs | linear µs | ratio | best ratio (bucket's best launch) |",
+        "|---|---|---|---|---|",
+    ]
     for c in doc["cells"]:
         best = doc["choice"].get(c["bucket"], {}).get("best")
         br = f"{c['us'][best] / c['cublas_us']:.3f}" if best in c["us"] else "-"
-        lines.append(f"| {c['proj']} M={c['M']} (N={c['N']}, K={c['K']}) | {c['cublas_us']:.1f} | "
-                     f"{c['linear_us']:.1f} | {c['linear_us'] / c['cublas_us']:.3f} | {br} |")
-    lines += ["", "Suggested CONFIG (best launch per bucket):", "", "```",
-              "CONFIG = " + json.dumps(doc["suggested_config"], indent=4), "```", ""]
+        lines.append(
+            f"| {c['proj']} M={c['M']} (N={c['N']}, K={c['K']}) | {c['cublas_us']:.1f} | "
+            f"{c['linear_us']:.1f} | {c['linear_us'] / c['cublas_us']:.3f} | {br} |"
+        )
+    lines += [
+        "",
+        "Suggested CONFIG (best launch per bucket):",
+        "",
+        "```",
+        "CONFIG = " + json.dumps(doc["suggested_config"], indent=4),
+        "```",
+        "",
+    ]
     if doc["compile_errors"]:
         lines += ["Candidates that failed to compile:", "", "```", json.dumps(doc["compile_errors"], indent=1), "```"]
     path.write_text("\n".join(lines))
@@ -246,8 +361,13 @@ def write_md(doc: dict, path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="folder for sweep.json and sweep.md")
-    ap.add_argument("--tma", type=int, choices=(0, 1), default=None,
-                    help="CONFIG['TMA'] for this run (operands through TMA descriptors; changes no bits)")
+    ap.add_argument(
+        "--tma",
+        type=int,
+        choices=(0, 1),
+        default=None,
+        help="CONFIG['TMA'] for this run (operands through TMA descriptors; changes no bits)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--workers", type=int, default=12, help="compile processes")
@@ -266,9 +386,11 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.json").write_text(json.dumps(doc, indent=1))
     write_md(doc, out / "sweep.md")
-    print(f"wrote {out / 'sweep.json'} and {out / 'sweep.md'} in {doc['elapsed_s']:.0f}s; "
-          f"linear {doc['summary_linear']['geomean']:.3f}x, best per bucket {doc['summary_best']['geomean']:.3f}x",
-          flush=True)
+    print(
+        f"wrote {out / 'sweep.json'} and {out / 'sweep.md'} in {doc['elapsed_s']:.0f}s; "
+        f"linear {doc['summary_linear']['geomean']:.3f}x, best per bucket {doc['summary_best']['geomean']:.3f}x",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

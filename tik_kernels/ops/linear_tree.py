@@ -109,7 +109,7 @@ CONFIG = {
     "BLOCK_K": 64,
     "KCHUNK": 1024,
     "FUSED_COMBINE": 1,
-    "TMA": 0,
+    "TMA": 1,
     "M16_BLOCK_M": 16,
     "M16_BLOCK_N": 64,
     "M16_num_warps": 4,
