@@ -1,7 +1,7 @@
 """Where one evaluation's time goes: the root's probes (compiling into the trusted Triton cache) against a
 tuner-style candidate's (one CONFIG value changed, its cache seeded from the root's), in one process.
 
-    python benchmarks/eval_phases.py [--op linear] [--set M8_BLOCK_M=32] [--time]
+    python benchmarks/eval_phases.py [--op linear] [--set M16_BLOCK_N=32] [--time]
                                      [--out benchmarks/results/eval_phases_h200.json]
 
 The candidate is the root's source with `--set` applied to its CONFIG literal. Without `--time` only the
@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--op", default="linear")
-    ap.add_argument("--set", default="M8_BLOCK_M=32", help="NAME=VALUE in the root's CONFIG")
+    ap.add_argument("--set", default="M16_BLOCK_N=32", help="NAME=VALUE in the root's CONFIG")
     ap.add_argument("--time", action="store_true", help="also time the candidate (timing and control children)")
     ap.add_argument("--timeout", type=float, default=150.0)
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/eval_phases_h200.json"))

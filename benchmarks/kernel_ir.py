@@ -1,6 +1,6 @@
 """What the compiler made of a linear root's launches on this GPU: registers, spills, shared memory, pipelining.
 
-    PYTHONPATH=. python benchmarks/kernel_ir.py tik_kernels/ops/linear_tree.py 128,128,8,3,1,0 16,64,4,6,2,4 \
+    PYTHONPATH=. python benchmarks/kernel_ir.py tik_kernels.ops.linear.py 128,128,8,3,1,0 16,64,4,6,2,4 \
         [--shape 4096,4096,4096]
 
 Each launch is the module's `_matmul` tile tuple (linear.py: BLOCK_M,BLOCK_N,num_warps,num_stages,K_UNROLL;

@@ -1,9 +1,8 @@
-"""Planted linear bugs and entry-point checks shared by test_linear.py (the root) and test_linear_tree.py
-(the fixed-tree candidate).
+"""Planted linear bugs and entry-point checks for test_linear.py.
 
-Both implementation files expose `linear(x, w)` and `_matmul(x, w, out_dtype, block_k=...)`, and the contract
-must catch the same bugs planted in either: a variant is the file's source, edited or with an entry point
-appended, loaded from disk like a candidate.
+The root exposes `linear(x, w)` and `_matmul(x, w, out_dtype, block_k=...)`, and the contract must catch
+the bugs planted in it: a variant is the file's source, edited or with an entry point appended, loaded from
+disk like a candidate.
 """
 
 from __future__ import annotations

@@ -1,27 +1,62 @@
 """linear(x[T, K], w[N, K]) -> x @ w.T, bf16 in and out, fp32 accumulation, batch-invariant.
 
-How invariance is achieved: every program owns whole output tiles and runs the full K loop
-itself, one tl.dot per BLOCK_K chunk from k = 0 upwards, accumulating into one fp32 tile (no
-split-K, no atomics). BLOCK_K is one constant for every T (a frozen tunable: it fixes the order
-of the reduction). K_UNROLL only says how many consecutive BLOCK_K chunks one loop iteration
-loads; the same dots run in the same order, so it changes no bits, by construction (the CPU
-tests check this in the interpreter, where BLOCK_K itself does change bits).
+The reduction tree is fixed; who computes which part of it is free.
 
-The output tile (BLOCK_M, BLOCK_N, num_warps, num_stages, K_UNROLL) follows T, by bucket: on the
-H200 a plain K-sequential Triton matmul gave identical bits for a row under all 214 tile
-configurations tried and any M (bench_linear.py --sweep), because the tile only decides which rows and
-columns share a program, never the order in which K is summed. The contract checks this on
-every call shape (rows of T = 1 ... 4096 against the full batch), and the benchmark checks
-every configuration in CONFIG at M = 1 against M = 4096.
+The tree (frozen: BLOCK_K, KCHUNK, the merge order, one rounding). K is cut into chunks of
+KCHUNK = 1024 (the last one partial when K is no multiple of it; the masked tail adds exact
+zeros). Each chunk is summed K-sequentially from a fresh fp32 accumulator: one tl.dot per BLOCK_K
+slice, k = chunk start, + BLOCK_K, ... in order. The chunk sums are then added left to right in
+fp32, total = ((0 + s_0) + s_1) + ... + s_{n-1}, and the total is rounded to the output dtype
+once. Nothing in that tree depends on M, N, the tile or the launch: KCHUNK and BLOCK_K are
+constants, never functions of the shape. 1024 divides every K of the Qwen3 / Llama-3 projections
+(4096, 12288, 14336) and of their backward (N = 4096 ... 28672), so only the tokens of dw end on a
+partial chunk; it gives 4 chunks at K = 4096 (enough programs for decode, see below) and costs a
+large-M program one wait for its MMAs in flight per 16 BLOCK_K steps.
 
-Measured on the H200 (benchmarks/results/linear_h200_sweep*.md): loading 128 of K per iteration
-is 1.1-1.2x faster than 64 at M <= 256 (more bytes in flight) and BLOCK_K = 64 is faster from
-M = 1024 on (BLOCK_K = 128 at 1.42-1.52x cuBLAS there); BLOCK_K = 64 with K_UNROLL 2 for the
-small buckets gets both: geomean 1.20x cuBLAS over 42 cells, 1.07x at M <= 64.
+The parallelization (tunable per M bucket, none of it changes bits):
+- the output tile (BLOCK_M, BLOCK_N), num_warps, num_stages, K_UNROLL (BLOCK_K slices loaded
+  per loop iteration: the same dots in the same order);
+- SPLIT: 0 = one program per output tile walks all chunks itself, adding each chunk sum into a
+  running fp32 total in registers (large M: no extra memory traffic). s > 0 = when the output
+  tiles alone would give fewer than s × (number of SMs) programs, chunks get programs of their
+  own (fewest chunks per program that reach that count): each writes its chunk sums, fp32, to a
+  workspace [n_chunks, M, N], and the tile's chunk sums are added in the same left-to-right
+  order by `_sum_chunks`, from the same fp32 values, so the result is bit for bit the one-program
+  result. A program with several chunks still writes each chunk's sum on its own: adding them
+  first would make the tree follow the split. Both paths run one chunk through the same loop
+  code, so the compiler cannot treat a chunk differently when it is walked or split. Decode-size
+  linear streams the weights, and needs many programs to do it at HBM speed (the interpreter
+  assumes the H200's 132 SMs, so it takes the same decisions at the same shape);
+- FUSED_COMBINE: who runs `_sum_chunks` after a split: 1 = the last program of a tile to
+  finish (an arrival counter per tile, reset by that program: one launch, nothing to wait on),
+  0 = a second kernel over the whole output.
+- TMA: operands read through tensor descriptors (Hopper's tensor-memory accelerator) instead of
+  pointer tensors: the same values into the same dots, and no per-thread addresses, which leaves the
+  registers for the running total beside the chunk accumulator (H200, 128x128 walking launch: 150
+  registers and no spills, against 182 with pointers and 255 with 44 spills when each chunk was its
+  own loop; `benchmarks/kernel_ir.py`). An operand TMA cannot read (no unit stride, rows not 16-byte
+  aligned) goes through pointers; the CPU tests check both give the same bits.
+The CPU tests check every split of the same inputs gives the same bits, and against an fp32
+emulation of the tree; the contract checks rows of every T against the full batch.
+
+One flat loop runs a program's steps; a chunk's sum is handed on at its last step (added to the
+total, or written to the workspace), so the compiler pipelines loads across chunk boundaries and turns
+the reset into the MMA's "ignore the accumulator" flag.
+
+Measured on the H200 (`benchmarks/sweep_linear.py`, benchmarks/results/linear_sweep_h200_tma/sweep.md):
+with TMA the best launch per bucket is 1.17x cuBLAS's time (geomean over 35 Qwen3-8B cells), 1.08-1.12x
+at M >= 4096, 1.04x at M <= 16; without TMA 1.38x. The single-chain root this replaced measured 1.31x
+(speed_h200.md), 1.26-1.30x at M >= 1024.
+
+Triton's interpreter computes bf16 tl.dot wrongly: there (UPCAST) the operands go in as fp32,
+which is exact, and tik_kernels._runtime makes the interpreter's dot sum K in order.
 
 Backward: dx = dy @ w and dw = dy.T @ x are the same kernel on strided views (dx reduces over
-N, dw over the tokens, both K-sequential with the same BLOCK_K), so gradients are
-deterministic and dx rows are batch-invariant too.
+N, dw over the tokens, both in the same fixed tree), so gradients are deterministic and dx rows
+are batch-invariant too.
+
+The fused combine keeps one int32 counter per output tile per device, zero between launches:
+launches that overlap on two streams of one device must not both split.
 """
 
 from __future__ import annotations
@@ -32,79 +67,123 @@ import triton.language as tl
 
 from tik_kernels._runtime import INTERPRET
 
-#: allowed values; per-bucket keys are <bucket>_<name>, buckets by the number of rows M
+try:  # Triton >= 3.4: operands described for the tensor-memory accelerator (TMA)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older Triton reads through pointers
+    TensorDescriptor = None
+
+#: allowed values; per-bucket keys are <bucket>_<name>, buckets by the number of rows M.
+#: BLOCK_K and KCHUNK are frozen (they are the reduction tree), the rest only launch it.
 TUNABLES = {
     "BLOCK_K": (32, 64, 128),
-    "M8_BLOCK_M": (16, 32, 64, 128),
-    "M8_BLOCK_N": (16, 32, 64, 128, 256),
-    "M8_num_warps": (2, 4, 8),
-    "M8_K_UNROLL": (1, 2, 4),
-    "M8_num_stages": (2, 3, 4, 5, 6, 8),
+    "KCHUNK": (512, 1024, 2048),
+    "FUSED_COMBINE": (0, 1),
+    "TMA": (0, 1),
+    "M16_BLOCK_M": (16, 32, 64),
+    "M16_BLOCK_N": (16, 32, 64, 128, 256),
+    "M16_num_warps": (2, 4, 8),
+    "M16_num_stages": (2, 3, 4, 5, 6, 8),
+    "M16_K_UNROLL": (1, 2, 4),
+    "M16_SPLIT": (0, 1, 2, 4, 8),
     "M64_BLOCK_M": (16, 32, 64, 128),
     "M64_BLOCK_N": (16, 32, 64, 128, 256),
     "M64_num_warps": (2, 4, 8),
-    "M64_K_UNROLL": (1, 2, 4),
     "M64_num_stages": (2, 3, 4, 5, 6, 8),
+    "M64_K_UNROLL": (1, 2, 4),
+    "M64_SPLIT": (0, 1, 2, 4, 8),
     "M256_BLOCK_M": (16, 32, 64, 128),
     "M256_BLOCK_N": (16, 32, 64, 128, 256),
     "M256_num_warps": (2, 4, 8),
-    "M256_K_UNROLL": (1, 2, 4),
     "M256_num_stages": (2, 3, 4, 5, 6, 8),
+    "M256_K_UNROLL": (1, 2, 4),
+    "M256_SPLIT": (0, 1, 2, 4, 8),
     "M1024_BLOCK_M": (16, 32, 64, 128, 256),
     "M1024_BLOCK_N": (32, 64, 128, 256),
     "M1024_num_warps": (4, 8),
-    "M1024_K_UNROLL": (1, 2, 4),
     "M1024_num_stages": (2, 3, 4, 5, 6),
+    "M1024_K_UNROLL": (1, 2, 4),
+    "M1024_SPLIT": (0, 1, 2, 4, 8),
     "MBIG_BLOCK_M": (32, 64, 128, 256),
     "MBIG_BLOCK_N": (32, 64, 128, 256),
     "MBIG_num_warps": (4, 8),
-    "MBIG_K_UNROLL": (1, 2, 4),
     "MBIG_num_stages": (2, 3, 4, 5, 6),
+    "MBIG_K_UNROLL": (1, 2, 4),
+    "MBIG_SPLIT": (0, 1, 2, 4, 8),
 }
 
-#: chosen offline on the H200 by `benchmarks/bench_linear.py --sweep` (benchmarks/results/linear_h200_sweep.md):
-#: per bucket the tile with the lowest geomean time ratio to cuBLAS over the six projection shapes
+#: M1024 / MBIG tiles from the previous root's H200 sweep (BLOCK_K = 64 was the fastest from M = 1024 on).
+#: The small buckets are first guesses, untimed, for `benchmarks/sweep_linear_tree.py` to replace: at
+#: K = 4096, N = 4096 they give 256 programs of two per SM (operand stages within 228 KB of shared memory)
 CONFIG = {
     "BLOCK_K": 64,
-    "M8_BLOCK_M": 16,
-    "M8_BLOCK_N": 64,
-    "M8_num_warps": 4,
-    "M8_num_stages": 8,
-    "M8_K_UNROLL": 2,
+    "KCHUNK": 1024,
+    "FUSED_COMBINE": 1,
+    "TMA": 1,
+    "M16_BLOCK_M": 16,
+    "M16_BLOCK_N": 64,
+    "M16_num_warps": 4,
+    "M16_num_stages": 4,
+    "M16_K_UNROLL": 2,
+    "M16_SPLIT": 4,
     "M64_BLOCK_M": 64,
-    "M64_BLOCK_N": 32,
+    "M64_BLOCK_N": 64,
     "M64_num_warps": 4,
-    "M64_num_stages": 6,
+    "M64_num_stages": 3,
     "M64_K_UNROLL": 2,
+    "M64_SPLIT": 2,
     "M256_BLOCK_M": 64,
     "M256_BLOCK_N": 128,
     "M256_num_warps": 4,
     "M256_num_stages": 4,
-    "M256_K_UNROLL": 2,
+    "M256_K_UNROLL": 1,
+    "M256_SPLIT": 1,
     "M1024_BLOCK_M": 128,
     "M1024_BLOCK_N": 128,
     "M1024_num_warps": 8,
     "M1024_num_stages": 3,
     "M1024_K_UNROLL": 1,
+    "M1024_SPLIT": 1,
     "MBIG_BLOCK_M": 128,
     "MBIG_BLOCK_N": 128,
     "MBIG_num_warps": 8,
     "MBIG_num_stages": 3,
     "MBIG_K_UNROLL": 1,
+    "MBIG_SPLIT": 0,
 }
 
 #: (largest M, bucket) in increasing order; larger M uses "MBIG"
-M_BUCKETS = ((8, "M8"), (64, "M64"), (256, "M256"), (1024, "M1024"))
+M_BUCKETS = ((16, "M16"), (64, "M64"), (256, "M256"), (1024, "M1024"))
 
 #: programs that share a BLOCK_N column of the weight run next to each other (L2 reuse)
 GROUP_M = 8
 
+#: elements per program of the separate combine kernel
+COMBINE_BLOCK = 1024
 
-@triton.jit(do_not_specialize=["M"])
+#: SMs assumed when there is no GPU (the H200's), so the interpreter takes the GPU's split decisions
+DEFAULT_SMS = 132
+
+
+@triton.jit
+def _sum_chunks(ws_ptr, o_m, o_n, m_ws, M, N, n_chunks):
+    """((0 + ws[0]) + ws[1]) + ... + ws[n_chunks - 1] in fp32 at rows o_m (int64), columns o_n: the one merge order."""
+    b_total = tl.zeros(m_ws.shape, dtype=tl.float32)
+    for c in range(0, n_chunks):
+        # .cg: chunk sums other programs wrote during this launch, never a stale L1 line
+        b_part = tl.load(ws_ptr + (c * M + o_m) * N + o_n, mask=m_ws, other=0.0, cache_modifier=".cg")
+        b_total = b_total + b_part
+    return b_total
+
+
+@triton.jit(do_not_specialize=["M", "CHUNKS_PER_PROG"])
 def _linear_fwd_kernel(
     a_ptr,  # [M, K] rows to project (x, dy or dy.T), any strides
     b_ptr,  # [N, K] one row per output column (w, w.T or x.T), any strides
     c_ptr,  # [M, N] output
+    a_desc,  # TMA: a's tiles (A_T: of a.T's storage); unused otherwise
+    b_desc,  # TMA: b's tiles (B_T: of b.T's storage); unused otherwise
+    ws_ptr,  # [n_chunks, M, N] fp32 chunk sums, contiguous (SPLIT only)
+    cnt_ptr,  # [programs along axis 0] int32 arrivals, zero between launches (SPLIT and FUSED only)
     M,
     N,
     K,
@@ -114,15 +193,23 @@ def _linear_fwd_kernel(
     stride_bk,
     stride_cm,
     stride_cn,
+    CHUNKS_PER_PROG,  # consecutive K chunks one program computes (all of them unless SPLIT)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    KCHUNK: tl.constexpr,
     K_UNROLL: tl.constexpr,
     GROUP_M: tl.constexpr,
+    SPLIT: tl.constexpr,
+    FUSED: tl.constexpr,
     EVEN_K: tl.constexpr,
     UPCAST: tl.constexpr,
+    TMA: tl.constexpr = False,  # operands through the tensor-memory accelerator: same values, same dots
+    A_T: tl.constexpr = False,  # a's storage is [K, M] (a is a transposed view), so its tiles come transposed
+    B_T: tl.constexpr = False,  # b's storage is [K, N]
 ):
     pid = tl.program_id(0)
+    pid_c = tl.program_id(1)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     num_pid_in_group = GROUP_M * num_pid_n
@@ -137,32 +224,93 @@ def _linear_fwd_kernel(
     # rows/columns past the edge re-read a valid one (unmasked, pipelined loads); never stored
     o_am = o_m % M
     o_bn = o_n % N
-    p_a = a_ptr + o_am[:, None] * stride_am + o_k[None, :] * stride_ak  # [BM, BK]
-    p_b = b_ptr + o_bn[None, :] * stride_bn + o_k[:, None] * stride_bk  # [BK, BN]
+    m_c = (o_m[:, None] < M) & (o_n[None, :] < N)
 
+    n_chunks = tl.cdiv(K, KCHUNK)
+    c_lo = pid_c * CHUNKS_PER_PROG
+    c_hi = min(c_lo + CHUNKS_PER_PROG, n_chunks)
+    k_lo = c_lo.to(tl.int64) * KCHUNK
+    o_k0 = k_lo + o_k
+    p_a = a_ptr + o_am[:, None] * stride_am + o_k0[None, :] * stride_ak  # [BM, BK]
+    p_b = b_ptr + o_bn[None, :] * stride_bn + o_k0[:, None] * stride_bk  # [BK, BN]
+    # One flat loop over this program's steps (BLOCK_K * K_UNROLL of K each; KCHUNK is a multiple of a
+    # step, so a chunk is STEPS whole steps, the last chunk fewer where K ends inside it). A chunk's sum
+    # starts from a fresh accumulator and is handed on at its last step: added to the running total
+    # (walking) or written to the workspace (split). Flat, not a loop per chunk, so the compiler pipelines
+    # the loads across chunk boundaries and turns the reset into the MMA's "ignore the accumulator" flag.
+    STEPS: tl.constexpr = KCHUNK // (BLOCK_K * K_UNROLL)
+    n_steps = tl.cdiv(tl.minimum(c_hi.to(tl.int64) * KCHUNK, K) - k_lo, BLOCK_K * K_UNROLL)
+    b_total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     b_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    # the whole reduction, one dot per chunk k = 0, BLOCK_K, 2 BLOCK_K, ... in order: nothing depends on M.
-    # A fully masked chunk past the end adds exact zeros to an accumulator that is never -0.
-    for k in range(0, tl.cdiv(K, BLOCK_K * K_UNROLL)):
+    for i in range(0, n_steps):
+        k = k_lo + i * (BLOCK_K * K_UNROLL)
         for u in tl.static_range(K_UNROLL):
-            if EVEN_K:
-                b_a = tl.load(p_a + u * BLOCK_K * stride_ak)
-                b_b = tl.load(p_b + u * BLOCK_K * stride_bk)
+            if TMA:
+                # out-of-bounds rows, columns and K are filled with +0: past K, exact zeros as below
+                k_u = (k + u * BLOCK_K).to(tl.int32)
+                if A_T:
+                    b_a = a_desc.load([k_u, pid_m * BLOCK_M]).T
+                else:
+                    b_a = a_desc.load([pid_m * BLOCK_M, k_u])
+                if B_T:
+                    b_b = b_desc.load([k_u, pid_n * BLOCK_N])
+                else:
+                    b_b = b_desc.load([pid_n * BLOCK_N, k_u]).T
+            elif EVEN_K:
+                b_a = tl.load(p_a)
+                b_b = tl.load(p_b)
             else:
-                m_k = o_k < K - (k * K_UNROLL + u) * BLOCK_K
-                b_a = tl.load(p_a + u * BLOCK_K * stride_ak, mask=m_k[None, :], other=0.0)
-                b_b = tl.load(p_b + u * BLOCK_K * stride_bk, mask=m_k[:, None], other=0.0)
+                # past K: exact zeros added to an accumulator that is never -0
+                m_k = o_k < K - (k + u * BLOCK_K)
+                b_a = tl.load(p_a, mask=m_k[None, :], other=0.0)
+                b_b = tl.load(p_b, mask=m_k[:, None], other=0.0)
             if UPCAST:
                 # the interpreter's bf16 tl.dot is wrong; fp32 operands are exact there
                 b_acc = tl.dot(b_a.to(tl.float32), b_b.to(tl.float32), b_acc)
             else:
                 b_acc = tl.dot(b_a, b_b, b_acc)
-        p_a += BLOCK_K * K_UNROLL * stride_ak
-        p_b += BLOCK_K * K_UNROLL * stride_bk
+            p_a += BLOCK_K * stride_ak
+            p_b += BLOCK_K * stride_bk
+        if (i % STEPS == STEPS - 1) | (i == n_steps - 1):
+            if SPLIT:
+                c = c_lo + i // STEPS
+                p_ws = ws_ptr + (c * M + o_m[:, None]) * N + o_n[None, :]
+                tl.store(p_ws, b_acc, mask=m_c)
+            else:
+                # the merge order of `_sum_chunks`: chunk c is added to the sum of chunks 0 .. c-1
+                b_total = b_total + b_acc
+            b_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
 
     p_c = c_ptr + o_m[:, None] * stride_cm + o_n[None, :] * stride_cn
-    m_c = (o_m[:, None] < M) & (o_n[None, :] < N)
-    tl.store(p_c, b_acc.to(c_ptr.dtype.element_ty), mask=m_c)
+    if SPLIT:
+        if FUSED:
+            # every thread's chunk sums are written before one thread announces them (release at GPU scope)
+            tl.debug_barrier()
+            arrived = tl.atomic_add(cnt_ptr + pid, 1)
+            if arrived == tl.num_programs(1) - 1:
+                b_total = _sum_chunks(ws_ptr, o_m[:, None], o_n[None, :], m_c, M, N, n_chunks)
+                tl.store(p_c, b_total.to(c_ptr.dtype.element_ty), mask=m_c)
+                tl.atomic_xchg(cnt_ptr + pid, 0)
+    else:
+        tl.store(p_c, b_total.to(c_ptr.dtype.element_ty), mask=m_c)
+
+
+@triton.jit(do_not_specialize=["M", "n_chunks"])
+def _linear_combine_kernel(
+    ws_ptr,  # [n_chunks, M, N] fp32 chunk sums, contiguous
+    c_ptr,  # [M, N] output
+    M,
+    N,
+    n_chunks,
+    stride_cm,
+    stride_cn,
+    BLOCK: tl.constexpr,
+):
+    o = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    o_m, o_n = o // N, o % N
+    m_o = o_m < M
+    b_total = _sum_chunks(ws_ptr, o_m, o_n, m_o, M, N, n_chunks)
+    tl.store(c_ptr + o_m * stride_cm + o_n * stride_cn, b_total.to(c_ptr.dtype.element_ty), mask=m_o)
 
 
 def _bucket(M: int) -> str:
@@ -172,23 +320,81 @@ def _bucket(M: int) -> str:
     return "MBIG"
 
 
-def _tile(M: int) -> tuple[int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages, K_UNROLL) for M rows: any may follow M, none changes bits."""
+def _tile(M: int) -> tuple[int, int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages, K_UNROLL, SPLIT) for M rows: any may follow M, none changes bits."""
     b = _bucket(M)
-    return tuple(CONFIG[f"{b}_{k}"] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "K_UNROLL"))
+    return tuple(CONFIG[f"{b}_{k}"] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "K_UNROLL", "SPLIT"))
+
+
+_SMS: dict = {}
+_COUNTERS: dict = {}
+_DUMMIES: dict = {}
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return DEFAULT_SMS
+    if device not in _SMS:
+        _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _SMS[device]
+
+
+def _counters(device: torch.device, n: int) -> torch.Tensor:
+    """n zeroed int32 arrival counters on `device`, kept between calls (each launch leaves them zero)."""
+    cnt = _COUNTERS.get(device)
+    if cnt is None or cnt.numel() < n:
+        cnt = _COUNTERS[device] = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+    return cnt
+
+
+def _dummy(device: torch.device) -> torch.Tensor:
+    """An fp32 workspace argument for launches that never touch it."""
+    if device not in _DUMMIES:
+        _DUMMIES[device] = torch.zeros(1, dtype=torch.float32, device=device)
+    return _DUMMIES[device]
+
+
+def _tma_operand(t: torch.Tensor, block_rows: int, block_k: int):
+    """(descriptor, transposed) for an operand t[R, K] read in [block_rows, block_k] tiles, or None.
+
+    TMA needs a unit stride in one dimension and 16-byte aligned rows and base; a transposed view (unit
+    stride along R, as dy.T and x.T in the backward) is described through its storage, tiles [block_k,
+    block_rows], which the kernel transposes back. Anything else goes through pointers: the same values.
+    """
+    if TensorDescriptor is None or t.data_ptr() % 16:
+        return None
+    size = t.element_size()
+    if t.stride(1) == 1 and (t.stride(0) * size) % 16 == 0:
+        return TensorDescriptor(t, list(t.shape), [t.stride(0), 1], [block_rows, block_k]), False
+    if t.stride(0) == 1 and (t.stride(1) * size) % 16 == 0:
+        s = t.t()
+        return TensorDescriptor(s, list(s.shape), [s.stride(0), 1], [block_k, block_rows]), True
+    return None
+
+
+def _chunks_per_program(tiles: int, n_chunks: int, split: int, sms: int) -> int:
+    """Fewest consecutive chunks per program that give `tiles` × groups ≥ split × sms programs; all if split = 0."""
+    if split == 0 or n_chunks == 1:
+        return n_chunks
+    groups = min(n_chunks, triton.cdiv(split * sms, tiles))
+    return triton.cdiv(n_chunks, max(groups, 1))
 
 
 def _matmul(
     a: torch.Tensor,
     b: torch.Tensor,
     out_dtype: torch.dtype | None = None,
-    tile: tuple[int, int, int, int, int] | None = None,
+    tile: tuple | None = None,
     block_k: int | None = None,
+    chunks_per_prog: int | None = None,
+    fused: bool | None = None,
+    tma: bool | None = None,
 ) -> torch.Tensor:
     """a[M, K] @ b[N, K].T -> [M, N] in `out_dtype` (default a's), any strides.
 
-    `tile` and `block_k` override CONFIG (the benchmark's offline sweep uses them); the entry
-    point never passes them.
+    `tile`, `chunks_per_prog`, `fused` and `tma` override CONFIG's launch (the CPU tests and
+    benchmarks/sweep_linear_tree.py use them; none changes bits); `block_k` overrides the frozen
+    BLOCK_K (tests only: it does change bits). The entry point passes none of them.
     """
     M, K = a.shape
     N, K2 = b.shape
@@ -199,16 +405,36 @@ def _matmul(
         return c
     if K == 0:
         return c.zero_()
-    BLOCK_M, BLOCK_N, num_warps, num_stages, K_UNROLL = tile or _tile(M)
+    BLOCK_M, BLOCK_N, num_warps, num_stages, K_UNROLL, SPLIT = tile or _tile(M)
     BLOCK_K = block_k or CONFIG["BLOCK_K"]
-    grid = (triton.cdiv(M, BLOCK_M) * triton.cdiv(N, BLOCK_N),)
-    _linear_fwd_kernel[grid](
-        a, b, c, M, N, K,
-        a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, K_UNROLL=K_UNROLL, GROUP_M=GROUP_M,
-        EVEN_K=K % (BLOCK_K * K_UNROLL) == 0, UPCAST=INTERPRET,
+    KCHUNK = CONFIG["KCHUNK"]
+    if KCHUNK % (BLOCK_K * K_UNROLL):
+        raise ValueError(f"linear: KCHUNK {KCHUNK} is no multiple of BLOCK_K {BLOCK_K} x K_UNROLL {K_UNROLL}")
+    n_chunks = triton.cdiv(K, KCHUNK)
+    tiles = triton.cdiv(M, BLOCK_M) * triton.cdiv(N, BLOCK_N)
+    per_prog = chunks_per_prog or _chunks_per_program(tiles, n_chunks, SPLIT, _num_sms(a.device))
+    groups = triton.cdiv(n_chunks, per_prog)
+    split = groups > 1
+    fuse = split and (CONFIG["FUSED_COMBINE"] if fused is None else fused)
+    # only a split launch touches the workspace and the counters
+    ws = torch.empty((n_chunks, M, N), device=a.device, dtype=torch.float32) if split else _dummy(a.device)
+    cnt = _counters(a.device, tiles if fuse else 1)
+    da = db = None
+    if CONFIG["TMA"] if tma is None else tma:
+        da, db = _tma_operand(a, BLOCK_M, BLOCK_K), _tma_operand(b, BLOCK_N, BLOCK_K)
+    use_tma = da is not None and db is not None
+    _linear_fwd_kernel[(tiles, groups)](
+        a, b, c, da[0] if use_tma else a, db[0] if use_tma else b, ws, cnt, M, N, K,
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1), per_prog,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, KCHUNK=KCHUNK, K_UNROLL=K_UNROLL, GROUP_M=GROUP_M,
+        SPLIT=split, FUSED=bool(fuse), EVEN_K=K % (BLOCK_K * K_UNROLL) == 0, UPCAST=INTERPRET,
+        TMA=use_tma, A_T=use_tma and da[1], B_T=use_tma and db[1],
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
+    if split and not fuse:
+        _linear_combine_kernel[(triton.cdiv(M * N, COMBINE_BLOCK),)](
+            ws, c, M, N, n_chunks, c.stride(0), c.stride(1), BLOCK=COMBINE_BLOCK, num_warps=4,
+        )  # fmt: skip
     return c
 
 
@@ -223,10 +449,10 @@ class LinearFunction(torch.autograd.Function):
         x, w = ctx.saved_tensors
         dx = dw = None
         if ctx.needs_input_grad[0]:
-            # dx[T, K] = dy[T, N] @ w[N, K]: reduce over N, K-sequential, rows batch-invariant
+            # dx[T, K] = dy[T, N] @ w[N, K]: reduce over N in the fixed tree, rows batch-invariant
             dx = _matmul(dy, w.t())
         if ctx.needs_input_grad[1]:
-            # dw[N, K] = dy.T[N, T] @ x[T, K]: reduce over the tokens in order, deterministic
+            # dw[N, K] = dy.T[N, T] @ x[T, K]: reduce over the tokens in the fixed tree, deterministic
             dw = _matmul(dy.t(), x.t(), out_dtype=w.dtype)
         return dx, dw
 

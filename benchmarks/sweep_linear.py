@@ -1,9 +1,9 @@
 """Launch configs of the linear root per M bucket, timed against cuBLAS in the same run (H200).
 
-    PYTHONPATH=. python benchmarks/sweep_linear_tree.py --out benchmarks/results/linear_tree_sweep
+    PYTHONPATH=. python benchmarks/sweep_linear.py --out benchmarks/results/linear_sweep
 
 Cells: Qwen3-8B's projections (qkv, o, gate_up, down) × M in 1 … 16384, and lm_head at M = 1,
-16, 256. Per bucket of tik_kernels.ops.linear_tree, ~10-15 candidate launches (tile, warps, stages,
+16, 256. Per bucket of tik_kernels.ops.linear, ~10-15 candidate launches (tile, warps, stages,
 K_UNROLL, SPLIT, fused or separate combine); none may change bits, so each candidate's output
 is compared with the entry point's, bit for bit, and a candidate that differs is reported and
 never chosen. The entry point's rows at every M are also compared with the same rows of the
@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 import tik_kernels  # noqa: E402,F401  (before triton)
-import tik_kernels.ops.linear_tree as L  # noqa: E402
+import tik_kernels.ops.linear as L  # noqa: E402
 from benchmarks import harness as H  # noqa: E402
 from tik_kernels.contracts.linear import projections  # noqa: E402
 from tik_kernels.models import QWEN3_8B  # noqa: E402
@@ -155,7 +155,7 @@ def label(tile: tuple, fused: bool) -> str:
 
 def _compile_jobs(jobs: list) -> list:
     """Child process: launch each candidate on a small problem (2 chunks) so Triton's disk cache holds it."""
-    import tik_kernels.ops.linear_tree as lin
+    import tik_kernels.ops.linear as lin
 
     if os.environ.get("SWEEP_LINEAR_TMA"):  # the parent's --tma (spawned processes do not share its CONFIG)
         lin.CONFIG["TMA"] = int(os.environ["SWEEP_LINEAR_TMA"])
@@ -374,14 +374,14 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=240.0, help="start no new shape after this many seconds")
     args = ap.parse_args()
     if not torch.cuda.is_available():
-        sys.exit("sweep_linear_tree: needs a CUDA GPU")
+        sys.exit("sweep_linear: needs a CUDA GPU")
     if args.tma is not None:
         L.CONFIG["TMA"] = args.tma
         os.environ["SWEEP_LINEAR_TMA"] = str(args.tma)
     doc = run(args)
     doc["tma"] = L.CONFIG["TMA"]
     doc["env"] = H.environment() | {"sms": torch.cuda.get_device_properties(0).multi_processor_count}
-    doc["command"] = "python benchmarks/sweep_linear_tree.py " + " ".join(sys.argv[1:])
+    doc["command"] = "python benchmarks/sweep_linear.py " + " ".join(sys.argv[1:])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.json").write_text(json.dumps(doc, indent=1))
