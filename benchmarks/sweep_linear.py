@@ -157,8 +157,10 @@ def _compile_jobs(jobs: list) -> list:
     """Child process: launch each candidate on a small problem (2 chunks) so Triton's disk cache holds it."""
     import tik_kernels.ops.linear as lin
 
-    if os.environ.get("SWEEP_LINEAR_TMA"):  # the parent's --tma (spawned processes do not share its CONFIG)
-        lin.CONFIG["TMA"] = int(os.environ["SWEEP_LINEAR_TMA"])
+    # the parent's --tma / --kchunk (spawned processes do not share its CONFIG)
+    for key in ("TMA", "KCHUNK"):
+        if os.environ.get(f"SWEEP_LINEAR_{key}"):
+            lin.CONFIG[key] = int(os.environ[f"SWEEP_LINEAR_{key}"])
     out = []
     x = torch.randn(16, 2 * lin.CONFIG["KCHUNK"], device="cuda").to(torch.bfloat16)
     w = torch.randn(256, 2 * lin.CONFIG["KCHUNK"], device="cuda").to(torch.bfloat16)
@@ -362,6 +364,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="folder for sweep.json and sweep.md")
     ap.add_argument(
+        "--kchunk",
+        type=int,
+        choices=L.TUNABLES["KCHUNK"],
+        default=None,
+        help="CONFIG['KCHUNK'] for this run: a different reduction tree (other bits), to choose the frozen value",
+    )
+    ap.add_argument(
         "--tma",
         type=int,
         choices=(0, 1),
@@ -375,11 +384,12 @@ def main() -> None:
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("sweep_linear: needs a CUDA GPU")
-    if args.tma is not None:
-        L.CONFIG["TMA"] = args.tma
-        os.environ["SWEEP_LINEAR_TMA"] = str(args.tma)
+    for key, value in (("TMA", args.tma), ("KCHUNK", args.kchunk)):
+        if value is not None:
+            L.CONFIG[key] = value
+            os.environ[f"SWEEP_LINEAR_{key}"] = str(value)
     doc = run(args)
-    doc["tma"] = L.CONFIG["TMA"]
+    doc["tma"], doc["kchunk"] = L.CONFIG["TMA"], L.CONFIG["KCHUNK"]
     doc["env"] = H.environment() | {"sms": torch.cuda.get_device_properties(0).multi_processor_count}
     doc["command"] = "python benchmarks/sweep_linear.py " + " ".join(sys.argv[1:])
     out = Path(args.out)
