@@ -37,7 +37,7 @@ _variant = functools.partial(variant, ROOT_SRC)
 
 @pytest.fixture(scope="module")
 def cpu_plan():
-    """The CPU plan without its K = 3112 part (the planted bugs below show up at K = 64 already)."""
+    """The CPU plan without its K = 4136 part (the planted bugs below show up at K = 64 already)."""
     plan = CONTRACT.plan("cpu", 0)
     plan.probes = [p for p in plan.probes if not p.id.startswith("chunks[")]
     plan.checks = [c for c in plan.checks if not c.name.startswith("chunks[")]
@@ -46,7 +46,7 @@ def cpu_plan():
 
 @pytest.fixture(scope="module")
 def chunk_plan():
-    """The CPU plan's K = 3112 part alone: four K chunks, T = 1 … 20 over the M16 and M64 buckets."""
+    """The CPU plan's K = 4136 part alone: three K chunks, T = 1 … 20 over the M16 and M64 buckets."""
     plan = CONTRACT.plan("cpu", 0)
     plan.probes = [p for p in plan.probes if p.id.startswith("chunks[")]
     plan.checks = [c for c in plan.checks if c.name.startswith("chunks[")]
@@ -69,7 +69,7 @@ def test_root_passes_cpu_contract():
     assert "cancel[N=64,K=64]/batch_invariance[T=1]" in names
     assert "w[N=48,K=64]/batch_invariance[T=9]" in names
     assert "w[N=40,K=40]/batch_invariance[dx rows]" in names
-    assert "chunks[N=16,K=3112]/batch_invariance[T=17]" in names
+    assert "chunks[N=16,K=4136]/batch_invariance[T=17]" in names
 
 
 def test_split_k_by_t_is_caught(tmp_path, cpu_plan):
@@ -157,9 +157,9 @@ def _tree_fp32(x: torch.Tensor, w: torch.Tensor, kchunk: int, block_k: int) -> t
 
 
 def test_every_split_gives_the_tree_s_bits():
-    """K = 3112: four chunks, the last partial. One program per tile walking all chunks, every number of
+    """K = 2 KCHUNK + 40: three chunks, the last partial. One program per tile walking all chunks, every number of
     chunks per program, the fused and the separate combine, other tiles: one fp32 result, the emulated tree's."""
-    N, K = 24, 3 * 1024 + 40
+    N, K = 24, 2 * L.CONFIG["KCHUNK"] + 40
     x, w = _cancelling(N, K)(5, torch.Generator().manual_seed(5))
     tree = _tree_fp32(x, w, L.CONFIG["KCHUNK"], L.CONFIG["BLOCK_K"])
     runs = {"walk": L._matmul(x, w, torch.float32, tile=(16, 32, 4, 2, 2, 0))}
@@ -180,7 +180,7 @@ def test_every_split_gives_the_tree_s_bits():
 
 def test_rows_equal_in_a_bigger_batch():
     """K = 1064 (two chunks, a partial one): rows of T = 1 … 17 (both sides of the M16 / M64 edge) as in T = 24."""
-    N, K = 16, 1024 + 40
+    N, K = 16, L.CONFIG["KCHUNK"] + 40
     x, w = _cancelling(N, K)(24, torch.Generator().manual_seed(6))
     full = L.linear(x, w)
     for T in (1, 2, 5, 16, 17):
@@ -338,7 +338,7 @@ def test_tma_and_pointers_give_the_same_bits():
     """Operands through TMA descriptors or through pointers: the same values into the same dots, forward and
     both gradients (dx and dw read transposed views, which TMA reads through their storage), K with a tail."""
     gen = torch.Generator().manual_seed(3)
-    T, N, K = 5, 24, 1024 + 40
+    T, N, K = 5, 24, L.CONFIG["KCHUNK"] + 40
     x = torch.randn(T, K, generator=gen).to(torch.bfloat16)
     w = (torch.randn(N, K, generator=gen) / K**0.5).to(torch.bfloat16)
     dy = torch.randn(T, N, generator=gen).to(torch.bfloat16)

@@ -3,15 +3,16 @@
 The reduction tree is fixed; who computes which part of it is free.
 
 The tree (frozen: BLOCK_K, KCHUNK, the merge order, one rounding). K is cut into chunks of
-KCHUNK = 1024 (the last one partial when K is no multiple of it; the masked tail adds exact
+KCHUNK = 2048 (the last one partial when K is no multiple of it; the masked tail adds exact
 zeros). Each chunk is summed K-sequentially from a fresh fp32 accumulator: one tl.dot per BLOCK_K
 slice, k = chunk start, + BLOCK_K, ... in order. The chunk sums are then added left to right in
 fp32, total = ((0 + s_0) + s_1) + ... + s_{n-1}, and the total is rounded to the output dtype
 once. Nothing in that tree depends on M, N, the tile or the launch: KCHUNK and BLOCK_K are
-constants, never functions of the shape. 1024 divides every K of the Qwen3 / Llama-3 projections
+constants, never functions of the shape. 2048 divides every K of the Qwen3 / Llama-3 projections
 (4096, 12288, 14336) and of their backward (N = 4096 ... 28672), so only the tokens of dw end on a
-partial chunk; it gives 4 chunks at K = 4096 (enough programs for decode, see below) and costs a
-large-M program one wait for its MMAs in flight per 16 BLOCK_K steps.
+partial chunk; it gives 2 chunks at K = 4096 (with narrow tiles, enough programs for decode, see
+below) and costs a large-M program one wait for its MMAs in flight per 32 BLOCK_K steps. Timed
+against 1024 on the H200 with each one's best launches, 2048 was faster at 31 of 35 cells.
 
 The parallelization (tunable per M bucket, none of it changes bits):
 - the output tile (BLOCK_M, BLOCK_N), num_warps, num_stages, K_UNROLL (BLOCK_K slices loaded
@@ -43,10 +44,11 @@ One flat loop runs a program's steps; a chunk's sum is handed on at its last ste
 total, or written to the workspace), so the compiler pipelines loads across chunk boundaries and turns
 the reset into the MMA's "ignore the accumulator" flag.
 
-Measured on the H200 (`benchmarks/sweep_linear.py`, benchmarks/results/linear_sweep_h200_tma/sweep.md):
-with TMA the best launch per bucket is 1.17x cuBLAS's time (geomean over 35 Qwen3-8B cells), 1.08-1.12x
-at M >= 4096, 1.04x at M <= 16; without TMA 1.38x. The single-chain root this replaced measured 1.31x
-(speed_h200.md), 1.26-1.30x at M >= 1024.
+Measured on the H200 (`benchmarks/sweep_linear.py`, benchmarks/results/linear_sweep_h200_*/sweep.md):
+with TMA and KCHUNK 1024 the best launch per bucket was 1.17x cuBLAS's time (geomean over 35 Qwen3-8B
+cells), 1.38x with pointer loads; with KCHUNK 2048 and more candidates, 1.10x (M >= 4096 1.02-1.13x,
+M <= 16 1.01x; M = 64 1.07-1.24x and M = 256 1.25-1.52x are what is left). The single-chain root this
+replaced measured 1.31x (speed_h200.md), 1.26-1.30x at M >= 1024.
 
 Triton's interpreter computes bf16 tl.dot wrongly: there (UPCAST) the operands go in as fp32,
 which is exact, and tik_kernels._runtime makes the interpreter's dot sum K in order.
@@ -111,12 +113,12 @@ TUNABLES = {
     "MBIG_SPLIT": (0, 1, 2, 4, 8),
 }
 
-#: M1024 / MBIG tiles from the previous root's H200 sweep (BLOCK_K = 64 was the fastest from M = 1024 on).
-#: The small buckets are first guesses, untimed, for `benchmarks/sweep_linear_tree.py` to replace: at
-#: K = 4096, N = 4096 they give 256 programs of two per SM (operand stages within 228 KB of shared memory)
+#: chosen on the H200 by `benchmarks/sweep_linear.py --tma 1 --kchunk 2048` (best launch per bucket over the
+#: Qwen3-8B projections and lm_head, benchmarks/results/linear_sweep_h200_k2048/sweep.md); KCHUNK 2048 beat 1024
+#: there (1.098x vs 1.129x cuBLAS geomean, the same candidates, linear_sweep_h200_k1024/sweep.md)
 CONFIG = {
     "BLOCK_K": 64,
-    "KCHUNK": 1024,
+    "KCHUNK": 2048,
     "FUSED_COMBINE": 1,
     "TMA": 1,
     "M16_BLOCK_M": 16,
@@ -128,25 +130,25 @@ CONFIG = {
     "M64_BLOCK_M": 64,
     "M64_BLOCK_N": 64,
     "M64_num_warps": 4,
-    "M64_num_stages": 3,
-    "M64_K_UNROLL": 2,
+    "M64_num_stages": 6,
+    "M64_K_UNROLL": 1,
     "M64_SPLIT": 2,
-    "M256_BLOCK_M": 64,
-    "M256_BLOCK_N": 128,
+    "M256_BLOCK_M": 128,
+    "M256_BLOCK_N": 64,
     "M256_num_warps": 4,
     "M256_num_stages": 4,
     "M256_K_UNROLL": 1,
-    "M256_SPLIT": 1,
+    "M256_SPLIT": 0,
     "M1024_BLOCK_M": 128,
     "M1024_BLOCK_N": 128,
     "M1024_num_warps": 8,
-    "M1024_num_stages": 3,
+    "M1024_num_stages": 5,
     "M1024_K_UNROLL": 1,
-    "M1024_SPLIT": 1,
+    "M1024_SPLIT": 0,
     "MBIG_BLOCK_M": 128,
-    "MBIG_BLOCK_N": 128,
+    "MBIG_BLOCK_N": 256,
     "MBIG_num_warps": 8,
-    "MBIG_num_stages": 3,
+    "MBIG_num_stages": 4,
     "MBIG_K_UNROLL": 1,
     "MBIG_SPLIT": 0,
 }
