@@ -179,7 +179,7 @@ def test_every_split_gives_the_tree_s_bits():
 
 
 def test_rows_equal_in_a_bigger_batch():
-    """K = 1064 (two chunks, a partial one): rows of T = 1 … 17 (both sides of the M16 / M64 edge) as in T = 24."""
+    """K = KCHUNK + 40 (two chunks, a partial one): rows of T = 1 … 17 (both sides of the M16 / M64 edge) as in T = 24."""
     N, K = 16, L.CONFIG["KCHUNK"] + 40
     x, w = _cancelling(N, K)(24, torch.Generator().manual_seed(6))
     full = L.linear(x, w)
