@@ -179,7 +179,8 @@ def test_every_split_gives_the_tree_s_bits():
 
 
 def test_rows_equal_in_a_bigger_batch():
-    """K = KCHUNK + 40 (two chunks, a partial one): rows of T = 1 … 17 (both sides of the M16 / M64 edge) as in T = 24."""
+    """K = KCHUNK + 40 (two chunks, a partial one): rows of T = 1 … 17 (both sides of the M16 / M64 edge) as in
+    T = 24."""
     N, K = 16, L.CONFIG["KCHUNK"] + 40
     x, w = _cancelling(N, K)(24, torch.Generator().manual_seed(6))
     full = L.linear(x, w)
@@ -365,3 +366,14 @@ def test_tma_and_pointers_give_the_same_bits_on_gpu(M):
     for a, b in ((x, w), (dy, w.t()), (dy.t(), x.t())):
         assert L._tma_operand(a, 64, 64) is not None and L._tma_operand(b, 64, 64) is not None
         assert same_bits(L._matmul(a, b, tma=True), L._matmul(a, b, tma=False))
+
+
+def test_wide_outputs_take_the_big_tile(monkeypatch):
+    """WIDE_WAVES: an M256 / M1024 launch over a wide output (lm_head) takes the MBIG tile; decode sizes and
+    narrow outputs keep their bucket's (the tile changes no bits: the tests above)."""
+    big = tuple(L.CONFIG[f"MBIG_{k}"] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "K_UNROLL", "SPLIT"))
+    monkeypatch.setitem(L.CONFIG, "WIDE_WAVES", 2)
+    assert L._tile(256, 151936, 132) == big and L._tile(1024, 151936, 132) == big
+    assert L._tile(256, 4096, 132) == L._tile(256) and L._tile(16, 151936, 132) == L._tile(16)
+    monkeypatch.setitem(L.CONFIG, "WIDE_WAVES", 0)
+    assert L._tile(256, 151936, 132) == L._tile(256)

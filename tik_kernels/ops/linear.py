@@ -31,6 +31,8 @@ The parallelization (tunable per M bucket, none of it changes bits):
 - FUSED_COMBINE: who runs `_sum_chunks` after a split: 1 = the last program of a tile to
   finish (an arrival counter per tile, reset by that program: one launch, nothing to wait on),
   0 = a second kernel over the whole output.
+- WIDE_WAVES: a mid-size M (M256, M1024 buckets) whose output is so wide (lm_head, gate_up) that the
+  MBIG tile gives that many waves of programs on its own launches with the MBIG tile;
 - TMA: operands read through tensor descriptors (Hopper's tensor-memory accelerator) instead of
   pointer tensors: the same values into the same dots, and no per-thread addresses, which leaves the
   registers for the running total beside the chunk accumulator (H200, 128x128 walking launch: 150
@@ -81,6 +83,7 @@ TUNABLES = {
     "KCHUNK": (512, 1024, 2048),
     "FUSED_COMBINE": (0, 1),
     "TMA": (0, 1),
+    "WIDE_WAVES": (0, 1, 2, 4),
     "M16_BLOCK_M": (16, 32, 64),
     "M16_BLOCK_N": (16, 32, 64, 128, 256),
     "M16_num_warps": (2, 4, 8),
@@ -121,6 +124,7 @@ CONFIG = {
     "KCHUNK": 2048,
     "FUSED_COMBINE": 1,
     "TMA": 1,
+    "WIDE_WAVES": 0,
     "M16_BLOCK_M": 16,
     "M16_BLOCK_N": 64,
     "M16_num_warps": 4,
@@ -322,9 +326,18 @@ def _bucket(M: int) -> str:
     return "MBIG"
 
 
-def _tile(M: int) -> tuple[int, int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages, K_UNROLL, SPLIT) for M rows: any may follow M, none changes bits."""
+def _tile(M: int, N: int | None = None, sms: int = DEFAULT_SMS) -> tuple[int, int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages, K_UNROLL, SPLIT) for M rows: any may follow M, none changes bits.
+
+    WIDE_WAVES > 0: an M256 / M1024 launch whose output is wide enough that the MBIG tile alone gives at
+    least WIDE_WAVES waves of programs (lm_head, gate_up) takes the MBIG tile instead of its bucket's.
+    """
     b = _bucket(M)
+    waves = CONFIG["WIDE_WAVES"]
+    if waves and N is not None and b in ("M256", "M1024"):
+        wide = tuple(CONFIG[f"MBIG_{k}"] for k in ("BLOCK_M", "BLOCK_N"))
+        if triton.cdiv(M, wide[0]) * triton.cdiv(N, wide[1]) >= waves * sms:
+            b = "MBIG"
     return tuple(CONFIG[f"{b}_{k}"] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "K_UNROLL", "SPLIT"))
 
 
@@ -407,7 +420,7 @@ def _matmul(
         return c
     if K == 0:
         return c.zero_()
-    BLOCK_M, BLOCK_N, num_warps, num_stages, K_UNROLL, SPLIT = tile or _tile(M)
+    BLOCK_M, BLOCK_N, num_warps, num_stages, K_UNROLL, SPLIT = tile or _tile(M, N, _num_sms(a.device))
     BLOCK_K = block_k or CONFIG["BLOCK_K"]
     KCHUNK = CONFIG["KCHUNK"]
     if KCHUNK % (BLOCK_K * K_UNROLL):
