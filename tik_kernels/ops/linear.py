@@ -32,7 +32,9 @@ The parallelization (tunable per M bucket, none of it changes bits):
   finish (an arrival counter per tile, reset by that program: one launch, nothing to wait on),
   0 = a second kernel over the whole output.
 - WIDE_WAVES: a mid-size M (M256, M1024 buckets) whose output is so wide (lm_head, gate_up) that the
-  MBIG tile gives that many waves of programs on its own launches with the MBIG tile;
+  MBIG tile gives that many waves of programs on its own launches with the MBIG tile (H200: lm_head
+  at M = 256 1.50x -> 1.15x cuBLAS; 1 wave also moved qkv at M = 1024 to 1.30x, 2 moved nothing the
+  wrong way: benchmarks/results/linear_wide_waves_h200/);
 - TMA: operands read through tensor descriptors (Hopper's tensor-memory accelerator) instead of
   pointer tensors: the same values into the same dots, and no per-thread addresses, which leaves the
   registers for the running total beside the chunk accumulator (H200, 128x128 walking launch: 150
@@ -124,7 +126,7 @@ CONFIG = {
     "KCHUNK": 2048,
     "FUSED_COMBINE": 1,
     "TMA": 1,
-    "WIDE_WAVES": 0,
+    "WIDE_WAVES": 2,
     "M16_BLOCK_M": 16,
     "M16_BLOCK_N": 64,
     "M16_num_warps": 4,
