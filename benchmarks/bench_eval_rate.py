@@ -56,14 +56,19 @@ def candidates(op: str, n: int, seed: int = 0) -> list[tuple[str, str]]:
     return [(", ".join(f"{k}={v!r}" for k, v in c.items() if v != config[k]), rewrite_config(src, c)) for c in picked]
 
 
-def run_op(op: str, evals: int, device: str, timeout: float) -> dict:
+def run_op(op: str, evals: int, device: str, timeout: float, repeat: bool = False) -> dict:
     from tik_kernels.evaluator import evaluate, sandbox
 
     before = dict(sandbox.SPARES.stats)
 
     tmp = Path(tempfile.mkdtemp(prefix=f"tik-evalrate-{op}-"))
     rows = []
-    for i, (label, src) in enumerate(candidates(op, evals)):
+    picked = candidates(op, evals)
+    if repeat:
+        # each candidate twice in a row: the second finds its kernels compiled (the Triton cache the first left),
+        # so a phase's difference between the two is what compiling the candidate costs there
+        picked = [x for label, src in picked for x in ((label, src), (label + " (again)", src))]
+    for i, (label, src) in enumerate(picked):
         path = tmp / f"{op}_cand{i}.py"
         path.write_text(src)
         t0 = time.perf_counter()
@@ -77,12 +82,19 @@ def run_op(op: str, evals: int, device: str, timeout: float) -> dict:
                      "objective": d.get("objective"), "cells": len(d.get("cells") or [])})
         print(f"{op} #{i} {label}: {wall:.1f} s, verified={d['verified']} "
               f"{json.dumps(rows[-1]['phases'])}", flush=True)
-    later = rows[1:] or rows
+    fresh = [r for r in rows if not r["candidate"].endswith(" (again)")]
+    later = fresh[1:] or fresh
     med = {p: round(statistics.median([r["phases"].get(p, 0.0) for r in later]), 2) for p in PHASES}
     spares = {k: v - before.get(k, 0) for k, v in sandbox.SPARES.stats.items()}
-    return {"op": op, "evaluations": rows, "first_s": rows[0]["wall_s"], "spares": spares,
-            "median_s_after_first": round(statistics.median(r["wall_s"] for r in later), 2),
-            "median_phases_after_first": med, "first_phases": rows[0]["phases"]}
+    out = {"op": op, "evaluations": rows, "first_s": rows[0]["wall_s"], "spares": spares,
+           "median_s_after_first": round(statistics.median(r["wall_s"] for r in later), 2),
+           "median_phases_after_first": med, "first_phases": rows[0]["phases"]}
+    again = [r for r in rows[2:] if r["candidate"].endswith(" (again)")]
+    if again:  # the same candidates, kernels already compiled (first pair left out, as above)
+        out["median_s_again"] = round(statistics.median(r["wall_s"] for r in again), 2)
+        out["median_phases_again"] = {p: round(statistics.median([r["phases"].get(p, 0.0) for r in again]), 2)
+                                      for p in PHASES}
+    return out
 
 
 def markdown(doc: dict) -> str:
@@ -96,6 +108,13 @@ def markdown(doc: dict) -> str:
                  for p in PHASES]
         lines.append(f"| {r['op']} | {r['first_s']:.1f} | **{r['median_s_after_first']:.1f}** | "
                      + " | ".join(cells) + " |")
+    again = [r for r in doc["ops"] if "median_s_again" in r]
+    if again:
+        lines += ["", "The same candidates evaluated again, their kernels compiled (`--repeat`): median.", "",
+                  "| op | median again | " + " | ".join(PHASES) + " |", "|" + "---|" * (2 + len(PHASES))]
+        for r in again:
+            lines.append(f"| {r['op']} | **{r['median_s_again']:.1f}** | "
+                         + " | ".join(f"{r['median_phases_again'].get(p, 0):.1f}" for p in PHASES) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -107,6 +126,8 @@ def main() -> int:
     ap.add_argument("--device", default=None)
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     ap.add_argument("--name", default=None, help="file stem (default eval_rate_h200 / eval_rate_cpu)")
+    ap.add_argument("--repeat", action="store_true", help="evaluate each candidate twice in a row (the second with "
+                    "its kernels compiled): what compiling costs per phase; writes no summary key")
     ap.add_argument("--prestart", type=int, default=None, help="pre-started candidate children kept ready "
                     "(TIK_PRESTART; default 1, 0: none)")
     a = ap.parse_args()
@@ -133,10 +154,10 @@ def main() -> int:
            "env": environment(device), "prestart": sandbox.prestart_depth(), "ops": []}
     a.out.mkdir(parents=True, exist_ok=True)
     for op in ops:
-        doc["ops"].append(run_op(op, a.evals, device, a.timeout))
+        doc["ops"].append(run_op(op, a.evals, device, a.timeout, a.repeat))
         (a.out / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
         (a.out / f"{name}.md").write_text(markdown(doc))
-        if device.startswith("cuda") and a.evals >= 2 and "H200" in str(doc["env"].get("gpu")):
+        if device.startswith("cuda") and a.evals >= 2 and not a.repeat and "H200" in str(doc["env"].get("gpu")):
             # issue #18's keys: the median seconds per evaluation after the first, this benchmark's only
             update_summary(a.out / "summary_h200.json", {f"eval_s_{op}": doc["ops"][-1]["median_s_after_first"]},
                            source=f"{name}.json", command=doc["command"])

@@ -9,6 +9,9 @@
 #                     ($R/eval_rate_h200.{json,md}; eval_s_* keys of $R/summary_h200.json by hand)
 #   eval_rate_rmsnorm, eval_rate_attention, eval_rate_linear
 #                 #18 the same, one operator per part (EVALS=3 evaluations; an attention or linear part fills a call)
+#   eval_repeat_rmsnorm, eval_repeat_attention, eval_repeat_linear
+#                 #18 each of EVALS=2 candidates evaluated twice in a row (--repeat): the second finds its kernels
+#                     compiled, so the phases' differences are what compiling a candidate costs
 #   rvi           #18 the root timed against itself (rmsnorm, 7 cells): within ±1% per cell?
 #   search_linear, search_attention
 #                 #18 the tuner on the current root, in a workspace kept under .gpu_ws/ (ignored: carry it),
@@ -59,6 +62,10 @@ for p in "$@"; do
             op=${p#eval_rate_}
             part "$p" 590 "$py" benchmarks/bench_eval_rate.py --evals "${EVALS:-3}" --ops "$op" --out "$R" \
                 --name "eval_rate_h200_$op" ;;
+        eval_repeat_rmsnorm | eval_repeat_attention | eval_repeat_linear)
+            op=${p#eval_repeat_}
+            part "$p" 590 "$py" benchmarks/bench_eval_rate.py --evals "${EVALS:-2}" --repeat --ops "$op" --out "$R" \
+                --name "eval_repeat_h200_$op" ;;
         rvi)
             part rvi 300 "$py" benchmarks/bench_evaluator_cheats.py --scenarios root_vs_itself \
                 --out "$R/evaluator_rvi_h200" ;;
@@ -87,6 +94,6 @@ for p in "$@"; do
             part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_h200
             part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (suite eval_rate eval_rate_OP rvi search_linear search_attention tuner_linear scaleout attention e2e e2e_decode e2e_learning speed hf)" >&2 ;;
+            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi search_linear search_attention tuner_linear scaleout attention e2e e2e_decode e2e_learning speed hf)" >&2 ;;
     esac
 done
