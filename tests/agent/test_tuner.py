@@ -52,9 +52,11 @@ def test_rewrite_config_on_the_library_linear_keeps_every_kernel_line():
     import tik_kernels.ops
 
     src = (Path(tik_kernels.ops.__file__).parent / "linear.py").read_text()
-    cfg = module_literal(src, "CONFIG")
-    new = rewrite_config(src, {**cfg, "M256_BLOCK_M": 128, "MBIG_num_warps": 4})
-    assert module_literal(new, "CONFIG") == {**cfg, "M256_BLOCK_M": 128, "MBIG_num_warps": 4}
+    cfg, space = module_literal(src, "CONFIG"), module_literal(src, "TUNABLES")
+    # two keys moved to another allowed value, whatever the root's CONFIG holds today
+    moved = {k: next(v for v in space[k] if v != cfg[k]) for k in ("M256_BLOCK_M", "MBIG_num_warps")}
+    new = rewrite_config(src, {**cfg, **moved})
+    assert module_literal(new, "CONFIG") == {**cfg, **moved}
     old_lines, new_lines = src.splitlines(), new.splitlines()
     assert len(old_lines) == len(new_lines)
     assert sum(a != b for a, b in zip(old_lines, new_lines, strict=True)) == 2
