@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tik_kernels._runtime import DEVICE
-from tik_kernels.contract import Results, execute_probe, load_module
+from tik_kernels.contract import Results, execute_probe, load_module, same_bits
 from tik_kernels.contracts import get_contract
 from tik_kernels.reference import attention as ref
 
@@ -403,3 +403,78 @@ def test_gpu_decode_every_position_equals_prefill(split, monkeypatch):
     bad = (out[:, :, 0].view(torch.int16) != want.view(torch.int16)).any(-1).any(-1).nonzero().flatten()
     assert bad.numel() == 0, f"{bad.numel()} positions differ, first {bad[:8].tolist()}"
 
+
+
+@pytest.mark.parametrize("layout", ["bhsd", "bshd", "packed"])
+def test_fwd_tma_gives_the_pointer_bits(layout, monkeypatch):
+    """FWD_TMA reads the unmasked walk's K and V blocks through descriptors: the same bits as pointer loads for
+    [B, H, S, D], [B, S, H, D] (a transposed view) and packed layouts, forward and gradients; a descriptor
+    pointing one head off is seen (the descriptor path is the one that ran)."""
+    import tik_kernels.ops.attention as A
+
+    gen = torch.Generator().manual_seed(7)
+    Hq, Hk, D = 4, 2, 16
+    if layout == "packed":
+        lens, cu = [7, 19, 12], torch.tensor([0, 7, 26, 38], dtype=torch.int32)
+        q, k, v = (torch.randn(38, h, D, generator=gen).to(torch.bfloat16) for h in (Hq, Hk, Hk))
+
+        def fwd(q, k, v):
+            return A.attention_varlen(q, k, v, cu, max_seqlen=max(lens))
+    else:
+        q = torch.randn(2, Hq, 19, D, generator=gen).to(torch.bfloat16)
+        k, v = (torch.randn(2, Hk, 19, D, generator=gen).to(torch.bfloat16) for _ in range(2))
+        if layout == "bshd":
+            k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (k, v))
+        fwd = A.attention_prefill
+    assert A._kv_descriptor(k, layout == "packed", 4) is not None
+
+    def run():
+        qq, kk, vv = (x.clone().requires_grad_() for x in (q, k, v))
+        o = fwd(qq, kk, vv)
+        o.float().square().sum().backward()
+        return o, qq.grad, kk.grad, vv.grad
+
+    monkeypatch.setitem(A.CONFIG, "FWD_TMA", 0)
+    ref = run()
+    monkeypatch.setitem(A.CONFIG, "FWD_TMA", 1)
+    assert all(same_bits(a, b) for a, b in zip(run(), ref, strict=True))
+    real = A._kv_descriptor
+
+    def off_by_a_head(t, varlen, block_n):
+        desc, (rb, rh, ch) = real(t, varlen, block_n)
+        return desc, (rb, rh, ch + D) if ch else (rb, rh + 1, ch)
+
+    monkeypatch.setattr(A, "_kv_descriptor", off_by_a_head)
+    assert not same_bits(run()[0], ref[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("packed", [False, True])
+def test_fwd_tma_gives_the_pointer_bits_on_gpu(packed, monkeypatch):
+    """On the H200, FWD_TMA: forward and gradients equal bit for bit with pointer loads at a real GQA shape."""
+    import tik_kernels.ops.attention as A
+
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    Hq, Hk, D, S = 32, 8, 128, 3000
+    if packed:
+        cu = torch.tensor([0, 700, 3000, 4100], dtype=torch.int32, device="cuda")
+        q, k, v = (torch.randn(4100, h, D, generator=gen, device="cuda").to(torch.bfloat16) for h in (Hq, Hk, Hk))
+
+        def fwd(q, k, v):
+            return A.attention_varlen(q, k, v, cu, max_seqlen=2300)
+    else:
+        q = torch.randn(1, Hq, S, D, generator=gen, device="cuda").to(torch.bfloat16)
+        k, v = (torch.randn(1, Hk, S, D, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(2))
+        fwd = A.attention_prefill
+    assert A._kv_descriptor(k, packed, 128) is not None
+
+    def run():
+        qq, kk, vv = (x.clone().requires_grad_() for x in (q, k, v))
+        o = fwd(qq, kk, vv)
+        o.float().square().sum().backward()
+        return o, qq.grad, kk.grad, vv.grad
+
+    monkeypatch.setitem(A.CONFIG, "FWD_TMA", 0)
+    ref = run()
+    monkeypatch.setitem(A.CONFIG, "FWD_TMA", 1)
+    assert all(same_bits(a, b) for a, b in zip(run(), ref, strict=True))

@@ -63,6 +63,11 @@ import triton.language as tl
 
 from tik_kernels._runtime import INTERPRET
 
+try:  # Triton >= 3.4: operands described for the tensor-memory accelerator (TMA)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older Triton reads through pointers
+    TensorDescriptor = None
+
 TUNABLES = {
     # the KV block and the chunk (in blocks): they set the reduction tree over keys (frozen)
     "BLOCK_N": (128,),
@@ -77,6 +82,9 @@ TUNABLES = {
     # 1: prefill keeps the running total's acc in an fp32 scratch tile per program instead of registers (the same
     # operations on the same values; fewer registers, more L2 traffic at chunk edges)
     "FWD_TOTAL_IN_MEMORY": (0, 1),
+    # 1: prefill reads the K and V blocks every row of its tile sees (the unmasked walk) through TMA descriptors
+    # instead of pointer tensors: the same values into the same dots, no per-thread addresses held in registers
+    "FWD_TMA": (0, 1),
     # decode: rows of a program (the group's query heads, padded to an MMA's minimum)
     "DECODE_BLOCK_M": (16, 32, 64),
     "decode_num_warps": (2, 4, 8),
@@ -109,6 +117,7 @@ CONFIG = {
     "num_warps": 8,
     "num_stages": 2,
     "FWD_TOTAL_IN_MEMORY": 0,
+    "FWD_TMA": 0,
     "DECODE_BLOCK_M": 16,
     "decode_num_warps": 8,
     "decode_num_stages": 3,
@@ -192,6 +201,9 @@ def _attn_fwd_kernel(
     lse_ptr,  # fp32 [B, Hq, S] or [T, Hq]: log2-domain log-sum-exp of each row, for the backward
     cu_ptr,  # int32 [B + 1] sequence starts (VARLEN only)
     t_ptr,  # fp32 scratch, a [BLOCK_M, D] tile per program (TOTAL_IN_MEMORY only)
+    k_desc,  # TMA only: K as rows of positions; the block of (b, kvh, pos) at row b*k_rb + kvh*k_rh + start + pos,
+    v_desc,  # column kvh*k_ch (`_kv_descriptor`); V likewise
+    k_rb, k_rh, k_ch, v_rb, v_rh, v_ch,
     stride_qb, stride_qh, stride_qs,
     stride_kb, stride_kh, stride_ks,
     stride_vb, stride_vh, stride_vs,
@@ -208,6 +220,7 @@ def _attn_fwd_kernel(
     VARLEN: tl.constexpr,
     UPCAST: tl.constexpr,
     TOTAL_IN_MEMORY: tl.constexpr,
+    TMA: tl.constexpr = False,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1).to(tl.int64)
@@ -255,10 +268,18 @@ def _attn_fwd_kernel(
     pos_hi = tl.minimum((pid_m * BLOCK_M + BLOCK_M - 1) // G + 1, L)
     n_full = (pos_lo + 1) // BLOCK_N
     n_blocks = tl.cdiv(pos_hi, BLOCK_N)
+    if TMA:
+        k_row = (b * k_rb + kvh * k_rh + start).to(tl.int32)
+        v_row = (b * v_rb + kvh * v_rh + start).to(tl.int32)
     for j in range(0, n_full):
         k_pos = j * BLOCK_N + tl.arange(0, BLOCK_N)
-        b_k = tl.load(k_base + k_pos[:, None] * stride_ks + o_d[None, :])
-        b_v = tl.load(v_base + k_pos[:, None] * stride_vs + o_d[None, :])
+        if TMA:
+            # whole blocks below L: never past the sequence, so never another sequence's (or poisoned) rows
+            b_k = k_desc.load([k_row + j * BLOCK_N, (kvh * k_ch).to(tl.int32)])
+            b_v = v_desc.load([v_row + j * BLOCK_N, (kvh * v_ch).to(tl.int32)])
+        else:
+            b_k = tl.load(k_base + k_pos[:, None] * stride_ks + o_d[None, :])
+            b_v = tl.load(v_base + k_pos[:, None] * stride_vs + o_d[None, :])
         if UPCAST:
             b_k = b_k.to(tl.float32)
             b_v = b_v.to(tl.float32)
@@ -710,6 +731,31 @@ def _row_strides(t: torch.Tensor, varlen: bool) -> tuple[int, int, int]:
     return t.stride(0), t.stride(1), t.stride(2)
 
 
+def _kv_descriptor(t: torch.Tensor, varlen: bool, block_n: int):
+    """(TMA descriptor, (rb, rh, ch)) for K or V, or None when TMA cannot read it.
+
+    The descriptor sees the tensor as a matrix whose rows are positions (row stride = the position stride) and
+    whose [block_n, D] block for (batch b, KV head h, positions p ...) starts at row b*rb + h*rh + p, column
+    h*ch: heads are whole rows apart in a [B, H, S, D] layout (rh = S, ch = 0) and columns apart in a
+    [B, S, H, D] or packed [T, H, D] one (rh = 0, ch = the head stride).
+    """
+    if TensorDescriptor is None or t.data_ptr() % 16 or t.stride(-1) != 1:
+        return None
+    sb, sh, ss = _row_strides(t, varlen)
+    d, size = t.shape[-1], t.element_size()
+    if (ss * size) % 16 or (d * size) % 16 or sb % ss:
+        return None
+    if sh % ss == 0:  # heads are rows apart: the row is one head's position
+        rb, rh, ch, cols = sb // ss, sh // ss, 0, d
+    elif sh * (t.shape[-2 if varlen else 1] - 1) + d <= ss:  # every head inside one position's row
+        rb, rh, ch, cols = sb // ss, 0, sh, ss
+    else:
+        return None
+    rows = (t.untyped_storage().nbytes() - t.storage_offset() * size) // (ss * size)
+    desc = TensorDescriptor(t, [rows, cols], [ss, 1], [block_n, d])
+    return desc, (rb, rh, ch)
+
+
 def _fwd(q, k, v, cu, n_seq, max_len, seq_len, scale, varlen):
     """Launch the fused forward; q/k/v last dim contiguous. Returns (o, lse)."""
     cfg = _tiles()
@@ -722,12 +768,17 @@ def _fwd(q, k, v, cu, n_seq, max_len, seq_len, scale, varlen):
     in_memory = bool(cfg.get("FWD_TOTAL_IN_MEMORY", 0))
     scratch = torch.empty(grid[0] * grid[1] * cfg["BLOCK_M"] * d if in_memory else 1, dtype=torch.float32,
                           device=q.device)
+    kd = vd = None
+    if cfg.get("FWD_TMA", 0):
+        kd, vd = _kv_descriptor(k, varlen, cfg["BLOCK_N"]), _kv_descriptor(v, varlen, cfg["BLOCK_N"])
+    tma = kd is not None and vd is not None
     _attn_fwd_kernel[grid](
         q, k, v, o, lse, cu, scratch,
+        kd[0] if tma else k, vd[0] if tma else v, *(kd[1] if tma else (0, 0, 0)), *(vd[1] if tma else (0, 0, 0)),
         *_row_strides(q, varlen), *_row_strides(k, varlen), *_row_strides(v, varlen), *_row_strides(o, varlen),
         *lse_strides, seq_len, hk, scale * _LOG2E,
         G=G, D=d, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], CHUNK=cfg["CHUNK_BLOCKS"], VARLEN=varlen,
-        UPCAST=INTERPRET, TOTAL_IN_MEMORY=in_memory, **_launch_opts(cfg["num_warps"], cfg["num_stages"]),
+        UPCAST=INTERPRET, TOTAL_IN_MEMORY=in_memory, TMA=tma, **_launch_opts(cfg["num_warps"], cfg["num_stages"]),
     )
     return o, lse
 
