@@ -20,9 +20,10 @@ _root_linear = linear
 
 
 def linear(x, w):
-    # planted: split K in two fp32 halves once the batch is "large"
+    # planted: split K in two fp32 parts once the batch is "large", off a chunk boundary (a split at a KCHUNK
+    # boundary adds the same chunk sums in the same order: that is the root's own tree, not a bug)
     if x.shape[0] > 4:
-        h = x.shape[1] // 2
+        h = x.shape[1] // 2 + 8
         part = _matmul(x[:, :h], w[:, :h], torch.float32) + _matmul(x[:, h:], w[:, h:], torch.float32)
         return part.to(x.dtype)
     return _root_linear(x, w)
