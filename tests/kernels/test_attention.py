@@ -404,6 +404,24 @@ def test_gpu_decode_every_position_equals_prefill(split, monkeypatch):
     assert bad.numel() == 0, f"{bad.numel()} positions differ, first {bad[:8].tolist()}"
 
 
+def _forward_and_grads(fwd, q, k, v) -> tuple:
+    """fwd's output and the gradients of sum(o^2) with respect to q, k and v (fresh leaves each call)."""
+    qq, kk, vv = (x.clone().requires_grad_() for x in (q, k, v))
+    o = fwd(qq, kk, vv)
+    o.float().square().sum().backward()
+    return o, qq.grad, kk.grad, vv.grad
+
+
+def _tma_matches_pointers(run, monkeypatch) -> tuple:
+    """run() with FWD_TMA off, then on: equal bits, output by output; returns the pointer run's outputs."""
+    import tik_kernels.ops.attention as A
+
+    monkeypatch.setitem(A.CONFIG, "FWD_TMA", 0)
+    ref = run()
+    monkeypatch.setitem(A.CONFIG, "FWD_TMA", 1)
+    assert all(same_bits(a, b) for a, b in zip(run(), ref, strict=True))
+    return ref
+
 
 @pytest.mark.parametrize("layout", ["bhsd", "bshd", "packed"])
 def test_fwd_tma_gives_the_pointer_bits(layout, monkeypatch):
@@ -429,15 +447,9 @@ def test_fwd_tma_gives_the_pointer_bits(layout, monkeypatch):
     assert A._kv_descriptor(k, layout == "packed", 4) is not None
 
     def run():
-        qq, kk, vv = (x.clone().requires_grad_() for x in (q, k, v))
-        o = fwd(qq, kk, vv)
-        o.float().square().sum().backward()
-        return o, qq.grad, kk.grad, vv.grad
+        return _forward_and_grads(fwd, q, k, v)
 
-    monkeypatch.setitem(A.CONFIG, "FWD_TMA", 0)
-    ref = run()
-    monkeypatch.setitem(A.CONFIG, "FWD_TMA", 1)
-    assert all(same_bits(a, b) for a, b in zip(run(), ref, strict=True))
+    ref = _tma_matches_pointers(run, monkeypatch)
     real = A._kv_descriptor
 
     def off_by_a_head(t, varlen, block_n):
@@ -467,14 +479,4 @@ def test_fwd_tma_gives_the_pointer_bits_on_gpu(packed, monkeypatch):
         k, v = (torch.randn(1, Hk, S, D, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(2))
         fwd = A.attention_prefill
     assert A._kv_descriptor(k, packed, 128) is not None
-
-    def run():
-        qq, kk, vv = (x.clone().requires_grad_() for x in (q, k, v))
-        o = fwd(qq, kk, vv)
-        o.float().square().sum().backward()
-        return o, qq.grad, kk.grad, vv.grad
-
-    monkeypatch.setitem(A.CONFIG, "FWD_TMA", 0)
-    ref = run()
-    monkeypatch.setitem(A.CONFIG, "FWD_TMA", 1)
-    assert all(same_bits(a, b) for a, b in zip(run(), ref, strict=True))
+    _tma_matches_pointers(lambda: _forward_and_grads(fwd, q, k, v), monkeypatch)

@@ -422,14 +422,15 @@ def _matmul(
         return c
     if K == 0:
         return c.zero_()
-    BLOCK_M, BLOCK_N, num_warps, num_stages, K_UNROLL, SPLIT = tile or _tile(M, N, _num_sms(a.device))
+    sms = _num_sms(a.device)
+    BLOCK_M, BLOCK_N, num_warps, num_stages, K_UNROLL, SPLIT = tile or _tile(M, N, sms)
     BLOCK_K = block_k or CONFIG["BLOCK_K"]
     KCHUNK = CONFIG["KCHUNK"]
     if KCHUNK % (BLOCK_K * K_UNROLL):
         raise ValueError(f"linear: KCHUNK {KCHUNK} is no multiple of BLOCK_K {BLOCK_K} x K_UNROLL {K_UNROLL}")
     n_chunks = triton.cdiv(K, KCHUNK)
     tiles = triton.cdiv(M, BLOCK_M) * triton.cdiv(N, BLOCK_N)
-    per_prog = chunks_per_prog or _chunks_per_program(tiles, n_chunks, SPLIT, _num_sms(a.device))
+    per_prog = chunks_per_prog or _chunks_per_program(tiles, n_chunks, SPLIT, sms)
     groups = triton.cdiv(n_chunks, per_prog)
     split = groups > 1
     fuse = split and (CONFIG["FUSED_COMBINE"] if fused is None else fused)
