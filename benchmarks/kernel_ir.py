@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+from pathlib import Path
 
 import torch
 
@@ -45,21 +46,26 @@ def main() -> None:
     ap.add_argument("--kernel", default="_linear_fwd_kernel")
     ap.add_argument("--config", nargs="*", default=[], metavar="KEY=INT", help="override the module's CONFIG")
     a = ap.parse_args()
+    try:
+        M, N, K = map(int, a.shape.split(","))
+        tiles = [tuple(map(int, launch.split(","))) for launch in a.launches]
+        config = {key: int(val) for key, val in (kv.split("=") for kv in a.config)}
+    except ValueError:
+        raise SystemExit("kernel_ir: --shape is M,N,K, each launch and each --config value integers "
+                         "(KEY=INT)") from None
+    if not Path(a.path).is_file():
+        raise SystemExit(f"kernel_ir: no file {a.path}")
     if not torch.cuda.is_available():
         raise SystemExit("kernel_ir: needs a GPU (the interpreter compiles nothing)")
     spec = importlib.util.spec_from_file_location("kernel_under_test", a.path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     fn = getattr(mod, a.kernel)
-    for kv in a.config:
-        key, val = kv.split("=")
-        mod.CONFIG[key] = int(val)
-    M, N, K = map(int, a.shape.split(","))
+    mod.CONFIG.update(config)
     x = torch.randn(M, K, device="cuda").to(torch.bfloat16)
     w = torch.randn(N, K, device="cuda").to(torch.bfloat16)
     print(f"{a.path} at M,N,K = {M},{N},{K}")
-    for launch in a.launches:
-        tile = tuple(map(int, launch.split(",")))
+    for launch, tile in zip(a.launches, tiles, strict=True):
         before = {id(k) for k in compiled(fn)}
         try:
             mod._matmul(x, w, tile=tile)
