@@ -76,6 +76,15 @@ CANDIDATES = {
         (16, 128, 4, 4, 2, 2),
         (64, 128, 8, 4, 1, 2),
         (64, 64, 4, 4, 1, 4),
+        # deeper pipelines (H200 2026-12-04: 6 stages beat 4 at most M64 / M256 cells)
+        (64, 32, 4, 8, 1, 4),
+        (64, 32, 4, 6, 1, 8),
+        (64, 64, 4, 8, 1, 2),
+        (64, 64, 4, 6, 1, 4),
+        (64, 64, 4, 6, 1, 1),
+        (32, 64, 4, 8, 1, 4),
+        (64, 128, 8, 6, 1, 1),
+        (64, 128, 8, 5, 1, 2),
     ],
     "M256": [(64, 128, 4, 4, 2, s) for s in (0, 1, 2)]
     + [(128, 128, 8, 3, 1, s) for s in (0, 1, 2)]
@@ -96,6 +105,17 @@ CANDIDATES = {
         (64, 256, 8, 3, 1, 0),
         (128, 128, 8, 4, 1, 0),
         (64, 64, 4, 4, 1, 2),
+        # deeper pipelines, and splits without K_UNROLL (H200 2026-12-04: o M=256 1.22x -> 1.00x from 4 to 6 stages)
+        (64, 64, 4, 8, 1, 0),
+        (64, 64, 4, 6, 1, 1),
+        (64, 64, 4, 6, 1, 2),
+        (64, 128, 4, 6, 1, 0),
+        (64, 128, 4, 5, 1, 2),
+        (64, 128, 8, 6, 1, 0),
+        (64, 128, 8, 6, 1, 2),
+        (128, 64, 4, 6, 1, 0),
+        (128, 64, 4, 8, 1, 0),
+        (128, 128, 8, 5, 1, 0),
     ],
     "M1024": [(128, 128, 8, 3, 1, s) for s in (0, 1)]
     + [(128, 256, 8, 3, 1, s) for s in (0, 1)]
@@ -179,14 +199,22 @@ def compile_parallel(jobs: list, workers: int) -> dict:
     return {(t, f): err for t, f, err in H.in_processes(_compile_jobs, jobs, workers)}
 
 
-def shapes() -> list:
+def shapes(buckets=BUCKETS) -> list:
+    """(name, N, K, Ms) of every cell; with `buckets`, only the Ms whose M bucket is one of them."""
     out = [(p.name, p.N, p.K, MS) for p in projections((QWEN3_8B,))]
-    return out + [("lm_head", QWEN3_8B.vocab, QWEN3_8B.hidden, LM_HEAD_MS)]
+    out += [("lm_head", QWEN3_8B.vocab, QWEN3_8B.hidden, LM_HEAD_MS)]
+    out = [(n, N, K, tuple(m for m in ms if L._bucket(m) in buckets)) for n, N, K, ms in out]
+    return [s for s in out if s[3]]
 
 
 def run(args) -> dict:
     t0 = time.time()
-    cand = {b: candidates(b) for b in BUCKETS}
+    buckets = tuple(args.buckets or BUCKETS)
+    # a cell is timed with the candidates of the bucket whose launch serves it: WIDE_WAVES sends wide M256 /
+    # M1024 outputs (lm_head, gate_up) to MBIG's, so those cells choose among MBIG's launches
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if DEVICE == "cuda" else L.DEFAULT_SMS
+    served = sorted({L._launch_bucket(M, N, sms) for _, N, _, ms in shapes(buckets) for M in ms})
+    cand = {b: candidates(b) for b in served}
     errors = compile_parallel([c for cs in cand.values() for c in cs], args.workers)
     cand = {b: [c for c in cs if errors.get(c) is None] for b, cs in cand.items()}
     print(
@@ -195,7 +223,7 @@ def run(args) -> dict:
     )
     gen = torch.Generator(device=DEVICE).manual_seed(args.seed)
     cells, bits_bad, rows_checked = [], [], []
-    for proj, N, K, ms in shapes():
+    for proj, N, K, ms in shapes(buckets):
         if time.time() - t0 > args.budget_s:
             print(f"time budget reached before {proj}", flush=True)
             break
@@ -204,7 +232,7 @@ def run(args) -> dict:
         x0 = torch.randn(m_max, K, generator=gen, device=DEVICE).to(torch.bfloat16)
         big = L.linear(x0, w0)
         for M in ms:
-            b = L._bucket(M)
+            b = L._launch_bucket(M, N, sms)
             x = x0[:M].clone()
             ref = L.linear(x, w0)
             rows_checked.append({"proj": proj, "M": M, "equal": H.bits_equal(ref, big[:M])})
@@ -246,7 +274,7 @@ def run(args) -> dict:
         torch.cuda.empty_cache()
 
     choice, config, combines = {}, dict(L.CONFIG), []
-    for b in BUCKETS:
+    for b in served:
         rows = [c for c in cells if c["bucket"] == b]
         scored = []
         for tile, fused in cand[b]:
@@ -376,6 +404,8 @@ def main() -> None:
         default=None,
         help="CONFIG['TMA'] for this run (operands through TMA descriptors; changes no bits)",
     )
+    ap.add_argument("--buckets", nargs="+", choices=BUCKETS, default=None,
+                    help="only the cells whose M falls in these buckets (default: all)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--workers", type=int, default=12, help="compile processes")

@@ -221,8 +221,8 @@ def _prefill_relations(group: str):
 
 def test_block_size_following_length_fails_prefix_and_decode(plan, root, tmp_path):
     bad = patched(tmp_path, "block_follows_S",
-                  'BLOCK_N=cfg["BLOCK_N"], CHUNK=cfg["CHUNK_BLOCKS"], VARLEN=varlen,',
-                  'BLOCK_N=cfg["BLOCK_N"] * (2 if max_len > 12 else 1), CHUNK=cfg["CHUNK_BLOCKS"], VARLEN=varlen,')
+                  'block_n = cfg["BLOCK_N"]  # the KV block',
+                  'block_n = cfg["BLOCK_N"] * (2 if max_len > 12 else 1)  # the KV block')
     results = run_checks(plan, bad, root, select=_prefill_relations("gqa"))
     assert failed(results, "prefix_matches_full")
     assert failed(results, "decode_matches_prefill")

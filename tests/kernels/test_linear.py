@@ -303,10 +303,6 @@ def test_root_passes_gpu_contract():
 
 
 @pytest.mark.gpu
-@pytest.mark.xfail(reason="H200 2026-12-03/04: the planted split at K/2 was not caught at T=1; with KCHUNK 2048 "
-                          "that split is the root's own tree at K = 4096. Planted off a chunk boundary since, not yet "
-                          "run on the H200: drop this mark once it passes there",
-                   strict=False)
 def test_split_k_by_t_is_caught_on_gpu(tmp_path):
     plan = CONTRACT.plan("gpu", 0)
     plan.probes = [p for p in plan.probes if p.id.startswith("o[")]

@@ -117,7 +117,7 @@ CONFIG = {
     "num_warps": 8,
     "num_stages": 2,
     "FWD_TOTAL_IN_MEMORY": 0,
-    "FWD_TMA": 0,
+    "FWD_TMA": 1,
     "DECODE_BLOCK_M": 16,
     "decode_num_warps": 8,
     "decode_num_stages": 3,
@@ -768,16 +768,17 @@ def _fwd(q, k, v, cu, n_seq, max_len, seq_len, scale, varlen):
     in_memory = bool(cfg.get("FWD_TOTAL_IN_MEMORY", 0))
     scratch = torch.empty(grid[0] * grid[1] * cfg["BLOCK_M"] * d if in_memory else 1, dtype=torch.float32,
                           device=q.device)
+    block_n = cfg["BLOCK_N"]  # the KV block: the launch and the descriptors read the same one
     kd = vd = None
     if cfg.get("FWD_TMA", 0):
-        kd, vd = _kv_descriptor(k, varlen, cfg["BLOCK_N"]), _kv_descriptor(v, varlen, cfg["BLOCK_N"])
+        kd, vd = _kv_descriptor(k, varlen, block_n), _kv_descriptor(v, varlen, block_n)
     tma = kd is not None and vd is not None
     _attn_fwd_kernel[grid](
         q, k, v, o, lse, cu, scratch,
         kd[0] if tma else k, vd[0] if tma else v, *(kd[1] if tma else (0, 0, 0)), *(vd[1] if tma else (0, 0, 0)),
         *_row_strides(q, varlen), *_row_strides(k, varlen), *_row_strides(v, varlen), *_row_strides(o, varlen),
         *lse_strides, seq_len, hk, scale * _LOG2E,
-        G=G, D=d, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], CHUNK=cfg["CHUNK_BLOCKS"], VARLEN=varlen,
+        G=G, D=d, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=block_n, CHUNK=cfg["CHUNK_BLOCKS"], VARLEN=varlen,
         UPCAST=INTERPRET, TOTAL_IN_MEMORY=in_memory, TMA=tma, **_launch_opts(cfg["num_warps"], cfg["num_stages"]),
     )
     return o, lse

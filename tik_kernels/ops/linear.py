@@ -334,13 +334,19 @@ def _tile(M: int, N: int | None = None, sms: int = DEFAULT_SMS) -> tuple[int, in
     WIDE_WAVES > 0: an M256 / M1024 launch whose output is wide enough that the MBIG tile alone gives at
     least WIDE_WAVES waves of programs (lm_head, gate_up) takes the MBIG tile instead of its bucket's.
     """
+    b = _launch_bucket(M, N, sms)
+    return tuple(CONFIG[f"{b}_{k}"] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "K_UNROLL", "SPLIT"))
+
+
+def _launch_bucket(M: int, N: int | None = None, sms: int = DEFAULT_SMS) -> str:
+    """The bucket whose launch serves M rows of an N-wide output (its M bucket, or MBIG when WIDE_WAVES moves it)."""
     b = _bucket(M)
     waves = CONFIG["WIDE_WAVES"]
     if waves and N is not None and b in ("M256", "M1024"):
         wide = tuple(CONFIG[f"MBIG_{k}"] for k in ("BLOCK_M", "BLOCK_N"))
         if triton.cdiv(M, wide[0]) * triton.cdiv(N, wide[1]) >= waves * sms:
             b = "MBIG"
-    return tuple(CONFIG[f"{b}_{k}"] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "K_UNROLL", "SPLIT"))
+    return b
 
 
 _SMS: dict = {}
