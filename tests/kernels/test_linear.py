@@ -371,6 +371,30 @@ def test_wide_outputs_take_the_big_tile(monkeypatch):
     big = tuple(L.CONFIG[f"MBIG_{k}"] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "K_UNROLL", "SPLIT"))
     monkeypatch.setitem(L.CONFIG, "WIDE_WAVES", 2)
     assert L._tile(256, 151936, 132) == big and L._tile(1024, 151936, 132) == big
-    assert L._tile(256, 4096, 132) == L._tile(256) and L._tile(16, 151936, 132) == L._tile(16)
+    assert L._tile(256, 6144, 132) == L._tile(256) and L._tile(16, 151936, 132) == L._tile(16)
     monkeypatch.setitem(L.CONFIG, "WIDE_WAVES", 0)
     assert L._tile(256, 151936, 132) == L._tile(256)
+
+
+def test_outputs_that_leave_sms_idle_take_the_fill_tile(monkeypatch):
+    """FILL_PCT: a launch whose bucket tile gives fewer output tiles than FILL_PCT % of the SMs takes the bucket's
+    FILL tile (its tile, warps and stages; the bucket's K_UNROLL and SPLIT); one that fills them keeps its own,
+    and with FILL_PCT 0 nothing moves. Any tile gives the same bits (the tests above)."""
+    keys = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
+    for k, v in zip(keys, (128, 128, 8, 5), strict=True):
+        monkeypatch.setitem(L.CONFIG, f"M256_{k}", v)
+    for k, v in zip(keys, (128, 64, 4, 8), strict=True):
+        monkeypatch.setitem(L.CONFIG, f"M256_FILL_{k}", v)
+    monkeypatch.setitem(L.CONFIG, "FILL_PCT", 50)
+    rest = (L.CONFIG["M256_K_UNROLL"], L.CONFIG["M256_SPLIT"])
+    # 2 x 32 = 64 tiles of 128 x 128 over N = 4096: under half of 132 SMs
+    assert L._tile(256, 4096, 132) == (128, 64, 4, 8) + rest
+    # 2 x 48 = 96 over N = 6144: enough
+    assert L._tile(256, 6144, 132) == (128, 128, 8, 5) + rest
+    monkeypatch.setitem(L.CONFIG, "FILL_PCT", 0)
+    assert L._tile(256, 4096, 132) == (128, 128, 8, 5) + rest
+    # a bucket without a FILL tile, or no N (the bucket's own tile asked for), never moves
+    monkeypatch.setitem(L.CONFIG, "FILL_PCT", 100)
+    assert L._tile(1024, 128, 132) == tuple(L.CONFIG[f"M1024_{k}"] for k in keys) + (
+        L.CONFIG["M1024_K_UNROLL"], L.CONFIG["M1024_SPLIT"])
+    assert L._tile(256) == (128, 128, 8, 5) + rest

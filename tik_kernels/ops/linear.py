@@ -35,6 +35,12 @@ The parallelization (tunable per M bucket, none of it changes bits):
   MBIG tile gives that many waves of programs on its own launches with the MBIG tile (H200: lm_head
   at M = 256 1.50x -> 1.15x cuBLAS; 1 wave also moved qkv at M = 1024 to 1.30x, 2 moved nothing the
   wrong way: benchmarks/results/linear_wide_waves_h200/);
+- FILL_PCT with a bucket's FILL tile (M64, M256): a launch whose bucket tile would give fewer output
+  tiles than FILL_PCT % of the SMs takes the FILL tile (its own BLOCK_M, BLOCK_N, warps, stages; the
+  bucket's K_UNROLL and SPLIT) instead. At M = 256 a 128x128 tile with 8 warps is the fastest per SM, but
+  over a 4096-wide output it gives 64 tiles, half the H200 idle; 128x64 fills it (H200 sweep of
+  2026-12-04: o 1.39x -> 1.02x, down 1.46x -> 1.08x cuBLAS, while qkv and gate_up keep 128x128 at
+  1.21x / 1.14x where 128x64 gave 1.51x / 1.52x: benchmarks/results/linear_sweep_h200_m64_m256/);
 - TMA: operands read through tensor descriptors (Hopper's tensor-memory accelerator) instead of
   pointer tensors: the same values into the same dots, and no per-thread addresses, which leaves the
   registers for the running total beside the chunk accumulator (H200, 128x128 walking launch: 150
@@ -104,6 +110,15 @@ TUNABLES = {
     "M256_num_stages": (2, 3, 4, 5, 6, 8),
     "M256_K_UNROLL": (1, 2, 4),
     "M256_SPLIT": (0, 1, 2, 4, 8),
+    "FILL_PCT": (0, 25, 50, 75, 100),
+    "M64_FILL_BLOCK_M": (16, 32, 64, 128),
+    "M64_FILL_BLOCK_N": (16, 32, 64, 128, 256),
+    "M64_FILL_num_warps": (2, 4, 8),
+    "M64_FILL_num_stages": (2, 3, 4, 5, 6, 8),
+    "M256_FILL_BLOCK_M": (16, 32, 64, 128),
+    "M256_FILL_BLOCK_N": (16, 32, 64, 128, 256),
+    "M256_FILL_num_warps": (2, 4, 8),
+    "M256_FILL_num_stages": (2, 3, 4, 5, 6, 8),
     "M1024_BLOCK_M": (16, 32, 64, 128, 256),
     "M1024_BLOCK_N": (32, 64, 128, 256),
     "M1024_num_warps": (4, 8),
@@ -140,11 +155,20 @@ CONFIG = {
     "M64_K_UNROLL": 1,
     "M64_SPLIT": 2,
     "M256_BLOCK_M": 128,
-    "M256_BLOCK_N": 64,
-    "M256_num_warps": 4,
-    "M256_num_stages": 4,
+    "M256_BLOCK_N": 128,
+    "M256_num_warps": 8,
+    "M256_num_stages": 5,
     "M256_K_UNROLL": 1,
     "M256_SPLIT": 0,
+    "FILL_PCT": 50,
+    "M64_FILL_BLOCK_M": 64,
+    "M64_FILL_BLOCK_N": 64,
+    "M64_FILL_num_warps": 4,
+    "M64_FILL_num_stages": 6,
+    "M256_FILL_BLOCK_M": 128,
+    "M256_FILL_BLOCK_N": 64,
+    "M256_FILL_num_warps": 4,
+    "M256_FILL_num_stages": 8,
     "M1024_BLOCK_M": 128,
     "M1024_BLOCK_N": 128,
     "M1024_num_warps": 8,
@@ -335,7 +359,12 @@ def _tile(M: int, N: int | None = None, sms: int = DEFAULT_SMS) -> tuple[int, in
     least WIDE_WAVES waves of programs (lm_head, gate_up) takes the MBIG tile instead of its bucket's.
     """
     b = _launch_bucket(M, N, sms)
-    return tuple(CONFIG[f"{b}_{k}"] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "K_UNROLL", "SPLIT"))
+    tile = tuple(CONFIG[f"{b}_{k}"] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "K_UNROLL", "SPLIT"))
+    fill = CONFIG["FILL_PCT"]
+    if fill and N is not None and f"{b}_FILL_BLOCK_M" in CONFIG:
+        if triton.cdiv(M, tile[0]) * triton.cdiv(N, tile[1]) * 100 < fill * sms:
+            tile = tuple(CONFIG[f"{b}_FILL_{k}"] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")) + tile[4:]
+    return tile
 
 
 def _launch_bucket(M: int, N: int | None = None, sms: int = DEFAULT_SMS) -> str:
