@@ -1,0 +1,174 @@
+"""Where a decode step's time goes: every kernel call of one step, timed alone, against its own floor (H200).
+
+    PYTHONPATH=. python benchmarks/decode_breakdown.py --out benchmarks/results            # qwen3-0.6b, B=64, L=256
+    PYTHONPATH=. python benchmarks/decode_breakdown.py --device cpu --layers 1 --batch 2 --context 8 --out /tmp/x
+
+`bench_e2e.py --only decode` times a whole decode step against the bandwidth floor (weights + KV at 4.2 TB/s).
+This splits it: one step of the rollout engine's decode (the model's `forward_decode`, then the engine's
+`sample` and `logprob` on the last hidden state) runs once through a backend that records every call; calls of
+one operator with the same shapes (the layers repeat them) are grouped, and each group's call is timed with the
+benchmark harness (a CUDA graph of back-to-back calls on rotating copies of its inputs, so weights and KV come
+from HBM, medians over rounds) and multiplied by its count. Beside each: the bytes its tensors cover (inputs and
+output) and that over 4.2 TB/s, so a call far above its own floor stands out. The rest of the step (cache writes
+and the glue between calls, which do not go through the backend, and the gaps between kernels) is the
+difference to the step's graph replay, timed in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+import tik_kernels  # noqa: E402,F401  (before triton)
+from benchmarks import harness as H  # noqa: E402
+from tik_kernels.e2e.decode_bench import time_decode  # noqa: E402
+from tik_kernels.e2e.model import PRESETS, KVCache, bf16_weights, forward_decode, init_params, make_backend  # noqa: E402
+from tik_kernels.e2e.rollout import token_seeds  # noqa: E402
+
+
+class Recorder:
+    """A backend that records each public call (name, args) and passes it on."""
+
+    def __init__(self, be):
+        self._be = be
+        self.calls: list[tuple[str, tuple]] = []
+
+    def __getattr__(self, name):
+        attr = getattr(self._be, name)
+        if name.startswith("_") or not callable(attr):
+            return attr
+
+        def call(*args):
+            self.calls.append((name, args))
+            return attr(*args)
+
+        return call
+
+
+def signature(name: str, args: tuple) -> tuple:
+    """What makes two calls the same work: the operator, and each argument's shape/dtype (or value)."""
+    return (name,) + tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def record_step(mc, be, W, cache, batch: int, context: int, temperature: float = 1.0) -> list[tuple[str, tuple]]:
+    """One decode step's backend calls, as the rollout engine makes them (forward, then sample and log-prob)."""
+    rec = Recorder(be)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, mc.vocab, (batch,), generator=g).to(cache.k.device)
+    pos = torch.full((batch,), context - 1, device=cache.k.device)
+    seeds = torch.tensor(token_seeds(list(range(batch)), [context - 1] * batch), device=cache.k.device)
+    with torch.no_grad():
+        hidden = forward_decode(mc, rec, W, ids, pos, cache, kv_len=context)
+        tok = rec.sample(hidden, W["lm_head"], temperature, seeds)
+        rec.logprob(hidden, W["lm_head"], tok, temperature)
+    return rec.calls
+
+
+def breakdown(mc, backend_name: str, batch: int, context: int, device: str, rounds: int, params) -> dict:
+    be = make_backend(backend_name)
+    W = bf16_weights(params, grad=False)
+    cache = KVCache(mc, batch, context, device)
+    gen = torch.Generator(device=device).manual_seed(0)
+    cache.k.normal_(generator=gen)
+    cache.v.normal_(generator=gen)
+    calls = record_step(mc, be, W, cache, batch, context)
+    groups: dict[tuple, dict] = {}
+    for name, args in calls:
+        key = signature(name, args)
+        if key not in groups:
+            shapes = [list(a.shape) for a in args if isinstance(a, torch.Tensor)]
+            groups[key] = {"op": name, "shapes": shapes, "count": 0, "args": args}
+        groups[key]["count"] += 1
+    rows = []
+    for g in groups.values():
+        fn = getattr(be, g["op"])
+        args = g.pop("args")
+        with torch.no_grad():
+            out = fn(*args)
+        nbytes = H.tensor_bytes(args) + H.tensor_bytes(out)
+        if device == "cuda":
+            r = H.compare({"call": lambda *a, fn=fn: fn(*a)}, args, rounds=rounds, nbytes=nbytes)["contenders"]["call"]
+            us = r.get("median_us")
+            g["error"] = r.get("error")
+        else:
+            us = None
+        floor_us = nbytes / (H.COPY_TBPS * 1e12) * 1e6
+        rows.append(g | {"bytes": nbytes, "floor_us": floor_us, "us": us,
+                         "total_us": us * g["count"] if us is not None else None,
+                         "over_floor": us / floor_us if us else None})
+    rows.sort(key=lambda r: -(r["total_us"] or 0))
+    total = sum(r["total_us"] or 0 for r in rows)
+    return {"backend": backend_name, "calls": len(calls), "distinct": len(rows), "sum_of_calls_us": total,
+            "rows": rows}
+
+
+def write_md(doc: dict, path: Path) -> None:
+    lines = [f"# A decode step, call by call ({doc['env'].get('gpu', doc['device'])})", "",
+             f"`{doc['command']}`  ", f"{doc['preset']}, {doc['layers'] or 'all'} layers, B={doc['batch']}, "
+             f"context {doc['context']}; each distinct call timed alone (CUDA graph of back-to-back calls on rotating "
+             "input copies, medians), times its count. Floor: the bytes its tensors cover at 4.2 TB/s.", ""]
+    for b in doc["backends"]:
+        step = b.get("step", {})
+        lines += [f"## {b['backend']}", "",
+                  f"{b['calls']} backend calls ({b['distinct']} distinct): sum **{b['sum_of_calls_us']:.0f} µs**; "
+                  f"the step's graph replay {step.get('replay_ms', float('nan')) * 1e3:.0f} µs, its floor "
+                  f"{step.get('floor_ms', float('nan')) * 1e3:.0f} µs (the rest of the replay: cache writes, glue "
+                  "and gaps between kernels)", "",
+                  "| op | shapes | count | µs each | µs total | floor µs each | × floor |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in b["rows"]:
+            us = "-" if r["us"] is None else f"{r['us']:.1f}"
+            tot = "-" if r["total_us"] is None else f"{r['total_us']:.0f}"
+            of = "-" if r["over_floor"] is None else f"{r['over_floor']:.1f}"
+            lines.append(f"| {r['op']} | {r['shapes']} | {r['count']} | {us} | {tot} | {r['floor_us']:.2f} | {of} |")
+        lines.append("")
+    path.write_text("\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    ap.add_argument("--preset", default="qwen3-0.6b", choices=list(PRESETS))
+    ap.add_argument("--layers", type=int, default=None, help="cut the model to N layers (default: full depth)")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--context", type=int, default=256)
+    ap.add_argument("--backends", nargs="+", default=["stock", "unified"], choices=["stock", "unified"])
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    args = ap.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("decode_breakdown: no CUDA GPU here (--device cpu runs the code path; no times)", file=sys.stderr)
+        return 2
+    mc = PRESETS[args.preset]
+    if args.layers:
+        mc = mc.with_layers(args.layers)
+    params = init_params(mc, 0, args.device)
+    doc = {"command": H.command_line(), "env": H.environment(), "device": args.device, "preset": args.preset,
+           "layers": args.layers, "batch": args.batch, "context": args.context, "backends": []}
+    for name in args.backends:
+        b = breakdown(mc, name, args.batch, args.context, args.device, args.rounds, params)
+        if args.device == "cuda":
+            step = time_decode(mc, make_backend(name), batch=args.batch, context=args.context, graphs=True,
+                               device=args.device, tbps=H.COPY_TBPS, params=params)
+            b["step"] = {k: step.get(k) for k in ("step_ms", "replay_ms", "floor_ms", "replay_over_floor")}
+        doc["backends"].append(b)
+        print(json.dumps({"backend": name, "sum_of_calls_us": b["sum_of_calls_us"], **b.get("step", {})}), flush=True)
+        for r in b["rows"][:12]:
+            print(f"  {r['op']:16s} x{r['count']:<3d} {r['shapes']}  us {r['us']}  floor {r['floor_us']:.2f}",
+                  flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = f"decode_breakdown_{'h200' if args.device == 'cuda' else 'cpu'}_{args.preset}"
+    (args.out / f"{stem}.json").write_text(json.dumps(doc, indent=1, default=str))
+    write_md(doc, args.out / f"{stem}.md")
+    print(f"wrote {args.out / stem}.json and .md", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""benchmarks/decode_breakdown.py on the CPU: the code path, and that the recorded step is the engine's."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks import decode_breakdown as DB  # noqa: E402
+from tik_kernels.e2e.model import PRESETS  # noqa: E402
+
+
+def test_every_call_of_a_step_is_recorded_and_grouped(tmp_path):
+    assert DB.main(["--device", "cpu", "--preset", "tiny", "--batch", "2", "--context", "8", "--out",
+                    str(tmp_path), "--backends", "unified"]) == 0
+    doc = json.loads((tmp_path / "decode_breakdown_cpu_tiny.json").read_text())
+    (b,) = doc["backends"]
+    mc = PRESETS["tiny"]
+    counts = {}
+    for r in b["rows"]:
+        counts[r["op"]] = counts.get(r["op"], 0) + r["count"]
+    # per layer: q, k, v, o, gate_up, down; one attention; the step: one embedding, one sample, one log-prob
+    assert counts["linear"] == 6 * mc.layers
+    assert counts["attention_decode"] == mc.layers
+    assert counts["embedding"] == counts["sample"] == counts["logprob"] == 1
+    assert sum(r["count"] for r in b["rows"]) == b["calls"]
+    # the layers repeat their shapes, so there are fewer distinct calls than calls
+    assert b["distinct"] < b["calls"]
+    assert (tmp_path / "decode_breakdown_cpu_tiny.md").read_text().count("| linear |") >= 2
+
+
+def test_calls_with_other_shapes_are_not_grouped():
+    import torch
+
+    a, b = torch.zeros(2, 3), torch.zeros(2, 4)
+    assert DB.signature("linear", (a, a)) != DB.signature("linear", (a, b))
+    assert DB.signature("attention_decode", (a, 128)) != DB.signature("attention_decode", (a, 256))
+    assert DB.signature("linear", (a, a)) == DB.signature("linear", (torch.ones(2, 3), a))
+
+
+def test_no_gpu_is_a_one_line_refusal(capsys):
+    if __import__("torch").cuda.is_available():
+        pytest.skip("a GPU is here")
+    assert DB.main(["--out", "/tmp/x"]) == 2
+    assert "no CUDA GPU" in capsys.readouterr().err
