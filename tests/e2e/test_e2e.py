@@ -73,8 +73,9 @@ def _write_hf_checkpoint(d, mc, params):
         pre = f"model.layers.{i}."
         sd[pre + "input_layernorm.weight"] = params[f"l{i}.ln1"]
         sd[pre + "post_attention_layernorm.weight"] = params[f"l{i}.ln2"]
-        for ours, theirs in (("wq", "q_proj"), ("wk", "k_proj"), ("wv", "v_proj"), ("wo", "o_proj")):
-            sd[pre + f"self_attn.{theirs}.weight"] = params[f"l{i}.{ours}"]
+        q, k, v = params[f"l{i}.wqkv"].split([mc.heads * mc.head_dim] + [mc.kv_heads * mc.head_dim] * 2)
+        for t, theirs in ((q, "q_proj"), (k, "k_proj"), (v, "v_proj"), (params[f"l{i}.wo"], "o_proj")):
+            sd[pre + f"self_attn.{theirs}.weight"] = t
         sd[pre + "self_attn.q_norm.weight"] = params[f"l{i}.q_norm"]
         sd[pre + "self_attn.k_norm.weight"] = params[f"l{i}.k_norm"]
         gate, up = params[f"l{i}.w_gate_up"].chunk(2)

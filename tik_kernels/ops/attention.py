@@ -788,8 +788,11 @@ def _bwd(q, k, v, o, lse, do, cu, n_seq, max_len, seq_len, scale, varlen):
     cfg = _tiles()
     hq, hk, d = q.shape[-2 if varlen else 1], k.shape[-2 if varlen else 1], q.shape[-1]
     G = hq // hk
-    # q, o and dO are read with one set of strides (lse's rows are contiguous already)
+    # q, o and dO are read with one set of strides (lse's rows are contiguous already); k and v too, since dk and
+    # dv are written with k's and v's strides (a column slice of a fused qkv projection has gaps between rows that
+    # torch.empty_like would not keep: the stores would land outside dk)
     q, o, do = q.contiguous(), o.contiguous(), do.contiguous()
+    k, v = k.contiguous(), v.contiguous()
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     delta = torch.empty_like(lse)
     lse_strides = (0, lse.stride(1), lse.stride(0)) if varlen else (lse.stride(0), lse.stride(1), lse.stride(2))
