@@ -3,7 +3,8 @@
     PYTHONPATH=. python benchmarks/sweep_linear.py --out benchmarks/results/linear_sweep
 
 Cells: Qwen3-8B's projections (qkv, o, gate_up, down) × M in 1 … 16384, and lm_head at M = 1,
-16, 256. Per bucket of tik_kernels.ops.linear, ~10-15 candidate launches (tile, warps, stages,
+16, 256 (`--model` for another model's, `--buckets` for some M buckets only). Per bucket of
+tik_kernels.ops.linear, ~10-30 candidate launches (tile, warps, stages,
 K_UNROLL, SPLIT, fused or separate combine); none may change bits, so each candidate's output
 is compared with the entry point's, bit for bit, and a candidate that differs is reported and
 never chosen. The entry point's rows at every M are also compared with the same rows of the
@@ -38,7 +39,7 @@ import tik_kernels  # noqa: E402,F401  (before triton)
 import tik_kernels.ops.linear as L  # noqa: E402
 from benchmarks import harness as H  # noqa: E402
 from tik_kernels.contracts.linear import projections  # noqa: E402
-from tik_kernels.models import QWEN3_8B  # noqa: E402
+from tik_kernels.models import MODELS, QWEN3_8B  # noqa: E402
 
 #: what a geomean over nothing prints as (the local mean did the same)
 NAN = float("nan")
@@ -85,6 +86,14 @@ CANDIDATES = {
         (32, 64, 4, 8, 1, 4),
         (64, 128, 8, 6, 1, 1),
         (64, 128, 8, 5, 1, 2),
+        # narrow tiles: a small model's outputs (qwen3-0.6b: N = 1024) give 16 programs of 64 x 64
+        (16, 32, 4, 6, 1, 2),
+        (16, 64, 4, 6, 1, 2),
+        (32, 32, 4, 6, 1, 2),
+        (32, 64, 4, 6, 1, 2),
+        (16, 32, 2, 8, 1, 2),
+        (16, 16, 2, 8, 1, 4),
+        (64, 16, 4, 6, 1, 2),
     ],
     "M256": [(64, 128, 4, 4, 2, s) for s in (0, 1, 2)]
     + [(128, 128, 8, 3, 1, s) for s in (0, 1, 2)]
@@ -199,10 +208,10 @@ def compile_parallel(jobs: list, workers: int) -> dict:
     return {(t, f): err for t, f, err in H.in_processes(_compile_jobs, jobs, workers)}
 
 
-def shapes(buckets=BUCKETS) -> list:
-    """(name, N, K, Ms) of every cell; with `buckets`, only the Ms whose M bucket is one of them."""
-    out = [(p.name, p.N, p.K, MS) for p in projections((QWEN3_8B,))]
-    out += [("lm_head", QWEN3_8B.vocab, QWEN3_8B.hidden, LM_HEAD_MS)]
+def shapes(buckets=BUCKETS, model=QWEN3_8B) -> list:
+    """(name, N, K, Ms) of every cell of `model`; with `buckets`, only the Ms whose M bucket is one of them."""
+    out = [(p.name, p.N, p.K, MS) for p in projections((model,))]
+    out += [("lm_head", model.vocab, model.hidden, LM_HEAD_MS)]
     out = [(n, N, K, tuple(m for m in ms if L._bucket(m) in buckets)) for n, N, K, ms in out]
     return [s for s in out if s[3]]
 
@@ -213,7 +222,8 @@ def run(args) -> dict:
     # a cell is timed with the candidates of the bucket whose launch serves it: WIDE_WAVES sends wide M256 /
     # M1024 outputs (lm_head, gate_up) to MBIG's, so those cells choose among MBIG's launches
     sms = torch.cuda.get_device_properties(0).multi_processor_count if DEVICE == "cuda" else L.DEFAULT_SMS
-    served = sorted({L._launch_bucket(M, N, sms) for _, N, _, ms in shapes(buckets) for M in ms})
+    model = next(m for m in MODELS if m.name == args.model)
+    served = sorted({L._launch_bucket(M, N, sms) for _, N, _, ms in shapes(buckets, model) for M in ms})
     cand = {b: candidates(b) for b in served}
     errors = compile_parallel([c for cs in cand.values() for c in cs], args.workers)
     cand = {b: [c for c in cs if errors.get(c) is None] for b, cs in cand.items()}
@@ -223,7 +233,7 @@ def run(args) -> dict:
     )
     gen = torch.Generator(device=DEVICE).manual_seed(args.seed)
     cells, bits_bad, rows_checked = [], [], []
-    for proj, N, K, ms in shapes(buckets):
+    for proj, N, K, ms in shapes(buckets, model):
         if time.time() - t0 > args.budget_s:
             print(f"time budget reached before {proj}", flush=True)
             break
@@ -404,6 +414,8 @@ def main() -> None:
         default=None,
         help="CONFIG['TMA'] for this run (operands through TMA descriptors; changes no bits)",
     )
+    ap.add_argument("--model", default=QWEN3_8B.name, choices=[m.name for m in MODELS],
+                    help="whose projections and lm_head are the cells (default qwen3-8b)")
     ap.add_argument("--buckets", nargs="+", choices=BUCKETS, default=None,
                     help="only the cells whose M falls in these buckets (default: all)")
     ap.add_argument("--seed", type=int, default=0)
