@@ -398,3 +398,30 @@ def test_outputs_that_leave_sms_idle_take_the_fill_tile(monkeypatch):
     assert L._tile(1024, 128, 132) == tuple(L.CONFIG[f"M1024_{k}"] for k in keys) + (
         L.CONFIG["M1024_K_UNROLL"], L.CONFIG["M1024_SPLIT"])
     assert L._tile(256) == (128, 128, 8, 5) + rest
+
+
+def test_fused_combine_only_up_to_fused_max_m(monkeypatch):
+    """FUSED_MAX_M: a split launch combines in its last-arriving program up to that many rows, with a second
+    kernel above; the bits are the same either way (the chunk sums are added in one order by both)."""
+    calls = []
+    real = L._linear_combine_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            calls.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(L, "_linear_combine_kernel", Spy())
+    monkeypatch.setitem(L.CONFIG, "FUSED_COMBINE", 1)
+    monkeypatch.setitem(L.CONFIG, "FUSED_MAX_M", 16)
+    gen = torch.Generator().manual_seed(9)
+    K = 2 * L.CONFIG["KCHUNK"]
+    w = torch.randn(32, K, generator=gen).to(torch.bfloat16)
+    tile = (16, 32, 4, 2, 1, 8)
+    outs = []
+    for M in (16, 32):
+        x = torch.randn(M, K, generator=gen).to(torch.bfloat16)
+        n = len(calls)
+        y = L._matmul(x, w, tile=tile)
+        outs.append((len(calls) > n, same_bits(y, L._matmul(x, w, tile=tile, fused=True))))
+    assert outs == [(False, True), (True, True)]

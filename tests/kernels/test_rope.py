@@ -125,3 +125,25 @@ def test_gpu_plan_passes_on_cuda():
     for r in results:
         print(f"{'PASS' if r.passed else 'FAIL'} {r.name}: {r.detail}")
     assert results and not _failed(results), _failed(results)
+
+
+def test_fill_spreads_few_tokens_over_more_programs_with_the_same_bits(monkeypatch):
+    """FILL: a decode step's 64 tokens get one program each (CONFIG's 8 per program gave 8 programs); the bits
+    are those of any other BLOCK_T, forward and backward (rope is elementwise per token)."""
+    assert root._block_t(64, torch.device("cpu")) == 1 and root._block_t(64 * 132 * 8, torch.device("cpu")) == 8
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(6, 4, 16, generator=gen).to(torch.bfloat16)
+    k = torch.randn(6, 2, 16, generator=gen).to(torch.bfloat16)
+    pos = torch.tensor([0, 5, 9, 130, 7, 2])
+
+    def run():
+        qq, kk = q.clone().requires_grad_(), k.clone().requires_grad_()
+        qo, ko = root.rope(qq, kk, pos, 10000.0)
+        (qo.float().square().sum() + ko.float().sum()).backward()
+        return qo, ko, qq.grad, kk.grad
+
+    with_fill = run()
+    monkeypatch.setitem(root.CONFIG, "FILL", 0)
+    monkeypatch.setitem(root.CONFIG, "BLOCK_T", 4)
+    assert root._block_t(6, torch.device("cpu")) == 4
+    assert all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in zip(run(), with_fill, strict=True))

@@ -115,3 +115,22 @@ def test_gpu_plan_passes_on_cuda():
     for r in results:
         print(f"{'PASS' if r.passed else 'FAIL'} {r.name}: {r.detail}")
     assert results and not _failed(results), _failed(results)
+
+
+def test_fill_spreads_few_tokens_over_more_programs_with_the_same_bits(monkeypatch):
+    """FILL: 64 tokens x 3072 features get 192 programs, not CONFIG's 48; the bits are those of any other
+    BLOCK_T, forward and backward (elementwise)."""
+    assert root._block_t(64, 3072, torch.device("cpu")) == 1
+    assert root._block_t(4096, 3072, torch.device("cpu")) == root.CONFIG["BLOCK_T"]
+    x = torch.randn(6, 40, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+
+    def run():
+        xx = x.clone().requires_grad_()
+        y = root.silu_mul(xx)
+        y.float().square().sum().backward()
+        return y, xx.grad
+
+    with_fill = run()
+    monkeypatch.setitem(root.CONFIG, "FILL", 0)
+    assert root._block_t(6, 20, torch.device("cpu")) == root.CONFIG["BLOCK_T"]
+    assert all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in zip(run(), with_fill, strict=True))

@@ -30,7 +30,9 @@ The parallelization (tunable per M bucket, none of it changes bits):
   assumes the H200's 132 SMs, so it takes the same decisions at the same shape);
 - FUSED_COMBINE: who runs `_sum_chunks` after a split: 1 = the last program of a tile to
   finish (an arrival counter per tile, reset by that program: one launch, nothing to wait on),
-  0 = a second kernel over the whole output.
+  0 = a second kernel over the whole output. FUSED_MAX_M: the fused combine only up to this many
+  rows, the second kernel above (H200: fused 3% faster at M <= 16, the kernel 3-10% faster at
+  M = 64, linear_sweep_h200_k2048/, linear_sweep_h200_m64/).
 - WIDE_WAVES: a mid-size M (M256, M1024 buckets) whose output is so wide (lm_head, gate_up) that the
   MBIG tile gives that many waves of programs on its own launches with the MBIG tile (H200: lm_head
   at M = 256 1.50x -> 1.15x cuBLAS; 1 wave also moved qkv at M = 1024 to 1.30x, 2 moved nothing the
@@ -90,6 +92,7 @@ TUNABLES = {
     "BLOCK_K": (32, 64, 128),
     "KCHUNK": (512, 1024, 2048),
     "FUSED_COMBINE": (0, 1),
+    "FUSED_MAX_M": (16, 64, 256, 1073741824),
     "TMA": (0, 1),
     "WIDE_WAVES": (0, 1, 2, 4),
     "M16_BLOCK_M": (16, 32, 64),
@@ -140,6 +143,7 @@ CONFIG = {
     "BLOCK_K": 64,
     "KCHUNK": 2048,
     "FUSED_COMBINE": 1,
+    "FUSED_MAX_M": 16,
     "TMA": 1,
     "WIDE_WAVES": 2,
     "M16_BLOCK_M": 16,
@@ -468,7 +472,7 @@ def _matmul(
     per_prog = chunks_per_prog or _chunks_per_program(tiles, n_chunks, SPLIT, sms)
     groups = triton.cdiv(n_chunks, per_prog)
     split = groups > 1
-    fuse = split and (CONFIG["FUSED_COMBINE"] if fused is None else fused)
+    fuse = split and (CONFIG["FUSED_COMBINE"] and M <= CONFIG["FUSED_MAX_M"] if fused is None else fused)
     # only a split launch touches the workspace and the counters
     ws = torch.empty((n_chunks, M, N), device=a.device, dtype=torch.float32) if split else _dummy(a.device)
     cnt = _counters(a.device, tiles if fuse else 1)
