@@ -62,6 +62,32 @@ def test_non_contiguous_rows():
     assert torch.equal(root.rmsnorm(q, w).view(torch.int16), root.rmsnorm(q.contiguous(), w).view(torch.int16))
 
 
+def test_heads_of_a_stacked_projection_are_read_in_place_with_the_contiguous_bits(monkeypatch):
+    """q heads sliced out of a stacked [T, (Hq + 2 Hk) * D] projection ([T, Hq, D], rows with gaps): read in place
+    (two strides, no copy), forward and gradients bit-equal to a contiguous copy's; a kernel that addressed them
+    with one row stride would read k's heads for some of q's rows."""
+    T, Hq, Hk, D = 5, 4, 2, 16
+    qkv = torch.randn(T, (Hq + 2 * Hk) * D, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    w = torch.randn(D, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    q = qkv[:, : Hq * D].view(T, Hq, D)
+    assert root._rows(q, D)[0] is q  # no copy
+
+    def forward_and_grad(leaf0, rows_of):
+        """rmsnorm of rows_of(leaf) and the gradient of sum(y^2) with respect to those rows."""
+        leaf = leaf0.detach().clone().requires_grad_()
+        y = root.rmsnorm(rows_of(leaf), w, 1e-6)
+        y.float().square().sum().backward()
+        return y, rows_of(leaf.grad)
+
+    got = forward_and_grad(qkv, lambda t: t[:, : Hq * D].view(T, Hq, D))
+    want = forward_and_grad(q.contiguous(), lambda t: t)
+    assert all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in zip(got, want, strict=True))
+    real = root._rows
+    monkeypatch.setattr(root, "_rows", lambda x, H: (x, x.shape[0] * x.shape[1], (x.stride(1), 1, 0))
+                        if x.dim() == 3 and not x.is_contiguous() else real(x, H))
+    assert not torch.equal(root.rmsnorm(q, w, 1e-6), want[0])
+
+
 def test_weight_grad_deterministic_and_accurate_over_many_blocks():
     # 300 rows > BWD_ROWS: several partial sums reduced in a fixed order
     x = torch.randn(300, 40).to(torch.bfloat16)

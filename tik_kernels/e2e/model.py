@@ -262,9 +262,8 @@ class UnifiedBackend:
         return self.m["embedding"].embedding(ids, table)
 
     def rmsnorm(self, x, w, eps):
-        if x.dim() == 3:  # per-head q/k norm: every (token, head) row normalized over D
-            T, Hh, D = x.shape
-            return self.m["rmsnorm"].rmsnorm(x.reshape(T * Hh, D), w, eps).view(T, Hh, D)
+        # a [T, Hh, D] per-head q/k norm goes in as it is: every (token, head) row normalized over D, the q or k
+        # heads of the stacked qkv output read in place (the root addresses them with two strides, no copy)
         return self.m["rmsnorm"].rmsnorm(x, w, eps)
 
     def add_rmsnorm(self, x, residual, w, eps):

@@ -51,13 +51,15 @@ def _round_to(x, DTYPE: tl.constexpr):
 
 @triton.jit
 def _rmsnorm_fwd_kernel(
-    x_ptr,  # [R, H] input rows (row stride stride_x, unit column stride)
+    x_ptr,  # [R, H] input rows, unit column stride; row r at (r // n_inner) * stride_x + (r % n_inner) * stride_in
     w_ptr,  # [H] weight
     y_ptr,  # [R, H] output, contiguous
     rstd_ptr,  # [R] fp32 1/rms per row, saved for backward
     R,
     H,
     stride_x,
+    n_inner,
+    stride_in,
     eps,
     BLOCK_R: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -68,7 +70,8 @@ def _rmsnorm_fwd_kernel(
     m_r = o_r < R
     m_h = o_h < H
     m = m_r[:, None] & m_h[None, :]
-    b_x = tl.load(x_ptr + o_r[:, None] * stride_x + o_h[None, :], mask=m, other=0.0).to(tl.float32)  # [BR, BH]
+    row = (o_r // n_inner) * stride_x + (o_r % n_inner) * stride_in
+    b_x = tl.load(x_ptr + row[:, None] + o_h[None, :], mask=m, other=0.0).to(tl.float32)  # [BR, BH]
     b_w = tl.load(w_ptr + o_h, mask=m_h, other=0.0).to(tl.float32)  # [BH]
     b_rstd = 1.0 / tl.sqrt(tl.sum(b_x * b_x, axis=1) / H + eps)  # [BR]
     # HF cast order: normalize in fp32, round to the activation dtype, then scale by w
@@ -80,7 +83,7 @@ def _rmsnorm_fwd_kernel(
 
 @triton.jit
 def _rmsnorm_bwd_kernel(
-    x_ptr,  # [R, H] forward input (row stride stride_x)
+    x_ptr,  # [R, H] forward input (rows addressed as in the forward)
     w_ptr,  # [H] weight
     g_ptr,  # [R, H] upstream gradient, contiguous
     rstd_ptr,  # [R] fp32 saved 1/rms
@@ -89,6 +92,8 @@ def _rmsnorm_bwd_kernel(
     R,
     H,
     stride_x,
+    n_inner,
+    stride_in,
     BLOCK_R: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BWD_ROWS: tl.constexpr,
@@ -103,7 +108,8 @@ def _rmsnorm_bwd_kernel(
         o_r = pid * BWD_ROWS + i + tl.arange(0, BLOCK_R)
         m_r = o_r < R
         m = m_r[:, None] & m_h[None, :]
-        b_x = tl.load(x_ptr + o_r[:, None] * stride_x + o_h[None, :], mask=m, other=0.0).to(tl.float32)
+        row = (o_r // n_inner) * stride_x + (o_r % n_inner) * stride_in
+        b_x = tl.load(x_ptr + row[:, None] + o_h[None, :], mask=m, other=0.0).to(tl.float32)
         b_g = tl.load(g_ptr + o_r[:, None] * H + o_h[None, :], mask=m, other=0.0).to(tl.float32)
         b_rstd = tl.load(rstd_ptr + o_r, mask=m_r, other=0.0)
         b_xhat = b_x * b_rstd[:, None]  # [BR, BH]
@@ -125,31 +131,37 @@ def _tile(H: int) -> tuple[int, int, int]:
     return block_r, block_h, num_warps
 
 
-def _rows(x: torch.Tensor, H: int) -> torch.Tensor:
+def _rows(x: torch.Tensor, H: int) -> tuple[torch.Tensor, int, tuple[int, int, int]]:
+    """x's rows without a copy where the kernel can address them: (tensor, rows, (stride_x, n_inner, stride_in)).
+
+    A [T, Hh, D] slice of a wider buffer (q or k heads of a stacked qkv projection's output) has no single row
+    stride, but its row r = (t, h) sits at t * stride(0) + h * stride(1): two strides, no copy."""
+    if x.dim() == 3 and x.stride(-1) == 1 and x.shape[1] and x.stride(0) != x.shape[1] * x.stride(1):
+        return x, x.shape[0] * x.shape[1], (x.stride(0), x.shape[1], x.stride(1))
     x2 = x.reshape(-1, H)
-    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+    x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
+    return x2, x2.shape[0], (x2.stride(0), 1, 0)
 
 
 def rmsnorm_fwd(x: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     H = x.shape[-1]
     if w.shape != (H,):
         raise ValueError(f"rmsnorm: weight shape {tuple(w.shape)} != ({H},)")
-    x2 = _rows(x, H)
-    R = x2.shape[0]
+    x2, R, addr = _rows(x, H)
     y = torch.empty((R, H), dtype=x.dtype, device=x.device)
     rstd = torch.empty((R,), dtype=torch.float32, device=x.device)
     block_r, block_h, num_warps = _tile(H)
     if R:
         _rmsnorm_fwd_kernel[(triton.cdiv(R, block_r),)](
-            x2, w, y, rstd, R, H, x2.stride(0), float(eps), BLOCK_R=block_r, BLOCK_H=block_h, num_warps=num_warps
+            x2, w, y, rstd, R, H, *addr, float(eps), BLOCK_R=block_r, BLOCK_H=block_h, num_warps=num_warps
         )
-    return y.view(x.shape), x2, rstd
+    return y.view(x.shape), x2, rstd, addr
 
 
 def rmsnorm_bwd(
-    g: torch.Tensor, x2: torch.Tensor, w: torch.Tensor, rstd: torch.Tensor
+    g: torch.Tensor, x2: torch.Tensor, w: torch.Tensor, rstd: torch.Tensor, addr: tuple[int, int, int]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    R, H = x2.shape
+    R, H = rstd.shape[0], x2.shape[-1]
     g2 = g.reshape(R, H).contiguous()
     dx = torch.empty((R, H), dtype=x2.dtype, device=x2.device)
     block_r, block_h, num_warps = _tile(H)
@@ -158,7 +170,7 @@ def rmsnorm_bwd(
     part = torch.empty((n_prog, H), dtype=torch.float32, device=x2.device)
     if R:
         _rmsnorm_bwd_kernel[(n_prog,)](
-            x2, w, g2, rstd, dx, part, R, H, x2.stride(0),
+            x2, w, g2, rstd, dx, part, R, H, *addr,
             BLOCK_R=block_r, BLOCK_H=block_h, BWD_ROWS=bwd_rows, num_warps=num_warps,
         )
     dw = part.sum(dim=0) if R else torch.zeros((H,), dtype=torch.float32, device=x2.device)
@@ -168,15 +180,15 @@ def rmsnorm_bwd(
 class RMSNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-        y, x2, rstd = rmsnorm_fwd(x, w, eps)
+        y, x2, rstd, addr = rmsnorm_fwd(x, w, eps)
         ctx.save_for_backward(x2, w, rstd)
-        ctx.x_shape = x.shape
+        ctx.x_shape, ctx.addr = x.shape, addr
         return y
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):
         x2, w, rstd = ctx.saved_tensors
-        dx, dw = rmsnorm_bwd(g, x2, w, rstd)
+        dx, dw = rmsnorm_bwd(g, x2, w, rstd, ctx.addr)
         return dx.view(ctx.x_shape), dw, None
 
 
