@@ -131,6 +131,29 @@ def write_md(doc: dict, path: Path) -> None:
     path.write_text("\n".join(lines))
 
 
+def apply_overrides(specs: list[str]) -> dict:
+    """OP.KEY=VALUE (integers) into tik_kernels.ops.OP.CONFIG; a key the root does not have is an error."""
+    import importlib
+
+    done = {}
+    for spec in specs:
+        try:
+            target, value = spec.split("=", 1)
+            op, key = target.split(".", 1)
+            value = int(value)
+        except ValueError:
+            raise ValueError(f"--set takes OP.KEY=INTEGER, got {spec!r}") from None
+        try:
+            mod = importlib.import_module(f"tik_kernels.ops.{op}")
+        except ModuleNotFoundError:
+            raise ValueError(f"--set {spec}: no operator {op!r}") from None
+        if key not in mod.CONFIG:
+            raise ValueError(f"--set {spec}: {op} has no tunable {key!r}")
+        mod.CONFIG[key] = value
+        done[f"{op}.{key}"] = value
+    return done
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
@@ -141,7 +164,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backends", nargs="+", default=["stock", "unified"], choices=["stock", "unified"])
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--set", action="append", default=[], metavar="OP.KEY=VALUE",
+                    help="launch tunable of a library root for this run, e.g. attention.decode_num_stages=1 "
+                         "(repeatable; only keys that change no bits make a fair comparison)")
+    ap.add_argument("--name", default="", help="suffix of the output files (to keep runs with --set apart)")
     args = ap.parse_args(argv)
+    try:
+        overrides = apply_overrides(args.set)
+    except ValueError as e:
+        print(f"decode_breakdown: {e}", file=sys.stderr)
+        return 2
     if args.device == "cuda" and not torch.cuda.is_available():
         print("decode_breakdown: no CUDA GPU here (--device cpu runs the code path; no times)", file=sys.stderr)
         return 2
@@ -150,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         mc = mc.with_layers(args.layers)
     params = init_params(mc, 0, args.device)
     doc = {"command": H.command_line(), "env": H.environment(), "device": args.device, "preset": args.preset,
-           "layers": args.layers, "batch": args.batch, "context": args.context, "backends": []}
+           "layers": args.layers, "batch": args.batch, "context": args.context, "overrides": overrides,
+           "backends": []}
     for name in args.backends:
         b = breakdown(mc, name, args.batch, args.context, args.device, args.rounds, params)
         if args.device == "cuda":
@@ -163,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {r['op']:16s} x{r['count']:<3d} {r['shapes']}  us {r['us']}  floor {r['floor_us']:.2f}",
                   flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"decode_breakdown_{'h200' if args.device == 'cuda' else 'cpu'}_{args.preset}"
+    stem = f"decode_breakdown_{'h200' if args.device == 'cuda' else 'cpu'}_{args.preset}{args.name}"
     (args.out / f"{stem}.json").write_text(json.dumps(doc, indent=1, default=str))
     write_md(doc, args.out / f"{stem}.md")
     print(f"wrote {args.out / stem}.json and .md", flush=True)

@@ -21,8 +21,8 @@ def test_every_call_of_a_step_is_recorded_and_grouped(tmp_path):
     counts = {}
     for r in b["rows"]:
         counts[r["op"]] = counts.get(r["op"], 0) + r["count"]
-    # per layer: q, k, v, o, gate_up, down; one attention; the step: one embedding, one sample, one log-prob
-    assert counts["linear"] == 6 * mc.layers
+    # per layer: the stacked qkv, o, gate_up, down; one attention; the step: one embedding, one sample, one log-prob
+    assert counts["linear"] == 4 * mc.layers
     assert counts["attention_decode"] == mc.layers
     assert counts["embedding"] == counts["sample"] == counts["logprob"] == 1
     assert sum(r["count"] for r in b["rows"]) == b["calls"]
@@ -45,3 +45,14 @@ def test_no_gpu_is_a_one_line_refusal(capsys):
         pytest.skip("a GPU is here")
     assert DB.main(["--out", "/tmp/x"]) == 2
     assert "no CUDA GPU" in capsys.readouterr().err
+
+
+def test_overrides_set_a_roots_config_and_refuse_unknown_keys(monkeypatch):
+    import tik_kernels.ops.attention as A
+
+    monkeypatch.setitem(A.CONFIG, "decode_num_stages", A.CONFIG["decode_num_stages"])
+    assert DB.apply_overrides(["attention.decode_num_stages=1"]) == {"attention.decode_num_stages": 1}
+    assert A.CONFIG["decode_num_stages"] == 1
+    for bad in ("attention.no_such_key=1", "nosuchop.x=1", "attention.decode_num_stages=two", "nodot=1"):
+        with pytest.raises(ValueError):
+            DB.apply_overrides([bad])
