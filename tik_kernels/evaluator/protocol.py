@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +53,8 @@ class TensorWriter:
     The same tensor object referenced again (a weight shared by many probes) is written once and
     gets the same index: what crosses the boundary is each distinct tensor's bytes, once. Every
     entry starts at a multiple of ALIGN bytes. `tensors[i]` is the object entry i was written from.
+    `nbytes` is the file's size so far; `write_s` the seconds spent copying tensors to the CPU and writing them
+    (what sending costs, apart from computing them: the phase tables report it).
     """
 
     def __init__(self, path: Path):
@@ -60,6 +64,11 @@ class TensorWriter:
         self.tensors: list[torch.Tensor] = []
         self._by_id: dict[int, int] = {}
         self._offset = 0
+        self.write_s = 0.0
+
+    @property
+    def nbytes(self) -> int:
+        return self._offset
 
     def ref(self, t: torch.Tensor) -> int:
         known = self._by_id.get(id(t))
@@ -67,6 +76,7 @@ class TensorWriter:
             return known
         if t.dtype not in DTYPE_NAMES:
             raise TypeError(f"dtype {t.dtype} cannot cross the process boundary")
+        t0 = time.monotonic()
         c = t.detach().to("cpu").contiguous()
         pad = -self._offset % ALIGN
         if pad:
@@ -82,27 +92,38 @@ class TensorWriter:
         # kept alive with the index, so id(t) cannot be reused by another tensor while this writer lives
         self.tensors.append(t)
         self._by_id[id(t)] = len(self.entries) - 1
+        self.write_s += time.monotonic() - t0
         return len(self.entries) - 1
 
     def close(self) -> list[dict]:
+        t0 = time.monotonic()
         self._f.close()
+        self.write_s += time.monotonic() - t0
         self._by_id.clear()
         return self.entries
 
 
-def read_tensors(bin_path: Path, entries: Any) -> list[torch.Tensor]:
+def read_tensors(bin_path: Path, entries: Any, mapped: bool = False) -> list[torch.Tensor]:
     """Rebuild tensors from a manifest, validating every field (the manifest may be hostile).
 
     The file is read once; each tensor whose offset suits its element size is a view of that one
     buffer (no further copy), any other is copied out. Entries may overlap (a hostile manifest):
-    the views then share bytes, which no reader here writes to."""
+    the views then share bytes, which no reader here writes to.
+
+    `mapped`: the buffer is a private (copy-on-write) mapping of the file instead of a copy, for a reader whose
+    file nobody changes while it is read (the child's inputs, which it cannot write). The parent reads what a
+    live child wrote as a copy: a mapping would show whatever the child writes there after the checks."""
     if not isinstance(entries, list):
         raise ProtocolError("tensor manifest is not a list")
     size = bin_path.stat().st_size if bin_path.exists() else 0
     if size > MAX_DATA_BYTES:
         raise ProtocolError(f"tensor data of {size} bytes exceeds the limit")
-    data = bytearray(size)
-    if size:
+    data: Any = bytearray(0)
+    if size and mapped:
+        with open(bin_path, "rb") as f:
+            data = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
+    elif size:
+        data = bytearray(size)
         with open(bin_path, "rb") as f:
             if f.readinto(data) != size:
                 raise ProtocolError("tensor data changed while being read")
