@@ -1,14 +1,19 @@
-"""Where a probes phase goes (`core.probe_phases`: the parent's parts and the child's own), and the inputs file of a
-kept plan: written once per process, linked read-only into each jailed child, copied for an unconfined one."""
+"""Where a probes phase goes (`core.probe_phases`: the parent's parts and the child's own); the inputs file of a kept
+plan: written once per process, linked read-only into each jailed child, copied for an unconfined one; the outputs
+handed over in a sealed memfd (`protocol.SharedOutputs`): refused unless nothing can change them any more."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import os
+import socket
 
 import pytest
+import torch
 from evaluator_fixtures import FIX, tiny
 
-from tik_kernels.evaluator import core, evaluate, sandbox
+from tik_kernels.evaluator import core, evaluate, protocol, sandbox
 
 ROOT = FIX / "tiny_root.py"
 
@@ -111,3 +116,98 @@ def test_on_the_gpu_a_spare_has_warmed_triton_before_its_candidate_arrives(monke
         assert "warm:1" in (rep.failure or ""), rep.failure
     finally:
         pool.close()
+
+
+# ----------------------------------------------------------------------------- outputs through a sealed memfd
+
+
+def _server(tmp_path):
+    srv = protocol.listen_shared(tmp_path)
+    assert srv is not None
+    return srv, str(tmp_path / "reply.sock")
+
+
+def _hand_over(path: str, fd: int | None, tag: bytes = protocol.SHARED_TAG, extra: int | None = None) -> None:
+    """What a child sends, by hand: `fd` (and `extra`) over a connection to `path`."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(path)
+    socket.send_fds(s, [tag], [f for f in (fd, extra) if f is not None])
+    s.close()
+
+
+def _memfd(data: bytes, seals: int) -> int:
+    fd = os.memfd_create("t", os.MFD_ALLOW_SEALING)
+    os.write(fd, data)
+    if seals:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+    return fd
+
+
+def test_outputs_handed_over_sealed_are_mapped_and_read_exactly(tmp_path):
+    srv, path = _server(tmp_path)
+    x, y = torch.randn(3, 5).to(torch.bfloat16), torch.arange(7)
+    shared = protocol.SharedOutputs.open(path)
+    refs = [shared.writer.ref(x), shared.writer.ref(y)]
+    entries = shared.send()
+    data = protocol.receive_shared(srv)
+    got = protocol.tensors_from(data, entries)
+    assert refs == [0, 1] and torch.equal(got[0], x) and torch.equal(got[1], y)
+    # nothing to send on a second read: one connection, one memfd
+    with pytest.raises(protocol.ProtocolError, match="no outputs"):
+        protocol.receive_shared(srv)
+
+
+@pytest.mark.parametrize(("seals", "words"), [
+    (0, "not sealed"),
+    (fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW, "not sealed"),  # still writable
+    (fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW, "not sealed"),  # could shrink under the parent's mapping
+])
+def test_outputs_the_child_could_still_change_are_refused(tmp_path, seals, words):
+    srv, path = _server(tmp_path)
+    fd = _memfd(b"\0" * 64, seals)
+    _hand_over(path, fd)
+    with pytest.raises(protocol.ProtocolError, match=words):
+        protocol.receive_shared(srv)
+    os.close(fd)
+
+
+def test_outputs_not_in_one_tagged_memfd_are_refused(tmp_path):
+    srv, path = _server(tmp_path)
+    with pytest.raises(protocol.ProtocolError, match="no outputs"):
+        protocol.receive_shared(srv)
+    f = tmp_path / "plain.bin"
+    f.write_bytes(b"\0" * 64)
+    fd = os.open(f, os.O_RDONLY)
+    _hand_over(path, fd)
+    with pytest.raises(protocol.ProtocolError, match="not in shared memory"):
+        protocol.receive_shared(srv)
+    sealed = _memfd(b"\0" * 64, protocol.SEALS)
+    _hand_over(path, sealed, extra=fd)
+    with pytest.raises(protocol.ProtocolError, match="one memfd"):
+        protocol.receive_shared(srv)
+    _hand_over(path, sealed, tag=b"tik-inputs!")
+    with pytest.raises(protocol.ProtocolError, match="one memfd"):
+        protocol.receive_shared(srv)
+    os.close(fd)
+    os.close(sealed)
+
+
+def test_a_manifest_beyond_the_handed_over_bytes_is_refused(tmp_path):
+    srv, path = _server(tmp_path)
+    shared = protocol.SharedOutputs.open(path)
+    shared.writer.ref(torch.ones(4))
+    entries = shared.send()
+    data = protocol.receive_shared(srv)
+    entries[0] = {**entries[0], "shape": [8], "nbytes": 32}  # more than was sent
+    with pytest.raises(protocol.ProtocolError, match="outside the data file"):
+        protocol.tensors_from(data, entries)
+
+
+def test_an_evaluation_takes_its_outputs_through_the_memfd_and_an_unsealed_one_fails(monkeypatch):
+    taken = []
+    receive = core.receive_shared
+    monkeypatch.setattr(core, "receive_shared", lambda srv: taken.append(1) or receive(srv))
+    rep = evaluate(tiny(), FIX / "good.py", root_path=ROOT, device="cpu", time_it=True, timeout=60)
+    assert rep.verified and taken, rep.failure
+    rep = evaluate(tiny(), FIX / "unsealed.py", root_path=ROOT, device="cpu", time_it=True, timeout=60)
+    assert not rep.verified and rep.failure == "protocol error: the child's outputs are not sealed", rep.failure

@@ -116,7 +116,8 @@ def run_probes_job(workdir: Path, job: dict) -> dict:
 
     from tik_kernels.contract import Probe, execute_probe, load_module, same_bits
 
-    TensorWriter, decode, read_tensors = _protocol()
+    protocol = _protocol()
+    TensorWriter, decode, read_tensors = protocol.TensorWriter, protocol.decode, protocol.read_tensors
 
     t0 = time.monotonic()
     # a pre-started child's inputs come with its job, in its read-only implementation directory
@@ -130,16 +131,20 @@ def run_probes_job(workdir: Path, job: dict) -> dict:
         # the input index of each top-level tensor argument, in order (what inputs_after echoes)
         sent[p["id"]] = [a["t"] for a in p["args"]["tuple"] if "t" in a]
     del tensors
+    # the reply's channel, connected before the implementation is imported (its own connection would come second)
+    shared = protocol.SharedOutputs.open(job.get("reply_socket"))
     t1 = time.monotonic()
     try:
         module = load_module(job["impl"], "tik_impl")
     except BaseException as e:  # noqa: B036 (SystemExit at import is an import failure too)
+        if shared is not None:
+            shared.abandon()
         return {"import_error": one_line(e)}
     t2 = time.monotonic()
     _HELD["impl"] = module  # a second job (`next`) times this module, not another import of the file
     guarded = GuardedModule(module, job["device"])
     out_dir = workdir / "out"
-    w = TensorWriter(out_dir / "outputs.bin")
+    w = shared.writer if shared is not None else TensorWriter(out_dir / "outputs.bin")
 
     def echo(after: torch.Tensor, before: torch.Tensor, index: int) -> int | dict:
         # an input left bitwise as it was sent is named, not sent back (a probe's weight is often GBs)
@@ -163,20 +168,23 @@ def run_probes_job(workdir: Path, job: dict) -> dict:
             if probe.id in set(job.get("graph_probes", ())):
                 graphs[probe.id] = graph_replay(guarded, probe, job["device"], w)
     t4, sent_graphs = time.monotonic(), w.write_s - sent_probes
-    entries = w.close()
+    t = time.monotonic()
+    entries = shared.send() if shared is not None else w.close()
+    w.write_s += time.monotonic() - t
     # where this job's time went, in this process's own clock (the parent's phase tables: `core.probe_phases`)
     phases = {"inputs": t1 - t0, "import": t2 - t1, "compute": t3 - t2 - sent_probes, "graph": t4 - t3 - sent_graphs,
               "send": w.write_s, "start": t0 - _HELD.get("claimed", t0)}
-    return {"import_error": None, "probes": results, "graphs": graphs, "tensors": entries, "phases": phases}
+    return {"import_error": None, "probes": results, "graphs": graphs, "tensors": entries, "phases": phases,
+            "via": "memfd" if shared is not None else "file"}
 
 
-def _protocol() -> tuple:
-    """protocol's TensorWriter, decode and read_tensors: imported as usual, or (in a guarded child, where it can
-    no longer be imported) the module main() held on to."""
+def _protocol() -> Any:
+    """The protocol module: imported as usual, or (in a guarded child, where it can no longer be imported) the module
+    main() held on to."""
     mod = _HELD.get("protocol")
     if mod is None:
         from tik_kernels.evaluator import protocol as mod
-    return mod.TensorWriter, mod.decode, mod.read_tensors
+    return mod
 
 
 #: harness modules main() keeps references to before guard_imports drops them from sys.modules

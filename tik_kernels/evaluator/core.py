@@ -42,7 +42,17 @@ from tik_kernels.contracts import get_contract
 from tik_kernels.evaluator import integrity
 from tik_kernels.evaluator.checks import GRAPH_PREFIX, all_inputs_unchanged, graph_replay_check, output_spec
 from tik_kernels.evaluator.measure import candidate_timing_job, time_candidate
-from tik_kernels.evaluator.protocol import ProtocolError, TensorWriter, encode, index_list, read_tensors, tensor_index
+from tik_kernels.evaluator.protocol import (
+    ProtocolError,
+    TensorWriter,
+    encode,
+    index_list,
+    listen_shared,
+    read_tensors,
+    receive_shared,
+    tensor_index,
+    tensors_from,
+)
 from tik_kernels.evaluator.report import EvalReport, decide, environment, evaluator_fingerprint, fail
 from tik_kernels.evaluator.sandbox import (
     ChildOutcome,
@@ -407,6 +417,7 @@ def probes_job(plan: Plan, impl: Path, device: str, limit_s: float) -> tuple[dic
 
     sent: list[torch.Tensor] = []  # the tensors written to the child, by input index
     stats: dict[str, Any] = {}  # bytes each way and the child's own phases (`probe_phases`)
+    servers: list = []  # the socket the child hands its sealed outputs over on (`protocol.SharedOutputs`)
 
     def write_inputs(tmp: Path) -> dict:
         """The probes' tensors into `tmp/inputs.bin` (a directory the child reads and cannot write): a plan this
@@ -418,7 +429,26 @@ def probes_job(plan: Plan, impl: Path, device: str, limit_s: float) -> tuple[dic
             probes, entries, tensors = _write_probes(plan, tmp / "inputs.bin")
         sent.extend(tensors)
         stats["in_bytes"] = (tmp / "inputs.bin").stat().st_size
+        srv = listen_shared(tmp)  # tmp/reply.sock, where the sandbox tells the child it is
+        if srv is not None:
+            servers.append(srv)
         return {"probes": probes, "tensors": entries}
+
+    def outputs(out: Path, doc: dict) -> list[torch.Tensor]:
+        """The reply's tensors: mapped from the sealed memfd the child handed over (bytes nothing can change any
+        more), or read from its file as a copy (a live child could still write the file)."""
+        try:
+            if doc.get("via") == "memfd":
+                if not servers:
+                    raise ProtocolError("outputs in shared memory, but none was offered")
+                data = receive_shared(servers[-1])
+                stats["out_bytes"] = len(data)
+                return tensors_from(data, doc.get("tensors"))
+            stats["out_bytes"] = (out / "outputs.bin").stat().st_size if (out / "outputs.bin").is_file() else 0
+            return read_tensors(out / "outputs.bin", doc.get("tensors"))
+        finally:
+            for srv in servers:
+                srv.close()
 
     def echoed(x: Any, tensors: list[torch.Tensor], pid: str) -> list[torch.Tensor]:
         """inputs_after: a tensor sent back, or {"input": k}: "input k, bitwise as it was sent"."""
@@ -436,8 +466,7 @@ def probes_job(plan: Plan, impl: Path, device: str, limit_s: float) -> tuple[dic
         stats["child"] = doc.get("phases")
         if doc.get("import_error") is not None:
             return ("import", str(doc["import_error"])[:300], stats)
-        stats["out_bytes"] = (out / "outputs.bin").stat().st_size if (out / "outputs.bin").is_file() else 0
-        tensors = read_tensors(out / "outputs.bin", doc.get("tensors"))
+        tensors = outputs(out, doc)
         got = doc.get("probes")
         if not isinstance(got, dict) or set(got) != {p.id for p in plan.probes}:
             raise ProtocolError("probe results do not match the probes sent")

@@ -517,9 +517,7 @@ def _launch(tmp: Path, mode: str | None, job: dict, write_inputs: Callable[[Path
     # the job's data, like a pre-started child's (`_hand_over`), where the child reads it and cannot write
     box = tmp / "impl" / "job"
     box.mkdir(parents=True)
-    job = {**job, **write_inputs(box)}
-    if (box / "inputs.bin").exists():
-        job["inputs"] = f"{inside}/job/inputs.bin"
+    job = _job_files({**job, **write_inputs(box)}, box, f"{inside}/job")
     job = _stage(job, tmp / "impl", inside)
     if then is not None:
         # the second job's files are staged now (the implementation directory is mounted when the child starts);
@@ -993,14 +991,22 @@ def _hand_over(tmp: Path, mode: str | None, job: dict, write_inputs: Callable[[P
     inside = JAIL_IMPL if mode is not None else str(tmp / "impl")
     box = tmp / "impl" / "job"
     box.mkdir()
-    job = {**job, **write_inputs(box)}
-    if (box / "inputs.bin").exists():
-        job["inputs"] = f"{inside}/job/inputs.bin"
+    job = _job_files({**job, **write_inputs(box)}, box, f"{inside}/job")
     job = _stage(job, box, f"{inside}/job")
     if then is not None:
         (tmp / "then.json").write_text(_dumps(_stage(then, tmp / "impl" / "then", f"{inside}/then")))
         job["next"] = f"{inside}/{NEXT}"
     _write_next(tmp / "impl", {"job": job}, START)
+
+
+def _job_files(job: dict, box: Path, inside: str) -> dict:
+    """The job with the files its write_inputs left in `box` (read-only to the child) named as the child sees them:
+    its inputs, and the socket its reply's shared memory goes over (`protocol.SharedOutputs`)."""
+    if (box / "inputs.bin").exists():
+        job["inputs"] = f"{inside}/inputs.bin"
+    if (box / "reply.sock").is_socket():
+        job["reply_socket"] = f"{inside}/reply.sock"
+    return job
 
 
 def _plain(out: Path) -> None:
