@@ -40,11 +40,13 @@ PHASES = ("plan", "probes_root", "probes_candidate", "checks", "spare_settle", "
 #: probes_candidate broken down (`core.probe_phases`): the parent's start (a spare taken or a child launched), the
 #: inputs it writes, the child's parts (its clock: start, inputs read, import, compute, graph replays, outputs
 #: sent), the rest of the parent's wait (a fresh child's interpreter, polling), the parent reading the reply; and the
-#: megabytes each way. They add up to probes_candidate (less a few ms of bookkeeping).
+#: megabytes each way. They add up to probes_candidate (less a few ms of bookkeeping). `compiled` is a count: the
+#: entries the child added to its Triton cache (kernels and launchers compiled, their time inside child_compute).
 PROBE_PARTS = ("probes_candidate", "probes_candidate_start", "probes_candidate_inputs", "probes_candidate_wait_other",
                "probes_candidate_child_start", "probes_candidate_child_inputs", "probes_candidate_child_import",
                "probes_candidate_child_compute", "probes_candidate_child_graph", "probes_candidate_child_send",
-               "probes_candidate_read", "probes_candidate_in_mb", "probes_candidate_out_mb")
+               "probes_candidate_read", "probes_candidate_compiled", "probes_candidate_in_mb",
+               "probes_candidate_out_mb")
 #: the phases that follow each other (the timing_cells_* parts lie inside timing_child): "other" is the wall time
 #: none of them covers (the source checks, the child's start and exit, the temporary files)
 TOP = ("plan", "probes_root", "probes_candidate", "checks", "spare_settle", "timing_child", "control_child", "judge")
@@ -76,8 +78,9 @@ def run_op(op: str, evals: int, device: str, timeout: float, repeat: bool = Fals
     rows = []
     picked = candidates(op, evals)
     if repeat:
-        # each candidate twice in a row: the second finds its kernels compiled (the Triton cache the first left),
-        # so a phase's difference between the two is what compiling the candidate costs there
+        # each candidate twice in a row. The second does NOT find its kernels compiled: a candidate's Triton cache
+        # goes with its evaluation (`sandbox.candidate_cache`; a pre-started child's is a copy of the trusted cache),
+        # so it compiles them again; the probes table's `compiled` column counts what each child compiled
         picked = [x for label, src in picked for x in ((label, src), (label + " (again)", src))]
     for i, (label, src) in enumerate(picked):
         path = tmp / f"{op}_cand{i}.py"
@@ -101,7 +104,7 @@ def run_op(op: str, evals: int, device: str, timeout: float, repeat: bool = Fals
            "median_s_after_first": round(statistics.median(r["wall_s"] for r in later), 2),
            "median_phases_after_first": med, "first_phases": rows[0]["phases"]}
     again = [r for r in rows[2:] if r["candidate"].endswith(" (again)")]
-    if again:  # the same candidates, kernels already compiled (first pair left out, as above)
+    if again:  # the same candidates again (first pair left out, as above); their kernels compiled again too
         out["median_s_again"] = round(statistics.median(r["wall_s"] for r in again), 2)
         out["median_phases_again"] = {p: round(statistics.median([r["phases"].get(p, 0.0) for r in again]), 2)
                                       for p in PHASES + PROBE_PARTS}
@@ -148,7 +151,7 @@ def plan_bytes(op: str, profile: str = "gpu") -> dict:
 
 
 def _num(v: float, phase: str) -> str:
-    return f"{v:.3g}" if phase.endswith("_mb") else f"{v:.1f}"
+    return f"{v:.3g}" if phase.endswith("_mb") else f"{v:.0f}" if phase.endswith("_compiled") else f"{v:.1f}"
 
 
 def markdown(doc: dict) -> str:
@@ -163,8 +166,9 @@ def markdown(doc: dict) -> str:
         lines.append(f"| {r['op']} | {r['first_s']:.1f} | **{r['median_s_after_first']:.1f}** | "
                      + " | ".join(cells) + " |")
     short = [p.removeprefix("probes_candidate_") for p in PROBE_PARTS]
-    lines += ["", "probes_candidate broken down (seconds; the last two columns megabytes): median after first "
-              "(first in brackets).", "", "| op | " + " | ".join(short) + " |", "|" + "---|" * (1 + len(short))]
+    lines += ["", "probes_candidate broken down (seconds; compiled: Triton cache entries the child added; "
+              "in_mb, out_mb: megabytes): median after first (first in brackets).", "",
+              "| op | " + " | ".join(short) + " |", "|" + "---|" * (1 + len(short))]
     for r in doc["ops"]:
         lines.append(f"| {r['op']} | " + " | ".join(
             f"{_num(r['median_phases_after_first'].get(p, 0), p)} ({_num(r['first_phases'].get(p, 0), p)})"
@@ -175,7 +179,8 @@ def markdown(doc: dict) -> str:
         lines += [f"| {b['op']} | {b['probes']} | {b['in_mb']:.1f} | {b['out_mb']:.1f} |" for b in doc["plan_bytes"]]
     again = [r for r in doc["ops"] if "median_s_again" in r]
     if again:
-        lines += ["", "The same candidates evaluated again, their kernels compiled (`--repeat`): median.", "",
+        lines += ["", "The same candidates evaluated again (`--repeat`; their kernels are compiled again: a "
+                  "candidate's Triton cache goes with its evaluation): median.", "",
                   "| op | median again | " + " | ".join(PHASES) + " |", "|" + "---|" * (2 + len(PHASES))]
         for r in again:
             lines.append(f"| {r['op']} | **{r['median_s_again']:.1f}** | "
@@ -195,8 +200,8 @@ def main() -> int:
     ap.add_argument("--device", default=None)
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     ap.add_argument("--name", default=None, help="file stem (default eval_rate_h200 / eval_rate_cpu)")
-    ap.add_argument("--repeat", action="store_true", help="evaluate each candidate twice in a row (the second with "
-                    "its kernels compiled): what compiling costs per phase; writes no summary key")
+    ap.add_argument("--repeat", action="store_true", help="evaluate each candidate twice in a row (the second compiles "
+                    "its kernels again: a candidate's Triton cache goes with its evaluation); writes no summary key")
     ap.add_argument("--plan-bytes", action="store_true", help="also work out (on the CPU, without running anything) "
                     "the megabytes each op's plan moves through a candidate's child, into the table")
     ap.add_argument("--prestart", type=int, default=None, help="pre-started candidate children kept ready "

@@ -29,17 +29,20 @@ def test_a_probes_phase_is_broken_down_by_the_parent_and_the_child():
     assert ph["probes_candidate_child_compute"] > 0 and ph["probes_candidate_child_send"] > 0
     assert sum(ph[k] for k in parts) <= ph["probes_candidate"] + 0.05
     assert ph["probes_candidate_in_mb"] > 0 and ph["probes_candidate_out_mb"] > 0
+    assert ph["probes_candidate_compiled"] == 0  # the CPU interpreter compiles nothing
     # the root's probes (run for the checks) are broken down the same way
     assert "probes_root_child_compute" in ph or "probes_root" not in ph
 
 
 def test_what_the_child_says_of_its_time_is_kept_only_when_it_is_a_number_of_seconds():
     told = {"compute": 1.5, "send": -1, "graph": float("nan"), "inputs": "fast", "evil": 3.0, "import": True,
-            "start": 2}
+            "start": 2, "compiled": 3}
     ph = core.probe_phases({"start": 0.1, "inputs": 0.2, "wait": 5.0, "read": 0.3},
                            {"child": told, "in_bytes": 2_000_000, "out_bytes": 0}, "p")
     assert {k: v for k, v in ph.items() if k.startswith("p_child_")} == {"p_child_compute": 1.5, "p_child_start": 2.0}
     assert ph["p_wait_other"] == pytest.approx(1.5) and ph["p_in_mb"] == 2.0 and ph["p_read"] == 0.3
+    assert ph["p_compiled"] == 3  # a count, outside the seconds the wait is split into
+    assert "p_compiled" not in core.probe_phases({}, {"child": {"compiled": 2.5}}, "p")
     # a child that claims more than the parent waited leaves no negative remainder; a report that is no dict, nothing
     assert core.probe_phases({"wait": 1.0}, {"child": {"compute": 9.0}}, "p")["p_wait_other"] == 0.0
     assert not [k for k in core.probe_phases({"wait": 1.0}, {"child": [1, 2]}, "p") if "child" in k]

@@ -120,6 +120,7 @@ def run_probes_job(workdir: Path, job: dict) -> dict:
     TensorWriter, decode, read_tensors = protocol.TensorWriter, protocol.decode, protocol.read_tensors
 
     t0 = time.monotonic()
+    cached = _cache_entries()
     # a pre-started child's inputs come with its job, in its read-only implementation directory
     tensors = read_tensors(Path(job["inputs"]) if job.get("inputs") else workdir / "inputs.bin", job["tensors"],
                            mapped=True)
@@ -173,9 +174,18 @@ def run_probes_job(workdir: Path, job: dict) -> dict:
     w.write_s += time.monotonic() - t
     # where this job's time went, in this process's own clock (the parent's phase tables: `core.probe_phases`)
     phases = {"inputs": t1 - t0, "import": t2 - t1, "compute": t3 - t2 - sent_probes, "graph": t4 - t3 - sent_graphs,
-              "send": w.write_s, "start": t0 - _HELD.get("claimed", t0)}
+              "send": w.write_s, "start": t0 - _HELD.get("claimed", t0), "compiled": _cache_entries() - cached}
     return {"import_error": None, "probes": results, "graphs": graphs, "tensors": entries, "phases": phases,
             "via": "memfd" if shared is not None else "file"}
+
+
+def _cache_entries() -> int:
+    """How many kernels this child's Triton cache holds (one directory per compiled kernel): the probes phase reports
+    how many it compiled (0 under the CPU interpreter, which compiles nothing)."""
+    try:
+        return sum(1 for e in os.scandir(os.environ.get("TRITON_CACHE_DIR", "")) if not e.name.startswith("tmp."))
+    except OSError:
+        return 0
 
 
 def _protocol() -> Any:

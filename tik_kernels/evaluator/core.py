@@ -398,12 +398,17 @@ def probe_phases(parent: dict, stats: dict, prefix: str) -> dict[str, float]:
     """A probes phase broken down: the parent's parts (`sandbox.ChildOutcome.phases`), the child's (`CHILD_PHASES`;
     what the child says, so diagnostics only: nothing is decided on them, and a value that is not a plausible
     number of seconds is dropped), `_wait_other` (the parent's wait less the child's parts: a fresh child's
-    interpreter start, polling, the reply's JSON) and the megabytes each way (`_in_mb`, `_out_mb`)."""
+    interpreter start, polling, the reply's JSON), the megabytes each way (`_in_mb`, `_out_mb`) and how many entries
+    the child added to its Triton cache (`_compiled`, a count: kernels and launchers it compiled, inside
+    `_child_compute`)."""
     out = {f"{prefix}_{k}": v for k, v in parent.items() if k in ("start", "inputs", "read")}
     child = stats.get("child") if isinstance(stats.get("child"), dict) else {}
     told = {k: float(v) for k, v in child.items() if k in CHILD_PHASES and type(v) in (int, float)
             and 0 <= v < 1e5}
     out.update({f"{prefix}_child_{k}": v for k, v in told.items()})
+    compiled = child.get("compiled")
+    if type(compiled) is int and 0 <= compiled < 10**6:  # a count, not seconds: kernels the child compiled
+        out[f"{prefix}_compiled"] = float(compiled)
     if "wait" in parent:
         out[f"{prefix}_wait_other"] = max(0.0, parent["wait"] - sum(told.values()))
     out[f"{prefix}_in_mb"] = stats.get("in_bytes", 0) / 1e6
