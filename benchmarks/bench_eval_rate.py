@@ -1,7 +1,7 @@
 """Seconds per evaluation in a running search, phase by phase: the figure issue #18's target is about.
 
     python benchmarks/bench_eval_rate.py [--ops linear,attention,rmsnorm] [--evals 4] [--timeout 300]
-                                         [--device cuda|cpu] [--name eval_rate_h200] [--prestart N]
+                                         [--device cuda|cpu] [--name eval_rate_h200] [--prestart N] [--plan-bytes]
 
 For each operator one process (this one) evaluates `--evals` tuner-style candidates in a row, as a search
 does: each is the root's source with one CONFIG value moved to a neighbour in its TUNABLES (the tuner's own
@@ -9,6 +9,9 @@ rewrite, so every candidate compiles kernels of its own), evaluated with timing 
 evaluation pays what a search pays once (the plan, the root's probes, the control run); the figure is the
 median over the evaluations after it. Every phase the report records is kept, per evaluation; the table
 prints the first evaluation and the median of the rest. Results: `<out>/<name>.json` and `.md`.
+
+`probes_candidate` is broken down in a table of its own (`PROBE_PARTS`), with the megabytes each way; `--plan-bytes`
+adds what each op's plan moves, worked out on the CPU (`plan_bytes`).
 
 `--prestart N` keeps N pre-started candidate children ready (`TIK_PRESTART`, default 1; 0: every candidate's
 child starts on its evaluation's critical path); the JSON records how many candidates each op's evaluations took
@@ -34,6 +37,16 @@ from benchmarks.harness import environment, update_summary  # noqa: E402
 PHASES = ("plan", "probes_root", "probes_candidate", "checks", "spare_settle", "timing_child", "timing_cells_warmup",
           "timing_cells_capture", "timing_cells_profile", "timing_cells_timed", "timing_cells_after", "control_child",
           "judge", "other")
+#: probes_candidate broken down (`core.probe_phases`): the parent's start (a spare taken or a child launched), the
+#: inputs it writes, the child's parts (its clock: start, inputs read, import, compute, graph replays, outputs
+#: sent), the rest of the parent's wait (a fresh child's interpreter, polling), the parent reading the reply; and the
+#: megabytes each way. They add up to probes_candidate (less a few ms of bookkeeping). `compiled` is a count: the
+#: entries the child added to its Triton cache (kernels and launchers compiled, their time inside child_compute).
+PROBE_PARTS = ("probes_candidate", "probes_candidate_start", "probes_candidate_inputs", "probes_candidate_wait_other",
+               "probes_candidate_child_start", "probes_candidate_child_inputs", "probes_candidate_child_import",
+               "probes_candidate_child_compute", "probes_candidate_child_graph", "probes_candidate_child_send",
+               "probes_candidate_read", "probes_candidate_compiled", "probes_candidate_in_mb",
+               "probes_candidate_out_mb")
 #: the phases that follow each other (the timing_cells_* parts lie inside timing_child): "other" is the wall time
 #: none of them covers (the source checks, the child's start and exit, the temporary files)
 TOP = ("plan", "probes_root", "probes_candidate", "checks", "spare_settle", "timing_child", "control_child", "judge")
@@ -65,8 +78,9 @@ def run_op(op: str, evals: int, device: str, timeout: float, repeat: bool = Fals
     rows = []
     picked = candidates(op, evals)
     if repeat:
-        # each candidate twice in a row: the second finds its kernels compiled (the Triton cache the first left),
-        # so a phase's difference between the two is what compiling the candidate costs there
+        # each candidate twice in a row. The second does NOT find its kernels compiled: a candidate's Triton cache
+        # goes with its evaluation (`sandbox.candidate_cache`; a pre-started child's is a copy of the trusted cache),
+        # so it compiles them again; the probes table's `compiled` column counts what each child compiled
         picked = [x for label, src in picked for x in ((label, src), (label + " (again)", src))]
     for i, (label, src) in enumerate(picked):
         path = tmp / f"{op}_cand{i}.py"
@@ -84,17 +98,60 @@ def run_op(op: str, evals: int, device: str, timeout: float, repeat: bool = Fals
               f"{json.dumps(rows[-1]['phases'])}", flush=True)
     fresh = [r for r in rows if not r["candidate"].endswith(" (again)")]
     later = fresh[1:] or fresh
-    med = {p: round(statistics.median([r["phases"].get(p, 0.0) for r in later]), 2) for p in PHASES}
+    med = {p: round(statistics.median([r["phases"].get(p, 0.0) for r in later]), 2) for p in PHASES + PROBE_PARTS}
     spares = {k: v - before.get(k, 0) for k, v in sandbox.SPARES.stats.items()}
     out = {"op": op, "evaluations": rows, "first_s": rows[0]["wall_s"], "spares": spares,
            "median_s_after_first": round(statistics.median(r["wall_s"] for r in later), 2),
            "median_phases_after_first": med, "first_phases": rows[0]["phases"]}
     again = [r for r in rows[2:] if r["candidate"].endswith(" (again)")]
-    if again:  # the same candidates, kernels already compiled (first pair left out, as above)
+    if again:  # the same candidates again (first pair left out, as above); their kernels compiled again too
         out["median_s_again"] = round(statistics.median(r["wall_s"] for r in again), 2)
         out["median_phases_again"] = {p: round(statistics.median([r["phases"].get(p, 0.0) for r in again]), 2)
-                                      for p in PHASES}
+                                      for p in PHASES + PROBE_PARTS}
     return out
+
+
+#: an entry point's output shape from its arguments, where it is not the first argument's (`plan_bytes`)
+OUT_SHAPES = {"linear": lambda args: (*args[0].shape[:-1], args[1].shape[0])}
+
+
+def plan_bytes(op: str, profile: str = "gpu") -> dict:
+    """What a candidate's probes move for `op`'s plan of `profile`, worked out on the CPU without running anything:
+    the inputs the parent sends (each distinct tensor once, as `protocol.TensorWriter` writes them) and the outputs
+    an honest child sends back (each probe's output in its first argument's dtype, shaped as its grad_outputs, or
+    by OUT_SHAPES, or as its first argument; the gradients of its grad_args; a graph-replayed probe's output twice
+    more on the GPU; unchanged inputs are named, not sent). On the CPU interpreter the same plan of rmsnorm's GPU
+    profile measured 397 MB in and 665 MB out through the child (`probes_candidate_in_mb`, `_out_mb`)."""
+    import math
+
+    import torch
+
+    from tik_kernels.contracts import get_contract
+    from tik_kernels.evaluator.core import graph_probe_ids
+
+    plan = get_contract(op).plan(profile, 0)
+    graphs = set(graph_probe_ids(plan)) if profile == "gpu" else set()
+    sent: dict[int, int] = {}
+    out = 0
+    for p in plan.probes:
+        for a in (*p.args, *p.kwargs.values(), *(p.grad_outputs or ())):
+            if isinstance(a, torch.Tensor):
+                sent[id(a)] = a.numel() * a.element_size()
+        args = [a for a in p.args if isinstance(a, torch.Tensor)]
+        first = args[0]
+        if p.grad_outputs is not None and p.grad_outputs[0] is not None:
+            shape = tuple(p.grad_outputs[0].shape)
+        else:
+            shape = tuple(OUT_SHAPES.get(p.entry, lambda a: a[0].shape)(p.args))
+        y = math.prod(shape) * first.element_size()
+        out += y * (3 if p.id in graphs else 1)
+        out += sum(p.args[i].numel() * p.args[i].element_size() for i in p.grad_args)
+    return {"op": op, "profile": profile, "probes": len(plan.probes), "in_mb": round(sum(sent.values()) / 1e6, 1),
+            "out_mb": round(out / 1e6, 1)}
+
+
+def _num(v: float, phase: str) -> str:
+    return f"{v:.3g}" if phase.endswith("_mb") else f"{v:.0f}" if phase.endswith("_compiled") else f"{v:.1f}"
 
 
 def markdown(doc: dict) -> str:
@@ -108,13 +165,30 @@ def markdown(doc: dict) -> str:
                  for p in PHASES]
         lines.append(f"| {r['op']} | {r['first_s']:.1f} | **{r['median_s_after_first']:.1f}** | "
                      + " | ".join(cells) + " |")
+    short = [p.removeprefix("probes_candidate_") for p in PROBE_PARTS]
+    lines += ["", "probes_candidate broken down (seconds; compiled: Triton cache entries the child added; "
+              "in_mb, out_mb: megabytes): median after first (first in brackets).", "",
+              "| op | " + " | ".join(short) + " |", "|" + "---|" * (1 + len(short))]
+    for r in doc["ops"]:
+        lines.append(f"| {r['op']} | " + " | ".join(
+            f"{_num(r['median_phases_after_first'].get(p, 0), p)} ({_num(r['first_phases'].get(p, 0), p)})"
+            for p in PROBE_PARTS) + " |")
+    if doc.get("plan_bytes"):
+        lines += ["", "What each op's plan of this device's profile moves through a candidate's child (`plan_bytes`, "
+                  "worked out on the CPU): megabytes.", "", "| op | probes | in | out |", "|---|---|---|---|"]
+        lines += [f"| {b['op']} | {b['probes']} | {b['in_mb']:.1f} | {b['out_mb']:.1f} |" for b in doc["plan_bytes"]]
     again = [r for r in doc["ops"] if "median_s_again" in r]
     if again:
-        lines += ["", "The same candidates evaluated again, their kernels compiled (`--repeat`): median.", "",
+        lines += ["", "The same candidates evaluated again (`--repeat`; their kernels are compiled again: a "
+                  "candidate's Triton cache goes with its evaluation): median.", "",
                   "| op | median again | " + " | ".join(PHASES) + " |", "|" + "---|" * (2 + len(PHASES))]
         for r in again:
             lines.append(f"| {r['op']} | **{r['median_s_again']:.1f}** | "
                          + " | ".join(f"{r['median_phases_again'].get(p, 0):.1f}" for p in PHASES) + " |")
+        lines += ["", "| op | " + " | ".join(short) + " |", "|" + "---|" * (1 + len(short))]
+        for r in again:
+            lines.append(f"| {r['op']} | " + " | ".join(_num(r["median_phases_again"].get(p, 0), p)
+                                                        for p in PROBE_PARTS) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -126,8 +200,10 @@ def main() -> int:
     ap.add_argument("--device", default=None)
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     ap.add_argument("--name", default=None, help="file stem (default eval_rate_h200 / eval_rate_cpu)")
-    ap.add_argument("--repeat", action="store_true", help="evaluate each candidate twice in a row (the second with "
-                    "its kernels compiled): what compiling costs per phase; writes no summary key")
+    ap.add_argument("--repeat", action="store_true", help="evaluate each candidate twice in a row (the second compiles "
+                    "its kernels again: a candidate's Triton cache goes with its evaluation); writes no summary key")
+    ap.add_argument("--plan-bytes", action="store_true", help="also work out (on the CPU, without running anything) "
+                    "the megabytes each op's plan moves through a candidate's child, into the table")
     ap.add_argument("--prestart", type=int, default=None, help="pre-started candidate children kept ready "
                     "(TIK_PRESTART; default 1, 0: none)")
     a = ap.parse_args()
@@ -153,6 +229,8 @@ def main() -> int:
     doc = {"command": " ".join(["python benchmarks/bench_eval_rate.py", *sys.argv[1:]]),
            "env": environment(device), "prestart": sandbox.prestart_depth(), "ops": []}
     a.out.mkdir(parents=True, exist_ok=True)
+    if a.plan_bytes:
+        doc["plan_bytes"] = [plan_bytes(op, "cpu" if device == "cpu" else "gpu") for op in ops]
     for op in ops:
         doc["ops"].append(run_op(op, a.evals, device, a.timeout, a.repeat))
         (a.out / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")

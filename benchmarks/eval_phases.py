@@ -6,6 +6,14 @@ tuner-style candidate's (one CONFIG value changed, its cache seeded from the roo
 
 The candidate is the root's source with `--set` applied to its CONFIG literal. Without `--time` only the
 check phases run (probes and checks); the JSON holds the report's `phases` (seconds) and verdict.
+
+    python benchmarks/eval_phases.py --volume --op rmsnorm [--evals 3] [--out benchmarks/results/x.json]
+
+`--volume`: the plumbing of a candidate's probes at GPU volumes, on the CPU: the op's GPU-profile plan (rmsnorm:
+397 MB of inputs, 665 MB of outputs) run `--evals` times through a candidate child with a torch-only implementation
+(EAGER), each broken down as the evaluator reports it (`core.probe_phases`: parent start / inputs / read, the child's
+start / inputs / import / compute / send). The compute is the CPU's, not the GPU's; the rest is what moving the data
+costs.
 """
 
 from __future__ import annotations
@@ -21,14 +29,56 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
+#: torch-only implementations for `--volume` (the same bits are not the point: the data crossing is)
+EAGER = {"rmsnorm": "import torch\n\n\ndef rmsnorm(x, w, eps=1e-6):\n    xf = x.float()\n"
+                    "    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)\n"}
+
+
+def volume(op: str, evals: int, timeout: float, out: Path) -> int:
+    import statistics
+
+    from benchmarks.harness import environment
+    from tik_kernels.contracts import get_contract
+    from tik_kernels.evaluator.core import plan_for, run_probes
+
+    if op not in EAGER:
+        raise SystemExit(f"eval_phases: --volume has a torch-only implementation of {', '.join(EAGER)} only")
+    impl = Path(tempfile.mkdtemp(prefix="tik-phases-")) / f"{op}_eager.py"
+    impl.write_text(EAGER[op])
+    t = time.perf_counter()
+    plan = plan_for(get_contract(op), "gpu", 0)
+    plan_s = time.perf_counter() - t
+    runs = []
+    for i in range(evals):
+        phases: dict = {}
+        t = time.perf_counter()
+        _, failure = run_probes(plan, impl, "cpu", timeout, phases=phases)
+        phases = {"probes_candidate": time.perf_counter() - t, **phases}
+        runs.append({k: round(v, 3) for k, v in phases.items()})
+        print(f"{op} #{i}: failure={failure} {json.dumps(runs[-1])}", flush=True)
+    keys = list(runs[0])
+    doc = {"command": " ".join(["benchmarks/eval_phases.py", *sys.argv[1:]]), "env": environment("cpu"), "op": op,
+           "profile": "gpu", "plan_s": round(plan_s, 1), "runs": runs,
+           "median_after_first": {k: round(statistics.median(r.get(k, 0.0) for r in runs[1:] or runs), 3)
+                                  for k in keys}}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(json.dumps(doc["median_after_first"], indent=1))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--op", default="linear")
     ap.add_argument("--set", default="M16_BLOCK_N=32", help="NAME=VALUE in the root's CONFIG")
     ap.add_argument("--time", action="store_true", help="also time the candidate (timing and control children)")
+    ap.add_argument("--volume", action="store_true", help="the GPU plan's probes through a CPU child (see above)")
+    ap.add_argument("--evals", type=int, default=3, help="--volume: how many runs")
     ap.add_argument("--timeout", type=float, default=150.0)
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/eval_phases_h200.json"))
     a = ap.parse_args()
+    if a.volume:
+        return volume(a.op, a.evals, a.timeout, a.out)
     import torch
 
     from benchmarks.harness import environment

@@ -185,8 +185,11 @@ def test_sigkill_of_the_evaluator_leaves_no_process_and_the_scratch_is_reaped(tm
         proc.kill()
         for pid in alive_with(marker):
             os.kill(pid, signal.SIGKILL)
-    assert sandbox.reap_stale(tmp) == (0, len(scratch))
-    assert [d.name for d in tmp.iterdir() if d.name in scratch] == []
+    # its scratch, and every other directory it owned (the kept plan's inputs file: `core._link_inputs`)
+    owned = [d.name for d in tmp.iterdir() if sandbox.OWNED.match(d.name) and f"-{proc.pid}." in d.name]
+    assert set(scratch) <= set(owned)
+    assert sandbox.reap_stale(tmp) == (0, len(owned))
+    assert [d.name for d in tmp.iterdir() if d.name in owned] == []
 
 
 def test_reap_stale_keeps_live_owners_and_unowned_directories(tmp_path):

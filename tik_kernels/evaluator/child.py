@@ -1,10 +1,11 @@
 """The candidate side: `python -m tik_kernels.evaluator.child WORKDIR`, spawned by the trusted parent.
 
 Everything in this process is untrusted once the implementation file is imported. It reads
-`WORKDIR/job.json` (+ `inputs.bin`), imports the implementation(s) by path, runs the job and
-writes `WORKDIR/out/result.json` + `out/outputs.bin`. It never sees a reference output or a
-check: those stay in the parent, which validates whatever comes back. stdout and stderr go to
-files the parent only tails for a failure line, so printing cannot break the protocol.
+`WORKDIR/job.json` (+ a probes job's `inputs.bin`, in its read-only job directory, mapped rather than copied),
+imports the implementation(s) by path, runs the job and writes `WORKDIR/out/result.json` + `out/outputs.bin`
+(with a probes job's `phases`: where its time went, which the parent reports and decides nothing on). It never
+sees a reference output or a check: those stay in the parent, which validates whatever comes back. stdout and
+stderr go to files the parent only tails for a failure line, so printing cannot break the protocol.
 
 Jobs: `probes` (run the contract's probes on one implementation), `time` (the timing
 harness of `tik_kernels.evaluator.timing` on the candidate, root, incumbent and baseline) and
@@ -115,10 +116,14 @@ def run_probes_job(workdir: Path, job: dict) -> dict:
 
     from tik_kernels.contract import Probe, execute_probe, load_module, same_bits
 
-    TensorWriter, decode, read_tensors = _protocol()
+    protocol = _protocol()
+    TensorWriter, decode, read_tensors = protocol.TensorWriter, protocol.decode, protocol.read_tensors
 
+    t0 = time.monotonic()
+    cached = _cache_entries()
     # a pre-started child's inputs come with its job, in its read-only implementation directory
-    tensors = read_tensors(Path(job["inputs"]) if job.get("inputs") else workdir / "inputs.bin", job["tensors"])
+    tensors = read_tensors(Path(job["inputs"]) if job.get("inputs") else workdir / "inputs.bin", job["tensors"],
+                           mapped=True)
     probes, sent = [], {}
     for p in job["probes"]:
         gos = decode(p["grad_outputs"], tensors) if p["grad_outputs"] is not None else None
@@ -127,14 +132,20 @@ def run_probes_job(workdir: Path, job: dict) -> dict:
         # the input index of each top-level tensor argument, in order (what inputs_after echoes)
         sent[p["id"]] = [a["t"] for a in p["args"]["tuple"] if "t" in a]
     del tensors
+    # the reply's channel, connected before the implementation is imported (its own connection would come second)
+    shared = protocol.SharedOutputs.open(job.get("reply_socket"))
+    t1 = time.monotonic()
     try:
         module = load_module(job["impl"], "tik_impl")
     except BaseException as e:  # noqa: B036 (SystemExit at import is an import failure too)
+        if shared is not None:
+            shared.abandon()
         return {"import_error": one_line(e)}
+    t2 = time.monotonic()
     _HELD["impl"] = module  # a second job (`next`) times this module, not another import of the file
     guarded = GuardedModule(module, job["device"])
     out_dir = workdir / "out"
-    w = TensorWriter(out_dir / "outputs.bin")
+    w = shared.writer if shared is not None else TensorWriter(out_dir / "outputs.bin")
 
     def echo(after: torch.Tensor, before: torch.Tensor, index: int) -> int | dict:
         # an input left bitwise as it was sent is named, not sent back (a probe's weight is often GBs)
@@ -151,21 +162,39 @@ def run_probes_job(workdir: Path, job: dict) -> dict:
                              "inputs_after": [echo(t, a, k) for t, a, k in zip(
                                  r.inputs_after or [], [a for a in probe.args if isinstance(a, torch.Tensor)],
                                  sent[probe.id], strict=False)]}
+    t3, sent_probes = time.monotonic(), w.write_s
     graphs = {}
     if str(job["device"]).startswith("cuda"):
         for probe in probes:
             if probe.id in set(job.get("graph_probes", ())):
                 graphs[probe.id] = graph_replay(guarded, probe, job["device"], w)
-    return {"import_error": None, "probes": results, "graphs": graphs, "tensors": w.close()}
+    t4, sent_graphs = time.monotonic(), w.write_s - sent_probes
+    t = time.monotonic()
+    entries = shared.send() if shared is not None else w.close()
+    w.write_s += time.monotonic() - t
+    # where this job's time went, in this process's own clock (the parent's phase tables: `core.probe_phases`)
+    phases = {"inputs": t1 - t0, "import": t2 - t1, "compute": t3 - t2 - sent_probes, "graph": t4 - t3 - sent_graphs,
+              "send": w.write_s, "start": t0 - _HELD.get("claimed", t0), "compiled": _cache_entries() - cached}
+    return {"import_error": None, "probes": results, "graphs": graphs, "tensors": entries, "phases": phases,
+            "via": "memfd" if shared is not None else "file"}
 
 
-def _protocol() -> tuple:
-    """protocol's TensorWriter, decode and read_tensors: imported as usual, or (in a guarded child, where it can
-    no longer be imported) the module main() held on to."""
+def _cache_entries() -> int:
+    """How many kernels this child's Triton cache holds (one directory per compiled kernel): the probes phase reports
+    how many it compiled (0 under the CPU interpreter, which compiles nothing)."""
+    try:
+        return sum(1 for e in os.scandir(os.environ.get("TRITON_CACHE_DIR", "")) if not e.name.startswith("tmp."))
+    except OSError:
+        return 0
+
+
+def _protocol() -> Any:
+    """The protocol module: imported as usual, or (in a guarded child, where it can no longer be imported) the module
+    main() held on to."""
     mod = _HELD.get("protocol")
     if mod is None:
         from tik_kernels.evaluator import protocol as mod
-    return mod.TensorWriter, mod.decode, mod.read_tensors
+    return mod
 
 
 #: harness modules main() keeps references to before guard_imports drops them from sys.modules
@@ -249,6 +278,25 @@ def await_next(path: Path, limit_s: float | None = None) -> dict:
         return doc if isinstance(doc, dict) else {}
 
 
+def warm_triton() -> None:
+    """What a CUDA process's first Triton launch pays once, paid by a pre-started child before its candidate exists:
+    the driver (its C utilities, loaded from the Triton cache), Triton's version key (a hash of the installation,
+    libtriton's ~500 MB among it: 0.35 s on the CPU machine) and the backend's (ptxas's version, a subprocess). These
+    are Triton's own per-process caches of facts about the installation, the same for every candidate."""
+    try:
+        from triton.compiler.compiler import make_backend
+        from triton.runtime.driver import driver
+
+        make_backend(driver.active.get_current_target()).hash()
+        try:
+            from triton.runtime.cache import triton_key
+        except ImportError:  # older Triton keeps it with the compiler
+            from triton.compiler.compiler import triton_key
+        triton_key()
+    except Exception:  # a head start only: the candidate's first launch does all this itself
+        pass
+
+
 def _prestarted(workdir: Path, boot: dict) -> dict:
     """A pre-started child (`sandbox.Spares`): import what a probes job imports, initialise the device, then wait
     for the first job, which the parent writes where this process can only read (`boot["start"]`). Nothing of a
@@ -259,10 +307,12 @@ def _prestarted(workdir: Path, boot: dict) -> dict:
     import tik_kernels.contract  # noqa: F401
 
     if str(boot["device"]).startswith("cuda"):
-        torch.empty(1, device=boot["device"])  # the CUDA context
+        torch.empty(1, device=boot["device"]).cpu()  # the CUDA context, and a first copy back
+        warm_triton()
     ready = workdir / "ready"
     ready.write_text("")
     doc = await_next(Path(boot["start"]), limit_s=float(boot["idle_s"]))
+    _HELD["claimed"] = time.monotonic()
     job = doc.get("job")
     if not isinstance(job, dict) or job.get("mode") != "probes":
         os._exit(0)  # never taken (the parent stopped waiting for it), or nothing this child serves
@@ -273,6 +323,7 @@ def _prestarted(workdir: Path, boot: dict) -> dict:
 
 def main(argv: list[str]) -> int:
     workdir = Path(argv[1])
+    _HELD["claimed"] = time.monotonic()  # a pre-started child's job is claimed later (`_prestarted`)
     job = json.loads((workdir / "job.json").read_text())
     _limit_resources(job)
     # kernels first: it sets TRITON_INTERPRET before anything imports Triton

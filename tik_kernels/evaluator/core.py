@@ -23,10 +23,15 @@ A bad candidate never raises: every failure is a one-line `failure` and failed c
 
 from __future__ import annotations
 
+import atexit
 import hashlib
+import os
 import re
+import shutil
+import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +42,17 @@ from tik_kernels.contracts import get_contract
 from tik_kernels.evaluator import integrity
 from tik_kernels.evaluator.checks import GRAPH_PREFIX, all_inputs_unchanged, graph_replay_check, output_spec
 from tik_kernels.evaluator.measure import candidate_timing_job, time_candidate
-from tik_kernels.evaluator.protocol import ProtocolError, TensorWriter, encode, index_list, read_tensors, tensor_index
+from tik_kernels.evaluator.protocol import (
+    ProtocolError,
+    TensorWriter,
+    encode,
+    index_list,
+    listen_shared,
+    read_tensors,
+    receive_shared,
+    tensor_index,
+    tensors_from,
+)
 from tik_kernels.evaluator.report import EvalReport, decide, environment, evaluator_fingerprint, fail
 from tik_kernels.evaluator.sandbox import (
     ChildOutcome,
@@ -45,6 +60,7 @@ from tik_kernels.evaluator.sandbox import (
     candidate_cache,
     isolation,
     limits,
+    owned_tempdir,
     policy,
     run_child,
     settle_spares,
@@ -66,9 +82,73 @@ def plan_for(contract: Contract, profile: str, seed: int) -> Plan:
     if hit is None:
         hit = (contract, contract.plan(profile, seed))  # the contract is kept so its id stays its own
         while len(_PLAN_CACHE) >= _PLANS_KEPT:
-            _PLAN_CACHE.pop(next(iter(_PLAN_CACHE)))
+            _drop_inputs(_PLAN_CACHE.pop(next(iter(_PLAN_CACHE)))[1])
     _PLAN_CACHE[key] = hit
     return hit[1]
+
+
+@dataclass
+class _Inputs:
+    """A kept plan's probes as a child gets them (`probes_job`): the file of their tensors, written once per process,
+    the JSON that names them, and the tensors by index."""
+
+    path: Path
+    probes: list
+    entries: list
+    sent: list
+
+
+#: the inputs file of each plan `plan_for` keeps, by id(plan) (dropped with the plan), and where they live
+_INPUTS: dict[int, _Inputs] = {}
+_INPUTS_LOCK = threading.Lock()
+_INPUTS_DIR: Path | None = None
+
+
+def _drop_inputs(plan: Plan) -> None:
+    with _INPUTS_LOCK:
+        kept = _INPUTS.pop(id(plan), None)
+    if kept is not None:
+        kept.path.unlink(missing_ok=True)
+
+
+def _kept(plan: Plan) -> bool:
+    return any(p is plan for _, p in _PLAN_CACHE.values())
+
+
+def _write_probes(plan: Plan, path: Path) -> tuple[list, list, list]:
+    """(probes JSON, tensor manifest, tensors by index) of `plan`, its tensors written to `path`."""
+    w = TensorWriter(path)
+    probes = [{"id": p.id, "entry": p.entry, "args": encode(tuple(p.args), w), "kwargs": encode(dict(p.kwargs), w),
+               "grad_args": list(p.grad_args),
+               "grad_outputs": encode(tuple(p.grad_outputs), w) if p.grad_outputs is not None else None}
+              for p in plan.probes]
+    return probes, w.close(), w.tensors
+
+
+def _link_inputs(plan: Plan, dest: Path) -> _Inputs:
+    """`plan`'s inputs file (written now if this process has none yet) as `dest`: a hard link where the child runs
+    jailed, which mounts `dest`'s directory read-only (a link is one file: a child that could write it would
+    change every later child's inputs); a copy otherwise (an unconfined child, `sandbox=False`, could write through
+    a link). Either way no check reads the file: they compare against the plan's own tensors."""
+    global _INPUTS_DIR
+    with _INPUTS_LOCK:
+        kept = _INPUTS.get(id(plan))
+        if kept is None:
+            if _INPUTS_DIR is None:
+                _INPUTS_DIR = owned_tempdir("tik-inputs-")
+                atexit.register(shutil.rmtree, _INPUTS_DIR, True)
+            part = _INPUTS_DIR / f"{id(plan)}.part"
+            kept = _Inputs(_INPUTS_DIR / f"{id(plan)}.bin", *_write_probes(plan, part))
+            os.replace(part, kept.path)
+            _INPUTS[id(plan)] = kept
+    if isolation(trusted=False)[0] is None:
+        shutil.copyfile(kept.path, dest)
+    else:
+        try:
+            os.link(kept.path, dest)
+        except OSError:  # another file system
+            shutil.copyfile(kept.path, dest)
+    return kept
 
 
 def one_line(e: BaseException) -> str:
@@ -195,7 +275,7 @@ def _evaluate(report: EvalReport, contract: Contract, cand_path: Path, root_path
         with PhasedChild(job, write_inputs, timing[0], cache="candidate" if device.startswith("cuda") else "private") \
                 as child:
             t = time.monotonic()
-            cand, failure = probe_outcome(child.first(read_result, timeout))
+            cand, failure = probe_outcome(child.first(read_result, timeout), report.phases, "probes_candidate")
             report.phases["probes_candidate"] = time.monotonic() - t
             if failure:
                 return fail(report, "run", "runs", failure)
@@ -210,7 +290,7 @@ def _evaluate(report: EvalReport, contract: Contract, cand_path: Path, root_path
         return
     t = time.monotonic()
     cand, failure = run_probes(plan, cand_path, device, timeout, trusted=is_root,
-                               library=library_root(contract, report.source_sha256))
+                               library=library_root(contract, report.source_sha256), phases=report.phases)
     report.phases["probes_candidate"] = time.monotonic() - t
     if failure:
         return fail(report, "run", "runs", failure)
@@ -271,7 +351,8 @@ def _root_probes(report: EvalReport, plan: Plan, root_path: Path, device: str, t
                  key: tuple, library: bool) -> dict[str, ProbeResult]:
     """The root's probe results, computed in a trusted child and kept for this process."""
     t = time.monotonic()
-    root, failure = run_probes(plan, root_path, device, timeout, trusted=True, library=library)
+    root, failure = run_probes(plan, root_path, device, timeout, trusted=True, library=library,
+                               phases=report.phases, prefix="probes_root")
     report.phases["probes_root"] = time.monotonic() - t
     if failure:
         raise RuntimeError(f"the root implementation failed: {failure}")
@@ -282,24 +363,57 @@ def _root_probes(report: EvalReport, plan: Plan, root_path: Path, device: str, t
 
 
 def run_probes(plan: Plan, impl: Path, device: str, timeout: float, trusted: bool = False,
-               library: bool = False) -> tuple[dict[str, ProbeResult] | None, str | None]:
+               library: bool = False, phases: dict | None = None,
+               prefix: str = "probes_candidate") -> tuple[dict[str, ProbeResult] | None, str | None]:
     """Run every probe of `plan` on `impl` in a child. (results, None) or (None, one-line failure).
 
     `trusted` (the root only): the child compiles into the process's shared Triton cache, which every other
     GPU child gets a private copy of (`sandbox.triton_cache`). `library`: `impl` is the library's own root
-    (it may run where the jail does not start)."""
+    (it may run where the jail does not start). `phases`: where the time went goes there (`probe_phases`)."""
     job, write_inputs, read_result = probes_job(plan, impl, device, timeout)
     cache = "private" if not device.startswith("cuda") else "trusted" if trusted else "candidate"
-    return probe_outcome(run_child(job, write_inputs, read_result, timeout, cache=cache, trusted=library))
+    return probe_outcome(run_child(job, write_inputs, read_result, timeout, cache=cache, trusted=library),
+                         phases, prefix)
 
 
-def probe_outcome(outcome: ChildOutcome) -> tuple[dict[str, ProbeResult] | None, str | None]:
+def probe_outcome(outcome: ChildOutcome, phases: dict | None = None,
+                  prefix: str = "probes_candidate") -> tuple[dict[str, ProbeResult] | None, str | None]:
     if outcome.failure:
         return None, outcome.failure
-    kind, value = outcome.doc
+    kind, value, stats = outcome.doc
+    if phases is not None:
+        phases.update(probe_phases(outcome.phases, stats, prefix))
     if kind == "import":
         return None, f"import failed: {value}"
     return value, None
+
+
+#: the parts of a probes job the child reports (`child.run_probes_job`), in its own clock: "start" (from the job
+#: taken to its inputs: a fresh child's imports), "inputs" (read and decoded), "import" (the implementation),
+#: "compute" (the probes, their outputs copied to the CPU), "graph" (the CUDA graph replays), "send" (outputs written)
+CHILD_PHASES = ("start", "inputs", "import", "compute", "graph", "send")
+
+
+def probe_phases(parent: dict, stats: dict, prefix: str) -> dict[str, float]:
+    """A probes phase broken down: the parent's parts (`sandbox.ChildOutcome.phases`), the child's (`CHILD_PHASES`;
+    what the child says, so diagnostics only: nothing is decided on them, and a value that is not a plausible
+    number of seconds is dropped), `_wait_other` (the parent's wait less the child's parts: a fresh child's
+    interpreter start, polling, the reply's JSON), the megabytes each way (`_in_mb`, `_out_mb`) and how many entries
+    the child added to its Triton cache (`_compiled`, a count: kernels and launchers it compiled, inside
+    `_child_compute`)."""
+    out = {f"{prefix}_{k}": v for k, v in parent.items() if k in ("start", "inputs", "read")}
+    child = stats.get("child") if isinstance(stats.get("child"), dict) else {}
+    told = {k: float(v) for k, v in child.items() if k in CHILD_PHASES and type(v) in (int, float)
+            and 0 <= v < 1e5}
+    out.update({f"{prefix}_child_{k}": v for k, v in told.items()})
+    compiled = child.get("compiled")
+    if type(compiled) is int and 0 <= compiled < 10**6:  # a count, not seconds: kernels the child compiled
+        out[f"{prefix}_compiled"] = float(compiled)
+    if "wait" in parent:
+        out[f"{prefix}_wait_other"] = max(0.0, parent["wait"] - sum(told.values()))
+    out[f"{prefix}_in_mb"] = stats.get("in_bytes", 0) / 1e6
+    out[f"{prefix}_out_mb"] = stats.get("out_bytes", 0) / 1e6
+    return out
 
 
 def probes_job(plan: Plan, impl: Path, device: str, limit_s: float) -> tuple[dict, Callable, Callable]:
@@ -307,15 +421,39 @@ def probes_job(plan: Plan, impl: Path, device: str, limit_s: float) -> tuple[dic
     `limit_s` sizes the child's resource limits (`sandbox.limits`)."""
 
     sent: list[torch.Tensor] = []  # the tensors written to the child, by input index
+    stats: dict[str, Any] = {}  # bytes each way and the child's own phases (`probe_phases`)
+    servers: list = []  # the socket the child hands its sealed outputs over on (`protocol.SharedOutputs`)
 
     def write_inputs(tmp: Path) -> dict:
-        w = TensorWriter(tmp / "inputs.bin")
-        probes = [{"id": p.id, "entry": p.entry, "args": encode(tuple(p.args), w), "kwargs": encode(dict(p.kwargs), w),
-                   "grad_args": list(p.grad_args),
-                   "grad_outputs": encode(tuple(p.grad_outputs), w) if p.grad_outputs is not None else None}
-                  for p in plan.probes]
-        sent.extend(w.tensors)
-        return {"probes": probes, "tensors": w.close()}
+        """The probes' tensors into `tmp/inputs.bin` (a directory the child reads and cannot write): a plan this
+        process keeps (`plan_for`) is written once and linked (its linear GPU plan is 1.9 GB), any other now."""
+        if _kept(plan):
+            kept = _link_inputs(plan, tmp / "inputs.bin")
+            probes, entries, tensors = kept.probes, kept.entries, kept.sent
+        else:
+            probes, entries, tensors = _write_probes(plan, tmp / "inputs.bin")
+        sent.extend(tensors)
+        stats["in_bytes"] = (tmp / "inputs.bin").stat().st_size
+        srv = listen_shared(tmp)  # tmp/reply.sock, where the sandbox tells the child it is
+        if srv is not None:
+            servers.append(srv)
+        return {"probes": probes, "tensors": entries}
+
+    def outputs(out: Path, doc: dict) -> list[torch.Tensor]:
+        """The reply's tensors: mapped from the sealed memfd the child handed over (bytes nothing can change any
+        more), or read from its file as a copy (a live child could still write the file)."""
+        try:
+            if doc.get("via") == "memfd":
+                if not servers:
+                    raise ProtocolError("outputs in shared memory, but none was offered")
+                data = receive_shared(servers[-1])
+                stats["out_bytes"] = len(data)
+                return tensors_from(data, doc.get("tensors"))
+            stats["out_bytes"] = (out / "outputs.bin").stat().st_size if (out / "outputs.bin").is_file() else 0
+            return read_tensors(out / "outputs.bin", doc.get("tensors"))
+        finally:
+            for srv in servers:
+                srv.close()
 
     def echoed(x: Any, tensors: list[torch.Tensor], pid: str) -> list[torch.Tensor]:
         """inputs_after: a tensor sent back, or {"input": k}: "input k, bitwise as it was sent"."""
@@ -330,9 +468,10 @@ def probes_job(plan: Plan, impl: Path, device: str, limit_s: float) -> tuple[dic
         return out
 
     def read_result(out: Path, doc: dict) -> Any:
+        stats["child"] = doc.get("phases")
         if doc.get("import_error") is not None:
-            return ("import", str(doc["import_error"])[:300])
-        tensors = read_tensors(out / "outputs.bin", doc.get("tensors"))
+            return ("import", str(doc["import_error"])[:300], stats)
+        tensors = outputs(out, doc)
         got = doc.get("probes")
         if not isinstance(got, dict) or set(got) != {p.id for p in plan.probes}:
             raise ProtocolError("probe results do not match the probes sent")
@@ -356,7 +495,7 @@ def probes_job(plan: Plan, impl: Path, device: str, limit_s: float) -> tuple[dic
                 outputs=[tensors[i] for i in index_list(g["replay"], len(tensors), pid)],
                 inputs_after=[tensors[i] for i in index_list(g["eager"], len(tensors), pid)],
                 error=str(g["error"])[:300] if g["error"] is not None else None)
-        return ("ok", results)
+        return ("ok", results, stats)
 
     job = {"mode": "probes", "impl": str(impl.resolve()), "device": device, "limits": limits(limit_s),
            "graph_probes": graph_probe_ids(plan) if device.startswith("cuda") else []}

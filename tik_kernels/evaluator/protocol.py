@@ -1,17 +1,21 @@
 """The wire format between the trusted parent and the candidate's child process.
 
-Tensors cross as raw bytes in one `.bin` file plus a JSON manifest (dtype, shape, offset,
-byte count per tensor); other values as tagged JSON. Nothing is ever unpickled. The parent
-reads what the child wrote with `read_tensors(..., strict)`: a whitelist of dtypes, shapes of
-at most 8 non-negative dims, byte counts equal to numel × element size, every range inside the
-file, and a cap on sizes, so a garbage or hostile manifest is a clean `ProtocolError`.
+Tensors cross as raw bytes in one `.bin` file (a probes job's outputs: in one sealed memfd, `SharedOutputs`) plus
+a JSON manifest (dtype, shape, offset, byte count per tensor); other values as tagged JSON. Nothing is ever
+unpickled. The parent reads what the child wrote with `read_tensors(..., strict)`: a whitelist of dtypes, shapes of
+at most 8 non-negative dims, byte counts equal to numel × element size, every range inside the file, and a cap on
+sizes, so a garbage or hostile manifest is a clean `ProtocolError`.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
+import mmap
 import os
+import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -51,15 +55,23 @@ class TensorWriter:
     The same tensor object referenced again (a weight shared by many probes) is written once and
     gets the same index: what crosses the boundary is each distinct tensor's bytes, once. Every
     entry starts at a multiple of ALIGN bytes. `tensors[i]` is the object entry i was written from.
+    `nbytes` is the file's size so far; `write_s` the seconds spent copying tensors to the CPU and writing them
+    (what sending costs, apart from computing them: the phase tables report it).
     """
 
-    def __init__(self, path: Path):
-        self.path = path
-        self._f = open(path, "wb")  # noqa: SIM115 (closed in close())
+    def __init__(self, path: Path | None, fd: int | None = None):
+        self.path, self.fd = path, fd
+        # a path: a file of its own; fd: an open file (a memfd, `SharedOutputs`) it writes to and leaves open
+        self._f = open(path, "wb") if path is not None else os.fdopen(fd, "wb", closefd=False)  # noqa: SIM115
         self.entries: list[dict] = []
         self.tensors: list[torch.Tensor] = []
         self._by_id: dict[int, int] = {}
         self._offset = 0
+        self.write_s = 0.0
+
+    @property
+    def nbytes(self) -> int:
+        return self._offset
 
     def ref(self, t: torch.Tensor) -> int:
         known = self._by_id.get(id(t))
@@ -67,6 +79,7 @@ class TensorWriter:
             return known
         if t.dtype not in DTYPE_NAMES:
             raise TypeError(f"dtype {t.dtype} cannot cross the process boundary")
+        t0 = time.monotonic()
         c = t.detach().to("cpu").contiguous()
         pad = -self._offset % ALIGN
         if pad:
@@ -82,30 +95,152 @@ class TensorWriter:
         # kept alive with the index, so id(t) cannot be reused by another tensor while this writer lives
         self.tensors.append(t)
         self._by_id[id(t)] = len(self.entries) - 1
+        self.write_s += time.monotonic() - t0
         return len(self.entries) - 1
 
     def close(self) -> list[dict]:
+        t0 = time.monotonic()
         self._f.close()
+        self.write_s += time.monotonic() - t0
         self._by_id.clear()
         return self.entries
 
 
-def read_tensors(bin_path: Path, entries: Any) -> list[torch.Tensor]:
+#: every seal a shared reply must carry: its bytes can no longer change, nor its size
+SEALS = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
+#: the first bytes of the one message a child sends on its reply socket, with the memfd
+SHARED_TAG = b"tik-outputs"
+
+
+class SharedOutputs:
+    """The child's side of a reply through shared memory: its outputs go into a memfd (anonymous shared memory), which
+    is sealed once written (no write, shrink or grow, by anyone, ever again: the kernel's guarantee) and handed to the
+    parent over the unix socket the parent listens on in the child's read-only job directory (`receive_shared`). The
+    parent maps the sealed bytes instead of reading a copy of a file the live child could still change.
+
+    `open` connects first and returns None where that cannot be done (no socket offered, no memfd here): the caller
+    then writes its file as before."""
+
+    def __init__(self, sock: socket.socket, fd: int):
+        self.sock, self.fd = sock, fd
+        self.writer = TensorWriter(None, fd=fd)
+
+    @classmethod
+    def open(cls, socket_path: str | None) -> SharedOutputs | None:
+        if not socket_path:
+            return None
+        sock = dfd = None
+        try:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            dfd = os.open(os.path.dirname(socket_path), os.O_RDONLY | os.O_DIRECTORY)
+            sock.connect(f"/proc/self/fd/{dfd}/{os.path.basename(socket_path)}")  # a short name, as in listen_shared
+            fd = os.memfd_create("tik-outputs", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        except (OSError, AttributeError):
+            if sock is not None:
+                sock.close()
+            return None
+        finally:
+            if dfd is not None:
+                os.close(dfd)
+        return cls(sock, fd)
+
+    def abandon(self) -> None:
+        self.sock.close()
+        os.close(self.fd)
+
+    def send(self) -> list[dict]:
+        """Close the writer, seal the memfd, hand it over; the manifest."""
+        entries = self.writer.close()
+        fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, SEALS | fcntl.F_SEAL_SEAL)
+        socket.send_fds(self.sock, [SHARED_TAG], [self.fd])
+        self.sock.close()
+        os.close(self.fd)  # the parent's copy of the descriptor keeps the memory
+        return entries
+
+
+def listen_shared(directory: Path) -> socket.socket | None:
+    """A socket `directory/reply.sock` for a child's shared reply (None where it cannot be made). Bound through
+    /proc/self/fd, so a deep scratch path does not hit the 108-byte limit of a socket's name; writable by anyone (a
+    jailed child runs as another uid), in a directory the child cannot change."""
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        srv.bind(f"/proc/self/fd/{dfd}/reply.sock")
+        os.chmod(directory / "reply.sock", 0o777)
+        srv.listen(4)
+    except OSError:
+        srv.close()
+        return None
+    finally:
+        os.close(dfd)
+    srv.setblocking(False)
+    return srv
+
+
+def receive_shared(srv: socket.socket, timeout: float = 5.0) -> Any:
+    """The sealed memfd a child handed over on `srv` (`SharedOutputs`), mapped copy-on-write: a buffer of bytes that
+    no process can change any more. The first connection only; anything but one fd, tagged, of shared memory carrying
+    every seal in SEALS (a file, an unsealed memfd, one still growable) is a ProtocolError."""
+    try:
+        conn, _ = srv.accept()
+    except (BlockingIOError, OSError):
+        raise ProtocolError("the child handed over no outputs") from None
+    fds: list[int] = []
+    try:
+        conn.settimeout(timeout)
+        try:
+            msg, fds, _, _ = socket.recv_fds(conn, len(SHARED_TAG), 4)
+        except OSError as e:
+            raise ProtocolError(f"the child's outputs could not be received ({type(e).__name__})") from None
+        if msg != SHARED_TAG or len(fds) != 1:
+            raise ProtocolError("the child's outputs came as something other than one memfd")
+        try:
+            seals = fcntl.fcntl(fds[0], fcntl.F_GET_SEALS)
+        except OSError:
+            raise ProtocolError("the child's outputs are not in shared memory") from None
+        if seals & SEALS != SEALS:
+            raise ProtocolError("the child's outputs are not sealed")
+        size = os.fstat(fds[0]).st_size
+        if size > MAX_DATA_BYTES:
+            raise ProtocolError(f"tensor data of {size} bytes exceeds the limit")
+        return mmap.mmap(fds[0], size, access=mmap.ACCESS_COPY) if size else bytearray(0)
+    finally:
+        conn.close()
+        for fd in fds:
+            os.close(fd)
+
+
+def read_tensors(bin_path: Path, entries: Any, mapped: bool = False) -> list[torch.Tensor]:
     """Rebuild tensors from a manifest, validating every field (the manifest may be hostile).
 
     The file is read once; each tensor whose offset suits its element size is a view of that one
     buffer (no further copy), any other is copied out. Entries may overlap (a hostile manifest):
-    the views then share bytes, which no reader here writes to."""
+    the views then share bytes, which no reader here writes to.
+
+    `mapped`: the buffer is a private (copy-on-write) mapping of the file instead of a copy, for a reader whose
+    file nobody changes while it is read (the child's inputs, which it cannot write). The parent reads what a
+    live child wrote as a copy: a mapping would show whatever the child writes there after the checks."""
     if not isinstance(entries, list):
         raise ProtocolError("tensor manifest is not a list")
     size = bin_path.stat().st_size if bin_path.exists() else 0
     if size > MAX_DATA_BYTES:
         raise ProtocolError(f"tensor data of {size} bytes exceeds the limit")
-    data = bytearray(size)
-    if size:
+    data: Any = bytearray(0)
+    if size and mapped:
+        with open(bin_path, "rb") as f:
+            data = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
+    elif size:
+        data = bytearray(size)
         with open(bin_path, "rb") as f:
             if f.readinto(data) != size:
                 raise ProtocolError("tensor data changed while being read")
+    return tensors_from(data, entries)
+
+
+def tensors_from(data: Any, entries: Any) -> list[torch.Tensor]:
+    """`read_tensors` on bytes already in hand (a writable buffer: a bytearray, a copy-on-write mapping)."""
+    if not isinstance(entries, list):
+        raise ProtocolError("tensor manifest is not a list")
     out = []
     for i, e in enumerate(entries):
         if not isinstance(e, dict) or set(e) != {"dtype", "shape", "offset", "nbytes"}:

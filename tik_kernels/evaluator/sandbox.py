@@ -35,7 +35,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -416,6 +416,38 @@ class ChildOutcome:
     doc: dict | None
     failure: str | None
     elapsed_s: float
+    #: where the parent's time went (seconds): "start" (a spare taken or a child launched, its job staged),
+    #: "inputs" (write_inputs), "wait" (until the reply was there), "read" (the reply read and validated)
+    phases: dict = field(default_factory=dict)
+
+
+class _Stopwatch:
+    """The parent's phases of one child (`ChildOutcome.phases`): `lap(name)` adds the seconds since the last lap;
+    `inputs(write_inputs)` wraps the job's writer so its seconds count as "inputs", not as the lap around it."""
+
+    def __init__(self) -> None:
+        self.phases: dict[str, float] = {}
+        self.t = time.monotonic()
+
+    def lap(self, name: str) -> None:
+        now = time.monotonic()
+        self.phases[name] = self.phases.get(name, 0.0) + now - self.t
+        self.t = now
+
+    def inputs(self, write_inputs: Callable[[Path], dict]) -> Callable[[Path], dict]:
+        def timed(d: Path) -> dict:
+            t = time.monotonic()
+            try:
+                return write_inputs(d)
+            finally:
+                self.phases["inputs"] = self.phases.get("inputs", 0.0) + time.monotonic() - t
+                self.t += time.monotonic() - t  # not counted again in the enclosing lap
+        return timed
+
+    def outcome(self, o: ChildOutcome, name: str) -> ChildOutcome:
+        self.lap(name)
+        o.phases = self.phases
+        return o
 
 
 def _tail(path: Path, n: int = 4000) -> str:
@@ -453,8 +485,10 @@ def run_child(job: dict, write_inputs: Callable[[Path], dict], read_result: Call
         return ChildOutcome(None, refused, 0.0)
     tmp = owned_tempdir("tik-eval-")
     proc = None
+    clock = _Stopwatch()
     try:
-        proc = _launch(tmp, mode, job, write_inputs, cache)
+        proc = _launch(tmp, mode, job, clock.inputs(write_inputs), cache)
+        clock.lap("start")
         try:
             rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -462,10 +496,11 @@ def run_child(job: dict, write_inputs: Callable[[Path], dict], read_result: Call
             return ChildOutcome(None, f"timed out after {timeout:g} s (killed)", time.monotonic() - t0)
         # reap anything the candidate left running in its session
         _kill(proc)
+        clock.lap("wait")
         failure = _exit_failure(rc, tmp)
         if failure:
             return ChildOutcome(None, failure, time.monotonic() - t0)
-        return _read_reply(tmp / "scratch" / "out", read_result, t0)
+        return clock.outcome(_read_reply(tmp / "scratch" / "out", read_result, t0), "read")
     finally:
         if proc is not None and proc.poll() is None:
             _kill(proc)
@@ -479,7 +514,10 @@ def _launch(tmp: Path, mode: str | None, job: dict, write_inputs: Callable[[Path
     (scratch / "work").mkdir(parents=True)
     jailed = mode is not None
     inside = JAIL_IMPL if jailed else str(tmp / "impl")
-    job = {**job, **write_inputs(scratch)}
+    # the job's data, like a pre-started child's (`_hand_over`), where the child reads it and cannot write
+    box = tmp / "impl" / "job"
+    box.mkdir(parents=True)
+    job = _job_files({**job, **write_inputs(box)}, box, f"{inside}/job")
     job = _stage(job, tmp / "impl", inside)
     if then is not None:
         # the second job's files are staged now (the implementation directory is mounted when the child starts);
@@ -611,17 +649,21 @@ class PhasedChild:
         mode, refused = isolation(False)
         if refused:
             return ChildOutcome(None, refused, 0.0)
+        clock = _Stopwatch()
+        clock.t = t0
         spare = SPARES.take(mode, self.job, self.cache) if prestart_depth() else None
         if spare is not None:
             # a child started (same jail, limits and world) before this candidate existed: it gets its first job now
             self.tmp, self.proc, self.own_cache, self.prestarted = spare.tmp, spare.proc, spare.own_cache, True
-            _hand_over(self.tmp, mode, self.job, self.write_inputs, self.then_job)
+            _hand_over(self.tmp, mode, self.job, clock.inputs(self.write_inputs), self.then_job)
         else:
             self.tmp = owned_tempdir("tik-eval-")
-            self.proc = _launch(self.tmp, mode, self.job, self.write_inputs, self.cache, then=self.then_job)
+            self.proc = _launch(self.tmp, mode, self.job, clock.inputs(self.write_inputs), self.cache,
+                                then=self.then_job)
         if prestart_depth():
             # the next candidate's child starts now, while this one runs
             SPARES.prime(mode, self.job["device"], self.job["limits"], self.cache)
+        clock.lap("start")
         out = self.tmp / "scratch" / "out"
         while (rc := self.proc.poll()) is None and not os.path.lexists(out / "result.json"):
             if time.monotonic() - t0 > timeout:
@@ -634,6 +676,7 @@ class PhasedChild:
             failure = _exit_failure(rc, self.tmp)
             if failure:
                 return ChildOutcome(None, failure, time.monotonic() - t0)
+        clock.lap("wait")
         taken = self.tmp / "reply-1"
         if os.path.lexists(out):
             try:
@@ -641,7 +684,7 @@ class PhasedChild:
             except OSError as e:
                 return ChildOutcome(None, f"protocol error: its reply could not be taken ({e.strerror})",
                                     time.monotonic() - t0)
-        return _read_reply(taken, read_result, t0)
+        return clock.outcome(_read_reply(taken, read_result, t0), "read")
 
     def then(self, read_result: Callable[[Path, dict], Any], timeout: float) -> ChildOutcome:
         t0 = time.monotonic()
@@ -948,14 +991,22 @@ def _hand_over(tmp: Path, mode: str | None, job: dict, write_inputs: Callable[[P
     inside = JAIL_IMPL if mode is not None else str(tmp / "impl")
     box = tmp / "impl" / "job"
     box.mkdir()
-    job = {**job, **write_inputs(box)}
-    if (box / "inputs.bin").exists():
-        job["inputs"] = f"{inside}/job/inputs.bin"
+    job = _job_files({**job, **write_inputs(box)}, box, f"{inside}/job")
     job = _stage(job, box, f"{inside}/job")
     if then is not None:
         (tmp / "then.json").write_text(_dumps(_stage(then, tmp / "impl" / "then", f"{inside}/then")))
         job["next"] = f"{inside}/{NEXT}"
     _write_next(tmp / "impl", {"job": job}, START)
+
+
+def _job_files(job: dict, box: Path, inside: str) -> dict:
+    """The job with the files its write_inputs left in `box` (read-only to the child) named as the child sees them:
+    its inputs, and the socket its reply's shared memory goes over (`protocol.SharedOutputs`)."""
+    if (box / "inputs.bin").exists():
+        job["inputs"] = f"{inside}/inputs.bin"
+    if (box / "reply.sock").is_socket():
+        job["reply_socket"] = f"{inside}/reply.sock"
+    return job
 
 
 def _plain(out: Path) -> None:
