@@ -118,7 +118,7 @@ def test_planted_order_changes_are_seen(tmp_path, monkeypatch):
     reverse = _planted(tmp_path, "reverse",
                        ("        pid_n = ticket // n_bh\n",
                         "        pid_n = tl.num_programs(0) // n_bh - 1 - ticket // n_bh\n"),
-                       ("    _wait_turn(c_ptr, turn)\n", ""))
+                       ("w_ptrs = w_ptrs + _wait_turn(c_ptr, turn, INTERPRET)", "pass"))
     swapped = _planted(tmp_path, "halves_swapped",
                        ("        acc = tl.dot(ds0, k0, acc)\n        acc = tl.dot(ds1, k1, acc)\n",
                         "        acc = tl.dot(ds1, k1, acc)\n        acc = tl.dot(ds0, k0, acc)\n"))
@@ -139,31 +139,42 @@ _COMPILE = textwrap.dedent("""
                qk_scale="fp32", sm_scale="fp32")
     for i, path in enumerate(sys.argv[1:]):
         fn = load_module(path, f"attention_sm90_{i}")._attn_bwd_dkdv_kernel
-        for block_n, varlen in ((64, False), (128, True))[:2 if i == 0 else 1]:
-            const = dict(G=4, D=128, BLOCK_M=64, BLOCK_N=block_n, VARLEN=varlen, UPCAST=False, FUSED=True, SUB=64)
+        cases = ((64, False, False), (64, False, True), (128, True, True)) if i == 0 else ((64, False, True),)
+        for block_n, varlen, fused in cases:
+            const = dict(G=4, D=128, BLOCK_M=64, BLOCK_N=block_n, VARLEN=varlen, UPCAST=False, FUSED=fused, SUB=64)
             sig = {n: "constexpr" if n in const else ptr.get(n, "i32") for n in inspect.signature(fn.fn).parameters}
             k = triton.compile(triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=const),
                                target=GPUTarget("cuda", 90, 32),
                                options=dict(num_warps=8, num_stages=2, enable_fp_fusion=False))
-            ptx = k.asm["ptx"]
-            print(i, block_n, int("ld.global.gpu.acquire" in ptx), int("atom.global.gpu.release.exch" in ptx))
+            ptx, ttgir = k.asm["ptx"], k.asm["ttgir"]
+            print(i, block_n, int(fused), int("ld.acquire.gpu.global" in ptx),
+                  int("atom.global.gpu.release.exch" in ptx), ttgir.count("async_copy_global_to_local"))
 """)
 
 
-def test_fused_kernel_compiles_for_sm90_with_acquire_and_release(tmp_path):
-    """The fused dk/dv kernel compiles for an H200 target (key tiles of one and two dq blocks), and the spin
-    (acquire loads) and the hand-over (release exchange) survive the compiler; a planted relaxed hand-over (no
-    ordering of the dq stores before the next program's loads) is seen."""
-    relaxed = tmp_path / "attention_relaxed.py"
+def test_fused_kernel_compiles_for_sm90_with_its_atomics_and_pipelining(tmp_path):
+    """The fused dk/dv kernel compiles for an H200 target (key tiles of one and two dq blocks); the spin (acquire
+    loads) and the hand-over (release exchange) survive the compiler, and the row-tile walk is software-pipelined
+    as much as without fusion (asynchronous copies of lse and delta). A planted variant with a relaxed hand-over
+    (the dq stores not ordered before the next program's loads) and a CTA barrier in the walk (which turns the
+    pipelining off) is seen on both counts."""
     src = SOURCE.read_text()
-    old = 'tl.atomic_xchg(c_ptr, turn + BN // SUB, sem="release")'
-    assert src.count(old) == 1
-    relaxed.write_text(src.replace(old, old.replace("release", "relaxed")))
+    planted = tmp_path / "attention_relaxed_barrier.py"
+    for old, new in (('tl.atomic_xchg(c_ptr, turn, sem="release")', 'tl.atomic_xchg(c_ptr, turn, sem="relaxed")'),
+                     ("    _pass_turn(c_ptr, turn + BN // SUB, INTERPRET)\n",
+                      "    tl.debug_barrier()\n    _pass_turn(c_ptr, turn + BN // SUB, INTERPRET)\n")):
+        assert src.count(old) == 1, old
+        src = src.replace(old, new)
+    planted.write_text(src)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TRITON_INTERPRET": "0"}
-    out = subprocess.run([sys.executable, "-c", _COMPILE, str(SOURCE), str(relaxed)], capture_output=True,
+    out = subprocess.run([sys.executable, "-c", _COMPILE, str(SOURCE), str(planted)], capture_output=True,
                          text=True, env=env, cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.split("\n")[-4:-1] == ["0 64 1 1", "0 128 1 1", "1 64 1 0"], out.stdout
+    rows = [line.split() for line in out.stdout.splitlines()[-4:]]
+    copies = rows[0][5]  # the kernel without fusion
+    assert rows[0][:5] == ["0", "64", "0", "0", "0"] and int(copies) > 0, out.stdout
+    assert rows[1:3] == [["0", "64", "1", "1", "1", copies], ["0", "128", "1", "1", "1", copies]], out.stdout
+    assert rows[3] == ["1", "64", "1", "1", "0", "0"], out.stdout
 
 
 @pytest.mark.gpu

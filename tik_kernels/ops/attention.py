@@ -638,21 +638,48 @@ def _bwd_dkdv_rows(b_k, b_v, dk, dv, q_ptr, do_ptr, lse_ptr, delta_ptr, i0, b, k
     dst = dst.to(P_TY).to(b_qt.dtype)
     dk = tl.dot(dst, tl.trans(b_qt), dk)
     if FUSED:
-        _bwd_dq_in_turn(tl.trans(dst), b_k, ws_ptr + row, m_row, cnt_ptr + i0 // BLOCK_M, turn, MASKED, SUB)
+        _bwd_dq_in_turn(tl.trans(dst), b_k, ws_ptr + row, m_row, cnt_ptr + i0 // BLOCK_M, turn, MASKED, SUB, UPCAST)
     return dk, dv
 
 
 @triton.jit
-def _wait_turn(c_ptr, turn):
-    """Spin until the counter at c_ptr reads `turn`; acquire: the writes released with it are visible after."""
-    seen = tl.atomic_add(c_ptr, 0, sem="acquire")
-    while seen != turn:
+def _wait_turn(c_ptr, turn, INTERPRET: tl.constexpr):
+    """Spin until the counter at c_ptr reads `turn` (then it does: returns 0). Every thread spins with acquire
+    loads itself, so each thread's later loads see the writes released with that value, with no barrier after
+    it: the loop stays one instruction sequence, which keeps the software pipelining of the row-tile walk (a
+    barrier or a nested loop in the walk turns it off). The interpreter has no inline asm: the same spin as a
+    loop (it runs programs one after another in ticket order, so there the turn has always come)."""
+    if INTERPRET:
         seen = tl.atomic_add(c_ptr, 0, sem="acquire")
-    tl.debug_barrier()
+        while seen != turn:
+            seen = tl.atomic_add(c_ptr, 0, sem="acquire")
+    else:
+        seen = tl.inline_asm_elementwise(
+            """{
+            .reg .pred %p;
+            wait_${:uid}:
+            ld.acquire.gpu.global.b32 $0, [$1];
+            setp.ne.s32 %p, $0, $2;
+            @%p bra wait_${:uid};
+            }""",
+            "=r,l,r", [c_ptr, turn], dtype=tl.int32, is_pure=False, pack=1)
+    return seen - turn
 
 
 @triton.jit
-def _bwd_dq_in_turn(ds, b_k, w_ptrs, m_row, c_ptr, turn, MASKED: tl.constexpr, SUB: tl.constexpr):
+def _pass_turn(c_ptr, turn, INTERPRET: tl.constexpr):
+    """Hand the tile to the next block: a CTA barrier (every thread's stores issued before it), then one release
+    store of the new count, which publishes them all (the barrier orders them before it). The barrier is opaque
+    asm for the same reason as the spin."""
+    if not INTERPRET:
+        tl.inline_asm_elementwise("bar.sync 0;\n\tmov.b32 $0, $1;", "=r,r", [turn], dtype=tl.int32, is_pure=False,
+                                  pack=1)
+    tl.atomic_xchg(c_ptr, turn, sem="release")
+
+
+@triton.jit
+def _bwd_dq_in_turn(ds, b_k, w_ptrs, m_row, c_ptr, turn, MASKED: tl.constexpr, SUB: tl.constexpr,
+                    INTERPRET: tl.constexpr):
     """The fused dq: one row tile's fp32 accumulator in the workspace (w_ptrs) += ds @ K, as the dq kernel's chain
     does it: one dot per SUB (= DQ_BLOCK_N) keys, in key order. The counter at c_ptr counts the SUB-key blocks
     already added to this tile; this program's first is block `turn`. It waits for its turn, adds, and passes
@@ -660,7 +687,8 @@ def _bwd_dq_in_turn(ds, b_k, w_ptrs, m_row, c_ptr, turn, MASKED: tl.constexpr, S
     BN: tl.constexpr = ds.shape[1]
     BM: tl.constexpr = ds.shape[0]
     D: tl.constexpr = b_k.shape[1]
-    _wait_turn(c_ptr, turn)
+    # the workspace address depends on the spin's result (+ 0), so no load of it can be issued before the spin
+    w_ptrs = w_ptrs + _wait_turn(c_ptr, turn, INTERPRET)
     if MASKED:
         acc = tl.load(w_ptrs, mask=m_row[:, None], other=0.0, cache_modifier=".cg")
     else:
@@ -676,8 +704,7 @@ def _bwd_dq_in_turn(ds, b_k, w_ptrs, m_row, c_ptr, turn, MASKED: tl.constexpr, S
         tl.store(w_ptrs, acc, mask=m_row[:, None])
     else:
         tl.store(w_ptrs, acc)
-    tl.debug_barrier()
-    tl.atomic_xchg(c_ptr, turn + BN // SUB, sem="release")
+    _pass_turn(c_ptr, turn + BN // SUB, INTERPRET)
 
 
 @triton.jit
