@@ -178,7 +178,6 @@ def test_fused_kernel_compiles_for_sm90_with_its_atomics_and_pipelining(tmp_path
 
 
 @pytest.mark.gpu
-@pytest.mark.timeout(300)
 @pytest.mark.parametrize("block_n", [64, 128])
 @pytest.mark.parametrize("layout", ["dense", "packed"])
 def test_gpu_fused_dq_bits_and_determinism(layout, block_n, monkeypatch):
