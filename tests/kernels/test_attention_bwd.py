@@ -78,6 +78,21 @@ def test_fused_dq_has_the_two_kernel_bits(layout, block_n, monkeypatch):
             assert same_bits(a, b), f"{layout} seed {seed} DKDV_BLOCK_N {block_n}: fused {name} differs"
 
 
+def test_fused_candidate_passes_the_contracts_gradient_checks_with_the_roots_bits(tmp_path):
+    """A candidate file whose CONFIG has BWD_DQ_FUSED 1 (and a key tile of two dq blocks), as the tuner writes it:
+    every gradient check of the contract's CPU plan passes, root_bits of the dense and packed backward included."""
+    from test_attention import CONTRACT, run_checks
+
+    cand = _planted(tmp_path, "fused_candidate", ('"BWD_DQ_FUSED": 0,', '"BWD_DQ_FUSED": 1,'),
+                    ('"DKDV_BLOCK_N": 64,', '"DKDV_BLOCK_N": 128,'))
+    root = load_module(SOURCE, "attention_root_bwd")
+    results = run_checks(CONTRACT.plan("cpu", 0), cand, root,
+                         select=lambda n: "grad" in n or "backward" in n)
+    bad = {n: r.detail for n, r in results.items() if not r.passed}
+    assert not bad, bad
+    assert sum(r.requirement == "root_bits" for r in results.values()) == 4
+
+
 def test_fused_rejects_a_key_tile_that_is_not_one_or_two_dq_blocks(monkeypatch):
     import tik_kernels.ops.attention as A
 
