@@ -46,22 +46,23 @@ check re-proves it for every candidate.
 KV cache: `k_cache[B, Hk, L, D]` with `lens[B]` valid keys per sequence (the current token's k/v already written
 at `lens[b] - 1`); an engine allocates L once and writes position `lens[b]` in place, any strides allowed.
 
-Backward (prefill and varlen), deterministic, no atomics: with delta = rowsum(o * dO) and the forward's lse,
-p = exp2(s * qk_scale - lse); a dq kernel (one program per query tile, walking KV blocks of DQ_BLOCK_N keys from
-0 up) and a dk/dv kernel (one program per KV block, walking the group's query rows in tiles of DKDV_BLOCK_M
-from the first that sees the block). The sizes that set a sum's order (DQ_BLOCK_N, DKDV_BLOCK_M) are frozen; the
-other tile of each kernel is free. Blocks a row cannot see add exact zeros, so each kernel may skip them.
+Backward (prefill and varlen), deterministic, no floating-point atomics: with delta = rowsum(o * dO) and the
+forward's lse, p = exp2(s * qk_scale - lse); a dq kernel (one program per query tile, walking KV blocks of
+DQ_BLOCK_N keys from 0 up) and a dk/dv kernel (one program per KV block, walking the group's query rows in tiles of
+DKDV_BLOCK_M from the first that sees the block). The sizes that set a sum's order (DQ_BLOCK_N, DKDV_BLOCK_M) are
+frozen; the other tile of each kernel is free. Blocks a row cannot see add exact zeros, so each kernel may skip them.
 
 BWD_DQ_FUSED = 1 drops the dq kernel: the dk/dv kernel already has dS for every (row tile, KV block) pair it
 visits (transposed, from S^T = K Q^T), so it also adds dS @ K into an fp32 dq workspace laid out like q. The
 order stays the dq kernel's chain: a row tile's sum is dot(dS_j, K_j, acc) for KV blocks of DQ_BLOCK_N keys,
 j = 0, 1, 2 ... (a key tile of 2 * DQ_BLOCK_N is two chained dots). A per-(sequence, KV head, row tile) counter
 holds how many blocks the tile has; the program for block j waits (acquire) until it reads j, loads, adds, stores
-and hands on j + 1 (release). Every row tile is visited by blocks 0 ... its last, in that order (the dk/dv walk
-starts at block 0 for every row), so the sum is the dq kernel's whatever the scheduling; a finishing pass scales
-by sm_scale and rounds to q's dtype as the dq kernel does. Frozen with it: DQ_BLOCK_N, DKDV_BLOCK_M and the order;
-whether the MMA gives dS @ K the same bits from dS computed transposed is the GPU's to say (the contract's
-root_bits check decides, tests/kernels/test_attention_bwd.py reports it).
+and hands on j + 1 (release); program ids come from an atomic ticket, so block j - 1's program is running (or
+done) whenever block j's waits, and the wait always ends. Every row tile is visited by blocks 0 ... its last (the
+dk/dv walk starts at block 0 for every row), so the sum is the dq kernel's whatever the scheduling; a finishing
+pass scales by sm_scale and rounds to q's dtype as the dq kernel does. Frozen with it: DQ_BLOCK_N, DKDV_BLOCK_M
+and the order; whether the MMA gives dS @ K the same bits from dS computed transposed is the GPU's to say (the
+contract's root_bits check decides, tests/kernels/test_attention_bwd.py reports it).
 """
 
 from __future__ import annotations
