@@ -100,7 +100,7 @@ def test_fused_rejects_a_key_tile_that_is_not_one_or_two_dq_blocks(monkeypatch):
     import tik_kernels.ops.attention as A
 
     fwd, q, k, v, go = _case(A, "dense", 0)
-    monkeypatch.setitem(A.CONFIG, "DQ_BLOCK_N", 16)  # interpreter key tile stays 4: a quarter of a dq block
+    monkeypatch.setitem(A.CONFIG, "DQ_BLOCK_N", 16)  # the interpreter key tile: 4 * 64 // 16 = 16, four dq blocks
     with pytest.raises(ValueError, match="DKDV_BLOCK_N"):
         _grads(A, fwd, q, k, v, go, 1, 64, monkeypatch)
 
