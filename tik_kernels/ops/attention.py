@@ -46,11 +46,23 @@ check re-proves it for every candidate.
 KV cache: `k_cache[B, Hk, L, D]` with `lens[B]` valid keys per sequence (the current token's k/v already written
 at `lens[b] - 1`); an engine allocates L once and writes position `lens[b]` in place, any strides allowed.
 
-Backward (prefill and varlen), deterministic, no atomics: with delta = rowsum(o * dO) and the forward's lse,
-p = exp2(s * qk_scale - lse); a dq kernel (one program per query tile, walking KV blocks of DQ_BLOCK_N keys from
-0 up) and a dk/dv kernel (one program per KV block, walking the group's query rows in tiles of DKDV_BLOCK_M
-from the first that sees the block). The sizes that set a sum's order (DQ_BLOCK_N, DKDV_BLOCK_M) are frozen; the
-other tile of each kernel is free. Blocks a row cannot see add exact zeros, so each kernel may skip them.
+Backward (prefill and varlen), deterministic, no floating-point atomics: with delta = rowsum(o * dO) and the
+forward's lse, p = exp2(s * qk_scale - lse); a dq kernel (one program per query tile, walking KV blocks of
+DQ_BLOCK_N keys from 0 up) and a dk/dv kernel (one program per KV block, walking the group's query rows in tiles of
+DKDV_BLOCK_M from the first that sees the block). The sizes that set a sum's order (DQ_BLOCK_N, DKDV_BLOCK_M) are
+frozen; the other tile of each kernel is free. Blocks a row cannot see add exact zeros, so each kernel may skip them.
+
+BWD_DQ_FUSED = 1 drops the dq kernel: the dk/dv kernel already has dS for every (row tile, KV block) pair it
+visits (transposed, from S^T = K Q^T), so it also adds dS @ K into an fp32 dq workspace laid out like q. The
+order stays the dq kernel's chain: a row tile's sum is dot(dS_j, K_j, acc) for KV blocks of DQ_BLOCK_N keys,
+j = 0, 1, 2 ... (a key tile of 2 * DQ_BLOCK_N is two chained dots). A per-(sequence, KV head, row tile) counter
+holds how many blocks the tile has; the program for block j waits (acquire) until it reads j, loads, adds, stores
+and hands on j + 1 (release); program ids come from an atomic ticket, so block j - 1's program is running (or
+done) whenever block j's waits, and the wait always ends. Every row tile is visited by blocks 0 ... its last (the
+dk/dv walk starts at block 0 for every row), so the sum is the dq kernel's whatever the scheduling; a finishing
+pass scales by sm_scale and rounds to q's dtype as the dq kernel does. Frozen with it: DQ_BLOCK_N, DKDV_BLOCK_M
+and the order; whether the MMA gives dS @ K the same bits from dS computed transposed is the GPU's to say (the
+contract's root_bits check decides, tests/kernels/test_attention_bwd.py reports it).
 """
 
 from __future__ import annotations
@@ -106,6 +118,9 @@ TUNABLES = {
     "DKDV_BLOCK_N": (64, 128),
     "bwd_num_warps": (4, 8),
     "bwd_num_stages": (1, 2, 3),
+    # 1: the dk/dv kernel also computes dq (it has dS already), adding each row tile's KV blocks into an fp32
+    # workspace one at a time in key order, 0, 1, 2 ..., so the sum is the dq kernel's chain; no dq kernel
+    "BWD_DQ_FUSED": (0, 1),
 }
 
 CONFIG = {
@@ -132,6 +147,7 @@ CONFIG = {
     "DKDV_BLOCK_N": 64,
     "bwd_num_warps": 8,
     "bwd_num_stages": 2,
+    "BWD_DQ_FUSED": 0,
 }
 
 _LOG2E = 1.4426950408889634
@@ -585,11 +601,12 @@ def _attn_bwd_dq_kernel(
 
 @triton.jit
 def _bwd_dkdv_rows(b_k, b_v, dk, dv, q_ptr, do_ptr, lse_ptr, delta_ptr, i0, b, kvh, start, L, k_pos, o_d,
-                   stride_qb, stride_qh, stride_qs, stride_lb, stride_lh, stride_ls, qk_scale,
+                   stride_qb, stride_qh, stride_qs, stride_lb, stride_lh, stride_ls, qk_scale, ws_ptr, cnt_ptr, turn,
                    G: tl.constexpr, P_TY: tl.constexpr, BLOCK_M: tl.constexpr, UPCAST: tl.constexpr,
-                   MASKED: tl.constexpr):
+                   MASKED: tl.constexpr, FUSED: tl.constexpr, SUB: tl.constexpr):
     """dk, dv += one tile of BLOCK_M query rows, computed transposed ([keys, rows]) so that no register tile is
-    transposed. MASKED: causal, row and length masks; else every row sees every key of the block."""
+    transposed. MASKED: causal, row and length masks; else every row sees every key of the block.
+    FUSED: also dq of the tile += dS @ K, added into the fp32 workspace in its turn (`_bwd_dq_in_turn`)."""
     o_i = i0 + tl.arange(0, BLOCK_M)
     q_pos = o_i // G
     h = kvh * G + o_i % G
@@ -619,8 +636,76 @@ def _bwd_dkdv_rows(b_k, b_v, dk, dv, q_ptr, do_ptr, lse_ptr, delta_ptr, i0, b, k
     dv = tl.dot(pt.to(P_TY).to(b_do.dtype), b_do, dv)
     dpt = tl.dot(b_v, tl.trans(b_do))  # [BN, BM]
     dst = pt * (dpt - b_delta[None, :])
-    dk = tl.dot(dst.to(P_TY).to(b_qt.dtype), tl.trans(b_qt), dk)
+    dst = dst.to(P_TY).to(b_qt.dtype)
+    dk = tl.dot(dst, tl.trans(b_qt), dk)
+    if FUSED:
+        _bwd_dq_in_turn(tl.trans(dst), b_k, ws_ptr + row, m_row, cnt_ptr + i0 // BLOCK_M, turn, MASKED, SUB, UPCAST)
     return dk, dv
+
+
+@triton.jit
+def _wait_turn(c_ptr, turn, INTERPRET: tl.constexpr):
+    """Spin until the counter at c_ptr reads `turn` (then it does: returns 0). Every thread spins with acquire
+    loads itself, so each thread's later loads see the writes released with that value, with no barrier after
+    it: the loop stays one instruction sequence, which keeps the software pipelining of the row-tile walk (a
+    barrier or a nested loop in the walk turns it off). The interpreter has no inline asm: the same spin as a
+    loop (it runs programs one after another in ticket order, so there the turn has always come)."""
+    if INTERPRET:
+        seen = tl.atomic_add(c_ptr, 0, sem="acquire")
+        while seen != turn:
+            seen = tl.atomic_add(c_ptr, 0, sem="acquire")
+    else:
+        seen = tl.inline_asm_elementwise(
+            """{
+            .reg .pred %p;
+            wait_${:uid}:
+            ld.acquire.gpu.global.b32 $0, [$1];
+            setp.ne.s32 %p, $0, $2;
+            @%p bra wait_${:uid};
+            }""",
+            "=r,l,r", [c_ptr, turn], dtype=tl.int32, is_pure=False, pack=1)
+    return seen - turn
+
+
+@triton.jit
+def _pass_turn(c_ptr, turn, INTERPRET: tl.constexpr):
+    """Hand the tile to the next block: a CTA barrier (every thread's stores issued before it), then one release
+    store of the new count, which publishes them all (the barrier orders them before it). The barrier is opaque
+    asm for the same reason as the spin."""
+    if not INTERPRET:
+        tl.inline_asm_elementwise("bar.sync 0;\n\tmov.b32 $0, $1;", "=r,r", [turn], dtype=tl.int32, is_pure=False,
+                                  pack=1)
+    tl.atomic_xchg(c_ptr, turn, sem="release")
+
+
+@triton.jit
+def _bwd_dq_in_turn(ds, b_k, w_ptrs, m_row, c_ptr, turn, MASKED: tl.constexpr, SUB: tl.constexpr,
+                    INTERPRET: tl.constexpr):
+    """The fused dq: one row tile's fp32 accumulator in the workspace (w_ptrs) += ds @ K, as the dq kernel's chain
+    does it: one dot per SUB (= DQ_BLOCK_N) keys, in key order. The counter at c_ptr counts the SUB-key blocks
+    already added to this tile; this program's first is block `turn`. It waits for its turn, adds, and passes
+    the turn on (a barrier first, so every thread's store is done before the release)."""
+    BN: tl.constexpr = ds.shape[1]
+    BM: tl.constexpr = ds.shape[0]
+    D: tl.constexpr = b_k.shape[1]
+    # the workspace address depends on the spin's result (+ 0), so no load of it can be issued before the spin
+    w_ptrs = w_ptrs + _wait_turn(c_ptr, turn, INTERPRET)
+    if MASKED:
+        acc = tl.load(w_ptrs, mask=m_row[:, None], other=0.0, cache_modifier=".cg")
+    else:
+        acc = tl.load(w_ptrs, cache_modifier=".cg")
+    if BN == SUB:
+        acc = tl.dot(ds, b_k, acc)
+    else:  # BN == 2 * SUB: the two halves of the block, first then second, chained
+        ds0, ds1 = tl.split(tl.permute(tl.reshape(ds, [BM, 2, SUB]), (0, 2, 1)))
+        k0, k1 = tl.split(tl.permute(tl.reshape(b_k, [2, SUB, D]), (1, 2, 0)))
+        acc = tl.dot(ds0, k0, acc)
+        acc = tl.dot(ds1, k1, acc)
+    if MASKED:
+        tl.store(w_ptrs, acc, mask=m_row[:, None])
+    else:
+        tl.store(w_ptrs, acc)
+    _pass_turn(c_ptr, turn + BN // SUB, INTERPRET)
 
 
 @triton.jit
@@ -629,23 +714,41 @@ def _attn_bwd_dkdv_kernel(
     dk_ptr, dv_ptr,  # like k
     lse_ptr, delta_ptr,
     cu_ptr,
+    ws_ptr,  # FUSED: fp32 dq accumulator, shaped and strided like q
+    cnt_ptr,  # FUSED: int32 [1 + n_seq * n_kv_heads * n_tiles], zeroed: the ticket, then each row tile's turn
     stride_qb, stride_qh, stride_qs,
     stride_kb, stride_kh, stride_ks,
     stride_vb, stride_vh, stride_vs,
     stride_lb, stride_lh, stride_ls,
     seq_len, n_kv_heads, qk_scale, sm_scale,
+    n_bh,  # FUSED: (sequence, KV head) pairs
+    n_tiles,  # FUSED: row tiles of the longest sequence's group
     G: tl.constexpr,
     D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     VARLEN: tl.constexpr,
     UPCAST: tl.constexpr,
+    FUSED: tl.constexpr = False,
+    SUB: tl.constexpr = 64,  # FUSED: keys per dq dot (DQ_BLOCK_N)
 ):
     """dk, dv of BLOCK_N keys: the group's query rows (position, head) in tiles of BLOCK_M (which sets the sum),
     in order from the first tile that can see the block; tiles are aligned to multiples of BLOCK_M whatever
-    BLOCK_N is, so BLOCK_N changes no bits."""
-    pid_n = tl.program_id(0)
-    pid_bh = tl.program_id(1).to(tl.int64)
+    BLOCK_N is, so BLOCK_N changes no bits.
+
+    FUSED: also dq, each row tile's sum in KV-block order (see `_bwd_dq_in_turn`). Program ids come from a ticket
+    (an atomic counter), not the launch index, so a program for block j starts only after the one for block
+    j - 1 of its (sequence, KV head) has started: the wait for block j - 1 is always on a running (or finished)
+    program, and block 0 never waits, whatever order the hardware dispatches in. Tickets run through the
+    (sequence, KV head) pairs fastest, so the programs resident at once spread over every pair's first blocks."""
+    if FUSED:
+        ticket = tl.atomic_add(cnt_ptr, 1)
+        pid_n = ticket // n_bh
+        pid_bh = (ticket % n_bh).to(tl.int64)
+        cnt_ptr = cnt_ptr + 1 + pid_bh * n_tiles
+    else:
+        pid_n = tl.program_id(0)
+        pid_bh = tl.program_id(1).to(tl.int64)
     b = pid_bh // n_kv_heads
     kvh = pid_bh % n_kv_heads
     if VARLEN:
@@ -677,21 +780,31 @@ def _attn_bwd_dkdv_kernel(
     i_stop = tl.cdiv(n_rows, BLOCK_M) * BLOCK_M
     i_full = tl.minimum(tl.maximum(tl.cdiv((pid_n * BLOCK_N + BLOCK_N - 1) * G, BLOCK_M) * BLOCK_M, i_lo), i_stop)
     i_tail = tl.maximum(i_full, n_rows // BLOCK_M * BLOCK_M)
+    turn = pid_n * (BLOCK_N // SUB)  # FUSED: SUB-key blocks every row tile holds before this program's
     for i0 in range(i_lo, i_full, BLOCK_M):
         dk, dv = _bwd_dkdv_rows(b_k, b_v, dk, dv, q_ptr, do_ptr, lse_ptr, delta_ptr, i0, b, kvh, start, L, k_pos,
                                 o_d, stride_qb, stride_qh, stride_qs, stride_lb, stride_lh, stride_ls, qk_scale,
-                                G, P_TY, BLOCK_M, UPCAST, True)
+                                ws_ptr, cnt_ptr, turn, G, P_TY, BLOCK_M, UPCAST, True, FUSED, SUB)
     for i0 in range(i_full, i_tail, BLOCK_M):
         dk, dv = _bwd_dkdv_rows(b_k, b_v, dk, dv, q_ptr, do_ptr, lse_ptr, delta_ptr, i0, b, kvh, start, L, k_pos,
                                 o_d, stride_qb, stride_qh, stride_qs, stride_lb, stride_lh, stride_ls, qk_scale,
-                                G, P_TY, BLOCK_M, UPCAST, False)
+                                ws_ptr, cnt_ptr, turn, G, P_TY, BLOCK_M, UPCAST, False, FUSED, SUB)
     for i0 in range(i_tail, i_stop, BLOCK_M):
         dk, dv = _bwd_dkdv_rows(b_k, b_v, dk, dv, q_ptr, do_ptr, lse_ptr, delta_ptr, i0, b, kvh, start, L, k_pos,
                                 o_d, stride_qb, stride_qh, stride_qs, stride_lb, stride_lh, stride_ls, qk_scale,
-                                G, P_TY, BLOCK_M, UPCAST, True)
+                                ws_ptr, cnt_ptr, turn, G, P_TY, BLOCK_M, UPCAST, True, FUSED, SUB)
     dk = dk * sm_scale
     tl.store(dk_ptr + k_off, dk.to(dk_ptr.dtype.element_ty), mask=m_k[:, None])
     tl.store(dv_ptr + v_off, dv.to(dv_ptr.dtype.element_ty), mask=m_k[:, None])
+
+
+@triton.jit
+def _attn_bwd_dq_finish_kernel(ws_ptr, dq_ptr, n, sm_scale, BLOCK: tl.constexpr):
+    """FUSED: dq = acc * sm_scale in q's dtype, the dq kernel's last step, elementwise over the workspace."""
+    off = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = off < n
+    dq = tl.load(ws_ptr + off, mask=m, other=0.0) * sm_scale
+    tl.store(dq_ptr + off, dq.to(dq_ptr.dtype.element_ty), mask=m)
 
 
 # ----------------------------------------------------------------------------- host launchers
@@ -702,7 +815,9 @@ def _tiles() -> dict:
     if INTERPRET:
         return {**CONFIG, "BLOCK_N": CONFIG["BLOCK_N_INTERPRET"], "CHUNK_BLOCKS": CONFIG["CHUNK_BLOCKS_INTERPRET"],
                 "BLOCK_M": 16, "DECODE_BLOCK_M": 16, "DQ_BLOCK_M": 16, "DQ_BLOCK_N": CONFIG["BLOCK_N_INTERPRET"],
-                "DKDV_BLOCK_M": 16, "DKDV_BLOCK_N": CONFIG["BLOCK_N_INTERPRET"]}
+                "DKDV_BLOCK_M": 16,
+                # the key tile keeps its ratio to the dq block (the fused dq splits a double tile in two)
+                "DKDV_BLOCK_N": CONFIG["BLOCK_N_INTERPRET"] * CONFIG["DKDV_BLOCK_N"] // CONFIG["DQ_BLOCK_N"]}
     return CONFIG
 
 
@@ -802,12 +917,28 @@ def _bwd(q, k, v, o, lse, do, cu, n_seq, max_len, seq_len, scale, varlen):
     common = dict(G=G, D=d, VARLEN=varlen, UPCAST=INTERPRET,
                   **_launch_opts(cfg["bwd_num_warps"], cfg["bwd_num_stages"]))
     strides = (*_row_strides(q, varlen), *_row_strides(k, varlen), *_row_strides(v, varlen), *lse_strides)
+    n_blocks = triton.cdiv(max_len, cfg["DKDV_BLOCK_N"])
+    if cfg.get("BWD_DQ_FUSED", 0):
+        sub, bn = cfg["DQ_BLOCK_N"], cfg["DKDV_BLOCK_N"]
+        if bn not in (sub, 2 * sub):
+            raise ValueError(f"BWD_DQ_FUSED needs DKDV_BLOCK_N = DQ_BLOCK_N or twice it, got {bn} and {sub}")
+        # the dq sums in fp32, laid out like q (q is contiguous here, so q's strides address it); the counters:
+        # a ticket, then per (sequence, KV head) and row tile the number of DQ_BLOCK_N-key blocks added so far
+        ws = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        n_tiles = triton.cdiv(max_len * G, cfg["DKDV_BLOCK_M"])
+        cnt = torch.zeros(1 + n_seq * hk * n_tiles, dtype=torch.int32, device=q.device)
+        _attn_bwd_dkdv_kernel[(n_seq * hk * n_blocks,)](
+            q, k, v, do, dk, dv, lse, delta, cu, ws, cnt, *strides, seq_len, hk, scale * _LOG2E, scale,
+            n_seq * hk, n_tiles, BLOCK_M=cfg["DKDV_BLOCK_M"], BLOCK_N=bn, FUSED=True, SUB=sub, **common)
+        _attn_bwd_dq_finish_kernel[(triton.cdiv(ws.numel(), 1024),)](ws, dq, ws.numel(), scale, BLOCK=1024,
+                                                                      **_launch_opts(4, 1))
+        return dq, dk, dv
     grid = (triton.cdiv(max_len * G, cfg["DQ_BLOCK_M"]), n_seq * hk)
     _attn_bwd_dq_kernel[grid](q, k, v, do, dq, lse, delta, cu, *strides, seq_len, hk, scale * _LOG2E, scale,
                               BLOCK_M=cfg["DQ_BLOCK_M"], BLOCK_N=cfg["DQ_BLOCK_N"], **common)
-    grid = (triton.cdiv(max_len, cfg["DKDV_BLOCK_N"]), n_seq * hk)
-    _attn_bwd_dkdv_kernel[grid](q, k, v, do, dk, dv, lse, delta, cu, *strides, seq_len, hk, scale * _LOG2E, scale,
-                                BLOCK_M=cfg["DKDV_BLOCK_M"], BLOCK_N=cfg["DKDV_BLOCK_N"], **common)
+    _attn_bwd_dkdv_kernel[(n_blocks, n_seq * hk)](q, k, v, do, dk, dv, lse, delta, cu, dq, cu, *strides, seq_len, hk,
+                                                  scale * _LOG2E, scale, 0, 0, BLOCK_M=cfg["DKDV_BLOCK_M"],
+                                                  BLOCK_N=cfg["DKDV_BLOCK_N"], **common)
     return dq, dk, dv
 
 

@@ -1,0 +1,127 @@
+"""Attention forward + backward: the two-kernel backward (the root's CONFIG) against BWD_DQ_FUSED = 1 at several
+backward configs, and SDPA flash, with each config's gradient bits compared with the root's.
+
+    PYTHONPATH=. python benchmarks/bench_attn_bwd.py --out benchmarks/results            # the H200 sweep
+    PYTHONPATH=. python benchmarks/bench_attn_bwd.py --quick --out benchmarks/results    # 2 configs, S=16k only
+    PYTHONPATH=. python benchmarks/bench_attn_bwd.py --smoke --out /tmp/s                # CPU: the code path only
+
+Each config is its own copy of tik_kernels/ops/attention.py loaded with CONFIG changed (the tuner's moves);
+timing is benchmarks/harness.py's (CUDA-graph replay on rotating inputs, interleaved rounds, medians) of
+torch.autograd.grad through attention_prefill, as bench_speed.py's fwdbwd section. Per config: median ms,
+ratio to SDPA flash, and whether dq / dk / dv have the root's bits at that shape ("same_bits": dk and dv must;
+dq does if the MMA gives dS @ K the same bits from dS computed transposed). Writes attn_bwd_h200[_quick].{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
+import tik_kernels  # noqa: E402,F401  (before triton: sets the interpreter up on a CPU machine)
+from benchmarks import harness as H  # noqa: E402
+from tik_kernels.contract import load_module  # noqa: E402
+
+SOURCE = Path(__file__).resolve().parents[1] / "tik_kernels" / "ops" / "attention.py"
+HQ, HK, D = 32, 8, 128
+SHAPES = ((1, 4096), (1, 16384))
+#: BWD_DQ_FUSED = 1 with these (DKDV_BLOCK_N, bwd_num_warps, bwd_num_stages); the root's CONFIG otherwise
+FUSED = tuple((bn, w, s) for bn in (64, 128) for w in (8, 4) for s in (2, 1))
+
+
+def configs(quick: bool) -> dict[str, dict]:
+    fused = FUSED[:1] + FUSED[4:5] if quick else FUSED
+    out = {"root": {}}
+    for bn, w, s in fused:
+        out[f"fused_bn{bn}_w{w}_s{s}"] = {"BWD_DQ_FUSED": 1, "DKDV_BLOCK_N": bn, "bwd_num_warps": w,
+                                          "bwd_num_stages": s}
+    return out
+
+
+def module(name: str, changes: dict):
+    mod = load_module(SOURCE, f"attention_bwd_{name}")
+    mod.CONFIG.update(changes)
+    return mod
+
+
+def fwdbwd(attend):
+    def fn(q, k, v, do):
+        return torch.autograd.grad(attend(q, k, v), (q, k, v), do)
+
+    return fn
+
+
+def sdpa_flash(q, k, v):
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--rounds", type=int, default=9)
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true")
+    mode.add_argument("--smoke", action="store_true", help="tiny shapes (the CPU interpreter)")
+    args = ap.parse_args()
+    H.line_buffered()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    hq, hk, d, shapes = (4, 2, 16, ((1, 19),)) if args.smoke else (HQ, HK, D, SHAPES[1:] if args.quick else SHAPES)
+    mods = {name: module(name, ch) for name, ch in configs(args.quick or args.smoke).items()}
+    rows = []
+    for B, S in shapes:
+        g = torch.Generator(device=device).manual_seed(S)
+        q, k, v = (torch.randn(B, h, S, d, generator=g, device=device).to(torch.bfloat16).requires_grad_()
+                   for h in (hq, hk, hk))
+        do = torch.randn(B, hq, S, d, generator=g, device=device).to(torch.bfloat16)
+        ref = fwdbwd(mods["root"].attention_prefill)(q, k, v, do)
+        row = {"cell": f"fwdbwd[B={B},S={S}]", "same_bits": {}}
+        for name, mod in mods.items():
+            got = fwdbwd(mod.attention_prefill)(q, k, v, do)
+            again = fwdbwd(mod.attention_prefill)(q, k, v, do)
+            row["same_bits"][name] = {"dq": H.bits_equal(got[0], ref[0]), "dk": H.bits_equal(got[1], ref[1]),
+                                      "dv": H.bits_equal(got[2], ref[2]), "rerun": H.tree_bits_equal(got, again)}
+        contenders = {name: fwdbwd(mod.attention_prefill) for name, mod in mods.items()}
+        contenders["sdpa_flash"] = fwdbwd(sdpa_flash) if device == "cuda" else fwdbwd(
+            lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
+        row["timing"] = H.compare(contenders, (q, k, v, do), rounds=args.rounds)
+        t = row["timing"]["contenders"]
+        flash = t["sdpa_flash"].get("median_us")
+        print(f"[{row['cell']}]  sdpa_flash {flash / 1e3:.2f} ms")
+        for name in mods:
+            us, bits = t[name].get("median_us"), row["same_bits"][name]
+            if us is None:
+                print(f"  {name:24s} error: {t[name].get('error')}")
+                continue
+            print(f"  {name:24s} {us / 1e3:8.2f} ms  {us / flash:5.3f}x flash  "
+                  f"bits dq {int(bits['dq'])} dk {int(bits['dk'])} dv {int(bits['dv'])} rerun {int(bits['rerun'])}")
+        rows.append(row)
+        del q, k, v, do, ref
+    name = "attn_bwd_" + ("smoke" if args.smoke else "h200") + ("_quick" if args.quick else "")
+    out = Path(args.out)
+    doc = {"command": H.command_line(), "environment": H.environment(device),
+           "configs": configs(args.quick or args.smoke), "rows": rows}
+    H.write_json(out / f"{name}.json", doc)
+    lines = [f"# {name}", "", f"`{doc['command']}`", "",
+             "| cell | config | ms | × flash | dq dk dv bits = root | rerun |", "|---|---|---|---|---|---|"]
+    for row in rows:
+        t = row["timing"]["contenders"]
+        flash = t["sdpa_flash"].get("median_us")
+        for cfg, bits in row["same_bits"].items():
+            us = t[cfg].get("median_us")
+            ms = f"{us / 1e3:.2f}" if us else t[cfg].get("error", "-")
+            ratio = f"{us / flash:.3f}" if us and flash else "-"
+            lines.append(f"| {row['cell']} | {cfg} | {ms} | {ratio} | "
+                         f"{int(bits['dq'])} {int(bits['dk'])} {int(bits['dv'])} | {int(bits['rerun'])} |")
+    (out / f"{name}.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {out / name}.json, .md")
+
+
+if __name__ == "__main__":
+    main()
