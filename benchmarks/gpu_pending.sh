@@ -29,6 +29,11 @@
 #   e2e_decode    #19 one decode step (qwen3-0.6b, 64 sequences) vs the weight + KV bandwidth floor, stock and
 #                     unified, graphs and eager; e2e_decode_floor_ratio in $R/summary_h200.json
 #   e2e_learning  #19 GRPO from scratch, modes A and B, 3 seeds: $R/e2e_learning_seeds.{csv,png}
+#   e2e_full      #19 throughput at full depth, one preset per run (qwen3-0.6b, then qwen3-1.7b, ~100 s each), the
+#                     library roots (no incumbents), results in $R/e2e_full_<preset>/
+#   decode_breakdown
+#                 #19 one qwen3-0.6b decode step call by call, stock and unified ($R/decode_breakdown_h200_*.md)
+#   attn_bwd      #16 the attention backward variants (two kernels, fused dq at 64 / 128-key tiles) vs SDPA flash
 #   speed         #16 bench_speed: linear / decode / prefill / fwd+bwd / ops vs stock, bits-gated;
 #                     $R/speed_h200.{md,json} and its keys of $R/summary_h200.json
 #   hf            #20 apply_tik on a random-init Qwen3-0.6B (transformers): bitwise log-probs, time vs stock,
@@ -88,12 +93,21 @@ for p in "$@"; do
             part e2e_decode 300 "$py" benchmarks/bench_e2e.py --out "$R" --only decode ;;
         e2e_learning)
             part e2e_learning 590 "$py" benchmarks/bench_e2e.py --out "$R" --only learning --learn-steps 100 ;;
+        e2e_full)
+            for preset in qwen3-0.6b qwen3-1.7b; do
+                part "e2e_full_$preset" 280 "$py" benchmarks/bench_e2e.py --out "$R/e2e_full_$preset" \
+                    --only throughput --shapes "$preset" --steps 3
+            done ;;
+        decode_breakdown)
+            part decode_breakdown 200 "$py" benchmarks/decode_breakdown.py --out "$R" ;;
+        attn_bwd)
+            part attn_bwd 400 "$py" benchmarks/bench_attn_bwd.py --out "$R" ;;
         speed)
             part speed 590 "$py" benchmarks/bench_speed.py --out "$R" ;;
         hf)
             part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_h200
             part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi search_linear search_attention tuner_linear scaleout attention e2e e2e_decode e2e_learning speed hf)" >&2 ;;
+            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_decode e2e_learning decode_breakdown attn_bwd speed hf)" >&2 ;;
     esac
 done
