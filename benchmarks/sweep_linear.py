@@ -221,7 +221,7 @@ def run(args) -> dict:
     buckets = tuple(args.buckets or BUCKETS)
     # a cell is timed with the candidates of the bucket whose launch serves it: WIDE_WAVES sends wide M256 /
     # M1024 outputs (lm_head, gate_up) to MBIG's, so those cells choose among MBIG's launches
-    sms = torch.cuda.get_device_properties(0).multi_processor_count if DEVICE == "cuda" else L.DEFAULT_SMS
+    sms = L.sm_count(torch.device(DEVICE))
     model = next(m for m in MODELS if m.name == args.model)
     served = sorted({L._launch_bucket(M, N, sms) for _, N, _, ms in shapes(buckets, model) for M in ms})
     cand = {b: candidates(b) for b in served}

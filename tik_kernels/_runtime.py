@@ -21,6 +21,20 @@ INTERPRET: bool = os.environ.get("TRITON_INTERPRET") == "1"
 #: Device the library's tensors live on by default.
 DEVICE: str = "cuda" if HAS_GPU and not INTERPRET else "cpu"
 
+#: SMs assumed without a GPU (the H200's), so the interpreter takes the GPU's launch decisions
+DEFAULT_SMS = 132
+
+_SMS: dict = {}
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of `device` (read once per device); DEFAULT_SMS off the GPU."""
+    if device.type != "cuda":
+        return DEFAULT_SMS
+    if device not in _SMS:
+        _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _SMS[device]
+
 
 def _order_defined_interpreter_dot() -> None:
     """Make the interpreter's `tl.dot` sum over K in order, the same for every tile shape.

@@ -79,7 +79,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tik_kernels._runtime import INTERPRET
+from tik_kernels._runtime import DEFAULT_SMS, INTERPRET, sm_count
 
 try:  # Triton >= 3.4: operands described for the tensor-memory accelerator (TMA)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -195,9 +195,6 @@ GROUP_M = 8
 
 #: elements per program of the separate combine kernel
 COMBINE_BLOCK = 1024
-
-#: SMs assumed when there is no GPU (the H200's), so the interpreter takes the GPU's split decisions
-DEFAULT_SMS = 132
 
 
 @triton.jit
@@ -382,17 +379,8 @@ def _launch_bucket(M: int, N: int | None = None, sms: int = DEFAULT_SMS) -> str:
     return b
 
 
-_SMS: dict = {}
 _COUNTERS: dict = {}
 _DUMMIES: dict = {}
-
-
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return DEFAULT_SMS
-    if device not in _SMS:
-        _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    return _SMS[device]
 
 
 def _counters(device: torch.device, n: int) -> torch.Tensor:
@@ -461,7 +449,7 @@ def _matmul(
         return c
     if K == 0:
         return c.zero_()
-    sms = _num_sms(a.device)
+    sms = sm_count(a.device)
     BLOCK_M, BLOCK_N, num_warps, num_stages, K_UNROLL, SPLIT = tile or _tile(M, N, sms)
     BLOCK_K = block_k or CONFIG["BLOCK_K"]
     KCHUNK = CONFIG["KCHUNK"]

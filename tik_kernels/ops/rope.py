@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tik_kernels._runtime import INTERPRET
+from tik_kernels._runtime import INTERPRET, sm_count
 
 #: Triton's interpreter truncates fp32 -> bf16 casts (the GPU rounds to nearest even): round by hand there
 _INTERPRET = tl.constexpr(INTERPRET)
@@ -33,15 +33,12 @@ _INTERPRET = tl.constexpr(INTERPRET)
 TUNABLES = {"BLOCK_T": (1, 2, 4, 8, 16), "num_warps": (1, 2, 4, 8), "FILL": (0, 1)}
 CONFIG = {"BLOCK_T": 8, "num_warps": 4, "FILL": 1}
 
-#: SMs assumed without a GPU (the H200's), so the interpreter takes the GPU's launch decisions
-DEFAULT_SMS = 132
-
 
 def _block_t(T: int, device: torch.device) -> int:
     """Tokens per program: CONFIG's, halved while FILL is on and the grid would leave SMs without a program."""
     bt = CONFIG["BLOCK_T"]
     if CONFIG.get("FILL"):
-        sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else DEFAULT_SMS
+        sms = sm_count(device)
         while bt > 1 and triton.cdiv(T, bt) < sms:
             bt //= 2
     return bt
