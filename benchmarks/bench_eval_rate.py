@@ -41,12 +41,16 @@ PHASES = ("plan", "probes_root", "probes_candidate", "checks", "spare_settle", "
 #: inputs it writes, the child's parts (its clock: start, inputs read, import, compute, graph replays, outputs
 #: sent), the rest of the parent's wait (a fresh child's interpreter, polling), the parent reading the reply; and the
 #: megabytes each way. They add up to probes_candidate (less a few ms of bookkeeping). `compiled` is a count: the
-#: entries the child added to its Triton cache (kernels and launchers compiled, their time inside child_compute).
+#: entries the child added to its Triton cache (kernels and launchers compiled, their time inside child_compute, or
+#: inside child_ahead where the child compiled ahead: `ahead_compiled` of them, out of `ahead_kernels` specializations
+#: its probes asked for, compiled by `ahead_workers` forked workers, `ahead_failed` of which failed or were killed).
 PROBE_PARTS = ("probes_candidate", "probes_candidate_start", "probes_candidate_inputs", "probes_candidate_wait_other",
                "probes_candidate_child_start", "probes_candidate_child_inputs", "probes_candidate_child_import",
-               "probes_candidate_child_compute", "probes_candidate_child_graph", "probes_candidate_child_send",
-               "probes_candidate_read", "probes_candidate_compiled", "probes_candidate_in_mb",
-               "probes_candidate_out_mb")
+               "probes_candidate_child_ahead", "probes_candidate_child_compute", "probes_candidate_child_graph",
+               "probes_candidate_child_send", "probes_candidate_read", "probes_candidate_compiled",
+               "probes_candidate_ahead_compiled", "probes_candidate_ahead_kernels", "probes_candidate_ahead_workers",
+               "probes_candidate_ahead_failed",
+               "probes_candidate_in_mb", "probes_candidate_out_mb")
 #: the phases that follow each other (the timing_cells_* parts lie inside timing_child): "other" is the wall time
 #: none of them covers (the source checks, the child's start and exit, the temporary files)
 TOP = ("plan", "probes_root", "probes_candidate", "checks", "spare_settle", "timing_child", "control_child", "judge")
@@ -69,9 +73,10 @@ def candidates(op: str, n: int, seed: int = 0) -> list[tuple[str, str]]:
     return [(", ".join(f"{k}={v!r}" for k, v in c.items() if v != config[k]), rewrite_config(src, c)) for c in picked]
 
 
-def run_op(op: str, evals: int, device: str, timeout: float, repeat: bool = False) -> dict:
-    from tik_kernels.evaluator import evaluate, sandbox
+def run_op(op: str, evals: int, device: str, timeout: float, repeat: bool = False, ahead: bool = True) -> dict:
+    from tik_kernels.evaluator import core, evaluate, sandbox
 
+    core.COMPILE_AHEAD = ahead
     before = dict(sandbox.SPARES.stats)
 
     tmp = Path(tempfile.mkdtemp(prefix=f"tik-evalrate-{op}-"))
@@ -100,7 +105,8 @@ def run_op(op: str, evals: int, device: str, timeout: float, repeat: bool = Fals
     later = fresh[1:] or fresh
     med = {p: round(statistics.median([r["phases"].get(p, 0.0) for r in later]), 2) for p in PHASES + PROBE_PARTS}
     spares = {k: v - before.get(k, 0) for k, v in sandbox.SPARES.stats.items()}
-    out = {"op": op, "evaluations": rows, "first_s": rows[0]["wall_s"], "spares": spares,
+    out = {"op": op if ahead else f"{op} (no ahead)", "ahead": ahead, "evaluations": rows,
+           "first_s": rows[0]["wall_s"], "spares": spares,
            "median_s_after_first": round(statistics.median(r["wall_s"] for r in later), 2),
            "median_phases_after_first": med, "first_phases": rows[0]["phases"]}
     again = [r for r in rows[2:] if r["candidate"].endswith(" (again)")]
@@ -151,7 +157,8 @@ def plan_bytes(op: str, profile: str = "gpu") -> dict:
 
 
 def _num(v: float, phase: str) -> str:
-    return f"{v:.3g}" if phase.endswith("_mb") else f"{v:.0f}" if phase.endswith("_compiled") else f"{v:.1f}"
+    counts = ("_compiled", "_kernels", "_workers", "_failed")  # counts, not seconds
+    return f"{v:.3g}" if phase.endswith("_mb") else f"{v:.0f}" if phase.endswith(counts) else f"{v:.1f}"
 
 
 def markdown(doc: dict) -> str:
@@ -204,6 +211,8 @@ def main() -> int:
                     "its kernels again: a candidate's Triton cache goes with its evaluation); writes no summary key")
     ap.add_argument("--plan-bytes", action="store_true", help="also work out (on the CPU, without running anything) "
                     "the megabytes each op's plan moves through a candidate's child, into the table")
+    ap.add_argument("--ahead", choices=("on", "off", "both"), default="on", help="compile a candidate's kernels "
+                    "ahead of its probes on all cores (core.COMPILE_AHEAD); both: each op without, then with")
     ap.add_argument("--prestart", type=int, default=None, help="pre-started candidate children kept ready "
                     "(TIK_PRESTART; default 1, 0: none)")
     a = ap.parse_args()
@@ -231,11 +240,13 @@ def main() -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     if a.plan_bytes:
         doc["plan_bytes"] = [plan_bytes(op, "cpu" if device == "cpu" else "gpu") for op in ops]
-    for op in ops:
-        doc["ops"].append(run_op(op, a.evals, device, a.timeout, a.repeat))
+    runs = [(op, ahead) for op in ops for ahead in {"on": (True,), "off": (False,), "both": (False, True)}[a.ahead]]
+    for op, ahead in runs:
+        doc["ops"].append(run_op(op, a.evals, device, a.timeout, a.repeat, ahead))
         (a.out / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
         (a.out / f"{name}.md").write_text(markdown(doc))
-        if device.startswith("cuda") and a.evals >= 2 and not a.repeat and "H200" in str(doc["env"].get("gpu")):
+        if (device.startswith("cuda") and a.evals >= 2 and not a.repeat and ahead
+                and "H200" in str(doc["env"].get("gpu"))):
             # issue #18's keys: the median seconds per evaluation after the first, this benchmark's only
             update_summary(a.out / "summary_h200.json", {f"eval_s_{op}": doc["ops"][-1]["median_s_after_first"]},
                            source=f"{name}.json", command=doc["command"])

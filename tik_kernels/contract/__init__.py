@@ -37,6 +37,7 @@ from tik_kernels.contract.model import (
     Tolerance,
 )
 from tik_kernels.contract.runner import (
+    call_probe,
     evaluate_checks,
     execute_probe,
     flatten_outputs,
@@ -80,6 +81,7 @@ __all__ = [
     "TokenwiseConfig",
     "accurate",
     "bitwise_equal",
+    "call_probe",
     "cat_rows",
     "error_stats",
     "evaluate_checks",

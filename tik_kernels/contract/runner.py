@@ -41,34 +41,44 @@ def _to_device(v: Any, device: str, requires_grad: bool = False) -> Any:
     return v
 
 
-def execute_probe(module: ModuleType, probe: Probe, device: str) -> ProbeResult:
-    """Run one probe on `module` and return CPU copies of its outputs. Used in-process and by the child."""
+def call_probe(module: ModuleType, probe: Probe, device: str) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """One probe's call on fresh device copies of its inputs: (outputs, then the gradients of its grad
+    arguments when it has any; the device copies of its tensor arguments, as the call left them). Raises what
+    the call raises."""
     fn = getattr(module, probe.entry, None)
     if not callable(fn):
+        raise LookupError(f"entry point {probe.entry}() missing")
+    args = tuple(_to_device(a, device, i in probe.grad_args) for i, a in enumerate(probe.args))
+    kwargs = {k: _to_device(v, device) for k, v in probe.kwargs.items()}
+    with torch.set_grad_enabled(bool(probe.grad_args)):
+        outs = flatten_outputs(fn(*args, **kwargs))
+        if probe.grad_args:
+            gos = probe.grad_outputs or tuple(torch.ones_like(o) for o in outs)
+            pairs = [(o, g) for o, g in zip(outs, gos, strict=False) if g is not None and o.requires_grad]
+            if not pairs:
+                raise RuntimeError("outputs do not require grad: no backward")
+            torch.autograd.backward([o for o, _ in pairs], [g.to(device) for _, g in pairs])
+            grads = []
+            for i in probe.grad_args:
+                g = args[i].grad
+                grads.append(g if g is not None else torch.zeros_like(args[i]))
+            outs = [o.detach() for o in outs] + grads
+    return outs, [a for a in args if isinstance(a, torch.Tensor)]
+
+
+def execute_probe(module: ModuleType, probe: Probe, device: str) -> ProbeResult:
+    """Run one probe on `module` and return CPU copies of its outputs. Used in-process and by the child."""
+    if not callable(getattr(module, probe.entry, None)):
         return ProbeResult(error=f"entry point {probe.entry}() missing")
     # a fresh allocation of random size first, so tensor addresses differ run to run
     pad = torch.empty(random.randint(1, 4096) * 64, dtype=torch.uint8, device=device)
-    args = tuple(_to_device(a, device, i in probe.grad_args) for i, a in enumerate(probe.args))
-    kwargs = {k: _to_device(v, device) for k, v in probe.kwargs.items()}
     try:
-        with torch.set_grad_enabled(bool(probe.grad_args)):
-            outs = flatten_outputs(fn(*args, **kwargs))
-            if probe.grad_args:
-                gos = probe.grad_outputs or tuple(torch.ones_like(o) for o in outs)
-                pairs = [(o, g) for o, g in zip(outs, gos, strict=False) if g is not None and o.requires_grad]
-                if not pairs:
-                    raise RuntimeError("outputs do not require grad: no backward")
-                torch.autograd.backward([o for o, _ in pairs], [g.to(device) for _, g in pairs])
-                grads = []
-                for i in probe.grad_args:
-                    g = args[i].grad
-                    grads.append(g if g is not None else torch.zeros_like(args[i]))
-                outs = [o.detach() for o in outs] + grads
+        outs, args = call_probe(module, probe, device)
         if device.startswith("cuda"):
             torch.cuda.synchronize()
         result = ProbeResult(outputs=[o.detach().to("cpu", copy=True) for o in outs])
         if probe.echo_inputs:
-            result.inputs_after = [a.detach().to("cpu", copy=True) for a in args if isinstance(a, torch.Tensor)]
+            result.inputs_after = [a.detach().to("cpu", copy=True) for a in args]
     except Exception as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
         result = ProbeResult(error=f"{type(e).__name__}: {msg}"[:300])

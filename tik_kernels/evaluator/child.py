@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tik_kernels.evaluator import ahead as _AHEAD
 from tik_kernels.evaluator.outputs import check_outputs, one_line  # noqa: F401 (one_line: used by callers)
 
 
@@ -114,7 +115,7 @@ class GuardedModule:
 def run_probes_job(workdir: Path, job: dict) -> dict:
     import torch
 
-    from tik_kernels.contract import Probe, execute_probe, load_module, same_bits
+    from tik_kernels.contract import Probe, call_probe, execute_probe, load_module, same_bits
 
     protocol = _protocol()
     TensorWriter, decode, read_tensors = protocol.TensorWriter, protocol.decode, protocol.read_tensors
@@ -152,6 +153,11 @@ def run_probes_job(workdir: Path, job: dict) -> dict:
         if same_bits(after, before):
             return {"input": index}
         return w.ref(after)
+    ahead = {}
+    if str(job["device"]).startswith("cuda") and job.get("compile_ahead", True):
+        # the kernels every probe will launch, compiled first on all cores at once (`ahead`)
+        ahead = _AHEAD.compile_ahead([(lambda p=p: call_probe(guarded, p, job["device"])) for p in probes])
+    t_ahead, compiled_ahead = time.monotonic(), _cache_entries() - cached
     results = {}
     for probe in probes:
         r = execute_probe(guarded, probe, job["device"])
@@ -173,8 +179,11 @@ def run_probes_job(workdir: Path, job: dict) -> dict:
     entries = shared.send() if shared is not None else w.close()
     w.write_s += time.monotonic() - t
     # where this job's time went, in this process's own clock (the parent's phase tables: `core.probe_phases`)
-    phases = {"inputs": t1 - t0, "import": t2 - t1, "compute": t3 - t2 - sent_probes, "graph": t4 - t3 - sent_graphs,
-              "send": w.write_s, "start": t0 - _HELD.get("claimed", t0), "compiled": _cache_entries() - cached}
+    phases = {"inputs": t1 - t0, "import": t2 - t1, "ahead": t_ahead - t2, "compute": t3 - t_ahead - sent_probes,
+              "graph": t4 - t3 - sent_graphs, "send": w.write_s, "start": t0 - _HELD.get("claimed", t0),
+              "compiled": _cache_entries() - cached, "ahead_compiled": compiled_ahead,
+              "ahead_kernels": ahead.get("kernels", 0),
+              "ahead_workers": ahead.get("workers", 0), "ahead_failed": ahead.get("failed", 0)}
     return {"import_error": None, "probes": results, "graphs": graphs, "tensors": entries, "phases": phases,
             "via": "memfd" if shared is not None else "file"}
 

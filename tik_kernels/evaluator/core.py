@@ -391,7 +391,10 @@ def probe_outcome(outcome: ChildOutcome, phases: dict | None = None,
 #: the parts of a probes job the child reports (`child.run_probes_job`), in its own clock: "start" (from the job
 #: taken to its inputs: a fresh child's imports), "inputs" (read and decoded), "import" (the implementation),
 #: "compute" (the probes, their outputs copied to the CPU), "graph" (the CUDA graph replays), "send" (outputs written)
-CHILD_PHASES = ("start", "inputs", "import", "compute", "graph", "send")
+#: a probes child on the GPU compiles the kernels its probes will launch first, on all its cores at once
+#: (`ahead.compile_ahead`); off, each compiles at its first launch, one after another (`bench_eval_rate --ahead`)
+COMPILE_AHEAD = True
+CHILD_PHASES = ("start", "inputs", "import", "ahead", "compute", "graph", "send")
 
 
 def probe_phases(parent: dict, stats: dict, prefix: str) -> dict[str, float]:
@@ -409,6 +412,9 @@ def probe_phases(parent: dict, stats: dict, prefix: str) -> dict[str, float]:
     compiled = child.get("compiled")
     if type(compiled) is int and 0 <= compiled < 10**6:  # a count, not seconds: kernels the child compiled
         out[f"{prefix}_compiled"] = float(compiled)
+    for k in ("ahead_compiled", "ahead_kernels", "ahead_workers", "ahead_failed"):  # counts too (`ahead.compile_ahead`)
+        if type(child.get(k)) is int and 0 <= child[k] < 10**6:
+            out[f"{prefix}_{k}"] = float(child[k])
     if "wait" in parent:
         out[f"{prefix}_wait_other"] = max(0.0, parent["wait"] - sum(told.values()))
     out[f"{prefix}_in_mb"] = stats.get("in_bytes", 0) / 1e6
@@ -498,7 +504,7 @@ def probes_job(plan: Plan, impl: Path, device: str, limit_s: float) -> tuple[dic
         return ("ok", results, stats)
 
     job = {"mode": "probes", "impl": str(impl.resolve()), "device": device, "limits": limits(limit_s),
-           "graph_probes": graph_probe_ids(plan) if device.startswith("cuda") else []}
+           "graph_probes": graph_probe_ids(plan) if device.startswith("cuda") else [], "compile_ahead": COMPILE_AHEAD}
     return job, write_inputs, read_result
 
 

@@ -1,0 +1,147 @@
+"""Compiling a child's kernels ahead (`ahead`): the recorder sees each specialization once and leaves Triton as it
+found it; the forked workers compile side by side into the cache the real pass reads, and one that fails or hangs
+costs nothing but its own kernels (the real pass compiles them). The CPU tests drive the machinery through a
+stand-in for Triton's JITFunction (the interpreter compiles nothing); the GPU test uses Triton itself."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from tik_kernels.evaluator import ahead
+
+
+class FakeJIT:
+    """A stand-in for triton.runtime.jit.JITFunction: `_do_compile(key, signature, device, ...)` writes a file named
+    after its key into `out` (the "cache"), or sleeps or raises when the key says so; `launch` is `run`'s cache miss."""
+
+    out: Path
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def _do_compile(self, key, signature, device, *rest, **kw):
+        if key == "hang":
+            time.sleep(600)
+        if key == "boom":
+            raise RuntimeError("bad kernel")
+        (self.out / f"{self.name}-{key}-{os.getpid()}").write_text("compiled")
+        return "kernel"
+
+    def launch(self, key):
+        return self._do_compile(key, "sig", "dev")
+
+
+@pytest.fixture
+def fake(monkeypatch, tmp_path):
+    FakeJIT.out = tmp_path
+    monkeypatch.setattr(ahead, "_jit_function", lambda: FakeJIT)
+    return tmp_path
+
+
+def test_the_recorder_sees_each_specialization_once_compiles_nothing_and_restores_triton(fake):
+    a, b = FakeJIT("a"), FakeJIT("b")
+    original = FakeJIT._do_compile
+    launched = []
+
+    def probe1():
+        launched.append(a.launch("k1"))
+        launched.append(b.launch("k1"))
+        a.launch("k1")
+
+    def probe2():
+        a.launch("k2")
+        raise ValueError("host code on garbage outputs")  # ends this probe's recording, not the others'
+
+    def probe3():
+        a.launch("k1")
+        b.launch("k3")
+
+    asked = ahead.record([probe1, probe2, probe3])
+    assert [(fn.name, args[0]) for fn, args, _ in asked] == [("a", "k1"), ("b", "k1"), ("a", "k2"), ("b", "k3")]
+    assert launched == [None, None]  # a recorded compile is "no kernel": nothing is launched
+    assert not list(fake.iterdir())  # and nothing compiled
+    assert FakeJIT._do_compile is original
+
+
+def test_the_recorder_restores_triton_when_a_call_escapes(fake):
+    original = FakeJIT._do_compile
+
+    def escapes():
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        ahead.record([escapes])
+    assert FakeJIT._do_compile is original
+
+
+def test_workers_compile_every_recorded_kernel_side_by_side(fake):
+    fns = [FakeJIT(f"f{i}") for i in range(6)]
+    asked = ahead.record([lambda fn=fn: fn.launch("k") for fn in fns])
+    out = ahead.compile_recorded(asked, workers=3)
+    assert out == {"kernels": 6, "workers": 3, "failed": 0}
+    made = sorted(p.name for p in fake.iterdir())
+    assert [m.rsplit("-", 1)[0] for m in made] == [f"f{i}-k" for i in range(6)]
+    pids = {m.rsplit("-", 1)[1] for m in made}
+    assert len(pids) == 3 and str(os.getpid()) not in pids  # three forked workers, none of it in this process
+
+
+def test_a_failing_or_hanging_worker_costs_only_its_own_kernels(fake):
+    fns = [FakeJIT("ok1"), FakeJIT("bad"), FakeJIT("stuck"), FakeJIT("ok2")]
+    keys = ["k", "boom", "hang", "k"]
+    asked = ahead.record([lambda fn=fn, k=k: fn.launch(k) for fn, k in zip(fns, keys, strict=True)])
+    t0 = time.monotonic()
+    out = ahead.compile_recorded(asked, workers=4, timeout_s=2.0)
+    assert time.monotonic() - t0 < 10
+    assert out == {"kernels": 4, "workers": 4, "failed": 2}
+    assert sorted(p.name.rsplit("-", 1)[0] for p in fake.iterdir()) == ["ok1-k", "ok2-k"]
+
+
+def test_without_triton_jit_or_on_the_interpreter_there_is_nothing_to_do(monkeypatch):
+    monkeypatch.setattr(ahead, "_jit_function", lambda: None)
+    calls = []
+    out = ahead.compile_ahead([lambda: calls.append(1)])
+    assert out["kernels"] == 0 and out["workers"] == 0 and calls == []
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_a_kernel_compiled_ahead_is_loaded_not_compiled_by_its_first_launch(tmp_path, monkeypatch):
+    """Real Triton: a fresh cache, one kernel at two specializations recorded and compiled by forked workers; the
+    launches that follow add nothing to the cache and give the right values."""
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
+    import torch
+    import triton
+    import triton.language as tl
+
+    src = tmp_path / "kern.py"
+    src.write_text(
+        "import triton\nimport triton.language as tl\n"
+        "@triton.jit\n"
+        "def add_one(x, y, n, BLOCK: tl.constexpr):\n"
+        "    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)\n"
+        "    tl.store(y + i, tl.load(x + i, mask=i < n) + 1.0, mask=i < n)\n")
+    from tik_kernels.contract import load_module
+
+    mod = load_module(src, "tik_ahead_kern")
+    x = torch.arange(1000, device="cuda", dtype=torch.float32)
+
+    def run(block):
+        y = torch.empty_like(x)
+        mod.add_one[(triton.cdiv(1000, block),)](x, y, 1000, BLOCK=block)
+        return y
+
+    def entries():
+        d = tmp_path / "cache"
+        return sum(1 for e in os.scandir(d) if not e.name.startswith("tmp.")) if d.is_dir() else 0
+
+    out = ahead.compile_ahead([lambda: run(128), lambda: run(256), lambda: run(128)])
+    assert out["kernels"] == 2 and out["workers"] == 2 and out["failed"] == 0, out
+    made = entries()
+    assert made >= 2
+    for block in (128, 256):
+        assert torch.equal(run(block), x + 1.0)
+    assert entries() == made  # loaded from the cache, nothing compiled again
+    assert tl is not None
