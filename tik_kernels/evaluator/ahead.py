@@ -79,8 +79,9 @@ def compile_recorded(asked: list[tuple[Any, tuple, dict]], workers: int | None =
     table: kernels asked, workers used, workers that failed or were killed."""
     jit = _jit_function()
     if jit is None or not asked:
-        return {"kernels": len(asked), "workers": 0, "failed": 0}
+        return {"kernels": len(asked), "workers": 0, "failed": 0, "compile_s": 0.0}
     n = max(1, min(workers or os.cpu_count() or 1, MAX_WORKERS, len(asked)))
+    t0 = time.monotonic()
     shares = [asked[i::n] for i in range(n)]
     pids = []
     for share in shares:
@@ -97,7 +98,8 @@ def compile_recorded(asked: list[tuple[Any, tuple, dict]], workers: int | None =
             finally:
                 os._exit(code)
         pids.append(pid)
-    return {"kernels": len(asked), "workers": n, "failed": _reap(pids, time.monotonic() + timeout_s)}
+    failed, last = _reap(pids, time.monotonic() + timeout_s)
+    return {"kernels": len(asked), "workers": n, "failed": failed, "compile_s": last - t0}
 
 
 def _launcher(kernel: Any) -> None:
@@ -125,8 +127,9 @@ def _quiet_hooks() -> None:
         pass
 
 
-def _reap(pids: list[int], deadline: float) -> int:
-    """Wait for the workers until `deadline`, kill those left; how many did not exit with 0."""
+def _reap(pids: list[int], deadline: float) -> tuple[int, float]:
+    """Wait for the workers until `deadline`, kill those left: (how many did not exit with 0, when the last one
+    ended)."""
     failed, left = 0, set(pids)
     while left:
         for pid in list(left):
@@ -145,13 +148,16 @@ def _reap(pids: list[int], deadline: float) -> int:
             break
         if left:
             time.sleep(0.005)
-    return failed
+    return failed, time.monotonic()
 
 
 def compile_ahead(calls: Iterable[Callable[[], Any]], workers: int | None = None,
                   timeout_s: float = TIMEOUT_S) -> dict:
-    """`record` then `compile_recorded`; adds the seconds both took (`s`)."""
+    """`record` then `compile_recorded`; adds the seconds recording took (`record_s`) and both (`s`)."""
     t = time.monotonic()
-    out = compile_recorded(record(calls), workers, timeout_s)
+    asked = record(calls)
+    recorded = time.monotonic() - t
+    out = compile_recorded(asked, workers, timeout_s)
+    out["record_s"] = recorded
     out["s"] = time.monotonic() - t
     return out
