@@ -63,7 +63,8 @@ def run_once(op: str, probes: list, src: str, cache: Path, ahead_on: bool, worke
     mod = load_module(path, f"tik_ahead_{op}")
     info = {}
     if ahead_on:
-        info = ahead.compile_ahead([(lambda p=p: call_probe(mod, p, "cuda")) for p in probes], workers=workers)
+        dry = [(lambda p=p: call_probe(mod, p, "cuda", values=False)) for p in probes]
+        info = ahead.compile_ahead(dry, workers=workers)
     t1 = time.monotonic()
     after_ahead = _entries(cache)
     errors = [r.error for r in (execute_probe(mod, p, "cuda") for p in probes) if r.error]

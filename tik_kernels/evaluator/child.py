@@ -155,8 +155,9 @@ def run_probes_job(workdir: Path, job: dict) -> dict:
         return w.ref(after)
     ahead = {}
     if str(job["device"]).startswith("cuda") and job.get("compile_ahead", True):
-        # the kernels every probe will launch, compiled first on all cores at once (`ahead`)
-        ahead = _AHEAD.compile_ahead([(lambda p=p: call_probe(guarded, p, job["device"])) for p in probes])
+        # the kernels every probe will launch, compiled first on all cores at once (`ahead`), found by a dry run
+        dry = [(lambda p=p: call_probe(guarded, p, job["device"], values=False)) for p in probes]
+        ahead = _AHEAD.compile_ahead(dry)
     t_ahead, compiled_ahead = time.monotonic(), _cache_entries() - cached
     results = {}
     for probe in probes:
