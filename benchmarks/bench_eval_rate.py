@@ -2,6 +2,7 @@
 
     python benchmarks/bench_eval_rate.py [--ops linear,attention,rmsnorm] [--evals 4] [--timeout 300]
                                          [--device cuda|cpu] [--name eval_rate_h200] [--prestart N] [--plan-bytes]
+                                         [--ahead on|off|both]
 
 For each operator one process (this one) evaluates `--evals` tuner-style candidates in a row, as a search
 does: each is the root's source with one CONFIG value moved to a neighbour in its TUNABLES (the tuner's own
