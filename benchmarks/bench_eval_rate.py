@@ -35,9 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.harness import environment, update_summary  # noqa: E402
 
 #: the phases in table order (a report records those that ran)
-PHASES = ("plan", "probes_root", "probes_candidate", "checks", "spare_settle", "timing_child", "timing_cells_warmup",
-          "timing_cells_capture", "timing_cells_profile", "timing_cells_timed", "timing_cells_after", "control_child",
-          "judge", "other")
+PHASES = ("plan", "probes_root", "probes_candidate", "checks", "spare_settle", "timing_child", "timing_ahead",
+          "timing_ahead_kernels", "timing_cells_warmup", "timing_cells_warm_calls", "timing_cells_capture",
+          "timing_cells_profile", "timing_cells_timed", "timing_cells_after", "control_child", "judge", "other")
 #: probes_candidate broken down (`core.probe_phases`): the parent's start (a spare taken or a child launched), the
 #: inputs it writes, the child's parts (its clock: start, inputs read, import, compute, graph replays, outputs
 #: sent), the rest of the parent's wait (a fresh child's interpreter, polling), the parent reading the reply; and the
@@ -75,9 +75,10 @@ def candidates(op: str, n: int, seed: int = 0) -> list[tuple[str, str]]:
 
 
 def run_op(op: str, evals: int, device: str, timeout: float, repeat: bool = False, ahead: bool = True) -> dict:
-    from tik_kernels.evaluator import core, evaluate, sandbox
+    from tik_kernels.evaluator import ahead as ahead_mod
+    from tik_kernels.evaluator import evaluate, sandbox
 
-    core.COMPILE_AHEAD = ahead
+    ahead_mod.ENABLED = ahead
     before = dict(sandbox.SPARES.stats)
 
     tmp = Path(tempfile.mkdtemp(prefix=f"tik-evalrate-{op}-"))
@@ -220,7 +221,7 @@ def main() -> int:
     ap.add_argument("--plan-bytes", action="store_true", help="also work out (on the CPU, without running anything) "
                     "the megabytes each op's plan moves through a candidate's child, into the table")
     ap.add_argument("--ahead", choices=("on", "off", "both"), default="on", help="compile a candidate's kernels "
-                    "ahead of its probes on all cores (core.COMPILE_AHEAD); both: each op without, then with")
+                    "ahead of its probes on all cores (ahead.ENABLED); both: each op without, then with")
     ap.add_argument("--prestart", type=int, default=None, help="pre-started candidate children kept ready "
                     "(TIK_PRESTART; default 1, 0: none)")
     a = ap.parse_args()

@@ -2,6 +2,7 @@
 
 import ast
 import itertools
+from pathlib import Path
 
 import pytest
 from agent_helpers import TOY_CONTRACT, TOY_SOURCE
@@ -153,3 +154,35 @@ def test_every_library_root_gives_the_tuner_a_space():
         src = c.root_path.read_text()
         assert module_literal(src, "TUNABLES") is not None, op
         assert tunable_space(src, set(c.frozen_tunables))[1], op
+
+
+def test_moves_whose_tiles_exceed_shared_memory_are_never_proposed():
+    """A module's SMEM_TILES / SMEM_LIMIT: the tuner skips a config Triton would refuse (OutOfResources), and the
+    figure agrees with what Triton asked for on the H200 (262208 bytes for 8 x (128 + 128) x 64 x 2, 64 of them its
+    own)."""
+    from tik_tui.agent.tuner import fits, smem_bytes
+
+    tile = ("BM", "BN", "BK", "S", "U")
+    assert smem_bytes({"BM": 128, "BN": 128, "BK": 64, "S": 8, "U": 1}, tile) == 262144
+    assert smem_bytes({"BM": 128, "BK": 64, "S": 8, "U": 1}, tile) is None
+    src = TOY_SOURCE.replace("CONFIG = ", 'SMEM_TILES = {"t": ("BLOCK", "BLOCK", "BLOCK", "num_warps", "SPLIT")}\n'
+                             "SMEM_LIMIT = 65536\nCONFIG = ", 1)
+    assert module_literal(src, "SMEM_TILES") and module_literal(src, "CONFIG")
+    tuner, tried, seen = make_proposer("tuner"), {config_key(module_literal(src, "CONFIG"))}, []
+    for _ in range(100):
+        try:
+            p = tuner.propose(_ctx(src, tried))
+        except NothingToPropose:
+            break
+        cfg = module_literal(p.source, "CONFIG")
+        tried.add(config_key(cfg))
+        seen.append((cfg["BLOCK"], cfg["num_warps"]))
+    # warps x (2 BLOCK) x BLOCK x 2 bytes within 65536: BLOCK 64 up to 4 warps, BLOCK 128 with 1
+    assert set(seen) | {(32, 4)} == ({(b, w) for b in (16, 32, 64, 128) for w in (1, 2, 4, 8)}
+                                     - {(64, 8), (128, 2), (128, 4), (128, 8)})
+    # the library's linear declares its tiles: its current CONFIG fits, the moves that failed on the H200 do not
+    lin = (Path(__file__).resolve().parents[2] / "tik_kernels" / "ops" / "linear.py").read_text()
+    tiles, limit, config = (module_literal(lin, k) for k in ("SMEM_TILES", "SMEM_LIMIT", "CONFIG"))
+    assert fits(config, tiles, limit)
+    assert not fits({**config, "M256_FILL_BLOCK_N": 128}, tiles, limit)
+    assert not fits({**config, "MBIG_num_stages": 5}, tiles, limit)

@@ -37,6 +37,7 @@ from tik_kernels.contract.model import (
     Tolerance,
 )
 from tik_kernels.contract.runner import (
+    Staged,
     call_probe,
     evaluate_checks,
     execute_probe,
@@ -81,6 +82,7 @@ __all__ = [
     "TokenwiseConfig",
     "accurate",
     "bitwise_equal",
+    "Staged",
     "call_probe",
     "cat_rows",
     "error_stats",

@@ -29,6 +29,10 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+#: the GPU children compile ahead: a probes child the kernels its probes will launch, a timing child those of every
+#: implementation at every cell's shapes; off, each compiles at its first launch, one after another
+#: (`bench_eval_rate --ahead`)
+ENABLED = True
 #: at most this many workers compile at once (each is a fork of the child: a few hundred MB of shared pages)
 MAX_WORKERS = 16
 #: a worker still busy after this long is killed; its kernels compile in the real pass instead

@@ -115,7 +115,7 @@ class GuardedModule:
 def run_probes_job(workdir: Path, job: dict) -> dict:
     import torch
 
-    from tik_kernels.contract import Probe, call_probe, execute_probe, load_module, same_bits
+    from tik_kernels.contract import Probe, Staged, call_probe, execute_probe, load_module, same_bits
 
     protocol = _protocol()
     TensorWriter, decode, read_tensors = protocol.TensorWriter, protocol.decode, protocol.read_tensors
@@ -148,11 +148,15 @@ def run_probes_job(workdir: Path, job: dict) -> dict:
     out_dir = workdir / "out"
     w = shared.writer if shared is not None else TensorWriter(out_dir / "outputs.bin")
 
+    # inputs moved to the device once, each probe's copied from there (`Staged`)
+    staged = Staged(job["device"])
+
     def echo(after: torch.Tensor, before: torch.Tensor, index: int) -> int | dict:
-        # an input left bitwise as it was sent is named, not sent back (a probe's weight is often GBs)
-        if same_bits(after, before):
+        # an input left bitwise as it was sent is named, not sent back (a probe's weight is often GBs); compared
+        # on the device with the copy it was made from
+        if same_bits(after, staged.master(before)):
             return {"input": index}
-        return w.ref(after)
+        return w.ref(after.to("cpu"))
     ahead = {}
     if str(job["device"]).startswith("cuda") and job.get("compile_ahead", True):
         # the kernels every probe will launch, compiled first on all cores at once (`ahead`), found by a dry run
@@ -161,7 +165,7 @@ def run_probes_job(workdir: Path, job: dict) -> dict:
     t_ahead, compiled_ahead = time.monotonic(), _cache_entries() - cached
     results = {}
     for probe in probes:
-        r = execute_probe(guarded, probe, job["device"])
+        r = execute_probe(guarded, probe, job["device"], staged=staged)
         if r.error is not None:
             results[probe.id] = {"error": r.error, "outputs": [], "inputs_after": None}
             continue
@@ -169,6 +173,7 @@ def run_probes_job(workdir: Path, job: dict) -> dict:
                              "inputs_after": [echo(t, a, k) for t, a, k in zip(
                                  r.inputs_after or [], [a for a in probe.args if isinstance(a, torch.Tensor)],
                                  sent[probe.id], strict=False)]}
+    staged.drop()  # the device copies' memory goes back before the graph replays and the timing job
     t3, sent_probes = time.monotonic(), w.write_s
     graphs = {}
     if str(job["device"]).startswith("cuda"):

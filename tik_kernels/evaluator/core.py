@@ -39,6 +39,7 @@ import torch
 
 from tik_kernels.contract import Contract, Plan, ProbeResult, evaluate_checks
 from tik_kernels.contracts import get_contract
+from tik_kernels.evaluator import ahead as _AHEAD
 from tik_kernels.evaluator import integrity
 from tik_kernels.evaluator.checks import GRAPH_PREFIX, all_inputs_unchanged, graph_replay_check, output_spec
 from tik_kernels.evaluator.measure import candidate_timing_job, time_candidate
@@ -391,9 +392,6 @@ def probe_outcome(outcome: ChildOutcome, phases: dict | None = None,
 #: the parts of a probes job the child reports (`child.run_probes_job`), in its own clock: "start" (from the job
 #: taken to its inputs: a fresh child's imports), "inputs" (read and decoded), "import" (the implementation),
 #: "compute" (the probes, their outputs copied to the CPU), "graph" (the CUDA graph replays), "send" (outputs written)
-#: a probes child on the GPU compiles the kernels its probes will launch first, on all its cores at once
-#: (`ahead.compile_ahead`); off, each compiles at its first launch, one after another (`bench_eval_rate --ahead`)
-COMPILE_AHEAD = True
 CHILD_PHASES = ("start", "inputs", "import", "ahead", "compute", "graph", "send")
 
 
@@ -504,7 +502,7 @@ def probes_job(plan: Plan, impl: Path, device: str, limit_s: float) -> tuple[dic
         return ("ok", results, stats)
 
     job = {"mode": "probes", "impl": str(impl.resolve()), "device": device, "limits": limits(limit_s),
-           "graph_probes": graph_probe_ids(plan) if device.startswith("cuda") else [], "compile_ahead": COMPILE_AHEAD}
+           "graph_probes": graph_probe_ids(plan) if device.startswith("cuda") else [], "compile_ahead": _AHEAD.ENABLED}
     return job, write_inputs, read_result
 
 

@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from tik_kernels.contract import CheckResult, Contract, bitwise_equal, flatten_outputs
+from tik_kernels.contract import CheckResult, Contract, bitwise_equal, error_stats, flatten_outputs
+from tik_kernels.evaluator import ahead as _AHEAD
 from tik_kernels.evaluator.checks import spec
 from tik_kernels.evaluator.promotion import objective_ratio_ci
 from tik_kernels.evaluator.protocol import ProtocolError, read_tensors, tensor_index
@@ -114,7 +115,8 @@ def timing_job(contract: Contract, impls: list[tuple[str, Path]], *, device: str
            "cell_budget_s": CELL_BUDGET_S if early else None, "precision": GPU_PRECISION if early else None,
            "graph_instances": GPU_GRAPH_INSTANCES,
            "baseline": baseline,
-           "return_outputs": list(return_outputs), "profile_kernels": profile_kernels, "limits": limits(wall)}
+           "return_outputs": list(return_outputs), "profile_kernels": profile_kernels, "limits": limits(wall),
+           "compile_ahead": _AHEAD.ENABLED}
 
     def read_result(out: Path, doc: dict) -> dict:
         tensors = read_tensors(out / "outputs.bin", doc.get("tensors"))
@@ -245,6 +247,10 @@ def time_candidate(report: EvalReport, contract: Contract, cand_path: Path, root
     for part in CELL_PARTS:  # as the child reports them: diagnostics, never used to decide
         report.phases[f"timing_cells_{part}"] = sum(c.get("seconds", {}).get(part, 0.0)
                                                     for c in doc["cells"].values())
+    told = doc.get("ahead") if isinstance(doc.get("ahead"), dict) else {}
+    for k, name in (("s", "timing_ahead"), ("kernels", "timing_ahead_kernels"), ("failed", "timing_ahead_failed")):
+        if type(told.get(k)) in (int, float) and 0 <= told[k] < 1e5:  # the same kind of diagnostic (`ahead`)
+            report.phases[name] = float(told[k])
     errs = doc["import_errors"]
     if "candidate" in errs:
         return fail(report, "timing/run", "timed_outputs", f"timing run: {errs['candidate']}")
@@ -402,15 +408,9 @@ def close_to(outs: list, refs: list[torch.Tensor], bound: float) -> tuple[bool, 
 
 
 def rel_rms(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """`error_stats(out, ref)[1]`, the same float64 operations, without the max-abs error nobody reads here and with
-    one host sync instead of four (a reference on the GPU would otherwise wait on the device four times a call)."""
-    if not out.numel():
-        return 0.0
-    o, r = out.double(), ref.double()
-    d = o - r
-    num, den, finite = torch.stack([d.pow(2).mean().sqrt(), r.pow(2).mean().sqrt(),
-                                    torch.isfinite(o).all().double()]).tolist()
-    return num / max(den, 1e-30) if finite else math.inf
+    """`error_stats(out, ref)[1]`: the same float64 reductions, read back with one host sync (a reference on the GPU
+    would otherwise wait on the device once a reduction)."""
+    return error_stats(out, ref)[1]
 
 
 def timed_outputs_ok(contract: Contract, cell, c: dict, device: str, bound: float,

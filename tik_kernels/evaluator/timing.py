@@ -41,6 +41,7 @@ import torch
 # imported here, not where used: once the child guards the harness's modules (child.guard_imports) they can
 # no longer be imported
 from tik_kernels.contract import Contract, flatten_outputs, load_module
+from tik_kernels.evaluator import ahead as _AHEAD
 from tik_kernels.evaluator.outputs import check_outputs, one_line
 from tik_kernels.evaluator.protocol import TensorWriter
 
@@ -255,6 +256,11 @@ def run_timing_job(workdir: Path, job: dict, imported: dict[str, Any] | None = N
     timer = Timer(device)
     w = TensorWriter(workdir / "out" / "outputs.bin")
     doc: dict = {"import_errors": errors, "cells": {}, "floor_us": None, "spin_us": getattr(timer, "spin_us", None)}
+    if timer.cuda and job.get("compile_ahead"):
+        # every implementation's kernels at every cell's shapes (and at the rows computed again), compiled first on
+        # all cores at once: the root's and incumbent's here too (this child's cache is a copy of the trusted one,
+        # which holds their kernels at the probes' shapes, not at the cells')
+        doc["ahead"] = _AHEAD.compile_ahead(_dry_cells(contract, cells, mods, job))
     floor = [timer.sample(lambda: None)[1] for _ in range(job["reps"])]
     profiled_root: list[str] = []
     doc["floor_us"] = statistics.median(floor)
@@ -266,6 +272,31 @@ def run_timing_job(workdir: Path, job: dict, imported: dict[str, Any] | None = N
             doc["cells"][cname] = {"error": one_line(e)}
     doc["tensors"] = w.close()
     return doc
+
+
+def _dry_cells(contract, cells: dict, mods: dict, job: dict) -> list:
+    """One call per cell (`ahead.record`'s dry run): the cell's first input variant built, then each implementation
+    called on it and on its first row and first ROWS_BATCH rows (the shapes `_rows_again` calls). An implementation
+    that raises here is skipped; the real pass reports it."""
+    seed = variant_seeds(job["seed"], job["variants"])[0]
+
+    def call(cell) -> None:
+        case = contract.bench_case(cell, seed, job["device"])
+        shapes = [case.args]
+        if case.token_args and job.get("rows_check", True):
+            first = case.args[case.token_args[0]]
+            for k in sorted({1, min(ROWS_BATCH, first.shape[0])} - {first.shape[0]}):
+                idx = torch.arange(k, device=first.device)
+                shapes.append(tuple(a[idx] if i in case.token_args else a for i, a in enumerate(case.args)))
+        for m in mods.values():
+            fn = getattr(m, case.entry, None)
+            for args in shapes if callable(fn) else ():
+                try:
+                    fn(*args, **case.kwargs)
+                except Exception:
+                    break
+
+    return [(lambda c=cells[name]: call(c)) for name in job["cells"]]
 
 
 def _time_cell(contract, cell, mods, job, timer: Timer, w, check_outputs, flatten_outputs,

@@ -187,6 +187,21 @@ CONFIG = {
     "MBIG_SPLIT": 0,
 }
 
+#: what the tuner checks a move against before spending an evaluation on it (`tik_tui.agent.tuner.fits`): each launch
+#: tile's CONFIG keys (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, K_UNROLL); its operands' pipeline takes
+#: num_stages x (BLOCK_M + BLOCK_N) x BLOCK_K x K_UNROLL bf16 elements of shared memory (Triton asked 262208 bytes for
+#: 8 x (128 + 128) x 64 x 1 x 2 = 262144 on the H200), which must stay within SMEM_LIMIT (the H200's per-block maximum)
+SMEM_TILES = {
+    "M16": ("M16_BLOCK_M", "M16_BLOCK_N", "BLOCK_K", "M16_num_stages", "M16_K_UNROLL"),
+    "M64": ("M64_BLOCK_M", "M64_BLOCK_N", "BLOCK_K", "M64_num_stages", "M64_K_UNROLL"),
+    "M256": ("M256_BLOCK_M", "M256_BLOCK_N", "BLOCK_K", "M256_num_stages", "M256_K_UNROLL"),
+    "M1024": ("M1024_BLOCK_M", "M1024_BLOCK_N", "BLOCK_K", "M1024_num_stages", "M1024_K_UNROLL"),
+    "MBIG": ("MBIG_BLOCK_M", "MBIG_BLOCK_N", "BLOCK_K", "MBIG_num_stages", "MBIG_K_UNROLL"),
+    "M64_FILL": ("M64_FILL_BLOCK_M", "M64_FILL_BLOCK_N", "BLOCK_K", "M64_FILL_num_stages", "M64_K_UNROLL"),
+    "M256_FILL": ("M256_FILL_BLOCK_M", "M256_FILL_BLOCK_N", "BLOCK_K", "M256_FILL_num_stages", "M256_K_UNROLL"),
+}
+SMEM_LIMIT = 232448
+
 #: (largest M, bucket) in increasing order; larger M uses "MBIG"
 M_BUCKETS = ((16, "M16"), (64, "M64"), (256, "M256"), (1024, "M1024"))
 

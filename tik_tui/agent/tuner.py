@@ -129,6 +129,28 @@ def _moves(config: dict, space: dict[str, list], rng: random.Random):
             yield {**config, **{k: rng.choice(space[k]) for k in keys}}
 
 
+def smem_bytes(config: dict, tile: tuple | list) -> int | None:
+    """Shared memory a program of one tile keeps its pipelined operands in: num_stages x (BLOCK_M + BLOCK_N) x
+    BLOCK_K x K_UNROLL elements of 2 bytes (a bf16 / fp16 `tl.dot`'s A and B slices). `tile` names the five
+    CONFIG keys in that order (`SMEM_TILES`); None where a key is missing or not an integer."""
+    try:
+        bm, bn, bk, stages, unroll = (config[k] for k in tile)
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not all(type(v) is int for v in (bm, bn, bk, stages, unroll)):
+        return None
+    return stages * (bm + bn) * bk * unroll * 2
+
+
+def fits(config: dict, tiles: object, limit: object) -> bool:
+    """False when a tile of the module's `SMEM_TILES` ({name: five CONFIG keys}, see `smem_bytes`) needs more than its
+    `SMEM_LIMIT` bytes: a launch Triton refuses with OutOfResources at the first probe (the H200's linear lost 11-23 s
+    to each such move), not worth an evaluation. Modules that declare neither are not filtered."""
+    if not isinstance(tiles, dict) or type(limit) is not int:
+        return True
+    return all((smem_bytes(config, t) or 0) <= limit for t in tiles.values() if isinstance(t, (tuple, list)))
+
+
 def _proposal(config: dict, cand: dict, source: str, note: str = "", screened: dict | None = None) -> Proposal:
     changed = {k: (config[k], cand[k]) for k in cand if cand[k] != config[k]}
     desc = ", ".join(f"{k} {a!r}→{b!r}" for k, (a, b) in changed.items())
@@ -161,7 +183,8 @@ class TunerProposer:
             raise NothingToPropose(f"#{ctx.parent.get('id')} declares no movable TUNABLES")
         tried = set(ctx.tried_configs) | {config_key(config)}
         rng = random.Random(f"{self.seed}:{ctx.parent.get('id')}:{len(tried)}")
-        moves = (c for c in _moves(config, space, rng) if config_key(c) not in tried)
+        tiles, limit = module_literal(ctx.parent_source, "SMEM_TILES"), module_literal(ctx.parent_source, "SMEM_LIMIT")
+        moves = (c for c in _moves(config, space, rng) if config_key(c) not in tried and fits(c, tiles, limit))
         if ctx.screen is None or ctx.screen_width < 2:
             for cand in moves:
                 return _proposal(config, cand, ctx.parent_source)
