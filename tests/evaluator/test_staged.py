@@ -68,3 +68,13 @@ def test_the_timing_dry_run_calls_every_implementation_on_every_cell_and_its_row
     assert [s[0] for s in calls["root"]] == want
     # an implementation that raises is not called on that cell's other shapes, and the others still are
     assert len(calls["candidate"]) == len(cells)
+
+
+def test_every_library_root_passes_the_source_screen():
+    """A root whose text names the evaluator or the UI (a comment citing `tik_tui...` did) is refused before it runs,
+    and a search from it never starts."""
+    from tik_kernels.contracts import all_contracts
+    from tik_kernels.evaluator.core import source_policy
+
+    for op, contract in all_contracts().items():
+        assert source_policy(contract.root_path.read_text()) is None, op

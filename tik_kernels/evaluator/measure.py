@@ -155,8 +155,12 @@ def timing_job(contract: Contract, impls: list[tuple[str, Path]], *, device: str
                             if k in CELL_PARTS and type(v) in (int, float) and math.isfinite(v)},
             }
         floor = doc.get("floor_us")
+        told = doc.get("ahead") if isinstance(doc.get("ahead"), dict) else {}
         return {"cells": parsed, "floor_us": float(floor) if isinstance(floor, (int, float)) else None,
-                "import_errors": {str(k): str(v)[:300] for k, v in _dict(doc.get("import_errors", {})).items()}}
+                "import_errors": {str(k): str(v)[:300] for k, v in _dict(doc.get("import_errors", {})).items()},
+                # what the child says it compiled ahead (`timing._dry_cells`): diagnostics, never used to decide
+                "ahead": {k: float(told[k]) for k in ("s", "kernels", "failed")
+                          if type(told.get(k)) in (int, float) and 0 <= told[k] < 1e5}}
 
     return job, wall, read_result
 
@@ -247,10 +251,8 @@ def time_candidate(report: EvalReport, contract: Contract, cand_path: Path, root
     for part in CELL_PARTS:  # as the child reports them: diagnostics, never used to decide
         report.phases[f"timing_cells_{part}"] = sum(c.get("seconds", {}).get(part, 0.0)
                                                     for c in doc["cells"].values())
-    told = doc.get("ahead") if isinstance(doc.get("ahead"), dict) else {}
-    for k, name in (("s", "timing_ahead"), ("kernels", "timing_ahead_kernels"), ("failed", "timing_ahead_failed")):
-        if type(told.get(k)) in (int, float) and 0 <= told[k] < 1e5:  # the same kind of diagnostic (`ahead`)
-            report.phases[name] = float(told[k])
+    for k, v in doc.get("ahead", {}).items():
+        report.phases["timing_ahead" if k == "s" else f"timing_ahead_{k}"] = v
     errs = doc["import_errors"]
     if "candidate" in errs:
         return fail(report, "timing/run", "timed_outputs", f"timing run: {errs['candidate']}")

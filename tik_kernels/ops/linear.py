@@ -187,7 +187,7 @@ CONFIG = {
     "MBIG_SPLIT": 0,
 }
 
-#: what the tuner checks a move against before spending an evaluation on it (`tik_tui.agent.tuner.fits`): each launch
+#: what the tuner checks a move against before spending an evaluation on it (the tuner's `fits`): each launch
 #: tile's CONFIG keys (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, K_UNROLL); its operands' pipeline takes
 #: num_stages x (BLOCK_M + BLOCK_N) x BLOCK_K x K_UNROLL bf16 elements of shared memory (Triton asked 262208 bytes for
 #: 8 x (128 + 128) x 64 x 1 x 2 = 262144 on the H200), which must stay within SMEM_LIMIT (the H200's per-block maximum)
