@@ -76,8 +76,12 @@ for p in "$@"; do
                 --out "$R/evaluator_rvi_h200" ;;
         search_linear | search_attention)
             op=${p#search_}
+            # a search goes on from its saved workspace (a call is limited to 10 minutes; 20 are asked for)
+            ws_saved="$R/tuner_h200_${op}_20min_workspace.tgz"
+            if [[ ! -d .gpu_ws/$op && -f $ws_saved ]]; then tar xzf "$ws_saved"; fi
             part "tuner_h200_${op}_20min" 580 "$py" benchmarks/tuner_search.py --ops "$op" --budget 200 \
-                --max-time 560 --timeout 240 --screen 12 --workspace .gpu_ws --out "$R/tuner_h200_${op}_20min" ;;
+                --max-time 560 --timeout 240 --screen 12 --workspace .gpu_ws --out "$R/tuner_h200_${op}_20min"
+            tar czf "$ws_saved" .gpu_ws ;;
         tuner_linear)
             part tuner_linear 570 "$py" benchmarks/tuner_search.py --ops linear --budget 10 --max-time 360 \
                 --timeout 150 --screen 16 --out "$R/tuner_h200_linear" --export "$R/incumbents_h200" ;;
