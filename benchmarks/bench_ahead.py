@@ -128,12 +128,20 @@ def main() -> int:
     a = ap.parse_args()
     import torch
 
+    from tik_kernels.contracts import UnknownOperator, get_contract
+
+    ops = [o.strip() for o in a.ops.split(",") if o.strip()]
+    for op in ops:  # before any GPU work: a misspelt op is a one-line error, not a traceback halfway through
+        try:
+            get_contract(op)
+        except UnknownOperator as e:
+            raise SystemExit(f"bench_ahead: {e}") from None
     if not torch.cuda.is_available():
         raise SystemExit("bench_ahead: needs a CUDA GPU (the interpreter compiles nothing)")
     doc = {"command": " ".join(["python benchmarks/bench_ahead.py", *sys.argv[1:]]), "env": environment("cuda"),
            "ops": []}
     a.out.mkdir(parents=True, exist_ok=True)
-    for op in [o.strip() for o in a.ops.split(",") if o.strip()]:
+    for op in ops:
         doc["ops"].append(run_op(op, a.workers))
         (a.out / f"{a.name}.json").write_text(json.dumps(doc, indent=1) + "\n")
         (a.out / f"{a.name}.md").write_text(markdown(doc))
