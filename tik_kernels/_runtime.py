@@ -77,5 +77,68 @@ def _order_defined_interpreter_dot() -> None:
     it.interpreter_builder.create_dot = create_dot.__get__(it.interpreter_builder)
 
 
+def _helpers_without_repatching() -> None:
+    """Stop Triton's interpreter from patching `triton.language` again at every call of a `@triton.jit` helper.
+
+    A launch (`GridExecutor.__call__`) patches the language modules its kernel sees (tl, tl.core: their builtins
+    become interpreter functions) and keeps them so until it returns. Each call of a helper from inside the kernel
+    (`InterpretedFunction.__call__`) then patches them again (`_patch_lang`: an `inspect.getmembers` scan of tl,
+    tl.tensor, tl.math, ~1.4 ms), replacing patched members with equivalent ones and never restoring them: the
+    attention root's CPU probes made 19,545 such calls. Here a helper whose language modules are patched already in
+    the running launch (by the launch, or by an earlier helper call, which Triton never undoes) is called without
+    that scan; anything else (the first helper of a launch that sees another module, a call outside a launch) takes
+    Triton's own path. Installed only when Triton's helper
+    call still has the shape this replaces (else Triton is left alone); the results are the same bits (the patched
+    functions are the same), which the CPU contract tests check."""
+    import inspect
+
+    from triton.runtime import interpreter as it
+
+    grid_call, helper_call = it.GridExecutor.__call__, it.InterpretedFunction.__call__
+    if getattr(helper_call, "_tik_once", False):
+        return
+    try:
+        body = inspect.getsource(helper_call)
+    except (OSError, TypeError):
+        return
+    if "_patch_lang(self.fn)" not in body or "self.rewrite()" not in body or not hasattr(it, "InterpreterError"):
+        return
+    langs = (it.tl, it.tl.core)
+    patched: list[set] = []  # the language modules patched for each launch in progress (innermost last)
+    seen: dict = {}
+
+    def modules(fn) -> frozenset:
+        key = id(fn)
+        if key not in seen:
+            seen[key] = (fn, frozenset(id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in langs))
+        return seen[key][1]
+
+    def launch(self, *args, **kwargs):
+        patched.append(set(modules(self.fn)))
+        try:
+            return grid_call(self, *args, **kwargs)
+        finally:
+            patched.pop()
+
+    def call(self, *args, **kwargs):
+        if not patched or not modules(self.fn) <= patched[-1]:
+            # Triton's path patches this helper's modules and never restores them: from now on in this launch they
+            # are patched too (Triton's standard library, tl.sum and the like, sees tl.core where a kernel sees tl)
+            if patched:
+                patched[-1] |= modules(self.fn)
+            return helper_call(self, *args, **kwargs)
+        fn = self.rewrite()
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            raise it.InterpreterError(repr(e)) from e
+
+    call._tik_once = True
+    call.__wrapped_original__, launch.__wrapped_original__ = helper_call, grid_call  # Triton's own, for the tests
+    it.GridExecutor.__call__ = launch
+    it.InterpretedFunction.__call__ = call
+
+
 if INTERPRET:
     _order_defined_interpreter_dot()
+    _helpers_without_repatching()
