@@ -1,6 +1,6 @@
 """Evaluations per hour against the number of GPUs, with the local executor (`tik search --workers N`).
 
-    python benchmarks/bench_scaleout.py [--op rmsnorm|linear] [--evals 24] [--gpus 1,2,4,8] [--timeout 300]
+    python benchmarks/bench_scaleout.py [--op rmsnorm|linear|attention] [--evals 24] [--gpus 1,2,4,8] [--timeout 300]
                                         [--device cuda|cpu] [--out benchmarks/results/scaleout_h200.json]
 
 For each GPU count n (default: every count from 1 to torch.cuda.device_count()) a fresh
@@ -105,7 +105,7 @@ def write(doc: dict, out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--op", default="rmsnorm", choices=("rmsnorm", "linear"))
+    p.add_argument("--op", default="rmsnorm", choices=("rmsnorm", "linear", "attention"))
     p.add_argument("--evals", type=int, default=24, help="derivations per GPU count (default 24)")
     p.add_argument("--gpus", default=None, help="comma-separated counts (default 1..device_count; cpu: 1,2)")
     p.add_argument("--device", default=None, choices=("cuda", "cpu"))
