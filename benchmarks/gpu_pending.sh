@@ -16,8 +16,10 @@
 #   search_linear, search_attention
 #                 #18 the tuner on the current root, in a workspace kept under .gpu_ws/ (ignored: carry it),
 #                     570 s per call and going on from the IR the next call: two calls back to back (the
-#                     machine stays warm 30 s) make the 20-minute search. Needs GitPython, gitdb and smmap,
-#                     which the GPU image lacks: carry them as wheels (.whl, see the device notes)
+#                     machine stays warm 30 s) make the 20-minute search. Each call starts from
+#                     $R/tuner_h200_<op>_20min_workspace.tgz when .gpu_ws/<op> is absent and saves it again (copy it
+#                     back with the results: linear's holds 9.5 of its 20 minutes). Needs GitPython, gitdb and
+#                     smmap, which the GPU image lacks: carry them as wheels (.whl, see the device notes)
 #   tuner_linear  #6  tik search --proposer tuner on linear, best vs root in the same evaluation;
 #                     exports the incumbent to $R/incumbents_h200/linear.py
 #   scaleout      #9  evaluations per hour on the visible GPUs (1, and more where lent)

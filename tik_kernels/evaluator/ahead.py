@@ -17,6 +17,9 @@ several cores at once:
    forked from a CUDA process may not use it; compiling does not).
 3. The probes then run as always: each kernel's first launch finds its binary in the cache and loads it.
 
+The timing child does the same before its cells (`timing._dry_cells`): one dry call per cell for the candidate, the
+root and the incumbent, at the cell's shapes and at the row counts it computes again after the timed rounds.
+
 Nothing here decides anything: a worker that fails, hangs (killed at `timeout_s`) or a Triton without this
 method leaves the real pass to compile as it always did, in-process. The workers run inside the child's jail, as
 the child does, with its limits. Off the GPU (the interpreter compiles nothing) there is nothing to do."""
