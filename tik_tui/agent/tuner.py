@@ -15,9 +15,12 @@ beside the parent with a few rounds per cell (rung 0), the best third are timed 
 three times the rounds (rung 1), and so on while a rung would keep two or more; the best of
 the last rung is proposed only if it beat the parent there. Every rung is recorded as a `screen` event on the
 parent, so a restarted search (or the next proposal from that parent) reuses what was
-screened instead of timing it again; a parent whose screened moves are all slower than
-itself is exhausted for the tuner. A screen that fails (its child timed out or died) is
-recorded and the tuner falls back to proposing the next move unscreened.
+screened instead of timing it again. When two fresh batches hold no move faster than the parent,
+the closest one within SCREEN_TIE of it is evaluated all the same (a screen's few rounds cannot
+tell a few tenths of a percent apart) and the next proposal screens further moves; a parent whose
+screened moves are all further behind is exhausted for the tuner. Moves whose tiles exceed the
+root's declared shared memory (`fits`) are never screened or proposed. A screen that fails (its
+child timed out or died) is recorded and the tuner falls back to proposing the next move unscreened.
 """
 
 from __future__ import annotations
