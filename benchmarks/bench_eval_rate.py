@@ -63,17 +63,14 @@ def candidates(op: str, n: int, seed: int = 0) -> list[tuple[str, str]]:
     import itertools
 
     from tik_kernels.contracts import get_contract
-    from tik_tui.agent.base import module_literal
-    from tik_tui.agent.tuner import _moves, fits, rewrite_config, tunable_space
+    from tik_tui.agent.tuner import feasible_moves, rewrite_config, tunable_space
 
     contract = get_contract(op)
     src = contract.root_path.read_text()
     config, space = tunable_space(src, set(contract.frozen_tunables))
     if not space:
         raise SystemExit(f"bench_eval_rate: {op}'s root has no tunable CONFIG key")
-    tiles, limit = module_literal(src, "SMEM_TILES"), module_literal(src, "SMEM_LIMIT")
-    moves = (c for c in _moves(config, space, random.Random(seed)) if fits(c, tiles, limit))  # as the tuner does
-    picked = list(itertools.islice(moves, n))
+    picked = list(itertools.islice(feasible_moves(src, config, space, random.Random(seed)), n))  # as the tuner does
     return [(", ".join(f"{k}={v!r}" for k, v in c.items() if v != config[k]), rewrite_config(src, c)) for c in picked]
 
 

@@ -17,6 +17,15 @@ def _ctx(source, tried=(), contract=TOY_CONTRACT):
                            contract=contract, tried_configs=set(tried))
 
 
+def _walk(tuner, source, tried, limit=100):
+    """The tuner's proposals from `source` until it has nothing left (the caller adds each to `tried`)."""
+    for _ in range(limit):
+        try:
+            yield tuner.propose(_ctx(source, tried))
+        except NothingToPropose:
+            return
+
+
 def _outside_config(source):
     """Every top-level statement except the CONFIG assignment, as ast dumps, plus the text around it."""
     tree = ast.parse(source)
@@ -75,11 +84,7 @@ def test_tuner_walks_the_whole_space_distinct_valid_and_never_the_frozen_key():
     tunables = module_literal(TOY_SOURCE, "TUNABLES")
     tried = {config_key(module_literal(TOY_SOURCE, "CONFIG"))}
     seen = []
-    for _ in range(100):
-        try:
-            p = tuner.propose(_ctx(TOY_SOURCE, tried))
-        except NothingToPropose:
-            break
+    for p in _walk(tuner, TOY_SOURCE, tried):
         cfg = module_literal(p.source, "CONFIG")
         assert set(cfg) == {"BLOCK", "num_warps", "SPLIT"}
         assert all(cfg[k] in tunables[k] for k in cfg), cfg
@@ -169,11 +174,7 @@ def test_moves_whose_tiles_exceed_shared_memory_are_never_proposed():
                              "SMEM_LIMIT = 65536\nCONFIG = ", 1)
     assert module_literal(src, "SMEM_TILES") and module_literal(src, "CONFIG")
     tuner, tried, seen = make_proposer("tuner"), {config_key(module_literal(src, "CONFIG"))}, []
-    for _ in range(100):
-        try:
-            p = tuner.propose(_ctx(src, tried))
-        except NothingToPropose:
-            break
+    for p in _walk(tuner, src, tried):
         cfg = module_literal(p.source, "CONFIG")
         tried.add(config_key(cfg))
         seen.append((cfg["BLOCK"], cfg["num_warps"]))

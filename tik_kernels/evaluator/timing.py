@@ -287,7 +287,7 @@ def _dry_cells(contract, cells: dict, mods: dict, job: dict) -> list:
             first = case.args[case.token_args[0]]
             for k in sorted({1, min(ROWS_BATCH, first.shape[0])} - {first.shape[0]}):
                 idx = torch.arange(k, device=first.device)
-                shapes.append(tuple(a[idx] if i in case.token_args else a for i, a in enumerate(case.args)))
+                shapes.append(_rows_of(case, idx))
         for m in mods.values():
             fn = getattr(m, case.entry, None)
             for args in shapes if callable(fn) else ():
@@ -628,10 +628,14 @@ def _rows_again(fn, case, per_v: list, load, picks: dict, w, flatten_outputs) ->
         load(v)
         for idx in [avail[k:k + 1] for k in range(min(ROWS_ALONE, len(avail)))] + [avail[:ROWS_BATCH]]:
             dev = idx.to(first.device)
-            args = tuple(a[dev] if i in case.token_args else a for i, a in enumerate(case.args))
-            got = flatten_outputs(fn(*args, **case.kwargs))
+            got = flatten_outputs(fn(*_rows_of(case, dev), **case.kwargs))
             out.append({"v": v, "rows": w.ref(idx.clone()), "outputs": [w.ref(t) for t in got]})
     return out
+
+
+def _rows_of(case, idx: torch.Tensor) -> tuple:
+    """The case's arguments with only rows `idx` of its token arguments."""
+    return tuple(a[idx] if i in case.token_args else a for i, a in enumerate(case.args))
 
 
 def _sent_rows(picks: dict, v: int, T: int) -> torch.Tensor:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import ast
 import itertools
 import random
+from typing import Any
 
 from tik_tui.agent.base import NothingToPropose, Proposal, ProposalContext, config_key, module_literal
 
@@ -159,6 +160,12 @@ def fits(config: dict, tiles: object, limit: object) -> bool:
     return all((smem_bytes(config, t) or 0) <= limit for t in tiles.values() if isinstance(t, (tuple, list)))
 
 
+def feasible_moves(source: str, config: dict, space: dict[str, list], rng: random.Random):
+    """`_moves` from `config`, less those whose tiles do not fit in the shared memory `source` declares (`fits`)."""
+    tiles, limit = module_literal(source, "SMEM_TILES"), module_literal(source, "SMEM_LIMIT")
+    return (c for c in _moves(config, space, rng) if fits(c, tiles, limit))
+
+
 def _proposal(config: dict, cand: dict, source: str, note: str = "", screened: dict | None = None) -> Proposal:
     changed = {k: (config[k], cand[k]) for k in cand if cand[k] != config[k]}
     desc = ", ".join(f"{k} {a!r}→{b!r}" for k, (a, b) in changed.items())
@@ -192,8 +199,7 @@ class TunerProposer:
             raise NothingToPropose(f"#{ctx.parent.get('id')} declares no movable TUNABLES")
         tried = set(ctx.tried_configs) | {config_key(config)}
         rng = random.Random(f"{self.seed}:{ctx.parent.get('id')}:{len(tried)}")
-        tiles, limit = module_literal(ctx.parent_source, "SMEM_TILES"), module_literal(ctx.parent_source, "SMEM_LIMIT")
-        moves = (c for c in _moves(config, space, rng) if config_key(c) not in tried and fits(c, tiles, limit))
+        moves = (c for c in feasible_moves(ctx.parent_source, config, space, rng) if config_key(c) not in tried)
         if ctx.screen is None or ctx.screen_width < 2:
             for cand in moves:
                 return _proposal(config, cand, ctx.parent_source)
@@ -230,21 +236,15 @@ class TunerProposer:
                     if config_key(cand) not in tried and (best is None or e["speedup"] > best[1]["speedup"]):
                         best = (cand, e, ev)
             if best is not None:
-                cand, e, ev = best
-                note = (f" (screened: {1 / e['speedup']:.3f}× #{pid} over {ev['rounds']} rounds/cell, "
-                        f"best of {ev.get('batch', '?')})")
-                return _proposal(config, cand, ctx.parent_source, note,
-                                 {"speedup": e["speedup"], "rounds": ev["rounds"], "batch": ev.get("batch")})
+                return _screened_proposal(config, ctx.parent_source, pid, *best,
+                                          f"best of {best[2].get('batch', '?')}")
             if fresh == 2:
                 near = _nearest(self._history(ctx), config, tried, self.tie)
                 if near is not None:
                     # none beat the parent, but the best is within the screen's noise of it: a full evaluation
                     # (more rounds, every cell) decides, and the next proposal screens further moves
-                    cand, e, ev = near
-                    note = (f" (screened: {1 / e['speedup']:.3f}× #{pid} over {ev['rounds']} rounds/cell, within "
-                            f"{self.tie:.1%} of it: an evaluation decides)")
-                    return _proposal(config, cand, ctx.parent_source, note,
-                                     {"speedup": e["speedup"], "rounds": ev["rounds"], "batch": ev.get("batch")})
+                    return _screened_proposal(config, ctx.parent_source, pid, *near,
+                                              f"within {self.tie:.1%} of it: an evaluation decides")
                 break
             batch = []
             for cand in moves:
@@ -293,6 +293,13 @@ class TunerProposer:
             alive = [alive[j] for j in ranked[:keep]]
             rounds *= self.eta
             rung += 1
+
+
+def _screened_proposal(config: dict, source: str, pid: Any, cand: dict, e: dict, ev: dict, why: str) -> Proposal:
+    """The proposal of a screened move `cand` (its screen entry `e`, of event `ev`), its rationale saying why."""
+    note = f" (screened: {1 / e['speedup']:.3f}× #{pid} over {ev['rounds']} rounds/cell, {why})"
+    return _proposal(config, cand, source, note, {"speedup": e["speedup"], "rounds": ev["rounds"],
+                                                  "batch": ev.get("batch")})
 
 
 def _nearest(history: list[dict], config: dict, tried: set, tie: float) -> tuple[dict, dict, dict] | None:
