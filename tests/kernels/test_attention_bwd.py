@@ -81,6 +81,39 @@ def test_fused_dq_has_the_two_kernel_bits(layout, block_n, monkeypatch):
             assert same_bits(a, b), f"{layout} seed {seed} DKDV_BLOCK_N {block_n}: fused {name} differs"
 
 
+@pytest.mark.parametrize("layout", ["dense", "packed", "many"])
+def test_dq_kernel_tile_and_tma_keep_the_bits(layout, monkeypatch):
+    """The dq kernel's free knobs change no bit: a step of two dq blocks (DQ_TILE_N = 2 * DQ_BLOCK_N: two chained
+    dots), K and V through TMA descriptors, and both (dq, dk, dv against the root's CONFIG, two seeds)."""
+    import tik_kernels.ops.attention as A
+
+    for seed in (0,) if layout == "many" else (0, 1):
+        fwd, q, k, v, go = _case(A, layout, seed)
+        want = _grads(A, fwd, q, k, v, go, 0, 64, monkeypatch)
+        for tile, tma in ((128, 0), (64, 1), (128, 1)):
+            monkeypatch.setitem(A.CONFIG, "DQ_TILE_N", tile)
+            monkeypatch.setitem(A.CONFIG, "DQ_TMA", tma)
+            got = _grads(A, fwd, q, k, v, go, 0, 64, monkeypatch)
+            for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
+                assert same_bits(a, b), f"{layout} seed {seed} DQ_TILE_N {tile} DQ_TMA {tma}: {name} differs"
+
+
+def test_dq_kernel_double_step_order_change_is_seen(tmp_path, monkeypatch):
+    """A double step whose two dots run second half first changes dq's bits on the order-sensitive case (so the
+    test above would see a step that did not keep the key order); dk and dv keep theirs."""
+    import tik_kernels.ops.attention as A
+
+    fwd, q, k, v, go = _order_sensitive_case(A)
+    want = _grads(A, fwd, q, k, v, go, 0, 64, monkeypatch)
+    bad = _planted(tmp_path, "dq_halves_swapped",
+                   ("        dq = tl.dot(ds0, k0, dq)\n        dq = tl.dot(ds1, k1, dq)\n",
+                    "        dq = tl.dot(ds1, k1, dq)\n        dq = tl.dot(ds0, k0, dq)\n"))
+    monkeypatch.setitem(bad.CONFIG, "DQ_TILE_N", 128)
+    got = _grads(bad, bad.attention_prefill, q, k, v, go, 0, 64, monkeypatch)
+    assert same_bits(got[1], want[1]) and same_bits(got[2], want[2])
+    assert not same_bits(got[0], want[0]), "swapped halves of the dq kernel's double step not seen"
+
+
 def test_fused_candidate_passes_the_contracts_gradient_checks_with_the_roots_bits(tmp_path):
     """A candidate file whose CONFIG has BWD_DQ_FUSED 1 (and a key tile of two dq blocks), as the tuner writes it:
     every gradient check of the contract's CPU plan passes, root_bits of the dense and packed backward included."""

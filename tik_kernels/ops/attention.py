@@ -49,8 +49,9 @@ at `lens[b] - 1`); an engine allocates L once and writes position `lens[b]` in p
 Backward (prefill and varlen), deterministic, no floating-point atomics: with delta = rowsum(o * dO) and the
 forward's lse, p = exp2(s * qk_scale - lse); a dq kernel (one program per query tile, walking KV blocks of
 DQ_BLOCK_N keys from 0 up) and a dk/dv kernel (one program per KV block, walking the group's query rows in tiles of
-DKDV_BLOCK_M from the first that sees the block). The sizes that set a sum's order (DQ_BLOCK_N, DKDV_BLOCK_M) are
-frozen; the other tile of each kernel is free. Blocks a row cannot see add exact zeros, so each kernel may skip them.
+DKDV_BLOCK_M from the last down to the first that sees the block). The sizes that set a sum's order (DQ_BLOCK_N,
+DKDV_BLOCK_M) and the walks' directions are frozen; the other tile of each kernel is free. Blocks a row cannot
+see add exact zeros, so each kernel may skip them.
 
 BWD_DQ_FUSED = 1 drops the dq kernel: the dk/dv kernel already has dS for every (row tile, KV block) pair it
 visits (transposed, from S^T = K Q^T), so it also adds dS @ K into an fp32 dq workspace laid out like q. The
@@ -59,7 +60,11 @@ j = 0, 1, 2 ... (a key tile of 2 * DQ_BLOCK_N is two chained dots). A per-(seque
 holds how many blocks the tile has; the program for block j waits (acquire) until it reads j, loads, adds, stores
 and hands on j + 1 (release); program ids come from an atomic ticket, so block j - 1's program is running (or
 done) whenever block j's waits, and the wait always ends. Every row tile is visited by blocks 0 ... its last (the
-dk/dv walk starts at block 0 for every row), so the sum is the dq kernel's whatever the scheduling; a finishing
+dk/dv walk of block j covers every row tile that sees it), so the sum is the dq kernel's whatever the scheduling.
+The walk runs from the last row tile down, which makes the hand-over a wavefront: every program starts at the
+last tile, block j reaches each tile one step after block j - 1 left it, and block j - 1 is always ahead (a walk
+from the diagonal up would reach tile i first from the block nearest to it and queue every tile's blocks behind
+block 0, the last to arrive: measured 2.5-3.3x SDPA flash that way); a finishing
 pass scales by sm_scale and rounds to q's dtype as the dq kernel does. Frozen with it: DQ_BLOCK_N, DKDV_BLOCK_M
 and the order; whether the MMA gives dS @ K the same bits from dS computed transposed is the GPU's to say (the
 contract's root_bits check decides, tests/kernels/test_attention_bwd.py reports it).
@@ -118,6 +123,12 @@ TUNABLES = {
     "DKDV_BLOCK_N": (64, 128),
     "bwd_num_warps": (4, 8),
     "bwd_num_stages": (1, 2, 3),
+    # the dq kernel: keys per loop step (DQ_BLOCK_N or twice it: then two chained dots, the same sum), K and V of
+    # its unmasked steps through TMA descriptors, and its own warps and stages (the dk/dv kernel keeps bwd_*)
+    "DQ_TILE_N": (64, 128),
+    "DQ_TMA": (0, 1),
+    "dq_num_warps": (4, 8),
+    "dq_num_stages": (1, 2, 3),
     # 1: the dk/dv kernel also computes dq (it has dS already), adding each row tile's KV blocks into an fp32
     # workspace one at a time in key order, 0, 1, 2 ..., so the sum is the dq kernel's chain; no dq kernel
     "BWD_DQ_FUSED": (0, 1),
@@ -147,6 +158,10 @@ CONFIG = {
     "DKDV_BLOCK_N": 64,
     "bwd_num_warps": 8,
     "bwd_num_stages": 2,
+    "DQ_TILE_N": 64,
+    "DQ_TMA": 0,
+    "dq_num_warps": 8,
+    "dq_num_stages": 2,
     "BWD_DQ_FUSED": 0,
 }
 
@@ -511,13 +526,20 @@ def _attn_bwd_delta_kernel(
 
 @triton.jit
 def _bwd_dq_block(b_q, b_do, b_lse, b_delta, dq, k_base, v_base, j, stride_ks, stride_vs, L, q_pos, o_d,
-                  qk_scale, P_TY: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, MASKED: tl.constexpr):
-    """dq += dS @ K over one KV block (MASKED: causal and length mask; else every key is visible to every row)."""
+                  qk_scale, k_desc, v_desc, k_row, v_row, k_col, v_col, P_TY: tl.constexpr, BLOCK_N: tl.constexpr,
+                  SUB: tl.constexpr, UPCAST: tl.constexpr, MASKED: tl.constexpr, TMA: tl.constexpr):
+    """dq += dS @ K over one tile of BLOCK_N keys (MASKED: causal and length mask; else every key is visible to
+    every row): one dot per SUB (= DQ_BLOCK_N) keys, chained in key order, so a tile of 2 * SUB keys adds the same
+    terms in the same order as two tiles of SUB. TMA (unmasked tiles only): K and V through tensor descriptors."""
     k_pos = j * BLOCK_N + tl.arange(0, BLOCK_N)
     m_k = k_pos < L
     if MASKED:
         b_k = tl.load(k_base + k_pos[:, None] * stride_ks + o_d[None, :], mask=m_k[:, None], other=0.0)
         b_v = tl.load(v_base + k_pos[:, None] * stride_vs + o_d[None, :], mask=m_k[:, None], other=0.0)
+    elif TMA:
+        # whole tiles below L: never past the sequence, so never another sequence's (or poisoned) rows
+        b_k = k_desc.load([k_row + j * BLOCK_N, k_col])
+        b_v = v_desc.load([v_row + j * BLOCK_N, v_col])
     else:
         b_k = tl.load(k_base + k_pos[:, None] * stride_ks + o_d[None, :])
         b_v = tl.load(v_base + k_pos[:, None] * stride_vs + o_d[None, :])
@@ -530,8 +552,17 @@ def _bwd_dq_block(b_q, b_do, b_lse, b_delta, dq, k_base, v_base, j, stride_ks, s
         keep = (k_pos[None, :] <= q_pos[:, None]) & m_k[None, :]
         p = tl.where(keep, p, 0.0)
     dp = tl.dot(b_do, tl.trans(b_v))
-    ds = p * (dp - b_delta[:, None])
-    return tl.dot(ds.to(P_TY).to(b_k.dtype), b_k, dq)
+    ds = (p * (dp - b_delta[:, None])).to(P_TY).to(b_k.dtype)
+    if BLOCK_N == SUB:
+        dq = tl.dot(ds, b_k, dq)
+    else:  # 2 * SUB: the tile's two halves, first then second, chained (keys a row cannot see add exact zeros)
+        BM: tl.constexpr = ds.shape[0]
+        D: tl.constexpr = b_k.shape[1]
+        ds0, ds1 = tl.split(tl.permute(tl.reshape(ds, [BM, 2, SUB]), (0, 2, 1)))
+        k0, k1 = tl.split(tl.permute(tl.reshape(b_k, [2, SUB, D]), (1, 2, 0)))
+        dq = tl.dot(ds0, k0, dq)
+        dq = tl.dot(ds1, k1, dq)
+    return dq
 
 
 @triton.jit
@@ -541,6 +572,8 @@ def _attn_bwd_dq_kernel(
     dq_ptr,  # like q (contiguous in the same layout)
     lse_ptr, delta_ptr,  # fp32, rows like q
     cu_ptr,
+    k_desc, v_desc,  # TMA only: as the forward's (`_kv_descriptor`), tiles of BLOCK_N keys
+    k_rb, k_rh, k_ch, v_rb, v_rh, v_ch,
     stride_qb, stride_qh, stride_qs,
     stride_kb, stride_kh, stride_ks,
     stride_vb, stride_vh, stride_vs,
@@ -549,11 +582,14 @@ def _attn_bwd_dq_kernel(
     G: tl.constexpr,
     D: tl.constexpr,
     BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    BLOCK_N: tl.constexpr,  # keys per loop step: SUB or 2 * SUB (free)
+    SUB: tl.constexpr,  # keys per dot (DQ_BLOCK_N: sets the sum)
     VARLEN: tl.constexpr,
     UPCAST: tl.constexpr,
+    TMA: tl.constexpr = False,
 ):
-    """dq of BLOCK_M rows: KV blocks 0, 1, ... up to the tile's diagonal, in order (BLOCK_N sets the sum)."""
+    """dq of BLOCK_M rows: KV blocks of SUB keys 0, 1, ... up to the tile's diagonal, in order (SUB sets the sum;
+    a step of BLOCK_N = 2 * SUB keys does two of them)."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1).to(tl.int64)
     b = pid_bh // n_kv_heads
@@ -589,12 +625,18 @@ def _attn_bwd_dq_kernel(
     pos_lo = (pid_m * BLOCK_M) // G
     pos_hi = tl.minimum((pid_m * BLOCK_M + BLOCK_M - 1) // G + 1, L)
     n_full = (pos_lo + 1) // BLOCK_N
+    k_row = (b * k_rb + kvh * k_rh + start).to(tl.int32)
+    v_row = (b * v_rb + kvh * v_rh + start).to(tl.int32)
+    k_col = (kvh * k_ch).to(tl.int32)
+    v_col = (kvh * v_ch).to(tl.int32)
     for j in range(0, n_full):
         dq = _bwd_dq_block(b_q, b_do, b_lse, b_delta, dq, k_base, v_base, j, stride_ks, stride_vs, L, q_pos, o_d,
-                           qk_scale, P_TY, BLOCK_N, UPCAST, False)
+                           qk_scale, k_desc, v_desc, k_row, v_row, k_col, v_col, P_TY, BLOCK_N, SUB, UPCAST, False,
+                           TMA)
     for j in range(n_full, tl.cdiv(pos_hi, BLOCK_N)):
         dq = _bwd_dq_block(b_q, b_do, b_lse, b_delta, dq, k_base, v_base, j, stride_ks, stride_vs, L, q_pos, o_d,
-                           qk_scale, P_TY, BLOCK_N, UPCAST, True)
+                           qk_scale, k_desc, v_desc, k_row, v_row, k_col, v_col, P_TY, BLOCK_N, SUB, UPCAST, True,
+                           False)
     dq = dq * sm_scale
     tl.store(dq_ptr + row_off, dq.to(dq_ptr.dtype.element_ty), mask=m_row[:, None])
 
@@ -733,8 +775,8 @@ def _attn_bwd_dkdv_kernel(
     SUB: tl.constexpr = 64,  # FUSED: keys per dq dot (DQ_BLOCK_N)
 ):
     """dk, dv of BLOCK_N keys: the group's query rows (position, head) in tiles of BLOCK_M (which sets the sum),
-    in order from the first tile that can see the block; tiles are aligned to multiples of BLOCK_M whatever
-    BLOCK_N is, so BLOCK_N changes no bits.
+    in order from the last tile down to the first that can see the block; tiles are aligned to multiples of
+    BLOCK_M whatever BLOCK_N is, so BLOCK_N changes no bits.
 
     FUSED: also dq, each row tile's sum in KV-block order (see `_bwd_dq_in_turn`). Program ids come from a ticket
     (an atomic counter), not the launch index, so a program for block j starts only after the one for block
@@ -773,26 +815,28 @@ def _attn_bwd_dkdv_kernel(
         b_v = b_v.to(tl.float32)
     dk = tl.zeros([BLOCK_N, D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, D], dtype=tl.float32)
-    # row tiles in order: those that cross the block's diagonal (masked), those that see every key (unmasked),
-    # then the last, partial tile (masked)
+    # row tiles from the last down to the first that sees the block (this order sets dk's and dv's sums): the
+    # last, partial tile (masked), those that see every key (unmasked), then those that cross the block's
+    # diagonal (masked). Last to first is what keeps FUSED's hand-over a wavefront (see the module docstring).
     n_rows = L * G
     i_lo = (pid_n * BLOCK_N * G) // BLOCK_M * BLOCK_M
     i_stop = tl.cdiv(n_rows, BLOCK_M) * BLOCK_M
     i_full = tl.minimum(tl.maximum(tl.cdiv((pid_n * BLOCK_N + BLOCK_N - 1) * G, BLOCK_M) * BLOCK_M, i_lo), i_stop)
     i_tail = tl.maximum(i_full, n_rows // BLOCK_M * BLOCK_M)
     turn = pid_n * (BLOCK_N // SUB)  # FUSED: SUB-key blocks every row tile holds before this program's
-    for i0 in range(i_lo, i_full, BLOCK_M):
-        dk, dv = _bwd_dkdv_rows(b_k, b_v, dk, dv, q_ptr, do_ptr, lse_ptr, delta_ptr, i0, b, kvh, start, L, k_pos,
-                                o_d, stride_qb, stride_qh, stride_qs, stride_lb, stride_lh, stride_ls, qk_scale,
-                                ws_ptr, cnt_ptr, turn, G, P_TY, BLOCK_M, UPCAST, True, FUSED, SUB)
-    for i0 in range(i_full, i_tail, BLOCK_M):
-        dk, dv = _bwd_dkdv_rows(b_k, b_v, dk, dv, q_ptr, do_ptr, lse_ptr, delta_ptr, i0, b, kvh, start, L, k_pos,
-                                o_d, stride_qb, stride_qh, stride_qs, stride_lb, stride_lh, stride_ls, qk_scale,
-                                ws_ptr, cnt_ptr, turn, G, P_TY, BLOCK_M, UPCAST, False, FUSED, SUB)
-    for i0 in range(i_tail, i_stop, BLOCK_M):
-        dk, dv = _bwd_dkdv_rows(b_k, b_v, dk, dv, q_ptr, do_ptr, lse_ptr, delta_ptr, i0, b, kvh, start, L, k_pos,
-                                o_d, stride_qb, stride_qh, stride_qs, stride_lb, stride_lh, stride_ls, qk_scale,
-                                ws_ptr, cnt_ptr, turn, G, P_TY, BLOCK_M, UPCAST, True, FUSED, SUB)
+    for t in range(0, (i_stop - i_tail) // BLOCK_M):
+        dk, dv = _bwd_dkdv_rows(b_k, b_v, dk, dv, q_ptr, do_ptr, lse_ptr, delta_ptr, i_stop - BLOCK_M - t * BLOCK_M,
+                                b, kvh, start, L, k_pos, o_d, stride_qb, stride_qh, stride_qs, stride_lb, stride_lh,
+                                stride_ls, qk_scale, ws_ptr, cnt_ptr, turn, G, P_TY, BLOCK_M, UPCAST, True, FUSED, SUB)
+    for t in range(0, (i_tail - i_full) // BLOCK_M):
+        dk, dv = _bwd_dkdv_rows(b_k, b_v, dk, dv, q_ptr, do_ptr, lse_ptr, delta_ptr, i_tail - BLOCK_M - t * BLOCK_M,
+                                b, kvh, start, L, k_pos, o_d, stride_qb, stride_qh, stride_qs, stride_lb, stride_lh,
+                                stride_ls, qk_scale, ws_ptr, cnt_ptr, turn, G, P_TY, BLOCK_M, UPCAST, False, FUSED,
+                                SUB)
+    for t in range(0, (i_full - i_lo) // BLOCK_M):
+        dk, dv = _bwd_dkdv_rows(b_k, b_v, dk, dv, q_ptr, do_ptr, lse_ptr, delta_ptr, i_full - BLOCK_M - t * BLOCK_M,
+                                b, kvh, start, L, k_pos, o_d, stride_qb, stride_qh, stride_qs, stride_lb, stride_lh,
+                                stride_ls, qk_scale, ws_ptr, cnt_ptr, turn, G, P_TY, BLOCK_M, UPCAST, True, FUSED, SUB)
     dk = dk * sm_scale
     tl.store(dk_ptr + k_off, dk.to(dk_ptr.dtype.element_ty), mask=m_k[:, None])
     tl.store(dv_ptr + v_off, dv.to(dv_ptr.dtype.element_ty), mask=m_k[:, None])
@@ -816,6 +860,7 @@ def _tiles() -> dict:
         return {**CONFIG, "BLOCK_N": CONFIG["BLOCK_N_INTERPRET"], "CHUNK_BLOCKS": CONFIG["CHUNK_BLOCKS_INTERPRET"],
                 "BLOCK_M": 16, "DECODE_BLOCK_M": 16, "DQ_BLOCK_M": 16, "DQ_BLOCK_N": CONFIG["BLOCK_N_INTERPRET"],
                 "DKDV_BLOCK_M": 16,
+                "DQ_TILE_N": CONFIG["BLOCK_N_INTERPRET"] * CONFIG["DQ_TILE_N"] // CONFIG["DQ_BLOCK_N"],
                 # the key tile keeps its ratio to the dq block (the fused dq splits a double tile in two)
                 "DKDV_BLOCK_N": CONFIG["BLOCK_N_INTERPRET"] * CONFIG["DKDV_BLOCK_N"] // CONFIG["DQ_BLOCK_N"]}
     return CONFIG
@@ -934,8 +979,19 @@ def _bwd(q, k, v, o, lse, do, cu, n_seq, max_len, seq_len, scale, varlen):
                                                                       **_launch_opts(4, 1))
         return dq, dk, dv
     grid = (triton.cdiv(max_len * G, cfg["DQ_BLOCK_M"]), n_seq * hk)
-    _attn_bwd_dq_kernel[grid](q, k, v, do, dq, lse, delta, cu, *strides, seq_len, hk, scale * _LOG2E, scale,
-                              BLOCK_M=cfg["DQ_BLOCK_M"], BLOCK_N=cfg["DQ_BLOCK_N"], **common)
+    sub = cfg["DQ_BLOCK_N"]
+    tile = cfg.get("DQ_TILE_N", sub)
+    if tile not in (sub, 2 * sub):
+        raise ValueError(f"DQ_TILE_N must be DQ_BLOCK_N or twice it, got {tile} and {sub}")
+    kd = vd = None
+    if cfg.get("DQ_TMA", 0):
+        kd, vd = _kv_descriptor(k, varlen, tile), _kv_descriptor(v, varlen, tile)
+    tma = kd is not None and vd is not None
+    _attn_bwd_dq_kernel[grid](
+        q, k, v, do, dq, lse, delta, cu, kd[0] if tma else k, vd[0] if tma else v,
+        *(kd[1] if tma else (0, 0, 0)), *(vd[1] if tma else (0, 0, 0)), *strides, seq_len, hk, scale * _LOG2E,
+        scale, G=G, D=d, BLOCK_M=cfg["DQ_BLOCK_M"], BLOCK_N=tile, SUB=sub, VARLEN=varlen, UPCAST=INTERPRET, TMA=tma,
+        **_launch_opts(cfg.get("dq_num_warps", cfg["bwd_num_warps"]), cfg.get("dq_num_stages", cfg["bwd_num_stages"])))
     _attn_bwd_dkdv_kernel[(n_blocks, n_seq * hk)](q, k, v, do, dk, dv, lse, delta, cu, dq, cu, *strides, seq_len, hk,
                                                   scale * _LOG2E, scale, 0, 0, BLOCK_M=cfg["DKDV_BLOCK_M"],
                                                   BLOCK_N=cfg["DKDV_BLOCK_N"], **common)
