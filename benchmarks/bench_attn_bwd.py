@@ -34,7 +34,7 @@ SHAPES = ((1, 1024), (1, 4096), (1, 16384))
 #: BWD_DQ_FUSED = 1 with these (DKDV_BLOCK_N, bwd_num_warps, bwd_num_stages); the root's CONFIG otherwise
 FUSED = tuple((bn, w, s) for bn in (64, 128) for w in (8, 4) for s in (2, 1))
 #: the two-kernel backward's dq kernel: steps of 128 keys (two chained 64-key dots), K/V through TMA, its own
-#: warps and stages, a 64-row tile
+#: warps and stages, a 64-row tile, the launch order of row tiles
 DQ = {
     "dq_t128": {"DQ_TILE_N": 128},
     "dq_tma": {"DQ_TMA": 1},
@@ -44,6 +44,10 @@ DQ = {
     "dq_t128_tma_s3": {"DQ_TILE_N": 128, "DQ_TMA": 1, "dq_num_stages": 3},
     "dq_tma_s3": {"DQ_TMA": 1, "dq_num_stages": 3},
     "dq_m64_t128_tma_w4": {"DQ_BLOCK_M": 64, "DQ_TILE_N": 128, "DQ_TMA": 1, "dq_num_warps": 4},
+    # row tiles launched last first (the longest causal walks first): the dq kernel's, the forward's, both
+    "dq_longest": {"DQ_LONGEST_FIRST": 1},
+    "fwd_dq_longest": {"FWD_LONGEST_FIRST": 1, "DQ_LONGEST_FIRST": 1},
+    "dq_tma_s3_longest": {"DQ_TMA": 1, "dq_num_stages": 3, "DQ_LONGEST_FIRST": 1},
 }
 
 

@@ -98,6 +98,23 @@ def test_dq_kernel_tile_and_tma_keep_the_bits(layout, monkeypatch):
                 assert same_bits(a, b), f"{layout} seed {seed} DQ_TILE_N {tile} DQ_TMA {tma}: {name} differs"
 
 
+@pytest.mark.parametrize("layout", ["dense", "packed", "many"])
+def test_longest_first_launch_keeps_the_bits(layout, monkeypatch):
+    """Prefill's and the dq kernel's row tiles launched last first (FWD_LONGEST_FIRST, DQ_LONGEST_FIRST) change
+    which program computes a tile, never a bit: the output and dq, dk, dv equal the root CONFIG's."""
+    import tik_kernels.ops.attention as A
+
+    fwd, q, k, v, go = _case(A, layout, 2)
+    want_o = fwd(q, k, v)
+    want = _grads(A, fwd, q, k, v, go, 0, 64, monkeypatch)
+    monkeypatch.setitem(A.CONFIG, "FWD_LONGEST_FIRST", 1)
+    monkeypatch.setitem(A.CONFIG, "DQ_LONGEST_FIRST", 1)
+    assert same_bits(fwd(q, k, v), want_o), f"{layout}: the output differs launched longest first"
+    got = _grads(A, fwd, q, k, v, go, 0, 64, monkeypatch)
+    for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
+        assert same_bits(a, b), f"{layout}: {name} differs launched longest first"
+
+
 def test_dq_kernel_double_step_order_change_is_seen(tmp_path, monkeypatch):
     """A double step whose two dots run second half first changes dq's bits on the order-sensitive case (so the
     test above would see a step that did not keep the key order); dk and dv keep theirs."""

@@ -41,7 +41,9 @@ What must never vary (frozen in the contract): BLOCK_N, CHUNK_BLOCKS, the step's
 and order, exp2 with the log2(e)-folded scale, p rounded to the input dtype before both dots, fp32 states.
 BLOCK_M, warps, stages, chunks per program and the split choice change only which rows and chunks share a
 program; on an H200 the MMA bits of a row do not depend on the tile's other rows, and the contract's root_bits
-check re-proves it for every candidate.
+check re-proves it for every candidate. The order programs are launched in (FWD_LONGEST_FIRST, DQ_LONGEST_FIRST:
+the causal walks grow with the row tile, so the last tiles may go first) and whether K and V arrive through TMA
+descriptors or pointers are free too.
 
 KV cache: `k_cache[B, Hk, L, D]` with `lens[B]` valid keys per sequence (the current token's k/v already written
 at `lens[b] - 1`); an engine allocates L once and writes position `lens[b]` in place, any strides allowed.
@@ -102,6 +104,8 @@ TUNABLES = {
     # 1: prefill reads the K and V blocks every row of its tile sees (the unmasked walk) through TMA descriptors
     # instead of pointer tensors: the same values into the same dots, no per-thread addresses held in registers
     "FWD_TMA": (0, 1),
+    # 1: prefill's row tiles launched last first (the longest causal walks first, the shortest fill the end)
+    "FWD_LONGEST_FIRST": (0, 1),
     # decode: rows of a program (the group's query heads, padded to an MMA's minimum)
     "DECODE_BLOCK_M": (16, 32, 64),
     "decode_num_warps": (2, 4, 8),
@@ -129,6 +133,8 @@ TUNABLES = {
     "DQ_TMA": (0, 1),
     "dq_num_warps": (4, 8),
     "dq_num_stages": (1, 2, 3),
+    # 1: the dq kernel's row tiles launched last first (as FWD_LONGEST_FIRST)
+    "DQ_LONGEST_FIRST": (0, 1),
     # 1: the dk/dv kernel also computes dq (it has dS already), adding each row tile's KV blocks into an fp32
     # workspace one at a time in key order, 0, 1, 2 ..., so the sum is the dq kernel's chain; no dq kernel
     "BWD_DQ_FUSED": (0, 1),
@@ -144,6 +150,7 @@ CONFIG = {
     "num_stages": 2,
     "FWD_TOTAL_IN_MEMORY": 0,
     "FWD_TMA": 1,
+    "FWD_LONGEST_FIRST": 0,
     "DECODE_BLOCK_M": 16,
     "decode_num_warps": 8,
     "decode_num_stages": 3,
@@ -162,6 +169,7 @@ CONFIG = {
     "DQ_TMA": 0,
     "dq_num_warps": 8,
     "dq_num_stages": 2,
+    "DQ_LONGEST_FIRST": 0,
     "BWD_DQ_FUSED": 0,
 }
 
@@ -252,8 +260,11 @@ def _attn_fwd_kernel(
     UPCAST: tl.constexpr,
     TOTAL_IN_MEMORY: tl.constexpr,
     TMA: tl.constexpr = False,
+    LONGEST_FIRST: tl.constexpr = False,  # row tiles launched last first (their walks are the longest)
 ):
-    pid_m = tl.program_id(0)
+    # causal: a row tile's walk grows with its index, so launching the last tiles first leaves the short walks
+    # for the end of the launch (no bits change: which program computes a tile is free)
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0) if LONGEST_FIRST else tl.program_id(0)
     pid_bh = tl.program_id(1).to(tl.int64)
     b = pid_bh // n_kv_heads
     kvh = pid_bh % n_kv_heads
@@ -587,10 +598,13 @@ def _attn_bwd_dq_kernel(
     VARLEN: tl.constexpr,
     UPCAST: tl.constexpr,
     TMA: tl.constexpr = False,
+    LONGEST_FIRST: tl.constexpr = False,  # row tiles launched last first (their walks are the longest)
 ):
     """dq of BLOCK_M rows: KV blocks of SUB keys 0, 1, ... up to the tile's diagonal, in order (SUB sets the sum;
     a step of BLOCK_N = 2 * SUB keys does two of them)."""
-    pid_m = tl.program_id(0)
+    # causal: a row tile's walk grows with its index, so launching the last tiles first leaves the short walks
+    # for the end of the launch (no bits change: which program computes a tile is free)
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0) if LONGEST_FIRST else tl.program_id(0)
     pid_bh = tl.program_id(1).to(tl.int64)
     b = pid_bh // n_kv_heads
     kvh = pid_bh % n_kv_heads
@@ -939,7 +953,8 @@ def _fwd(q, k, v, cu, n_seq, max_len, seq_len, scale, varlen):
         *_row_strides(q, varlen), *_row_strides(k, varlen), *_row_strides(v, varlen), *_row_strides(o, varlen),
         *lse_strides, seq_len, hk, scale * _LOG2E,
         G=G, D=d, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=block_n, CHUNK=cfg["CHUNK_BLOCKS"], VARLEN=varlen,
-        UPCAST=INTERPRET, TOTAL_IN_MEMORY=in_memory, TMA=tma, **_launch_opts(cfg["num_warps"], cfg["num_stages"]),
+        UPCAST=INTERPRET, TOTAL_IN_MEMORY=in_memory, TMA=tma, LONGEST_FIRST=bool(cfg.get("FWD_LONGEST_FIRST", 0)),
+        **_launch_opts(cfg["num_warps"], cfg["num_stages"]),
     )
     return o, lse
 
@@ -991,6 +1006,7 @@ def _bwd(q, k, v, o, lse, do, cu, n_seq, max_len, seq_len, scale, varlen):
         q, k, v, do, dq, lse, delta, cu, kd[0] if tma else k, vd[0] if tma else v,
         *(kd[1] if tma else (0, 0, 0)), *(vd[1] if tma else (0, 0, 0)), *strides, seq_len, hk, scale * _LOG2E,
         scale, G=G, D=d, BLOCK_M=cfg["DQ_BLOCK_M"], BLOCK_N=tile, SUB=sub, VARLEN=varlen, UPCAST=INTERPRET, TMA=tma,
+        LONGEST_FIRST=bool(cfg.get("DQ_LONGEST_FIRST", 0)),
         **_launch_opts(cfg.get("dq_num_warps", cfg["bwd_num_warps"]), cfg.get("dq_num_stages", cfg["bwd_num_stages"])))
     _attn_bwd_dkdv_kernel[(n_blocks, n_seq * hk)](q, k, v, do, dk, dv, lse, delta, cu, dq, cu, *strides, seq_len, hk,
                                                   scale * _LOG2E, scale, 0, 0, BLOCK_M=cfg["DKDV_BLOCK_M"],
