@@ -46,7 +46,8 @@ def throughput(args, out: Path) -> dict:
     for preset in args.shapes:
         cfg = E2EConfig(preset=preset, layers=args.layers, steps=args.steps, warmup=1, prompts=args.prompts,
                         group=args.group, prompt_len=(32, 192), answer_len=(16, 96), max_slots=64, device=args.device,
-                        graphs=False if args.eager_decode else None)
+                        graphs=False if args.eager_decode else None,
+                        stock_compiled=False if args.stock_eager else None)
         # one throw-away step of every mode first: the first mode run in a process paid the process's
         # one-time costs (cuBLAS/SDPA initialisation, Triton compiles) inside its measured steps
         t = time.time()
@@ -76,9 +77,11 @@ def decode(args) -> dict:
         for name in args.decode_backends:
             for graphs in ((True, False) if cuda else (False,)):
                 try:
-                    r = time_decode(mc, make_backend(name), batch=args.decode_batch, context=context, graphs=graphs,
+                    be = make_backend(name, stock_compiled=cuda and not args.stock_eager)
+                    r = time_decode(mc, be, batch=args.decode_batch, context=context, graphs=graphs,
                                     device=args.device, reps=args.decode_reps if cuda else 1,
                                     rounds=5 if cuda else 1, tbps=H.COPY_TBPS, params=params)
+                    r["stock_compiled"] = getattr(be, "compiled", None)
                 except RuntimeError as e:  # one failed contender does not lose the others' figures
                     r = {"backend": name, "graphs": graphs, "batch": args.decode_batch, "context": context,
                          "error": H.one_line(e)}
@@ -259,6 +262,8 @@ def main() -> int:
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--eager-decode", action="store_true", help="throughput: no CUDA graphs in the rollout")
+    ap.add_argument("--stock-eager", action="store_true",
+                    help="mode A / the stock decode step without torch.compile of its norms, rope and softmax rows")
     ap.add_argument("--decode-preset", default="qwen3-0.6b", choices=list(PRESETS))
     ap.add_argument("--decode-batch", type=int, default=64)
     ap.add_argument("--decode-context", type=int, nargs="+", default=[128, 256],

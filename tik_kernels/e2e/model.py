@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -159,41 +160,110 @@ def config_dict(cfg: ModelConfig) -> dict:
 # ----------------------------------------------------------------------------- backends
 
 
+def _stock_rmsnorm(x, w, eps):
+    return F.rms_norm(x.float(), (x.shape[-1],), w.float(), eps).to(x.dtype)
+
+
+def _stock_add_rmsnorm(x, residual, w, eps):
+    r = x + residual
+    return _stock_rmsnorm(r, w, eps), r
+
+
+def _stock_silu_mul(x):
+    a, b = x.chunk(2, dim=-1)
+    return F.silu(a) * b
+
+
+def _stock_rope(q, k, pos, theta):
+    D = q.shape[-1]
+    inv = theta ** (-torch.arange(0, D, 2, device=q.device, dtype=torch.float32) / D)
+    ang = pos.to(torch.float32)[:, None] * inv[None]
+    cos, sin = torch.cat([ang.cos()] * 2, -1)[:, None], torch.cat([ang.sin()] * 2, -1)[:, None]
+
+    def rot(x):
+        x1, x2 = x.float().chunk(2, -1)
+        return (x.float() * cos + torch.cat([-x2, x1], -1) * sin).to(x.dtype)
+
+    return rot(q), rot(k)
+
+
+def _stock_logprob_rows(logits, targets, temperature):
+    return (logits.float() / temperature).log_softmax(-1).gather(-1, targets[:, None].long())[:, 0]
+
+
+def _stock_entropy_rows(logits, temperature):
+    logp = (logits.float() / temperature).log_softmax(-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def _stock_race(logits, temperature, noise):
+    """The exponential race: argmax of p / noise with noise ~ Exp(1) is a draw from p."""
+    return (logits.float() / temperature).softmax(-1).div(noise).argmax(-1)
+
+
+#: the pointwise and row-wise compositions a stock engine fuses with torch.compile (matmuls and attention stay
+#: cuBLAS and SDPA calls, outside the compiled regions)
+STOCK_FUSED = {"rmsnorm": _stock_rmsnorm, "add_rmsnorm": _stock_add_rmsnorm, "silu_mul": _stock_silu_mul,
+               "rope": _stock_rope, "logprob_rows": _stock_logprob_rows, "entropy_rows": _stock_entropy_rows,
+               "race": _stock_race}
+
+
+class _Fused:
+    """One stock composition through torch.compile (dynamic shapes: one compilation for every batch and length),
+    falling back to the eager composition for good, with a line on stderr, the first time compiling or running
+    the compiled code fails (`error` says why)."""
+
+    def __init__(self, name: str, fn, backend: str):
+        self.name, self.fn, self.error = name, fn, None
+        self.compiled = torch.compile(fn, dynamic=True, backend=backend)
+
+    def __call__(self, *args):
+        if self.error is None:
+            try:
+                return self.compiled(*args)
+            except Exception as e:  # noqa: BLE001 - any compiler failure: the eager composition computes the same
+                self.error = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+                print(f"stock backend: {self.name} runs eagerly, torch.compile failed: {self.error}", file=sys.stderr)
+        return self.fn(*args)
+
+
 class StockBackend:
-    """Stock PyTorch kernels: what rollout engines and trainers run without TIK."""
+    """Stock PyTorch kernels: what rollout engines and trainers run without TIK.
+
+    `compiled`: the norms, rope, SwiGLU product and the log-softmax / sampling rows go through torch.compile
+    (`STOCK_FUSED`: each a fused kernel or two instead of an eager chain of small ones), as a tuned stock engine
+    runs them; matmuls stay cuBLAS (`F.linear`) and attention SDPA. `compile_backend` is torch.compile's backend
+    (inductor; the CPU tests use aot_eager, which traces the same graphs without generating code)."""
 
     name = "stock"
     #: attention_decode reads only the first kv_len cache entries (so a graph is captured per KV-length bucket)
     decode_reads_kv_len = True
 
+    def __init__(self, compiled: bool = False, compile_backend: str = "inductor"):
+        self.compiled = compiled
+        self.fused = {n: (_Fused(n, f, compile_backend) if compiled else f) for n, f in STOCK_FUSED.items()}
+
+    def compile_errors(self) -> dict[str, str]:
+        """The compositions that fell back to eager, and why."""
+        return {n: f.error for n, f in self.fused.items() if getattr(f, "error", None)}
+
     def embedding(self, ids, table):
         return F.embedding(ids, table)
 
     def rmsnorm(self, x, w, eps):
-        return F.rms_norm(x.float(), (x.shape[-1],), w.float(), eps).to(x.dtype)
+        return self.fused["rmsnorm"](x, w, eps)
 
     def add_rmsnorm(self, x, residual, w, eps):
-        r = x + residual
-        return self.rmsnorm(r, w, eps), r
+        return self.fused["add_rmsnorm"](x, residual, w, eps)
 
     def linear(self, x, w):
         return F.linear(x, w)
 
     def silu_mul(self, x):
-        a, b = x.chunk(2, dim=-1)
-        return F.silu(a) * b
+        return self.fused["silu_mul"](x)
 
     def rope(self, q, k, pos, theta):
-        D = q.shape[-1]
-        inv = theta ** (-torch.arange(0, D, 2, device=q.device, dtype=torch.float32) / D)
-        ang = pos.to(torch.float32)[:, None] * inv[None]
-        cos, sin = torch.cat([ang.cos()] * 2, -1)[:, None], torch.cat([ang.sin()] * 2, -1)[:, None]
-
-        def rot(x):
-            x1, x2 = x.float().chunk(2, -1)
-            return (x.float() * cos + torch.cat([-x2, x1], -1) * sin).to(x.dtype)
-
-        return rot(q), rot(k)
+        return self.fused["rope"](q, k, pos, theta)
 
     def attention_varlen(self, q, k, v, cu_seqlens, lens: list[int]):
         """Causal attention over packed sequences the way a trainer runs stock kernels: the sequences padded
@@ -220,18 +290,18 @@ class StockBackend:
         return F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask, enable_gqa=True)
 
     def logprob(self, hidden, w, targets, temperature):
-        logits = F.linear(hidden, w).float() / temperature
-        return logits.log_softmax(-1).gather(-1, targets[:, None].long())[:, 0]
+        return self.fused["logprob_rows"](F.linear(hidden, w), targets, temperature)
 
     def entropy(self, hidden, w, temperature):
-        logp = (F.linear(hidden, w).float() / temperature).log_softmax(-1)
-        return -(logp.exp() * logp).sum(-1)
+        return self.fused["entropy_rows"](F.linear(hidden, w), temperature)
 
     def sample(self, hidden, w, temperature, seeds):
         """The exponential race (argmax of p / Exp(1) noise, a draw from p): what serving engines run, since
-        `torch.multinomial` may wait on the GPU and does not belong in a CUDA graph. Ignores `seeds`."""
-        probs = (F.linear(hidden, w).float() / temperature).softmax(-1)
-        return probs.div(torch.empty_like(probs).exponential_()).argmax(-1)
+        `torch.multinomial` may wait on the GPU and does not belong in a CUDA graph. The noise is drawn eagerly
+        from torch's generator (graph-safe), the race itself may be compiled. Ignores `seeds`."""
+        logits = F.linear(hidden, w)
+        noise = torch.empty(logits.shape, dtype=torch.float32, device=logits.device).exponential_()
+        return self.fused["race"](logits, temperature, noise)
 
 
 class UnifiedBackend:
@@ -302,9 +372,10 @@ class UnifiedBackend:
         return self.m["sample"].sample(hidden, w, temperature, seeds)
 
 
-def make_backend(name: str, impl_files: dict[str, str | Path] | None = None):
+def make_backend(name: str, impl_files: dict[str, str | Path] | None = None, stock_compiled: bool = False):
+    """`stock_compiled`: the stock backend's fused compositions through torch.compile (`StockBackend`)."""
     if name == "stock":
-        return StockBackend()
+        return StockBackend(compiled=stock_compiled)
     if name == "unified":
         return UnifiedBackend(impl_files)
     raise ValueError(f"unknown backend {name!r} (stock or unified)")

@@ -48,6 +48,9 @@ class E2EConfig:
     checkpoint: str | None = None
     #: replay decode steps as CUDA graphs (None: on CUDA)
     graphs: bool | None = None
+    #: mode A's norms, rope, SwiGLU product and log-softmax / sampling rows through torch.compile, as a tuned stock
+    #: engine runs them (None: on CUDA; `StockBackend`)
+    stock_compiled: bool | None = None
 
 
 #: `tik e2e`'s defaults per device. Sequences longer than 16 tokens: on the CPU stock SDPA gives a row bits that
@@ -90,7 +93,8 @@ def run_mode(mode: str, cfg: E2EConfig, mc: ModelConfig, params0: dict, device: 
     recompute, train), tokens (generated or processed so far in the phase), seconds (in the phase), done}."""
     backend_name, recompute = MODES[mode]
     torch.manual_seed(cfg.seed)  # stock sampling draws from torch's generator: the same run gives the same tokens
-    be = make_backend(backend_name, impl_files)
+    compiled = device.startswith("cuda") if cfg.stock_compiled is None else cfg.stock_compiled
+    be = make_backend(backend_name, impl_files, stock_compiled=compiled)
     params = {k: v.detach().clone().requires_grad_(True) for k, v in params0.items()}
     opt = torch.optim.AdamW(list(params.values()), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
     max_len = cfg.prompt_len[1] + cfg.answer_len[1] + 1
@@ -203,6 +207,8 @@ def run_mode(mode: str, cfg: E2EConfig, mc: ModelConfig, params0: dict, device: 
         #: captures that happened in timed steps (left out of their times)
         "graph_capture_in_timed_steps_s": capture_timed,
         "kernels": getattr(be, "sources", {}),
+        "stock_compiled": getattr(be, "compiled", None),
+        "stock_compile_errors": be.compile_errors() if hasattr(be, "compile_errors") else {},
     }
 
 

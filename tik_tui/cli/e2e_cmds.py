@@ -27,6 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when present")
     p.add_argument("--eager-decode", action="store_true",
                    help="launch every decode kernel from Python (default on cuda: replay CUDA graphs)")
+    p.add_argument("--stock-eager", action="store_true",
+                   help="mode A's norms, rope, softmax rows as eager PyTorch chains (default on cuda: torch.compile)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=run)
 
@@ -51,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = E2EConfig(preset=args.model, layers=args.layers, modes=modes, steps=steps, warmup=warmup,
                     prompts=args.prompts or d["prompts"], group=args.group or d["group"], prompt_len=d["prompt_len"],
                     answer_len=d["answer_len"], device=device, seed=args.seed, checkpoint=args.checkpoint,
-                    graphs=False if args.eager_decode or device != "cuda" else None)
+                    graphs=False if args.eager_decode or device != "cuda" else None,
+                    stock_compiled=False if args.stock_eager or device != "cuda" else None)
     from tik_tui.cli.charts import stacked_bars
 
     line = ProgressLine(sys.stderr)

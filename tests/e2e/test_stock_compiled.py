@@ -1,0 +1,72 @@
+"""Mode A's stock backend with its fused compositions through torch.compile (`StockBackend(compiled=True)`): the
+same values as the eager compositions, gradients included, for several batch sizes through one compilation; a
+composition whose compilation fails falls back to eager for good and says so. On the CPU torch.compile runs with
+the aot_eager backend (dynamo and AOTAutograd trace the same graphs; inductor's code generation is the GPU's)."""
+
+from __future__ import annotations
+
+import torch
+
+from tik_kernels.e2e.model import StockBackend
+
+
+def _inputs(T: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g).to(torch.bfloat16)
+
+    return {"x": r(T, 64), "res": r(T, 64), "w": r(64) + 1, "gu": r(T, 2 * 48), "q": r(T, 4, 16), "k": r(T, 2, 16),
+            "pos": torch.arange(T) * 3, "hidden": r(T, 32), "wv": r(100, 32), "targets": torch.arange(T) % 100}
+
+
+def test_compiled_stock_matches_eager_across_batch_sizes():
+    eager, fused = StockBackend(), StockBackend(compiled=True, compile_backend="aot_eager")
+    for T, seed in ((5, 0), (9, 1), (17, 2)):  # dynamic shapes: one compilation serves every T
+        a = _inputs(T, seed)
+        pairs = [
+            (eager.rmsnorm(a["x"], a["w"], 1e-6), fused.rmsnorm(a["x"], a["w"], 1e-6)),
+            (eager.add_rmsnorm(a["x"], a["res"], a["w"], 1e-6), fused.add_rmsnorm(a["x"], a["res"], a["w"], 1e-6)),
+            (eager.silu_mul(a["gu"]), fused.silu_mul(a["gu"])),
+            (eager.rope(a["q"], a["k"], a["pos"], 10000.0), fused.rope(a["q"], a["k"], a["pos"], 10000.0)),
+            (eager.logprob(a["hidden"], a["wv"], a["targets"], 0.7), fused.logprob(a["hidden"], a["wv"], a["targets"],
+                                                                                   0.7)),
+            (eager.entropy(a["hidden"], a["wv"], 0.7), fused.entropy(a["hidden"], a["wv"], 0.7)),
+        ]
+        for want, got in pairs:
+            for w_, g_ in zip(*(x if isinstance(x, tuple) else (x,) for x in (want, got)), strict=True):
+                torch.testing.assert_close(g_.float(), w_.float(), rtol=1e-2, atol=1e-2)
+        torch.manual_seed(seed)
+        s_eager = eager.sample(a["hidden"], a["wv"], 1.0, None)
+        torch.manual_seed(seed)
+        s_fused = fused.sample(a["hidden"], a["wv"], 1.0, None)
+        assert torch.equal(s_eager, s_fused), "the race draws different tokens from the same noise"
+    assert fused.compile_errors() == {}
+
+
+def test_compiled_stock_gradients_match_eager():
+    eager, fused = StockBackend(), StockBackend(compiled=True, compile_backend="aot_eager")
+    a = _inputs(7, 3)
+
+    def grads(be):
+        x, w, q = (a[n].float().requires_grad_() for n in ("x", "w", "q"))
+        y = be.rmsnorm(x, w, 1e-6).sum() + be.rope(q, q[:, :2], a["pos"], 10000.0)[0].sum()
+        y = y + be.silu_mul(torch.cat([x, x], -1)).square().sum()
+        return torch.autograd.grad(y, (x, w, q))
+
+    for want, got in zip(grads(eager), grads(fused), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_failing_compilation_falls_back_to_eager(capsys):
+    be = StockBackend(compiled=True, compile_backend="aot_eager")
+
+    def broken(*args):
+        raise RuntimeError("no compiler here")
+
+    be.fused["silu_mul"].compiled = broken
+    x = _inputs(4, 0)["gu"]
+    torch.testing.assert_close(be.silu_mul(x), StockBackend().silu_mul(x))
+    assert be.compile_errors() == {"silu_mul": "RuntimeError: no compiler here"}
+    assert "silu_mul runs eagerly, torch.compile failed: RuntimeError: no compiler here" in capsys.readouterr().err
+    be.silu_mul(x)  # once failed, never tried again
