@@ -55,6 +55,8 @@ def test_mode_b_with_graphs_matches_the_trainer():
     b = out["modes"]["B"]
     assert b["decode_graphs"] and b["graphs_captured"] > 0
     assert b["equal_tokens"] == b["tokens"] > 0
+    a = out["modes"]["A"]  # the stock engine's compositions compiled by inductor, inside its captured decode steps
+    assert a["stock_compiled"] and a["stock_compile_errors"] == {} and a["decode_graphs"], a["stock_compile_errors"]
 
 
 @pytest.mark.parametrize("backend", ["stock", "unified"])
