@@ -38,7 +38,7 @@ from benchmarks import harness as H  # noqa: E402
 from tik_kernels.e2e.decode_bench import time_decode  # noqa: E402
 from tik_kernels.e2e.model import PRESETS, init_params, make_backend  # noqa: E402
 from tik_kernels.e2e.profile import profile_layer  # noqa: E402
-from tik_kernels.e2e.run import E2EConfig, run_e2e  # noqa: E402
+from tik_kernels.e2e.run import E2EConfig, run_e2e, speedups  # noqa: E402
 
 
 def throughput(args, out: Path) -> dict:
@@ -239,10 +239,13 @@ def summary_keys(part: str, doc: dict, args) -> dict:
     """The summary_h200.json keys a full-depth GPU run of `part` gives (none for a cut or CPU run)."""
     if args.device != "cuda" or args.layers:
         return {}
-    if part == "throughput" and "qwen3-1.7b" in doc:
-        sp = doc["qwen3-1.7b"]["speedup"]
-        return {k: v for k, v in (("e2e_B_over_C", sp.get("B_over_C")), ("e2e_B_over_A", sp.get("B_over_A")))
-                if v is not None}
+    if part == "throughput" and "qwen3-1.7b" in doc and not doc["qwen3-1.7b"]["config"].get("layers"):
+        sp = speedups(doc["qwen3-1.7b"]["modes"])  # from the modes' times: a file from before the paired ratio too
+        # e2e_B_over_C is the paired ratio (B and C's identical rollout and train phases averaged, `speedups`); the
+        # ratio of the two runs' steps/s, with their run-order noise, is kept beside it
+        return {k: v for k, v in (("e2e_B_over_C", sp.get("B_over_C_paired")),
+                                  ("e2e_B_over_C_unpaired", sp.get("B_over_C")),
+                                  ("e2e_B_over_A", sp.get("B_over_A"))) if v is not None}
     if part == "decode" and doc["preset"] == "qwen3-0.6b":
         runs = [r for r in doc["runs"] if r["graphs"] and r["batch"] == 64 and "error" not in r]
         uni = [r["step_over_floor"] for r in runs if r["backend"] == "unified"]
@@ -281,7 +284,19 @@ def main() -> int:
     ap.add_argument("--impl-dir", help="directory of incumbent implementation files (<op>.py)")
     parts = ["throughput", "decode", "learning", "layers"]
     ap.add_argument("--only", nargs="+", choices=parts, default=parts)
+    ap.add_argument("--summarize", type=Path, metavar="FILE",
+                    help="no run: the summary keys of a saved full-depth throughput file, written to <out>'s summary")
     args = ap.parse_args()
+    if args.summarize:
+        saved = json.loads(args.summarize.read_text())
+        args.device, args.layers = "cuda" if saved.get("gpu") else "cpu", None
+        keys = summary_keys("throughput", saved.get("throughput", {}), args)
+        if not keys:
+            ap.error(f"{args.summarize}: no full-depth GPU throughput run of qwen3-1.7b in it")
+        args.out.mkdir(parents=True, exist_ok=True)
+        H.update_summary(args.out / "summary_h200.json", keys, source=str(args.summarize))
+        print(json.dumps(keys))
+        return 0
     if args.device == "cuda":
         import torch
 

@@ -224,11 +224,23 @@ def run_e2e(cfg: E2EConfig, impl_files=None, on_step=None, on_progress=None) -> 
             raise ValueError(f"unknown mode {m!r} (A, B or C)")
         out["modes"][m] = run_mode(m, cfg, mc, copy.copy(params0), device, impl_files, on_step,
                                   on_progress)
-    ms = out["modes"]
+    out["speedup"] = speedups(out["modes"])
+    return out
+
+
+def speedups(ms: dict) -> dict:
+    """Throughput ratios between the modes that ran. B_over_C, B_over_A: steps/s over steps/s, each mode timed in
+    its own run. B_over_C_paired: B and C run the same kernels on the same tokens (the same seed, the same
+    rollouts) and differ only in the recompute phase, so their rollout and train phases are the same work timed
+    twice; the paired ratio takes each of those phases' mean over the two runs and keeps each mode's recompute:
+    (R + recompute_C + T) / (R + recompute_B + T). Run-order effects (clocks, allocator state) that make B's
+    identical phases faster or slower than C's cancel out of it; the unpaired ratio keeps them."""
     sp = {}
     if "B" in ms and "C" in ms and ms["B"]["steps_per_s"] and ms["C"]["steps_per_s"]:
         sp["B_over_C"] = ms["B"]["steps_per_s"] / ms["C"]["steps_per_s"]
+        tb, tc = ms["B"]["time_s"], ms["C"]["time_s"]
+        shared = sum((tb[k] + tc[k]) / 2 for k in ("rollout", "train"))
+        sp["B_over_C_paired"] = (shared + tc["recompute"]) / (shared + tb["recompute"])
     if "B" in ms and "A" in ms and ms["B"]["steps_per_s"] and ms["A"]["steps_per_s"]:
         sp["B_over_A"] = ms["B"]["steps_per_s"] / ms["A"]["steps_per_s"]
-    out["speedup"] = sp
-    return out
+    return sp
