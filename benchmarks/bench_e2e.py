@@ -16,9 +16,10 @@
 
 Results: <out>/e2e_h200_<parts>_full.json (`_layers<N>` instead of `_full` for a cut run; `learning_seeds` for the
 learning part), e2e_learning_seeds.csv / .png. A full GPU run of a part also writes its keys of
-<out>/summary_h200.json: e2e_B_over_C and e2e_B_over_A (throughput, qwen3-1.7b at full depth; steps/s over steps/s,
-higher is better) and e2e_decode_floor_ratio (decode, unified kernels with graphs: step time over the floor,
-lower is better).
+<out>/summary_h200.json: e2e_B_over_C (paired: B and C's identical rollout and train phases averaged, only the
+recompute differing, `tik_kernels.e2e.run.speedups`), e2e_B_over_C_unpaired and e2e_B_over_A (throughput, qwen3-1.7b
+at full depth; steps/s over steps/s, higher is better) and e2e_decode_floor_ratio (decode, unified kernels with
+graphs: step time over the floor, lower is better). `--summarize FILE` writes a saved throughput file's keys.
 """
 
 from __future__ import annotations
