@@ -38,14 +38,19 @@ def pack(completions: list[Completion], device) -> Packed:
 
 
 def sequence_logprobs(cfg: ModelConfig, be, params, packed: Packed, temperature: float, *, grad: bool,
-                      with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs of every answer token as the trainer computes them (one packed forward)."""
+                      with_entropy: bool = False,
+                      entropy_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of every answer token as the trainer computes them (one packed forward). `entropy_grad` False:
+    the entropy is a logged figure, computed outside the autograd graph (no backward through a second lm_head)."""
     with torch.set_grad_enabled(grad):
         W = bf16_weights(params, grad=grad)
         hidden = forward_packed(cfg, be, W, packed.ids, packed.cu_seqlens, lens=packed.lens)
         h = hidden.index_select(0, packed.rows)
         lp = be.logprob(h, W["lm_head"], packed.targets, temperature)
-        ent = be.entropy(h, W["lm_head"], temperature) if with_entropy else None
+        ent = None
+        if with_entropy:
+            with torch.set_grad_enabled(grad and entropy_grad):
+                ent = be.entropy(h, W["lm_head"], temperature)
     return lp, ent
 
 
@@ -74,12 +79,17 @@ def grpo_step(cfg: ModelConfig, be, params, opt: torch.optim.Optimizer, packed: 
               kl_coef: float = 0.0) -> StepResult:
     """One optimizer update. Called `ppo_epochs` times on one rollout: from the second update on the policy
     has moved, so the importance ratio leaves 1 and the clip binds. With `kl_coef` > 0 the loss adds the
-    k3 estimator of KL(policy || reference) (non-negative, unbiased) against `ref_logprobs`."""
-    lp, ent = sequence_logprobs(cfg, be, params, packed, temperature, grad=True, with_entropy=True)
+    k3 estimator of KL(policy || reference) (non-negative, unbiased) against `ref_logprobs`. The entropy is in the
+    loss only with `entropy_coef`; otherwise it is logged, computed without gradients: a zero-weighted term would
+    still cost a backward through the lm_head (and add exact zeros to every gradient)."""
+    lp, ent = sequence_logprobs(cfg, be, params, packed, temperature, grad=True, with_entropy=True,
+                                entropy_grad=bool(entropy_coef))
     adv = advantages[packed.seq_of_row]
     ratio = torch.exp(lp - old_logprobs)
     surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv)
-    loss = -surrogate.mean() - entropy_coef * ent.mean()
+    loss = -surrogate.mean()
+    if entropy_coef:
+        loss = loss - entropy_coef * ent.mean()
     if kl_coef and ref_logprobs is not None:
         d = ref_logprobs - lp
         loss = loss + kl_coef * (torch.exp(d) - d - 1).mean()
