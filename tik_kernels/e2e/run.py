@@ -155,16 +155,17 @@ def run_mode(mode: str, cfg: E2EConfig, mc: ModelConfig, params0: dict, device: 
         ref = None
         if cfg.kl_coef:
             ref, _ = sequence_logprobs(mc, be, ref_params, packed, cfg.temperature, grad=False)
-        first = None
+        first, figures = None, []
         for epoch in range(cfg.ppo_epochs):
             res = grpo_step(mc, be, params, opt, packed, old.detach(), adv, temperature=cfg.temperature,
                             ref_logprobs=ref, kl_coef=cfg.kl_coef)
             first = first or res
-            clip_fracs.append(res.clip_frac)
-            ratio_devs.append(res.ratio_max_dev)
+            figures.append((res.clip_frac, res.ratio_max_dev))  # read after the phase: no wait on the GPU here
             report(n_packed * (epoch + 1), done=epoch + 1 == cfg.ppo_epochs)
         _sync(device)
         t3 = time.perf_counter() - capture
+        clip_fracs.extend(float(c) for c, _ in figures)
+        ratio_devs.extend(float(d) for _, d in figures)
         # the trainer's own log-probs (the first training forward, before any update) against the rollout's
         eq = torch.eq(first.logprobs.view(torch.int32), rollout_lp.view(torch.int32))
         equal += int(eq.sum())

@@ -66,11 +66,14 @@ def group_advantages(rewards: torch.Tensor, groups: torch.Tensor) -> torch.Tenso
 
 @dataclass
 class StepResult:
-    loss: float
+    """One update's figures. The scalars stay 0-d tensors on the device until read (`float(res.loss)`), so an
+    update never waits for the GPU: the next one's launches queue behind it."""
+
+    loss: torch.Tensor
     logprobs: torch.Tensor  # the trainer's log-probs of the answer tokens (detached, fp32)
-    entropy: float
-    ratio_max_dev: float
-    clip_frac: float
+    entropy: torch.Tensor
+    ratio_max_dev: torch.Tensor
+    clip_frac: torch.Tensor
 
 
 def grpo_step(cfg: ModelConfig, be, params, opt: torch.optim.Optimizer, packed: Packed, old_logprobs: torch.Tensor,
@@ -98,6 +101,7 @@ def grpo_step(cfg: ModelConfig, be, params, opt: torch.optim.Optimizer, packed: 
     torch.nn.utils.clip_grad_norm_(list(params.values()), max_grad_norm)
     opt.step()
     with torch.no_grad():
-        dev = (ratio - 1).abs().max().item() if ratio.numel() else 0.0
-        clipped = ((ratio - 1).abs() > clip).float().mean().item() if ratio.numel() else 0.0
-    return StepResult(float(loss.detach()), lp.detach(), float(ent.detach().mean()), dev, clipped)
+        zero = lp.new_zeros(())
+        dev = (ratio - 1).abs().max() if ratio.numel() else zero
+        clipped = ((ratio - 1).abs() > clip).float().mean() if ratio.numel() else zero
+    return StepResult(loss.detach(), lp.detach(), ent.detach().mean(), dev, clipped)
