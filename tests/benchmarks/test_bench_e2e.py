@@ -7,6 +7,8 @@ import json
 import sys
 import zlib
 
+import pytest
+
 from benchmarks import bench_e2e
 
 
@@ -60,9 +62,21 @@ def test_summary_keys_only_from_full_depth_gpu_runs():
 
     gpu, cut, cpu = (Namespace(device="cuda", layers=None), Namespace(device="cuda", layers=4),
                      Namespace(device="cpu", layers=None))
-    thr = {"qwen3-0.6b": {"speedup": {"B_over_C": 9.0}}, "qwen3-1.7b": {"speedup": {"B_over_C": 1.2, "B_over_A": 1.1}}}
-    assert bench_e2e.summary_keys("throughput", thr, gpu) == {"e2e_B_over_C": 1.2, "e2e_B_over_A": 1.1}
+
+    def mode(rollout, recompute, train):
+        return {"steps_per_s": 1 / (rollout + recompute + train),
+                "time_s": {"rollout": rollout, "recompute": recompute, "train": train}}
+
+    # B's rollout and train, the same work as C's, timed 10% faster: the paired B / C keeps only the recompute
+    modes = {"A": mode(4.0, 0.5, 3.0), "B": mode(1.8, 0.0, 1.8), "C": mode(2.0, 0.4, 2.0)}
+    thr = {"qwen3-0.6b": {"config": {"layers": None}, "modes": {"B": mode(1, 0, 1), "C": mode(1, 8, 1)}},
+           "qwen3-1.7b": {"config": {"layers": None}, "modes": modes}}
+    keys = bench_e2e.summary_keys("throughput", thr, gpu)
+    assert keys == pytest.approx({"e2e_B_over_C": (3.8 + 0.4) / 3.8, "e2e_B_over_C_unpaired": 4.4 / 3.6,
+                                  "e2e_B_over_A": 7.5 / 3.6})
     assert bench_e2e.summary_keys("throughput", thr, cut) == {} == bench_e2e.summary_keys("throughput", thr, cpu)
+    cut_run = {"qwen3-1.7b": {"config": {"layers": 4}, "modes": modes}}  # a saved cut run, read with --summarize
+    assert bench_e2e.summary_keys("throughput", cut_run, gpu) == {}
     runs = [{"backend": b, "graphs": g, "batch": 64, "step_over_floor": r}
             for b, g, r in (("unified", True, 2.0), ("unified", True, 2.5), ("unified", False, 9.0),
                             ("stock", True, 1.5))]
