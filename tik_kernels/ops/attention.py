@@ -66,7 +66,9 @@ dk/dv walk of block j covers every row tile that sees it), so the sum is the dq 
 The walk runs from the last row tile down, which makes the hand-over a wavefront: every program starts at the
 last tile, block j reaches each tile one step after block j - 1 left it, and block j - 1 is always ahead (a walk
 from the diagonal up would reach tile i first from the block nearest to it and queue every tile's blocks behind
-block 0, the last to arrive: measured 2.5-3.3x SDPA flash that way); a finishing
+block 0, the last to arrive: 2.5-3.3x SDPA flash that way at S = 4k-16k, 1.95-3.07x with the wavefront, where the
+two kernels take 1.42-1.44x: the hand-over itself, a fp32 tile read and written per row tile and block, is the cost
+left; benchmarks/results/attn_bwd_h200_fused_all.md); a finishing
 pass scales by sm_scale and rounds to q's dtype as the dq kernel does. Frozen with it: DQ_BLOCK_N, DKDV_BLOCK_M
 and the order; whether the MMA gives dS @ K the same bits from dS computed transposed is the GPU's to say (the
 contract's root_bits check decides, tests/kernels/test_attention_bwd.py reports it).
