@@ -70,8 +70,9 @@ def record_step(mc, be, W, cache, batch: int, context: int, temperature: float =
     return rec.calls
 
 
-def breakdown(mc, backend_name: str, batch: int, context: int, device: str, rounds: int, params) -> dict:
-    be = make_backend(backend_name)
+def breakdown(mc, backend_name: str, batch: int, context: int, device: str, rounds: int, params,
+              stock_compiled: bool = False) -> dict:
+    be = make_backend(backend_name, stock_compiled=stock_compiled)
     W = bf16_weights(params, grad=False)
     cache = KVCache(mc, batch, context, device)
     gen = torch.Generator(device=device).manual_seed(0)
@@ -168,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="launch tunable of a library root for this run, e.g. attention.decode_num_stages=1 "
                          "(repeatable; only keys that change no bits make a fair comparison)")
     ap.add_argument("--name", default="", help="suffix of the output files (to keep runs with --set apart)")
+    ap.add_argument("--stock-eager", action="store_true",
+                    help="the stock backend's norms, rope and softmax rows as eager chains (default on cuda: compiled)")
     args = ap.parse_args(argv)
     try:
         overrides = apply_overrides(args.set)
@@ -185,10 +188,13 @@ def main(argv: list[str] | None = None) -> int:
            "layers": args.layers, "batch": args.batch, "context": args.context, "overrides": overrides,
            "backends": []}
     for name in args.backends:
-        b = breakdown(mc, name, args.batch, args.context, args.device, args.rounds, params)
+        # the stock backend as mode A runs it on CUDA (its compositions through torch.compile) unless --stock-eager
+        compiled = args.device == "cuda" and not args.stock_eager
+        b = breakdown(mc, name, args.batch, args.context, args.device, args.rounds, params, stock_compiled=compiled)
+        b["stock_compiled"] = compiled if name == "stock" else None
         if args.device == "cuda":
-            step = time_decode(mc, make_backend(name), batch=args.batch, context=args.context, graphs=True,
-                               device=args.device, tbps=H.COPY_TBPS, params=params)
+            step = time_decode(mc, make_backend(name, stock_compiled=compiled), batch=args.batch, context=args.context,
+                               graphs=True, device=args.device, tbps=H.COPY_TBPS, params=params)
             b["step"] = {k: step.get(k) for k in ("step_ms", "replay_ms", "floor_ms", "replay_over_floor")}
         doc["backends"].append(b)
         print(json.dumps({"backend": name, "sum_of_calls_us": b["sum_of_calls_us"], **b.get("step", {})}), flush=True)
