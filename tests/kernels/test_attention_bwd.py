@@ -116,15 +116,16 @@ def test_longest_first_launch_keeps_the_bits(layout, monkeypatch):
 
 
 def test_dq_kernel_double_step_order_change_is_seen(tmp_path, monkeypatch):
-    """A double step whose two dots run second half first changes dq's bits on the order-sensitive case (so the
-    test above would see a step that did not keep the key order); dk and dv keep theirs."""
+    """A double step whose two dots run second half first (planted in `_dq_dots`, which the dq kernel shares with
+    the fused path) changes dq's bits on the order-sensitive case (so the test above would see a step that did not
+    keep the key order); dk and dv keep theirs."""
     import tik_kernels.ops.attention as A
 
     fwd, q, k, v, go = _order_sensitive_case(A)
     want = _grads(A, fwd, q, k, v, go, 0, 64, monkeypatch)
     bad = _planted(tmp_path, "dq_halves_swapped",
-                   ("        dq = tl.dot(ds0, k0, dq)\n        dq = tl.dot(ds1, k1, dq)\n",
-                    "        dq = tl.dot(ds1, k1, dq)\n        dq = tl.dot(ds0, k0, dq)\n"))
+                   ("        acc = tl.dot(ds0, k0, acc)\n        acc = tl.dot(ds1, k1, acc)\n",
+                    "        acc = tl.dot(ds1, k1, acc)\n        acc = tl.dot(ds0, k0, acc)\n"))
     monkeypatch.setitem(bad.CONFIG, "DQ_TILE_N", 128)
     got = _grads(bad, bad.attention_prefill, q, k, v, go, 0, 64, monkeypatch)
     assert same_bits(got[1], want[1]) and same_bits(got[2], want[2])

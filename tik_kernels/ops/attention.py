@@ -234,6 +234,18 @@ def _fold_chunk(m_t, l_t, acc_t, m_i, l_i, acc, t_ptrs, IN_MEMORY: tl.constexpr)
 
 
 @triton.jit
+def _row_tile(LONGEST_FIRST: tl.constexpr):
+    """The row tile of a causal walk this program computes. A row tile's walk grows with its index, so
+    LONGEST_FIRST launches the last tiles first and leaves the short walks for the end of the launch (no bit
+    changes: which program computes a tile is free)."""
+    if LONGEST_FIRST:
+        pid = tl.num_programs(0) - 1 - tl.program_id(0)
+    else:
+        pid = tl.program_id(0)
+    return pid
+
+
+@triton.jit
 def _attn_fwd_kernel(
     q_ptr,  # [B, Hq, S, D] or packed [T, Hq, D]
     k_ptr,  # [B, Hk, S, D] or packed [T, Hk, D]
@@ -264,9 +276,7 @@ def _attn_fwd_kernel(
     TMA: tl.constexpr = False,
     LONGEST_FIRST: tl.constexpr = False,  # row tiles launched last first (their walks are the longest)
 ):
-    # causal: a row tile's walk grows with its index, so launching the last tiles first leaves the short walks
-    # for the end of the launch (no bits change: which program computes a tile is free)
-    pid_m = tl.num_programs(0) - 1 - tl.program_id(0) if LONGEST_FIRST else tl.program_id(0)
+    pid_m = _row_tile(LONGEST_FIRST)
     pid_bh = tl.program_id(1).to(tl.int64)
     b = pid_bh // n_kv_heads
     kvh = pid_bh % n_kv_heads
@@ -538,6 +548,24 @@ def _attn_bwd_delta_kernel(
 
 
 @triton.jit
+def _dq_dots(ds, b_k, acc, SUB: tl.constexpr):
+    """acc += ds @ K over one key tile of SUB (= DQ_BLOCK_N) or 2 * SUB keys: one dot per SUB keys, chained in key
+    order (the first half, then the second), so any key tile adds the dq kernel's terms in its order. The one place
+    that order is written: the dq kernel and the fused dk/dv kernel both call it."""
+    BN: tl.constexpr = ds.shape[1]
+    if BN == SUB:
+        acc = tl.dot(ds, b_k, acc)
+    else:
+        BM: tl.constexpr = ds.shape[0]
+        D: tl.constexpr = b_k.shape[1]
+        ds0, ds1 = tl.split(tl.permute(tl.reshape(ds, [BM, 2, SUB]), (0, 2, 1)))
+        k0, k1 = tl.split(tl.permute(tl.reshape(b_k, [2, SUB, D]), (1, 2, 0)))
+        acc = tl.dot(ds0, k0, acc)
+        acc = tl.dot(ds1, k1, acc)
+    return acc
+
+
+@triton.jit
 def _bwd_dq_block(b_q, b_do, b_lse, b_delta, dq, k_base, v_base, j, stride_ks, stride_vs, L, q_pos, o_d,
                   qk_scale, k_desc, v_desc, k_row, v_row, k_col, v_col, P_TY: tl.constexpr, BLOCK_N: tl.constexpr,
                   SUB: tl.constexpr, UPCAST: tl.constexpr, MASKED: tl.constexpr, TMA: tl.constexpr):
@@ -566,16 +594,8 @@ def _bwd_dq_block(b_q, b_do, b_lse, b_delta, dq, k_base, v_base, j, stride_ks, s
         p = tl.where(keep, p, 0.0)
     dp = tl.dot(b_do, tl.trans(b_v))
     ds = (p * (dp - b_delta[:, None])).to(P_TY).to(b_k.dtype)
-    if BLOCK_N == SUB:
-        dq = tl.dot(ds, b_k, dq)
-    else:  # 2 * SUB: the tile's two halves, first then second, chained (keys a row cannot see add exact zeros)
-        BM: tl.constexpr = ds.shape[0]
-        D: tl.constexpr = b_k.shape[1]
-        ds0, ds1 = tl.split(tl.permute(tl.reshape(ds, [BM, 2, SUB]), (0, 2, 1)))
-        k0, k1 = tl.split(tl.permute(tl.reshape(b_k, [2, SUB, D]), (1, 2, 0)))
-        dq = tl.dot(ds0, k0, dq)
-        dq = tl.dot(ds1, k1, dq)
-    return dq
+    # keys a row cannot see add exact zeros
+    return _dq_dots(ds, b_k, dq, SUB)
 
 
 @triton.jit
@@ -604,9 +624,7 @@ def _attn_bwd_dq_kernel(
 ):
     """dq of BLOCK_M rows: KV blocks of SUB keys 0, 1, ... up to the tile's diagonal, in order (SUB sets the sum;
     a step of BLOCK_N = 2 * SUB keys does two of them)."""
-    # causal: a row tile's walk grows with its index, so launching the last tiles first leaves the short walks
-    # for the end of the launch (no bits change: which program computes a tile is free)
-    pid_m = tl.num_programs(0) - 1 - tl.program_id(0) if LONGEST_FIRST else tl.program_id(0)
+    pid_m = _row_tile(LONGEST_FIRST)
     pid_bh = tl.program_id(1).to(tl.int64)
     b = pid_bh // n_kv_heads
     kvh = pid_bh % n_kv_heads
@@ -744,21 +762,13 @@ def _bwd_dq_in_turn(ds, b_k, w_ptrs, m_row, c_ptr, turn, MASKED: tl.constexpr, S
     already added to this tile; this program's first is block `turn`. It waits for its turn, adds, and passes
     the turn on (a barrier first, so every thread's store is done before the release)."""
     BN: tl.constexpr = ds.shape[1]
-    BM: tl.constexpr = ds.shape[0]
-    D: tl.constexpr = b_k.shape[1]
     # the workspace address depends on the spin's result (+ 0), so no load of it can be issued before the spin
     w_ptrs = w_ptrs + _wait_turn(c_ptr, turn, INTERPRET)
     if MASKED:
         acc = tl.load(w_ptrs, mask=m_row[:, None], other=0.0, cache_modifier=".cg")
     else:
         acc = tl.load(w_ptrs, cache_modifier=".cg")
-    if BN == SUB:
-        acc = tl.dot(ds, b_k, acc)
-    else:  # BN == 2 * SUB: the two halves of the block, first then second, chained
-        ds0, ds1 = tl.split(tl.permute(tl.reshape(ds, [BM, 2, SUB]), (0, 2, 1)))
-        k0, k1 = tl.split(tl.permute(tl.reshape(b_k, [2, SUB, D]), (1, 2, 0)))
-        acc = tl.dot(ds0, k0, acc)
-        acc = tl.dot(ds1, k1, acc)
+    acc = _dq_dots(ds, b_k, acc, SUB)
     if MASKED:
         tl.store(w_ptrs, acc, mask=m_row[:, None])
     else:
