@@ -4,6 +4,7 @@ and BWD_DQ_FUSED = 1, and SDPA flash, with each config's gradient bits compared 
     PYTHONPATH=. python benchmarks/bench_attn_bwd.py --out benchmarks/results            # the H200 sweep
     PYTHONPATH=. python benchmarks/bench_attn_bwd.py --quick --out benchmarks/results    # 3 configs, S=16k only
     PYTHONPATH=. python benchmarks/bench_attn_bwd.py --smoke --out /tmp/s                # CPU: the code path only
+    PYTHONPATH=. python benchmarks/bench_attn_bwd.py --fused-all --out benchmarks/results  # every FUSED config too
 
 Each config is its own copy of tik_kernels/ops/attention.py loaded with CONFIG changed (the tuner's moves);
 timing is benchmarks/harness.py's (CUDA-graph replay on rotating inputs, interleaved rounds, medians) of

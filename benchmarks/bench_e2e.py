@@ -289,9 +289,17 @@ def main() -> int:
                     help="no run: the summary keys of a saved full-depth throughput file, written to <out>'s summary")
     args = ap.parse_args()
     if args.summarize:
-        saved = json.loads(args.summarize.read_text())
+        try:
+            saved = json.loads(args.summarize.read_text())
+        except (OSError, ValueError) as e:
+            ap.error(f"{args.summarize}: not a readable results file ({type(e).__name__}: {e})")
+        if not isinstance(saved, dict):
+            ap.error(f"{args.summarize}: not a bench_e2e results file (no JSON object)")
         args.device, args.layers = "cuda" if saved.get("gpu") else "cpu", None
-        keys = summary_keys("throughput", saved.get("throughput", {}), args)
+        try:
+            keys = summary_keys("throughput", saved.get("throughput", {}), args)
+        except (KeyError, TypeError, AttributeError) as e:
+            ap.error(f"{args.summarize}: not a bench_e2e throughput file (missing {e})")
         if not keys:
             ap.error(f"{args.summarize}: no full-depth GPU throughput run of qwen3-1.7b in it")
         args.out.mkdir(parents=True, exist_ok=True)
