@@ -45,7 +45,8 @@ DQ = {
     "dq_t128_tma_s3": {"DQ_TILE_N": 128, "DQ_TMA": 1, "dq_num_stages": 3},
     "dq_tma_s3": {"DQ_TMA": 1, "dq_num_stages": 3},
     "dq_m64_t128_tma_w4": {"DQ_BLOCK_M": 64, "DQ_TILE_N": 128, "DQ_TMA": 1, "dq_num_warps": 4},
-    # 64 rows with 8 warps: sm_90 compile (ptxas 13.4, triton 3.9) spills 64 bytes against 360 at 128 rows
+    # 64 rows with 8 warps: the sm_90 compile spills 64 bytes against 360 at 128 rows (attn_ir_offline.py, triton 3.9,
+    # results/attn_ir_sm90_offline.txt)
     "dq_m64": {"DQ_BLOCK_M": 64},
     "dq_m64_tma": {"DQ_BLOCK_M": 64, "DQ_TMA": 1},
     # row tiles launched last first (the longest causal walks first): the dq kernel's, the forward's, both

@@ -1,0 +1,86 @@
+"""What the compiler makes of the attention root's backward and forward kernels for an H200, without a GPU.
+
+    PYTHONPATH=. python benchmarks/attn_ir_offline.py > benchmarks/results/attn_ir_sm90_offline.txt
+
+Each kernel is compiled by this machine's Triton for sm_90 (GQA 4, head dim 128, bf16, fp fusion off), its PTX
+assembled by the newest ptxas Triton ships (`-v`), and reported: registers and spill bytes per thread, shared
+memory, wgmma ops and their waits (with how many stay pending), asynchronous copies and TMA loads. The device runs
+another Triton (3.6): the figures are indicative, `kernel_ir.py` reports real launches there.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ["TRITON_INTERPRET"] = "0"  # the real compiler: kernels are JITFunctions, not interpreted
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+
+from tik_kernels.contract import load_module  # noqa: E402
+
+SOURCE = Path(__file__).resolve().parents[1] / "tik_kernels" / "ops" / "attention.py"
+POINTERS = dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", do_ptr="*bf16", dq_ptr="*bf16", dk_ptr="*bf16",
+                dv_ptr="*bf16", o_ptr="*bf16", lse_ptr="*fp32", delta_ptr="*fp32", cu_ptr="*i32", ws_ptr="*fp32",
+                cnt_ptr="*i32", t_ptr="*fp32", k_desc="*bf16", v_desc="*bf16", qk_scale="fp32", sm_scale="fp32")
+#: (name, kernel, constexprs, warps, stages, TMA tile or None)
+CASES = (
+    ("dq 128 rows, 64-key steps", "_attn_bwd_dq_kernel", dict(BLOCK_M=128, BLOCK_N=64, SUB=64, TMA=False), 8, 2),
+    ("dq 128 rows, 64-key steps, TMA", "_attn_bwd_dq_kernel", dict(BLOCK_M=128, BLOCK_N=64, SUB=64, TMA=True), 8, 2),
+    ("dq 128 rows, 128-key steps", "_attn_bwd_dq_kernel", dict(BLOCK_M=128, BLOCK_N=128, SUB=64, TMA=False), 8, 2),
+    ("dq 64 rows, 64-key steps", "_attn_bwd_dq_kernel", dict(BLOCK_M=64, BLOCK_N=64, SUB=64, TMA=False), 8, 2),
+    ("dq 64 rows, 64-key steps, 4 warps", "_attn_bwd_dq_kernel", dict(BLOCK_M=64, BLOCK_N=64, SUB=64, TMA=False),
+     4, 2),
+    ("dk/dv 64 keys", "_attn_bwd_dkdv_kernel", dict(BLOCK_M=64, BLOCK_N=64, FUSED=False, SUB=64), 8, 2),
+    ("dk/dv 128 keys", "_attn_bwd_dkdv_kernel", dict(BLOCK_M=64, BLOCK_N=128, FUSED=False, SUB=64), 8, 2),
+    ("forward 128 x 128", "_attn_fwd_kernel", dict(BLOCK_M=128, BLOCK_N=128, CHUNK=4, TOTAL_IN_MEMORY=False,
+                                                   TMA=False), 8, 2),
+)
+
+
+def ptxas() -> str:
+    """The newest ptxas Triton ships (the plain one may be older than the PTX Triton writes)."""
+    bins = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    return str(next((p for p in (bins / "ptxas-blackwell", bins / "ptxas") if p.exists()), "ptxas"))
+
+
+def report(mod, name: str, kernel: str, const: dict, warps: int, stages: int) -> str:
+    fn = getattr(mod, kernel)
+    const = dict(G=4, D=128, VARLEN=False, UPCAST=False, **const)
+    sig = {n: "constexpr" if n in const else POINTERS.get(n, "i32") for n in inspect.signature(fn.fn).parameters}
+    if const.get("TMA"):
+        sig["k_desc"] = sig["v_desc"] = f"tensordesc<bf16[{const['BLOCK_N']},128]>"
+    k = triton.compile(triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=const),
+                       target=GPUTarget("cuda", 90, 32),
+                       options=dict(num_warps=warps, num_stages=stages, enable_fp_fusion=False))
+    ir = k.asm["ttgir"]
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "k.ptx").write_text(k.asm["ptx"])
+        out = subprocess.run([ptxas(), "-v", "--gpu-name", "sm_90a", f"{d}/k.ptx", "-o", f"{d}/k.cubin"],
+                             capture_output=True, text=True).stderr
+    regs = re.search(r"Used (\d+) registers", out)
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out)
+    pend = sorted(set(re.findall(r"warp_group_dot_wait[^\n]*pendings = (\d+)", ir)))
+    return (f"{name:38s} warps {warps} stages {stages}: registers {regs.group(1) if regs else '?'}, spill stores/loads "
+            f"{'/'.join(spills.groups()) if spills else '?'} B, shared {k.metadata.shared} B, wgmma "
+            f"{ir.count('warp_group_dot ')} (waits {ir.count('warp_group_dot_wait')}, pendings {','.join(pend)}), "
+            f"async copies {ir.count('async_copy_global_to_local')}, TMA loads {ir.count('async_tma_copy')}")
+
+
+def main() -> None:
+    mod = load_module(SOURCE, "attention_sm90_offline")
+    print(f"triton {triton.__version__}, {Path(ptxas()).name}: "
+          f"{subprocess.run([ptxas(), '--version'], capture_output=True, text=True).stdout.strip().splitlines()[-1]}")
+    for case in CASES:
+        print(report(mod, *case), flush=True)
+
+
+if __name__ == "__main__":
+    main()
