@@ -29,7 +29,8 @@ from tik_kernels.contract import load_module  # noqa: E402
 SOURCE = Path(__file__).resolve().parents[1] / "tik_kernels" / "ops" / "attention.py"
 POINTERS = dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", do_ptr="*bf16", dq_ptr="*bf16", dk_ptr="*bf16",
                 dv_ptr="*bf16", o_ptr="*bf16", lse_ptr="*fp32", delta_ptr="*fp32", cu_ptr="*i32", ws_ptr="*fp32",
-                cnt_ptr="*i32", t_ptr="*fp32", k_desc="*bf16", v_desc="*bf16", qk_scale="fp32", sm_scale="fp32")
+                cnt_ptr="*i32", ds_ptr="*bf16", ds_base_ptr="*i64", ds_tile_ptr="*i64", t_ptr="*fp32", k_desc="*bf16",
+                v_desc="*bf16", qk_scale="fp32", sm_scale="fp32")
 #: (name, kernel, constexprs, warps, stages, TMA tile or None)
 CASES = (
     ("dq 128 rows, 64-key steps", "_attn_bwd_dq_kernel", dict(BLOCK_M=128, BLOCK_N=64, SUB=64, TMA=False), 8, 2),
@@ -40,6 +41,13 @@ CASES = (
      4, 2),
     ("dk/dv 64 keys", "_attn_bwd_dkdv_kernel", dict(BLOCK_M=64, BLOCK_N=64, FUSED=False, SUB=64), 8, 2),
     ("dk/dv 128 keys", "_attn_bwd_dkdv_kernel", dict(BLOCK_M=64, BLOCK_N=128, FUSED=False, SUB=64), 8, 2),
+    ("dk/dv 64 keys, dS stored", "_attn_bwd_dkdv_kernel", dict(BLOCK_M=64, BLOCK_N=64, FUSED=False, SUB=64,
+                                                                 DS_STORE=True), 8, 2),
+    ("dk/dv 128 keys, dS stored", "_attn_bwd_dkdv_kernel", dict(BLOCK_M=64, BLOCK_N=128, FUSED=False, SUB=64,
+                                                                  DS_STORE=True), 8, 2),
+    ("dq from stored dS, 128 rows", "_attn_bwd_dq_ds_kernel", dict(BLOCK_M=128, TM=64, SUB=64), 8, 2),
+    ("dq from stored dS, 128 rows, 3 stages", "_attn_bwd_dq_ds_kernel", dict(BLOCK_M=128, TM=64, SUB=64), 8, 3),
+    ("dq from stored dS, 64 rows, 4 warps", "_attn_bwd_dq_ds_kernel", dict(BLOCK_M=64, TM=64, SUB=64), 4, 3),
     ("forward 128 x 128", "_attn_fwd_kernel", dict(BLOCK_M=128, BLOCK_N=128, CHUNK=4, TOTAL_IN_MEMORY=False,
                                                    TMA=False), 8, 2),
 )
@@ -51,16 +59,28 @@ def ptxas() -> str:
     return str(next((p for p in (bins / "ptxas-blackwell", bins / "ptxas") if p.exists()), "ptxas"))
 
 
-def report(mod, name: str, kernel: str, const: dict, warps: int, stages: int) -> str:
+def report(mod, name: str, kernel: str, const: dict, warps: int, stages: int, ttgir: Path | None = None) -> str:
     fn = getattr(mod, kernel)
-    const = dict(G=4, D=128, VARLEN=False, UPCAST=False, **const)
+    # constexpr parameters a case does not set take their defaults (else they would be compiled as runtime ints)
+    params = inspect.signature(fn.fn).parameters
+    const = {**{n: p.default for n, p in params.items()
+                if p.default is not inspect.Parameter.empty and "constexpr" in str(p.annotation)},
+             **dict(G=4, D=128, VARLEN=False, UPCAST=False), **const}
     sig = {n: "constexpr" if n in const else POINTERS.get(n, "i32") for n in inspect.signature(fn.fn).parameters}
     if const.get("TMA"):
         sig["k_desc"] = sig["v_desc"] = f"tensordesc<bf16[{const['BLOCK_N']},128]>"
-    k = triton.compile(triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=const),
+    # as a real launch specializes them: pointers 16-byte aligned, strides and sizes divisible by 16 (the
+    # benchmarks' shapes; S = 1k .. 16k, head dim 128); without it no bf16 load is vectorized or pipelined
+    names = list(sig)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+             if sig[n].startswith("*") or (sig[n] == "i32" and (n.startswith("stride_") or n == "seq_len"))}
+    k = triton.compile(triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
                        target=GPUTarget("cuda", 90, 32),
                        options=dict(num_warps=warps, num_stages=stages, enable_fp_fusion=False))
     ir = k.asm["ttgir"]
+    if ttgir is not None:
+        ttgir.mkdir(parents=True, exist_ok=True)
+        (ttgir / (re.sub(r"\W+", "_", name) + ".ttgir")).write_text(ir)
     with tempfile.TemporaryDirectory() as d:
         (Path(d) / "k.ptx").write_text(k.asm["ptx"])
         out = subprocess.run([ptxas(), "-v", "--gpu-name", "sm_90a", f"{d}/k.ptx", "-o", f"{d}/k.cubin"],
@@ -75,11 +95,19 @@ def report(mod, name: str, kernel: str, const: dict, warps: int, stages: int) ->
 
 
 def main() -> None:
-    mod = load_module(SOURCE, "attention_sm90_offline")
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", default="", help="only the cases whose name contains this")
+    ap.add_argument("--source", type=Path, default=SOURCE, help="another copy of attention.py")
+    ap.add_argument("--ttgir", type=Path, default=None, help="also write each case's TTGIR into this folder")
+    args = ap.parse_args()
+    mod = load_module(args.source, "attention_sm90_offline")
     print(f"triton {triton.__version__}, {Path(ptxas()).name}: "
           f"{subprocess.run([ptxas(), '--version'], capture_output=True, text=True).stdout.strip().splitlines()[-1]}")
     for case in CASES:
-        print(report(mod, *case), flush=True)
+        if args.only in case[0]:
+            print(report(mod, *case, ttgir=args.ttgir), flush=True)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,9 @@ SOURCE = ROOT / "tik_kernels" / "ops" / "attention.py"
 
 
 def _grads(A, fwd, q, k, v, go, fused: int, block_n: int, monkeypatch) -> tuple:
-    """dq, dk, dv of <fwd(q, k, v), go> with BWD_DQ_FUSED = fused and DKDV_BLOCK_N = block_n."""
+    """dq, dk, dv of <fwd(q, k, v), go> with BWD_DQ_FUSED = fused and DKDV_BLOCK_N = block_n (without fusion: the
+    dq kernel, BWD_DS_STORE off; tests/kernels/test_attention_ds.py has the stored-dS path)."""
+    monkeypatch.setitem(A.CONFIG, "BWD_DS_STORE", 0)
     monkeypatch.setitem(A.CONFIG, "BWD_DQ_FUSED", fused)
     monkeypatch.setitem(A.CONFIG, "DKDV_BLOCK_N", block_n)
     qq, kk, vv = (x.clone().requires_grad_() for x in (q, k, v))
@@ -204,13 +206,15 @@ _COMPILE = textwrap.dedent("""
     from triton.backends.compiler import GPUTarget
     from tik_kernels.contract import load_module
     ptr = dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", do_ptr="*bf16", dk_ptr="*bf16", dv_ptr="*bf16",
-               lse_ptr="*fp32", delta_ptr="*fp32", cu_ptr="*i32", ws_ptr="*fp32", cnt_ptr="*i32",
+               lse_ptr="*fp32", delta_ptr="*fp32", cu_ptr="*i32", ws_ptr="*fp32", cnt_ptr="*i32", ds_ptr="*bf16",
+               ds_base_ptr="*i64", ds_tile_ptr="*i64",
                qk_scale="fp32", sm_scale="fp32")
     for i, path in enumerate(sys.argv[1:]):
         fn = load_module(path, f"attention_sm90_{i}")._attn_bwd_dkdv_kernel
         cases = ((64, False, False), (64, False, True), (128, True, True)) if i == 0 else ((64, False, True),)
         for block_n, varlen, fused in cases:
-            const = dict(G=4, D=128, BLOCK_M=64, BLOCK_N=block_n, VARLEN=varlen, UPCAST=False, FUSED=fused, SUB=64)
+            const = dict(G=4, D=128, BLOCK_M=64, BLOCK_N=block_n, VARLEN=varlen, UPCAST=False, FUSED=fused, SUB=64,
+                         DS_STORE=False)
             sig = {n: "constexpr" if n in const else ptr.get(n, "i32") for n in inspect.signature(fn.fn).parameters}
             k = triton.compile(triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=const),
                                target=GPUTarget("cuda", 90, 32),

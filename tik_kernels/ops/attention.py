@@ -55,6 +55,23 @@ DKDV_BLOCK_M from the last down to the first that sees the block). The sizes tha
 DKDV_BLOCK_M) and the walks' directions are frozen; the other tile of each kernel is free. Blocks a row cannot
 see add exact zeros, so each kernel may skip them.
 
+BWD_DS_STORE = 1 (the root's choice) keeps that tree and drops the dq kernel's recompute. The dq kernel would
+compute Q K^T, dO V^T and exp again for every (row tile, KV block) only to form dS, which the dk/dv kernel already
+has (transposed, from K Q^T): three MMAs per step where one is the sum itself. So the dk/dv kernel stores dS,
+rounded to the input dtype exactly as the dq kernel rounds it, into a workspace, and `_attn_bwd_dq_ds_kernel` adds
+dot(dS_j, K_j, acc) over blocks j = 0, 1, 2 ... of DQ_BLOCK_N keys: the dq kernel's chain on the same operands, one
+MMA per step. The workspace holds only the causal half: row tile t of DKDV_BLOCK_M rows keeps its blocks 0 ... the
+one holding its last position, one after another, and the tiles follow each other, so a dq program streams
+contiguous memory (a [sequence, head, row, key] layout would make every step a jump of megabytes and the reads
+far slower). Whether dS from K Q^T gives the MMA the bits of dS from Q K^T is the GPU's to say: on the H200 it does
+at every shape tried (tests/kernels/test_attention_ds.py, the contract's root_bits), so the root's gradients are
+the dq kernel's to the bit. The workspace takes B * Hq * S^2 / 2 entries (1.07 GB per KV head of 4 query heads at
+S = 16k); past DS_STORE_MAX_BYTES (8 GiB; TIK_ATTN_DS_MAX_BYTES overrides) the KV heads go in groups, and where one
+head does not fit, or a dk/dv launch would have fewer than DS_MIN_PROGRAMS programs (every program's causal walk is
+as long as the longest: fewer than about two per SM leave SMs idle behind the longest), the dq kernel computes dq.
+On the H200 forward + backward takes 0.84-1.06x SDPA flash at S = 1k (8 sequences) to 16k where the dq kernel's
+path takes 1.15-1.42x (benchmarks/results/attn_bwd_h200_ds.md).
+
 BWD_DQ_FUSED = 1 drops the dq kernel: the dk/dv kernel already has dS for every (row tile, KV block) pair it
 visits (transposed, from S^T = K Q^T), so it also adds dS @ K into an fp32 dq workspace laid out like q. The
 order stays the dq kernel's chain: a row tile's sum is dot(dS_j, K_j, acc) for KV blocks of DQ_BLOCK_N keys,
@@ -76,7 +93,9 @@ contract's root_bits check decides, tests/kernels/test_attention_bwd.py reports 
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 
 import torch
 import triton
@@ -140,6 +159,20 @@ TUNABLES = {
     # 1: the dk/dv kernel also computes dq (it has dS already), adding each row tile's KV blocks into an fp32
     # workspace one at a time in key order, 0, 1, 2 ..., so the sum is the dq kernel's chain; no dq kernel
     "BWD_DQ_FUSED": (0, 1),
+    # 1: the dk/dv kernel stores dS (as the dq kernel rounds it) into a workspace and dq is one chain of dots of
+    # the stored dS and K (the dq kernel's order, no recompute of Q K^T and dO V^T); where the workspace would pass
+    # DS_STORE_MAX_BYTES the KV heads go in groups, and the dq kernel is used where one KV head would pass it
+    "BWD_DS_STORE": (0, 1),
+    # BWD_DS_STORE: the dk/dv kernel's key tile (DKDV_BLOCK_N is the two-kernel path's), the stored-dS dq kernel's
+    # row tile (a multiple of DKDV_BLOCK_M), warps, stages and launch order
+    "DS_DKDV_BLOCK_N": (64, 128),
+    "DS_DQ_BLOCK_M": (64, 128),
+    "ds_dq_num_warps": (4, 8),
+    "ds_dq_num_stages": (2, 3, 4),
+    "DS_LONGEST_FIRST": (0, 1),
+    # BWD_DS_STORE: a launch of the dk/dv kernel with fewer programs than this keeps the dq kernel (each program's
+    # causal walk is as long as the longest; with fewer than about two per SM the longest walks leave SMs idle)
+    "DS_MIN_PROGRAMS": (0, 128, 256, 512),
 }
 
 CONFIG = {
@@ -173,7 +206,19 @@ CONFIG = {
     "dq_num_stages": 2,
     "DQ_LONGEST_FIRST": 0,
     "BWD_DQ_FUSED": 0,
+    "BWD_DS_STORE": 1,
+    "DS_DKDV_BLOCK_N": 128,
+    "DS_DQ_BLOCK_M": 64,
+    "ds_dq_num_warps": 4,
+    "ds_dq_num_stages": 3,
+    "DS_LONGEST_FIRST": 1,
+    "DS_MIN_PROGRAMS": 256,
 }
+
+#: BWD_DS_STORE: the most bytes its dS workspace may take (the causal half of dS in q's dtype: at S = 16k, 1.07 GB
+#: per KV head of 4 query heads); KV heads are processed in groups that fit, and a backward whose single KV head
+#: would not fit uses the dq kernel. TIK_ATTN_DS_MAX_BYTES in the environment sets it (0: never store dS)
+DS_STORE_MAX_BYTES = 8 << 30
 
 _LOG2E = 1.4426950408889634
 #: columns of the ones matrix the softmax denominator is summed with (the smallest MMA N)
@@ -676,13 +721,133 @@ def _attn_bwd_dq_kernel(
 
 
 @triton.jit
+def _attn_bwd_dq_ds_kernel(
+    k_ptr,
+    ds_ptr,  # the dS workspace the dk/dv kernel filled (`_ds_store`)
+    ds_base_ptr,  # int64 [n_seq * n_kv_heads]: where each (sequence, KV head)'s region starts
+    ds_tile_ptr,  # int64 [row tiles]: where each row tile of TM rows starts in a region
+    dq_ptr,  # like q
+    cu_ptr,
+    stride_qb, stride_qh, stride_qs,
+    stride_kb, stride_kh, stride_ks,
+    seq_len, n_kv_heads, kvh0, sm_scale,
+    G: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # a multiple of TM
+    TM: tl.constexpr,  # rows of a stored tile (DKDV_BLOCK_M)
+    SUB: tl.constexpr,  # keys per dot (DQ_BLOCK_N: sets the sum), and per loop step
+    VARLEN: tl.constexpr,
+    UPCAST: tl.constexpr,
+    LONGEST_FIRST: tl.constexpr = False,
+):
+    """BWD_DS_STORE's dq of BLOCK_M rows: the dq kernel's chain over KV blocks of SUB keys 0, 1, ... up to the
+    tile's diagonal, each one dot of the stored dS block and K (nothing recomputed: no Q K^T, no dO V^T, no exp).
+    Each row reads its stored tile's blocks one after another (contiguous in memory); a block its tile does not
+    have and keys past L are zeros (they add exact zeros, as the dq kernel's masked dS does)."""
+    pid_m = _row_tile(LONGEST_FIRST)
+    pid_bh = tl.program_id(1).to(tl.int64)
+    b = pid_bh // n_kv_heads
+    kvh = kvh0 + pid_bh % n_kv_heads
+    ds_ptr = ds_ptr + tl.multiple_of(tl.load(ds_base_ptr + pid_bh), TM * SUB)
+    if VARLEN:
+        start = tl.load(cu_ptr + b).to(tl.int64)
+        L = (tl.load(cu_ptr + b + 1) - tl.load(cu_ptr + b)).to(tl.int32)
+        b = b * 0
+    else:
+        start = b * 0
+        L = seq_len
+    if pid_m * BLOCK_M >= L * G:
+        return
+    o_i = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    q_pos = o_i // G
+    h = kvh * G + o_i % G
+    m_row = q_pos < L
+    o_d = tl.arange(0, D)
+    c = tl.arange(0, SUB)
+    t = o_i // TM
+    n_blk = _ds_blocks(t, TM, G, SUB)
+    rows = ds_ptr + tl.multiple_of(tl.load(ds_tile_ptr + t), TM * SUB) + (o_i % TM) * SUB  # each row's block 0
+    k_base = k_ptr + b * stride_kb + kvh * stride_kh + start * stride_ks
+    dq = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    # blocks every row of the tile sees (every row's tile has them, all keys below L) need no mask, in a tile with
+    # no row past L (the last tile of a sequence masks every step)
+    pos_lo = (pid_m * BLOCK_M) // G
+    pos_hi = tl.minimum((pid_m * BLOCK_M + BLOCK_M - 1) // G + 1, L)
+    n_full = tl.where(pid_m * BLOCK_M + BLOCK_M <= L * G, (pos_lo + 1) // SUB, 0)
+    for j in range(0, n_full):
+        b_k = tl.load(k_base + (j * SUB + c)[:, None] * stride_ks + o_d[None, :])
+        ds = tl.load(rows[:, None] + j * (TM * SUB) + c[None, :])
+        if UPCAST:
+            b_k = b_k.to(tl.float32)
+            ds = ds.to(tl.float32)
+        dq = _dq_dots(ds, b_k, dq, SUB)
+    for j in range(n_full, tl.cdiv(pos_hi, SUB)):
+        k_pos = j * SUB + c
+        m_k = k_pos < L
+        b_k = tl.load(k_base + k_pos[:, None] * stride_ks + o_d[None, :], mask=m_k[:, None], other=0.0)
+        ds = tl.load(rows[:, None] + j * (TM * SUB) + c[None, :],
+                     mask=((j < n_blk) & m_row)[:, None] & m_k[None, :], other=0.0)
+        if UPCAST:
+            b_k = b_k.to(tl.float32)
+            ds = ds.to(tl.float32)
+        dq = _dq_dots(ds, b_k, dq, SUB)
+    dq = dq * sm_scale
+    row_off = b * stride_qb + h[:, None] * stride_qh + (start + q_pos[:, None]) * stride_qs + o_d[None, :]
+    tl.store(dq_ptr + row_off, dq.to(dq_ptr.dtype.element_ty), mask=m_row[:, None])
+
+
+@triton.jit
+def _ds_blocks(t, TM: tl.constexpr, G: tl.constexpr, SUB: tl.constexpr):
+    """How many key blocks of SUB keys row tile t (rows t * TM ... t * TM + TM - 1, rows enumerating (position,
+    head in group) pairs) has in the dS workspace: blocks 0 ... the one holding the tile's last position."""
+    return (t * TM + TM - 1) // G // SUB + 1
+
+
+@triton.jit
+def _ds_store_block(ptr, part, jb, t, L, m_row, G: tl.constexpr, SUB: tl.constexpr, MASKED: tl.constexpr):
+    """One key block's dS^T [SUB keys, TM rows] at ptr (row-major [rows, keys] in memory)."""
+    TM: tl.constexpr = part.shape[1]
+    ptrs = ptr + tl.arange(0, TM)[None, :] * SUB + tl.arange(0, SUB)[:, None]
+    if MASKED:
+        # keys below L in a block the tile has (block jb < n blocks iff its keys are below n * SUB)
+        lim = tl.minimum(L, _ds_blocks(t, TM, G, SUB) * SUB)
+        keep = m_row[None, :] & (jb * SUB + tl.arange(0, SUB) < lim)[:, None]
+        tl.store(ptrs, part, mask=keep)
+    else:
+        tl.store(ptrs, part)
+
+
+@triton.jit
+def _ds_store(ds_ptr, tile_ptr, dst, i0, jb, L, m_row, G: tl.constexpr, SUB: tl.constexpr, MASKED: tl.constexpr):
+    """dS^T [keys, rows] of a key tile of SUB or 2 * SUB keys (whose first key block is jb) and the row tile at
+    row i0 into the workspace: block b of row tile t is [TM rows, SUB keys] (row-major) at tile_ptr[t] + b * TM *
+    SUB, so a tile's blocks lie one after another in key order (`_attn_bwd_dq_ds_kernel` streams them). A block
+    past the tile's last one (the second half of a 2 * SUB key tile at the diagonal) is not stored: no row of the
+    tile sees it."""
+    BN: tl.constexpr = dst.shape[0]
+    TM: tl.constexpr = dst.shape[1]
+    t = i0 // TM
+    base = ds_ptr + tl.multiple_of(tl.load(tile_ptr + t), TM * SUB) + jb.to(tl.int64) * (TM * SUB)
+    dst = dst.to(ds_ptr.dtype.element_ty)
+    if BN == SUB:
+        _ds_store_block(base, dst, jb, t, L, m_row, G, SUB, MASKED)
+    else:
+        d0, d1 = tl.split(tl.permute(tl.reshape(dst, [2, SUB, TM]), (1, 2, 0)))
+        _ds_store_block(base, d0, jb, t, L, m_row, G, SUB, MASKED)
+        _ds_store_block(base + TM * SUB, d1, jb + 1, t, L, m_row, G, SUB, MASKED)
+
+
+@triton.jit
 def _bwd_dkdv_rows(b_k, b_v, dk, dv, q_ptr, do_ptr, lse_ptr, delta_ptr, i0, b, kvh, start, L, k_pos, o_d,
                    stride_qb, stride_qh, stride_qs, stride_lb, stride_lh, stride_ls, qk_scale, ws_ptr, cnt_ptr, turn,
-                   G: tl.constexpr, P_TY: tl.constexpr, BLOCK_M: tl.constexpr, UPCAST: tl.constexpr,
-                   MASKED: tl.constexpr, FUSED: tl.constexpr, SUB: tl.constexpr):
+                   ds_ptr, ds_tile_ptr, G: tl.constexpr, P_TY: tl.constexpr, BLOCK_M: tl.constexpr,
+                   UPCAST: tl.constexpr, MASKED: tl.constexpr, FUSED: tl.constexpr, SUB: tl.constexpr,
+                   DS_STORE: tl.constexpr):
     """dk, dv += one tile of BLOCK_M query rows, computed transposed ([keys, rows]) so that no register tile is
     transposed. MASKED: causal, row and length masks; else every row sees every key of the block.
-    FUSED: also dq of the tile += dS @ K, added into the fp32 workspace in its turn (`_bwd_dq_in_turn`)."""
+    FUSED: also dq of the tile += dS @ K, added into the fp32 workspace in its turn (`_bwd_dq_in_turn`).
+    DS_STORE: dS (rounded as the dq kernel rounds it) is stored into the (sequence, KV head)'s region at ds_ptr
+    (`_ds_store`), for `_attn_bwd_dq_ds_kernel`."""
     o_i = i0 + tl.arange(0, BLOCK_M)
     q_pos = o_i // G
     h = kvh * G + o_i % G
@@ -714,6 +879,8 @@ def _bwd_dkdv_rows(b_k, b_v, dk, dv, q_ptr, do_ptr, lse_ptr, delta_ptr, i0, b, k
     dst = pt * (dpt - b_delta[None, :])
     dst = dst.to(P_TY).to(b_qt.dtype)
     dk = tl.dot(dst, tl.trans(b_qt), dk)
+    if DS_STORE:
+        _ds_store(ds_ptr, ds_tile_ptr, dst, i0, turn, L, m_row, G, SUB, MASKED)
     if FUSED:
         _bwd_dq_in_turn(tl.trans(dst), b_k, ws_ptr + row, m_row, cnt_ptr + i0 // BLOCK_M, turn, MASKED, SUB, UPCAST)
     return dk, dv
@@ -784,6 +951,10 @@ def _attn_bwd_dkdv_kernel(
     cu_ptr,
     ws_ptr,  # FUSED: fp32 dq accumulator, shaped and strided like q
     cnt_ptr,  # FUSED: int32 [1 + n_seq * n_kv_heads * n_tiles], zeroed: the ticket, then each row tile's turn
+    ds_ptr,  # DS_STORE: the dS workspace (q's dtype), one region per (sequence, KV head) of this launch
+    ds_base_ptr,  # DS_STORE: int64 [n_seq * n_kv_heads]: where each region starts
+    ds_tile_ptr,  # DS_STORE: int64 [row tiles]: where each row tile's blocks start in a region (`_ds_store`)
+    kvh0,  # the first KV head of this launch (n_kv_heads of them; the dS workspace may not hold all heads at once)
     stride_qb, stride_qh, stride_qs,
     stride_kb, stride_kh, stride_ks,
     stride_vb, stride_vh, stride_vs,
@@ -798,7 +969,8 @@ def _attn_bwd_dkdv_kernel(
     VARLEN: tl.constexpr,
     UPCAST: tl.constexpr,
     FUSED: tl.constexpr = False,
-    SUB: tl.constexpr = 64,  # FUSED: keys per dq dot (DQ_BLOCK_N)
+    SUB: tl.constexpr = 64,  # FUSED, DS_STORE: keys per dq dot (DQ_BLOCK_N)
+    DS_STORE: tl.constexpr = False,
 ):
     """dk, dv of BLOCK_N keys: the group's query rows (position, head) in tiles of BLOCK_M (which sets the sum),
     in order from the last tile down to the first that can see the block; tiles are aligned to multiples of
@@ -818,7 +990,9 @@ def _attn_bwd_dkdv_kernel(
         pid_n = tl.program_id(0)
         pid_bh = tl.program_id(1).to(tl.int64)
     b = pid_bh // n_kv_heads
-    kvh = pid_bh % n_kv_heads
+    kvh = kvh0 + pid_bh % n_kv_heads
+    if DS_STORE:
+        ds_ptr = ds_ptr + tl.multiple_of(tl.load(ds_base_ptr + pid_bh), BLOCK_M * SUB)
     if VARLEN:
         start = tl.load(cu_ptr + b).to(tl.int64)
         L = (tl.load(cu_ptr + b + 1) - tl.load(cu_ptr + b)).to(tl.int32)
@@ -853,16 +1027,18 @@ def _attn_bwd_dkdv_kernel(
     for t in range(0, (i_stop - i_tail) // BLOCK_M):
         dk, dv = _bwd_dkdv_rows(b_k, b_v, dk, dv, q_ptr, do_ptr, lse_ptr, delta_ptr, i_stop - BLOCK_M - t * BLOCK_M,
                                 b, kvh, start, L, k_pos, o_d, stride_qb, stride_qh, stride_qs, stride_lb, stride_lh,
-                                stride_ls, qk_scale, ws_ptr, cnt_ptr, turn, G, P_TY, BLOCK_M, UPCAST, True, FUSED, SUB)
+                                stride_ls, qk_scale, ws_ptr, cnt_ptr, turn, ds_ptr, ds_tile_ptr, G, P_TY, BLOCK_M,
+                                UPCAST, True, FUSED, SUB, DS_STORE)
     for t in range(0, (i_tail - i_full) // BLOCK_M):
         dk, dv = _bwd_dkdv_rows(b_k, b_v, dk, dv, q_ptr, do_ptr, lse_ptr, delta_ptr, i_tail - BLOCK_M - t * BLOCK_M,
                                 b, kvh, start, L, k_pos, o_d, stride_qb, stride_qh, stride_qs, stride_lb, stride_lh,
-                                stride_ls, qk_scale, ws_ptr, cnt_ptr, turn, G, P_TY, BLOCK_M, UPCAST, False, FUSED,
-                                SUB)
+                                stride_ls, qk_scale, ws_ptr, cnt_ptr, turn, ds_ptr, ds_tile_ptr, G, P_TY, BLOCK_M,
+                                UPCAST, False, FUSED, SUB, DS_STORE)
     for t in range(0, (i_full - i_lo) // BLOCK_M):
         dk, dv = _bwd_dkdv_rows(b_k, b_v, dk, dv, q_ptr, do_ptr, lse_ptr, delta_ptr, i_full - BLOCK_M - t * BLOCK_M,
                                 b, kvh, start, L, k_pos, o_d, stride_qb, stride_qh, stride_qs, stride_lb, stride_lh,
-                                stride_ls, qk_scale, ws_ptr, cnt_ptr, turn, G, P_TY, BLOCK_M, UPCAST, True, FUSED, SUB)
+                                stride_ls, qk_scale, ws_ptr, cnt_ptr, turn, ds_ptr, ds_tile_ptr, G, P_TY, BLOCK_M,
+                                UPCAST, True, FUSED, SUB, DS_STORE)
     dk = dk * sm_scale
     tl.store(dk_ptr + k_off, dk.to(dk_ptr.dtype.element_ty), mask=m_k[:, None])
     tl.store(dv_ptr + v_off, dv.to(dv_ptr.dtype.element_ty), mask=m_k[:, None])
@@ -885,10 +1061,11 @@ def _tiles() -> dict:
     if INTERPRET:
         return {**CONFIG, "BLOCK_N": CONFIG["BLOCK_N_INTERPRET"], "CHUNK_BLOCKS": CONFIG["CHUNK_BLOCKS_INTERPRET"],
                 "BLOCK_M": 16, "DECODE_BLOCK_M": 16, "DQ_BLOCK_M": 16, "DQ_BLOCK_N": CONFIG["BLOCK_N_INTERPRET"],
-                "DKDV_BLOCK_M": 16,
+                "DKDV_BLOCK_M": 16, "DS_DQ_BLOCK_M": 16, "DS_MIN_PROGRAMS": 0,
                 "DQ_TILE_N": CONFIG["BLOCK_N_INTERPRET"] * CONFIG["DQ_TILE_N"] // CONFIG["DQ_BLOCK_N"],
                 # the key tile keeps its ratio to the dq block (the fused dq splits a double tile in two)
-                "DKDV_BLOCK_N": CONFIG["BLOCK_N_INTERPRET"] * CONFIG["DKDV_BLOCK_N"] // CONFIG["DQ_BLOCK_N"]}
+                "DKDV_BLOCK_N": CONFIG["BLOCK_N_INTERPRET"] * CONFIG["DKDV_BLOCK_N"] // CONFIG["DQ_BLOCK_N"],
+                "DS_DKDV_BLOCK_N": CONFIG["BLOCK_N_INTERPRET"] * CONFIG["DS_DKDV_BLOCK_N"] // CONFIG["DQ_BLOCK_N"]}
     return CONFIG
 
 
@@ -971,6 +1148,53 @@ def _fwd(q, k, v, cu, n_seq, max_len, seq_len, scale, varlen):
     return o, lse
 
 
+def _ds_max_bytes() -> int:
+    """DS_STORE_MAX_BYTES, or TIK_ATTN_DS_MAX_BYTES from the environment (bytes, a non-negative integer)."""
+    raw = os.environ.get("TIK_ATTN_DS_MAX_BYTES")
+    if raw is None:
+        return DS_STORE_MAX_BYTES
+    if not raw.strip().isdigit():
+        raise ValueError(f"TIK_ATTN_DS_MAX_BYTES must be a number of bytes (0 or more), got {raw!r}")
+    return int(raw)
+
+
+@functools.lru_cache(maxsize=64)
+def _ds_blocks_before(n: int, tm: int, G: int, sub: int) -> int:
+    """Blocks the row tiles 0 ... n - 1 hold in the dS workspace (the host's `_ds_blocks` summed)."""
+    return sum((t * tm + tm - 1) // G // sub + 1 for t in range(n))
+
+
+def _ds_plan(q, cu, n_seq, max_len, seq_len, G, hk, sub, tm, varlen):
+    """BWD_DS_STORE's workspace: (dS buffer, int64 region starts [n_seq * hc], int64 row-tile starts, hc KV heads
+    per launch), or None where one KV head's dS would pass DS_STORE_MAX_BYTES (then the dq kernel computes dq).
+
+    Row tile t (tm rows) holds blocks 0 ... (t * tm + tm - 1) // G // sub of sub keys, tm * sub entries each, one
+    after another; tiles follow each other (tile t starts at the sum of the earlier tiles' sizes, the same in
+    every region), so a region is the causal half of dS and a sequence of n tiles needs start[n] entries per KV
+    head. Dense: exactly that per sequence. Packed: sum_s start[n_s] <= (sum_s n_s) * (the last tile's size)
+    bounds the buffer without reading the lengths on the host; the regions' starts are computed on the device from
+    cu. hc is the largest divisor of the KV heads that fits, so every launch has hc heads."""
+    dev = q.device
+    n_tiles = -(-max_len * G // tm)
+    # (and a few tiles past the last: the dq kernel's last row tile may reach past the longest sequence's end)
+    blocks = (torch.arange(n_tiles + 4, device=dev) * tm + tm - 1) // G // sub + 1
+    tile_start = torch.zeros(n_tiles + 4, dtype=torch.long, device=dev)
+    tile_start[1:] = torch.cumsum(blocks[:-1] * (tm * sub), 0)
+    lens = (cu[1:] - cu[:-1]).long() if varlen else torch.full((n_seq,), seq_len, dtype=torch.long, device=dev)
+    need = tile_start[(lens * G + tm - 1) // tm]
+    if varlen:
+        per_head = (q.shape[0] * G // tm + n_seq) * ((n_tiles * tm - 1) // G // sub + 1) * tm * sub
+    else:  # computed on the host too (reading tile_start would wait for the device, and cannot be captured)
+        per_head = n_seq * tm * sub * _ds_blocks_before(n_tiles, tm, G, sub)
+    fit = _ds_max_bytes() // max(1, per_head * q.element_size())
+    hc = max((h for h in range(1, hk + 1) if hk % h == 0 and h <= fit), default=0)
+    if hc == 0:
+        return None
+    starts = hc * (torch.cumsum(need, 0) - need)
+    base = (starts[:, None] + torch.arange(hc, device=dev)[None, :] * need[:, None]).reshape(-1).contiguous()
+    return torch.empty(hc * per_head, dtype=q.dtype, device=dev), base, tile_start, hc
+
+
 def _bwd(q, k, v, o, lse, do, cu, n_seq, max_len, seq_len, scale, varlen):
     cfg = _tiles()
     hq, hk, d = q.shape[-2 if varlen else 1], k.shape[-2 if varlen else 1], q.shape[-1]
@@ -1000,13 +1224,34 @@ def _bwd(q, k, v, o, lse, do, cu, n_seq, max_len, seq_len, scale, varlen):
         n_tiles = triton.cdiv(max_len * G, cfg["DKDV_BLOCK_M"])
         cnt = torch.zeros(1 + n_seq * hk * n_tiles, dtype=torch.int32, device=q.device)
         _attn_bwd_dkdv_kernel[(n_seq * hk * n_blocks,)](
-            q, k, v, do, dk, dv, lse, delta, cu, ws, cnt, *strides, seq_len, hk, scale * _LOG2E, scale,
+            q, k, v, do, dk, dv, lse, delta, cu, ws, cnt, ws, cnt, cnt, 0, *strides, seq_len, hk, scale * _LOG2E, scale,
             n_seq * hk, n_tiles, BLOCK_M=cfg["DKDV_BLOCK_M"], BLOCK_N=bn, FUSED=True, SUB=sub, **common)
         _attn_bwd_dq_finish_kernel[(triton.cdiv(ws.numel(), 1024),)](ws, dq, ws.numel(), scale, BLOCK=1024,
                                                                       **_launch_opts(4, 1))
         return dq, dk, dv
     grid = (triton.cdiv(max_len * G, cfg["DQ_BLOCK_M"]), n_seq * hk)
     sub = cfg["DQ_BLOCK_N"]
+    if cfg.get("BWD_DS_STORE", 0):
+        tm, bn, bm = cfg["DKDV_BLOCK_M"], cfg["DS_DKDV_BLOCK_N"], cfg["DS_DQ_BLOCK_M"]
+        if bn not in (sub, 2 * sub) or bm % tm:
+            raise ValueError("BWD_DS_STORE needs DS_DKDV_BLOCK_N = DQ_BLOCK_N or twice it and DS_DQ_BLOCK_M a "
+                             f"multiple of DKDV_BLOCK_M, got {bn}, {sub}, {bm}, {tm}")
+        plan = _ds_plan(q, cu, n_seq, max_len, seq_len, G, hk, sub, tm, varlen)
+        # programs of one dk/dv launch (packed: every sequence's blocks, at most the tokens' blocks + one each)
+        blocks = min(n_seq * triton.cdiv(max_len, bn), triton.cdiv(q.shape[0], bn) + n_seq) if varlen else \
+            n_seq * triton.cdiv(max_len, bn)
+        if plan is not None and blocks * plan[3] >= cfg.get("DS_MIN_PROGRAMS", 0):
+            ds, base, tiles, hc = plan
+            for kvh0 in range(0, hk, hc):
+                _attn_bwd_dkdv_kernel[(triton.cdiv(max_len, bn), n_seq * hc)](
+                    q, k, v, do, dk, dv, lse, delta, cu, dq, cu, ds, base, tiles, kvh0, *strides, seq_len, hc,
+                    scale * _LOG2E, scale, 0, 0, BLOCK_M=tm, BLOCK_N=bn, SUB=sub, DS_STORE=True, **common)
+                _attn_bwd_dq_ds_kernel[(triton.cdiv(max_len * G, bm), n_seq * hc)](
+                    k, ds, base, tiles, dq, cu, *_row_strides(q, varlen), *_row_strides(k, varlen), seq_len, hc, kvh0,
+                    scale, G=G, D=d, BLOCK_M=bm, TM=tm, SUB=sub, VARLEN=varlen, UPCAST=INTERPRET,
+                    LONGEST_FIRST=bool(cfg.get("DS_LONGEST_FIRST", 0)),
+                    **_launch_opts(cfg["ds_dq_num_warps"], cfg["ds_dq_num_stages"]))
+            return dq, dk, dv
     tile = cfg.get("DQ_TILE_N", sub)
     if tile not in (sub, 2 * sub):
         raise ValueError(f"DQ_TILE_N must be DQ_BLOCK_N or twice it, got {tile} and {sub}")
@@ -1020,7 +1265,8 @@ def _bwd(q, k, v, o, lse, do, cu, n_seq, max_len, seq_len, scale, varlen):
         scale, G=G, D=d, BLOCK_M=cfg["DQ_BLOCK_M"], BLOCK_N=tile, SUB=sub, VARLEN=varlen, UPCAST=INTERPRET, TMA=tma,
         LONGEST_FIRST=bool(cfg.get("DQ_LONGEST_FIRST", 0)),
         **_launch_opts(cfg.get("dq_num_warps", cfg["bwd_num_warps"]), cfg.get("dq_num_stages", cfg["bwd_num_stages"])))
-    _attn_bwd_dkdv_kernel[(n_blocks, n_seq * hk)](q, k, v, do, dk, dv, lse, delta, cu, dq, cu, *strides, seq_len, hk,
+    _attn_bwd_dkdv_kernel[(n_blocks, n_seq * hk)](q, k, v, do, dk, dv, lse, delta, cu, dq, cu, dq, cu, cu, 0, *strides,
+                                                  seq_len, hk,
                                                   scale * _LOG2E, scale, 0, 0, BLOCK_M=cfg["DKDV_BLOCK_M"],
                                                   BLOCK_N=cfg["DKDV_BLOCK_N"], **common)
     return dq, dk, dv
