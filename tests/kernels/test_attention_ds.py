@@ -70,10 +70,10 @@ def _plan_args(A, layout, q, k):
     sub, tm = A._tiles()["DQ_BLOCK_N"], A._tiles()["DKDV_BLOCK_M"]
     if layout == "dense":
         cu = torch.zeros(1, dtype=torch.int32)
-        return cu, q.shape[0], q.shape[2], q.shape[2], G, hk, sub, tm, False
+        return cu, q.shape[0], q.shape[2], q.shape[2], G, hk, sub, tm, 2 * sub, 0, False
     lens = [3, 21, 10] if layout == "packed" else [1 + (7 * i) % 30 for i in range(12)]
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
-    return cu, len(lens), max(lens), 0, G, hk, sub, tm, True
+    return cu, len(lens), max(lens), 0, G, hk, sub, tm, 2 * sub, 0, True
 
 
 def test_ds_store_planted_order_change_is_seen(tmp_path, monkeypatch):
@@ -132,7 +132,7 @@ def test_ds_store_is_used_only_where_it_fills_the_gpu_and_fits(monkeypatch):
     orig = A._tiles
     monkeypatch.setattr(A, "_tiles", lambda: {**orig(), "DS_MIN_PROGRAMS": 10**6})
     got = _grads(A, fwd, q, k, v, go, 1, 64, monkeypatch)
-    assert len(used) == 1, "a launch below DS_MIN_PROGRAMS stored dS"
+    assert len(used) == 1 and calls[-1] is None, "a launch below DS_MIN_PROGRAMS stored dS"
     monkeypatch.setattr(A, "_tiles", orig)
     monkeypatch.setenv("TIK_ATTN_DS_MAX_BYTES", "0")
     got = _grads(A, fwd, q, k, v, go, 1, 64, monkeypatch)

@@ -1164,34 +1164,63 @@ def _ds_blocks_before(n: int, tm: int, G: int, sub: int) -> int:
     return sum((t * tm + tm - 1) // G // sub + 1 for t in range(n))
 
 
-def _ds_plan(q, cu, n_seq, max_len, seq_len, G, hk, sub, tm, varlen):
+#: BWD_DS_STORE's index tables, kept per shape and device (not while a CUDA graph is being captured: a tensor made
+#: then lives in the graph's memory pool)
+_DS_TABLES: dict = {}
+
+
+def _ds_table(key: tuple, make):
+    if key in _DS_TABLES:
+        return _DS_TABLES[key]
+    t = make()
+    device = key[-1]
+    if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        if len(_DS_TABLES) > 256:
+            _DS_TABLES.clear()
+        _DS_TABLES[key] = t
+    return t
+
+
+def _ds_plan(q, cu, n_seq, max_len, seq_len, G, hk, sub, tm, bn, min_programs, varlen):
     """BWD_DS_STORE's workspace: (dS buffer, int64 region starts [n_seq * hc], int64 row-tile starts, hc KV heads
-    per launch), or None where one KV head's dS would pass DS_STORE_MAX_BYTES (then the dq kernel computes dq).
+    per launch), or None where the dq kernel computes dq instead: one KV head's dS would pass the budget
+    (`_ds_max_bytes`), or a dk/dv launch would have fewer than min_programs programs.
 
     Row tile t (tm rows) holds blocks 0 ... (t * tm + tm - 1) // G // sub of sub keys, tm * sub entries each, one
     after another; tiles follow each other (tile t starts at the sum of the earlier tiles' sizes, the same in
     every region), so a region is the causal half of dS and a sequence of n tiles needs start[n] entries per KV
     head. Dense: exactly that per sequence. Packed: sum_s start[n_s] <= (sum_s n_s) * (the last tile's size)
     bounds the buffer without reading the lengths on the host; the regions' starts are computed on the device from
-    cu. hc is the largest divisor of the KV heads that fits, so every launch has hc heads."""
+    cu. hc is the largest divisor of the KV heads that fits, so every launch has hc heads. Everything the decision
+    needs is known on the host: nothing waits for the device, and the whole backward can be captured in a graph."""
     dev = q.device
     n_tiles = -(-max_len * G // tm)
-    # (and a few tiles past the last: the dq kernel's last row tile may reach past the longest sequence's end)
-    blocks = (torch.arange(n_tiles + 4, device=dev) * tm + tm - 1) // G // sub + 1
-    tile_start = torch.zeros(n_tiles + 4, dtype=torch.long, device=dev)
-    tile_start[1:] = torch.cumsum(blocks[:-1] * (tm * sub), 0)
-    lens = (cu[1:] - cu[:-1]).long() if varlen else torch.full((n_seq,), seq_len, dtype=torch.long, device=dev)
-    need = tile_start[(lens * G + tm - 1) // tm]
     if varlen:
         per_head = (q.shape[0] * G // tm + n_seq) * ((n_tiles * tm - 1) // G // sub + 1) * tm * sub
-    else:  # computed on the host too (reading tile_start would wait for the device, and cannot be captured)
+        # programs of one dk/dv launch that have keys (at most every token's blocks plus one per sequence)
+        blocks = min(n_seq * triton.cdiv(max_len, bn), triton.cdiv(q.shape[0], bn) + n_seq)
+    else:
         per_head = n_seq * tm * sub * _ds_blocks_before(n_tiles, tm, G, sub)
+        blocks = n_seq * triton.cdiv(max_len, bn)
     fit = _ds_max_bytes() // max(1, per_head * q.element_size())
     hc = max((h for h in range(1, hk + 1) if hk % h == 0 and h <= fit), default=0)
-    if hc == 0:
+    if hc == 0 or blocks * hc < min_programs:
         return None
-    starts = hc * (torch.cumsum(need, 0) - need)
-    base = (starts[:, None] + torch.arange(hc, device=dev)[None, :] * need[:, None]).reshape(-1).contiguous()
+
+    def tiles():  # (and a few tiles past the last: the dq kernel's last row tile may reach past the longest sequence)
+        n_blocks = (torch.arange(n_tiles + 4, device=dev) * tm + tm - 1) // G // sub + 1
+        start = torch.zeros(n_tiles + 4, dtype=torch.long, device=dev)
+        start[1:] = torch.cumsum(n_blocks[:-1] * (tm * sub), 0)
+        return start
+
+    tile_start = _ds_table(("tiles", n_tiles, tm, G, sub, dev), tiles)
+    if varlen:
+        need = tile_start[((cu[1:] - cu[:-1]).long() * G + tm - 1) // tm]
+        starts = hc * (torch.cumsum(need, 0) - need)
+        base = (starts[:, None] + torch.arange(hc, device=dev)[None, :] * need[:, None]).reshape(-1).contiguous()
+    else:  # every region the same size: (b * hc + h) * per sequence
+        base = _ds_table(("base", n_seq * hc, per_head // n_seq, dev),
+                         lambda: torch.arange(n_seq * hc, device=dev) * (per_head // n_seq))
     return torch.empty(hc * per_head, dtype=q.dtype, device=dev), base, tile_start, hc
 
 
@@ -1236,11 +1265,8 @@ def _bwd(q, k, v, o, lse, do, cu, n_seq, max_len, seq_len, scale, varlen):
         if bn not in (sub, 2 * sub) or bm % tm:
             raise ValueError("BWD_DS_STORE needs DS_DKDV_BLOCK_N = DQ_BLOCK_N or twice it and DS_DQ_BLOCK_M a "
                              f"multiple of DKDV_BLOCK_M, got {bn}, {sub}, {bm}, {tm}")
-        plan = _ds_plan(q, cu, n_seq, max_len, seq_len, G, hk, sub, tm, varlen)
-        # programs of one dk/dv launch (packed: every sequence's blocks, at most the tokens' blocks + one each)
-        blocks = min(n_seq * triton.cdiv(max_len, bn), triton.cdiv(q.shape[0], bn) + n_seq) if varlen else \
-            n_seq * triton.cdiv(max_len, bn)
-        if plan is not None and blocks * plan[3] >= cfg.get("DS_MIN_PROGRAMS", 0):
+        plan = _ds_plan(q, cu, n_seq, max_len, seq_len, G, hk, sub, tm, bn, cfg.get("DS_MIN_PROGRAMS", 0), varlen)
+        if plan is not None:
             ds, base, tiles, hc = plan
             for kvh0 in range(0, hk, hc):
                 _attn_bwd_dkdv_kernel[(triton.cdiv(max_len, bn), n_seq * hc)](
