@@ -1,5 +1,6 @@
-"""Attention forward + backward: the two-kernel backward (the root's CONFIG) against its dq kernel's variants (DQ)
-and BWD_DQ_FUSED = 1, and SDPA flash, with each config's gradient bits compared with the root's.
+"""Attention forward + backward: the root's CONFIG (the stored-dS backward, BWD_DS_STORE) against its knobs, the
+dq kernel's path and its variants (BWD_DS_STORE = 0), BWD_DQ_FUSED = 1, and SDPA flash, with each config's gradient
+bits compared with the root's.
 
     PYTHONPATH=. python benchmarks/bench_attn_bwd.py --out benchmarks/results            # the H200 sweep
     PYTHONPATH=. python benchmarks/bench_attn_bwd.py --quick --out benchmarks/results    # 3 configs, S=16k only
@@ -7,11 +8,13 @@ and BWD_DQ_FUSED = 1, and SDPA flash, with each config's gradient bits compared 
     PYTHONPATH=. python benchmarks/bench_attn_bwd.py --fused-all --out benchmarks/results  # every FUSED config too
     PYTHONPATH=. python benchmarks/bench_attn_bwd.py --configs '^ds' --shapes '1,4096;1,16384'   # a subset
 
-Each config is its own copy of tik_kernels/ops/attention.py loaded with CONFIG changed (the tuner's moves);
-timing is benchmarks/harness.py's (CUDA-graph replay on rotating inputs, interleaved rounds, medians) of
-torch.autograd.grad through attention_prefill, as bench_speed.py's fwdbwd section. Per config: median ms,
-ratio to SDPA flash, and whether dq / dk / dv have the root's bits at that shape ("same_bits": dk and dv must;
-dq does if the MMA gives dS @ K the same bits from dS computed transposed). Writes attn_bwd_h200[_quick].{json,md}.
+Each config is its own copy of tik_kernels/ops/attention.py loaded with CONFIG changed (the tuner's moves; an
+upper-case module constant such as DS_STORE_MAX_BYTES may be set the same way); timing is benchmarks/harness.py's
+(CUDA-graph replay on rotating inputs, interleaved rounds, medians) of torch.autograd.grad through
+attention_prefill, as bench_speed.py's fwdbwd section; each row says whether it was graph-replayed (a config
+whose call cannot be captured is timed eager, with its launch cost: not comparable). Per config: median ms, ratio
+to SDPA flash, and whether dq / dk / dv have the root's bits at that shape ("same_bits": dk and dv must; dq does if
+the MMA gives dS @ K the same bits from dS computed transposed). Writes attn_bwd_h200[_quick][_subset].{json,md}.
 """
 
 from __future__ import annotations

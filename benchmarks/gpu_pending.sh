@@ -35,7 +35,8 @@
 #                     library roots (no incumbents), results in $R/e2e_full_<preset>/
 #   decode_breakdown
 #                 #19 one qwen3-0.6b decode step call by call, stock and unified ($R/decode_breakdown_h200_*.md)
-#   attn_bwd      #16 the attention backward variants (the dq kernel's knobs and launch order, fused dq) vs SDPA flash
+#   attn_bwd      #16 the attention backward variants (the stored-dS root's knobs and budget, the dq kernel's path
+#                     and its knobs, fused dq) vs SDPA flash
 #   speed         #16 bench_speed: linear / decode / prefill / fwd+bwd / ops vs stock, bits-gated;
 #                     $R/speed_h200.{md,json} and its keys of $R/summary_h200.json
 #   hf            #20 apply_tik on a random-init Qwen3-0.6B (transformers): bitwise log-probs, time vs stock,

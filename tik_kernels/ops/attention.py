@@ -62,15 +62,15 @@ rounded to the input dtype exactly as the dq kernel rounds it, into a workspace,
 dot(dS_j, K_j, acc) over blocks j = 0, 1, 2 ... of DQ_BLOCK_N keys: the dq kernel's chain on the same operands, one
 MMA per step. The workspace holds only the causal half: row tile t of DKDV_BLOCK_M rows keeps its blocks 0 ... the
 one holding its last position, one after another, and the tiles follow each other, so a dq program streams
-contiguous memory (a [sequence, head, row, key] layout would make every step a jump of megabytes and the reads
-far slower). Whether dS from K Q^T gives the MMA the bits of dS from Q K^T is the GPU's to say: on the H200 it does
-at every shape tried (tests/kernels/test_attention_ds.py, the contract's root_bits), so the root's gradients are
-the dq kernel's to the bit. The workspace takes B * Hq * S^2 / 2 entries (1.07 GB per KV head of 4 query heads at
+contiguous memory (a first layout, one slab of rows per key block, measured the same at S = 4k; at 16k it was only
+timed with one KV head per launch, which no layout makes fast). Whether dS from K Q^T gives the MMA the bits of dS
+from Q K^T is the GPU's to say: on the H200 it does at every shape tried (tests/kernels/test_attention_ds.py, the
+contract's root_bits), so the root's gradients are the dq kernel's to the bit. The workspace takes B * Hq * S^2 / 2 entries (1.07 GB per KV head of 4 query heads at
 S = 16k); past DS_STORE_MAX_BYTES (8 GiB; TIK_ATTN_DS_MAX_BYTES overrides) the KV heads go in groups, and where one
 head does not fit, or a dk/dv launch would have fewer than DS_MIN_PROGRAMS programs (every program's causal walk is
 as long as the longest: fewer than about two per SM leave SMs idle behind the longest), the dq kernel computes dq.
-On the H200 forward + backward takes 0.84-1.06x SDPA flash at S = 1k (8 sequences) to 16k where the dq kernel's
-path takes 1.15-1.42x (benchmarks/results/attn_bwd_h200_ds.md).
+On the H200 forward + backward takes 0.81-1.02x SDPA flash at S = 1k (8 sequences) to 16k where the dq kernel's
+path took 1.16-1.43x (benchmarks/results/speed_h200_prefill_fwdbwd.md; the knobs and budgets in attn_bwd_h200_ds.md).
 
 BWD_DQ_FUSED = 1 drops the dq kernel: the dk/dv kernel already has dS for every (row tile, KV block) pair it
 visits (transposed, from S^T = K Q^T), so it also adds dS @ K into an fp32 dq workspace laid out like q. The
@@ -1164,21 +1164,26 @@ def _ds_blocks_before(n: int, tm: int, G: int, sub: int) -> int:
     return sum((t * tm + tm - 1) // G // sub + 1 for t in range(n))
 
 
-#: BWD_DS_STORE's index tables, kept per shape and device (not while a CUDA graph is being captured: a tensor made
-#: then lives in the graph's memory pool)
-_DS_TABLES: dict = {}
+#: BWD_DS_STORE's row-tile starts, per (tile rows, group, keys per block, device), for a power-of-two count of
+#: tiles (a table is a prefix of every longer one, so a few sizes serve every length). Kept for good: a captured
+#: CUDA graph may read one, so none may be freed. Not filled while a graph is being captured (a tensor made then
+#: lives in the graph's memory pool).
+_DS_TILES: dict = {}
 
 
-def _ds_table(key: tuple, make):
-    if key in _DS_TABLES:
-        return _DS_TABLES[key]
-    t = make()
-    device = key[-1]
+def _ds_tile_starts(n_tiles: int, tm: int, G: int, sub: int, device: torch.device) -> torch.Tensor:
+    """Where each row tile's blocks start in a region (entries), for at least n_tiles + 4 tiles (the dq kernel's
+    last row tile may reach a few tiles past the longest sequence's end)."""
+    n = triton.next_power_of_2(n_tiles + 4)
+    key = (n, tm, G, sub, device)
+    if key in _DS_TILES:
+        return _DS_TILES[key]
+    blocks = (torch.arange(n, device=device) * tm + tm - 1) // G // sub + 1
+    start = torch.zeros(n, dtype=torch.long, device=device)
+    start[1:] = torch.cumsum(blocks[:-1] * (tm * sub), 0)
     if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-        if len(_DS_TABLES) > 256:
-            _DS_TABLES.clear()
-        _DS_TABLES[key] = t
-    return t
+        _DS_TILES[key] = start
+    return start
 
 
 def _ds_plan(q, cu, n_seq, max_len, seq_len, G, hk, sub, tm, bn, min_programs, varlen):
@@ -1207,20 +1212,13 @@ def _ds_plan(q, cu, n_seq, max_len, seq_len, G, hk, sub, tm, bn, min_programs, v
     if hc == 0 or blocks * hc < min_programs:
         return None
 
-    def tiles():  # (and a few tiles past the last: the dq kernel's last row tile may reach past the longest sequence)
-        n_blocks = (torch.arange(n_tiles + 4, device=dev) * tm + tm - 1) // G // sub + 1
-        start = torch.zeros(n_tiles + 4, dtype=torch.long, device=dev)
-        start[1:] = torch.cumsum(n_blocks[:-1] * (tm * sub), 0)
-        return start
-
-    tile_start = _ds_table(("tiles", n_tiles, tm, G, sub, dev), tiles)
+    tile_start = _ds_tile_starts(n_tiles, tm, G, sub, dev)
     if varlen:
         need = tile_start[((cu[1:] - cu[:-1]).long() * G + tm - 1) // tm]
         starts = hc * (torch.cumsum(need, 0) - need)
         base = (starts[:, None] + torch.arange(hc, device=dev)[None, :] * need[:, None]).reshape(-1).contiguous()
     else:  # every region the same size: (b * hc + h) * per sequence
-        base = _ds_table(("base", n_seq * hc, per_head // n_seq, dev),
-                         lambda: torch.arange(n_seq * hc, device=dev) * (per_head // n_seq))
+        base = torch.arange(n_seq * hc, device=dev) * (per_head // n_seq)
     return torch.empty(hc * per_head, dtype=q.dtype, device=dev), base, tile_start, hc
 
 
