@@ -65,8 +65,8 @@ one holding its last position, one after another, and the tiles follow each othe
 contiguous memory (a first layout, one slab of rows per key block, measured the same at S = 4k; at 16k it was only
 timed with one KV head per launch, which no layout makes fast). Whether dS from K Q^T gives the MMA the bits of dS
 from Q K^T is the GPU's to say: on the H200 it does at every shape tried (tests/kernels/test_attention_ds.py, the
-contract's root_bits), so the root's gradients are the dq kernel's to the bit. The workspace takes B * Hq * S^2 / 2 entries (1.07 GB per KV head of 4 query heads at
-S = 16k); past DS_STORE_MAX_BYTES (8 GiB; TIK_ATTN_DS_MAX_BYTES overrides) the KV heads go in groups, and where one
+contract's root_bits), so the root's gradients are the dq kernel's to the bit. The workspace takes B * Hq * S^2 / 2
+entries (1.07 GB per KV head of 4 query heads at S = 16k); past DS_STORE_MAX_BYTES (8 GiB; TIK_ATTN_DS_MAX_BYTES overrides) the KV heads go in groups, and where one
 head does not fit, or a dk/dv launch would have fewer than DS_MIN_PROGRAMS programs (every program's causal walk is
 as long as the longest: fewer than about two per SM leave SMs idle behind the longest), the dq kernel computes dq.
 On the H200 forward + backward takes 0.81-1.02x SDPA flash at S = 1k (8 sequences) to 16k where the dq kernel's
