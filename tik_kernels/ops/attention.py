@@ -66,11 +66,12 @@ contiguous memory (a first layout, one slab of rows per key block, measured the 
 timed with one KV head per launch, which no layout makes fast). Whether dS from K Q^T gives the MMA the bits of dS
 from Q K^T is the GPU's to say: on the H200 it does at every shape tried (tests/kernels/test_attention_ds.py, the
 contract's root_bits), so the root's gradients are the dq kernel's to the bit. The workspace takes B * Hq * S^2 / 2
-entries (1.07 GB per KV head of 4 query heads at S = 16k); past DS_STORE_MAX_BYTES (8 GiB; TIK_ATTN_DS_MAX_BYTES overrides) the KV heads go in groups, and where one
-head does not fit, or a dk/dv launch would have fewer than DS_MIN_PROGRAMS programs (every program's causal walk is
-as long as the longest: fewer than about two per SM leave SMs idle behind the longest), the dq kernel computes dq.
-On the H200 forward + backward takes 0.81-1.02x SDPA flash at S = 1k (8 sequences) to 16k where the dq kernel's
-path took 1.16-1.43x (benchmarks/results/speed_h200_prefill_fwdbwd.md; the knobs and budgets in attn_bwd_h200_ds.md).
+entries (1.07 GB per KV head of 4 query heads at S = 16k); past DS_STORE_MAX_BYTES (8 GiB; TIK_ATTN_DS_MAX_BYTES
+overrides) the KV heads go in groups, and where one head does not fit, or a dk/dv launch would have fewer than
+DS_MIN_PROGRAMS programs (every program's causal walk is as long as the longest: fewer than about two per SM leave
+SMs idle behind the longest), the dq kernel computes dq. On the H200 forward + backward takes 0.81-1.02x SDPA flash
+at S = 1k (8 sequences) to 16k where the dq kernel's path took 1.16-1.43x
+(benchmarks/results/speed_h200_prefill_fwdbwd.md; the knobs and budgets in attn_bwd_h200_ds.md).
 
 BWD_DQ_FUSED = 1 drops the dq kernel: the dk/dv kernel already has dS for every (row tile, KV block) pair it
 visits (transposed, from S^T = K Q^T), so it also adds dS @ K into an fp32 dq workspace laid out like q. The
