@@ -106,8 +106,8 @@ def test_ds_store_rejects_a_key_tile_that_is_not_one_or_two_dq_blocks(monkeypatc
 
 def test_ds_store_is_used_only_where_it_fills_the_gpu_and_fits(monkeypatch):
     """The root stores dS on the interpreter's small shapes (DS_MIN_PROGRAMS is 0 there); a launch with fewer dk/dv
-    programs than DS_MIN_PROGRAMS, and a budget of 0 (TIK_ATTN_DS_MAX_BYTES=0), keep the dq kernel; the bits are the
-    same every way; a malformed TIK_ATTN_DS_MAX_BYTES is a clear error."""
+    programs than DS_MIN_PROGRAMS, a budget of 0 (TIK_ATTN_DS_MAX_BYTES=0) and a workspace the allocator cannot give
+    keep the dq kernel; the bits are the same every way; a malformed TIK_ATTN_DS_MAX_BYTES is a clear error."""
     import tik_kernels.ops.attention as A
 
     fwd, q, k, v, go = _case(A, "packed", 4)
@@ -139,6 +139,16 @@ def test_ds_store_is_used_only_where_it_fills_the_gpu_and_fits(monkeypatch):
     assert len(used) == 1 and calls[-1] is None, "a budget of 0 bytes stored dS"
     for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
         assert same_bits(a, b), f"dq kernel under BWD_DS_STORE: {name}"
+    monkeypatch.delenv("TIK_ATTN_DS_MAX_BYTES")
+
+    def no_memory(*_):
+        raise torch.OutOfMemoryError("no memory for dS")
+
+    monkeypatch.setattr(A, "_ds_alloc", no_memory)
+    got = _grads(A, fwd, q, k, v, go, 1, 64, monkeypatch)
+    assert len(used) == 1 and calls[-1] is None, "an allocation that failed still stored dS"
+    for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
+        assert same_bits(a, b), f"dq kernel after an out-of-memory workspace: {name}"
     monkeypatch.setenv("TIK_ATTN_DS_MAX_BYTES", "lots")
     with pytest.raises(ValueError, match="TIK_ATTN_DS_MAX_BYTES"):
         _grads(A, fwd, q, k, v, go, 1, 64, monkeypatch)

@@ -66,12 +66,13 @@ contiguous memory (a first layout, one slab of rows per key block, measured the 
 timed with one KV head per launch, which no layout makes fast). Whether dS from K Q^T gives the MMA the bits of dS
 from Q K^T is the GPU's to say: on the H200 it does at every shape tried (tests/kernels/test_attention_ds.py, the
 contract's root_bits), so the root's gradients are the dq kernel's to the bit. The workspace takes B * Hq * S^2 / 2
-entries (1.07 GB per KV head of 4 query heads at S = 16k); past DS_STORE_MAX_BYTES (8 GiB; TIK_ATTN_DS_MAX_BYTES
-overrides) the KV heads go in groups, and where one head does not fit, or a dk/dv launch would have fewer than
-DS_MIN_PROGRAMS programs (every program's causal walk is as long as the longest: fewer than about two per SM leave
-SMs idle behind the longest), the dq kernel computes dq. On the H200 forward + backward takes 0.81-1.02x SDPA flash
-at S = 1k (8 sequences) to 16k where the dq kernel's path took 1.16-1.43x
-(benchmarks/results/speed_h200_prefill_fwdbwd.md; the knobs and budgets in attn_bwd_h200_ds.md).
+entries (1.07 GB per KV head of 4 query heads at S = 16k); past DS_STORE_MAX_BYTES (8 GiB, at most an eighth of the
+GPU's memory; TIK_ATTN_DS_MAX_BYTES overrides; a workspace the allocator cannot give now means the dq kernel) the KV
+heads go in groups, and where one head does not fit, or a dk/dv launch would have fewer than DS_MIN_PROGRAMS
+programs (every program's causal walk is as long as the longest: fewer than about two per SM leave SMs idle behind
+the longest), the dq kernel computes dq. On the H200 forward + backward takes 0.81-1.02x SDPA flash at S = 1k (8
+sequences) to 16k where the dq kernel's path took 1.16-1.43x (benchmarks/results/speed_h200_prefill_fwdbwd.md; the
+knobs and budgets in attn_bwd_h200_ds.md).
 
 BWD_DQ_FUSED = 1 drops the dq kernel: the dk/dv kernel already has dS for every (row tile, KV block) pair it
 visits (transposed, from S^T = K Q^T), so it also adds dS @ K into an fp32 dq workspace laid out like q. The
@@ -218,7 +219,8 @@ CONFIG = {
 
 #: BWD_DS_STORE: the most bytes its dS workspace may take (the causal half of dS in q's dtype: at S = 16k, 1.07 GB
 #: per KV head of 4 query heads); KV heads are processed in groups that fit, and a backward whose single KV head
-#: would not fit uses the dq kernel. TIK_ATTN_DS_MAX_BYTES in the environment sets it (0: never store dS)
+#: would not fit uses the dq kernel. At most an eighth of the GPU's memory; TIK_ATTN_DS_MAX_BYTES in the environment
+#: sets it (0: never store dS)
 DS_STORE_MAX_BYTES = 8 << 30
 
 _LOG2E = 1.4426950408889634
@@ -1149,14 +1151,22 @@ def _fwd(q, k, v, cu, n_seq, max_len, seq_len, scale, varlen):
     return o, lse
 
 
-def _ds_max_bytes() -> int:
-    """DS_STORE_MAX_BYTES, or TIK_ATTN_DS_MAX_BYTES from the environment (bytes, a non-negative integer)."""
+def _ds_max_bytes(device: torch.device) -> int:
+    """TIK_ATTN_DS_MAX_BYTES from the environment (bytes, a non-negative integer), else DS_STORE_MAX_BYTES, but at
+    most an eighth of a GPU's memory (8 GiB is 6% of an H200, a third of a 24 GB card)."""
     raw = os.environ.get("TIK_ATTN_DS_MAX_BYTES")
-    if raw is None:
-        return DS_STORE_MAX_BYTES
-    if not raw.strip().isdigit():
-        raise ValueError(f"TIK_ATTN_DS_MAX_BYTES must be a number of bytes (0 or more), got {raw!r}")
-    return int(raw)
+    if raw is not None:
+        if not raw.strip().isdigit():
+            raise ValueError(f"TIK_ATTN_DS_MAX_BYTES must be a number of bytes (0 or more), got {raw!r}")
+        return int(raw)
+    if device.type == "cuda":
+        return min(DS_STORE_MAX_BYTES, _device_bytes(device) // 8)
+    return DS_STORE_MAX_BYTES
+
+
+@functools.lru_cache(maxsize=16)
+def _device_bytes(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).total_memory
 
 
 @functools.lru_cache(maxsize=64)
@@ -1208,7 +1218,7 @@ def _ds_plan(q, cu, n_seq, max_len, seq_len, G, hk, sub, tm, bn, min_programs, v
     else:
         per_head = n_seq * tm * sub * _ds_blocks_before(n_tiles, tm, G, sub)
         blocks = n_seq * triton.cdiv(max_len, bn)
-    fit = _ds_max_bytes() // max(1, per_head * q.element_size())
+    fit = _ds_max_bytes(dev) // max(1, per_head * q.element_size())
     hc = max((h for h in range(1, hk + 1) if hk % h == 0 and h <= fit), default=0)
     if hc == 0 or blocks * hc < min_programs:
         return None
@@ -1220,7 +1230,15 @@ def _ds_plan(q, cu, n_seq, max_len, seq_len, G, hk, sub, tm, bn, min_programs, v
         base = (starts[:, None] + torch.arange(hc, device=dev)[None, :] * need[:, None]).reshape(-1).contiguous()
     else:  # every region the same size: (b * hc + h) * per sequence
         base = torch.arange(n_seq * hc, device=dev) * (per_head // n_seq)
-    return torch.empty(hc * per_head, dtype=q.dtype, device=dev), base, tile_start, hc
+    try:
+        ds = _ds_alloc(hc * per_head, q.dtype, dev)
+    except torch.OutOfMemoryError:  # the memory is not there now: recompute dS instead (the same bits)
+        return None
+    return ds, base, tile_start, hc
+
+
+def _ds_alloc(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.empty(n, dtype=dtype, device=device)
 
 
 def _bwd(q, k, v, o, lse, do, cu, n_seq, max_len, seq_len, scale, varlen):
