@@ -1,6 +1,7 @@
 """What the compiler makes of the attention root's backward and forward kernels for an H200, without a GPU.
 
     PYTHONPATH=. python benchmarks/attn_ir_offline.py > benchmarks/results/attn_ir_sm90_offline.txt
+    PYTHONPATH=. python benchmarks/attn_ir_offline.py --head-dim 256    # the launches at D = 256 fit an H200?
 
 Each kernel is compiled by this machine's Triton for sm_90 (GQA 4, head dim 128, bf16, fp fusion off), its PTX
 assembled by the newest ptxas Triton ships (`-v`), and reported: registers and spill bytes per thread, shared
@@ -30,7 +31,8 @@ SOURCE = Path(__file__).resolve().parents[1] / "tik_kernels" / "ops" / "attentio
 POINTERS = dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", do_ptr="*bf16", dq_ptr="*bf16", dk_ptr="*bf16",
                 dv_ptr="*bf16", o_ptr="*bf16", lse_ptr="*fp32", delta_ptr="*fp32", cu_ptr="*i32", ws_ptr="*fp32",
                 cnt_ptr="*i32", ds_ptr="*bf16", ds_base_ptr="*i64", ds_tile_ptr="*i64", t_ptr="*fp32", k_desc="*bf16",
-                v_desc="*bf16", qk_scale="fp32", sm_scale="fp32")
+                v_desc="*bf16", qk_scale="fp32", sm_scale="fp32", lens_ptr="*i32", wm_ptr="*fp32", wl_ptr="*fp32",
+                wa_ptr="*fp32", scratch_ptr="*fp32")
 #: (name, kernel, constexprs, warps, stages, TMA tile or None)
 CASES = (
     ("dq 128 rows, 64-key steps", "_attn_bwd_dq_kernel", dict(BLOCK_M=128, BLOCK_N=64, SUB=64, TMA=False), 8, 2),
@@ -53,6 +55,36 @@ CASES = (
 )
 
 
+#: an H200's shared memory per block (bytes)
+SHARED_LIMIT = 232448
+
+
+def launch_cases(mod, d: int) -> list[tuple]:
+    """The launches the host code makes at head dim d (`_for_head_dim` of the CONFIG), as CASES rows."""
+    c = mod._for_head_dim(dict(mod.CONFIG), d)
+    sub = c["DQ_BLOCK_N"]
+    return [
+        (f"forward, D {d}", "_attn_fwd_kernel", dict(D=d, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"],
+                                                     CHUNK=c["CHUNK_BLOCKS"], TOTAL_IN_MEMORY=False, TMA=False),
+         c["num_warps"], c["num_stages"]),
+        *((f"decode{' folded' if fold else ''}, D {d}", "_attn_decode_kernel",
+           dict(D=d, BLOCK_M=c["DECODE_BLOCK_M"], BLOCK_N=c["BLOCK_N"], CHUNK=c["CHUNK_BLOCKS"],
+                CHUNKS_PER_PROG=c["DECODE_CHUNKS_PER_PROG"], FOLD=fold), c["decode_num_warps"], c["decode_num_stages"])
+          for fold in (False, True)),
+        (f"dq kernel, D {d}", "_attn_bwd_dq_kernel", dict(D=d, BLOCK_M=c["DQ_BLOCK_M"], BLOCK_N=c["DQ_TILE_N"], SUB=sub,
+                                                          TMA=False), c["dq_num_warps"], c["dq_num_stages"]),
+        (f"dk/dv, D {d}", "_attn_bwd_dkdv_kernel", dict(D=d, BLOCK_M=c["DKDV_BLOCK_M"], BLOCK_N=c["DKDV_BLOCK_N"],
+                                                        FUSED=False, SUB=sub), c["bwd_num_warps"], c["bwd_num_stages"]),
+        (f"dk/dv storing dS, D {d}", "_attn_bwd_dkdv_kernel", dict(D=d, BLOCK_M=c["DKDV_BLOCK_M"],
+                                                                   BLOCK_N=c["DS_DKDV_BLOCK_N"], FUSED=False,
+                                                                   SUB=sub, DS_STORE=True),
+         c["bwd_num_warps"], c["bwd_num_stages"]),
+        (f"dq from stored dS, D {d}", "_attn_bwd_dq_ds_kernel", dict(D=d, BLOCK_M=c["DS_DQ_BLOCK_M"],
+                                                                    TM=c["DKDV_BLOCK_M"], SUB=sub),
+         c["ds_dq_num_warps"], c["ds_dq_num_stages"]),
+    ]
+
+
 def ptxas() -> str:
     """The newest ptxas Triton ships (the plain one may be older than the PTX Triton writes)."""
     bins = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
@@ -66,6 +98,7 @@ def report(mod, name: str, kernel: str, const: dict, warps: int, stages: int, tt
     const = {**{n: p.default for n, p in params.items()
                 if p.default is not inspect.Parameter.empty and "constexpr" in str(p.annotation)},
              **dict(G=4, D=128, VARLEN=False, UPCAST=False), **const}
+    const = {n: v for n, v in const.items() if n in params}
     sig = {n: "constexpr" if n in const else POINTERS.get(n, "i32") for n in inspect.signature(fn.fn).parameters}
     if const.get("TMA"):
         sig["k_desc"] = sig["v_desc"] = f"tensordesc<bf16[{const['BLOCK_N']},128]>"
@@ -101,10 +134,22 @@ def main() -> None:
     ap.add_argument("--only", default="", help="only the cases whose name contains this")
     ap.add_argument("--source", type=Path, default=SOURCE, help="another copy of attention.py")
     ap.add_argument("--ttgir", type=Path, default=None, help="also write each case's TTGIR into this folder")
+    ap.add_argument("--head-dim", type=int, default=None,
+                    help="instead of CASES: the launches the host makes at this head dim, each checked against an "
+                         "H200's shared memory (exit 1 if one does not fit)")
     args = ap.parse_args()
     mod = load_module(args.source, "attention_sm90_offline")
     print(f"triton {triton.__version__}, {Path(ptxas()).name}: "
           f"{subprocess.run([ptxas(), '--version'], capture_output=True, text=True).stdout.strip().splitlines()[-1]}")
+    if args.head_dim is not None:
+        over = []
+        for case in launch_cases(mod, args.head_dim):
+            if args.only in case[0]:
+                line = report(mod, *case, ttgir=args.ttgir)
+                shared = int(re.search(r"shared (\d+) B", line).group(1))
+                print(f"{line}  [{'fits' if shared <= SHARED_LIMIT else 'OVER the H200 limit'}]", flush=True)
+                over += [case[0]] if shared > SHARED_LIMIT else []
+        sys.exit(1 if over else 0)
     for case in CASES:
         if args.only in case[0]:
             print(report(mod, *case, ttgir=args.ttgir), flush=True)

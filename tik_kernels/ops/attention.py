@@ -1072,6 +1072,25 @@ def _tiles() -> dict:
     return CONFIG
 
 
+#: head dims above this get the smaller launches of `_for_head_dim`
+_WIDE_HEAD = 128
+
+
+def _for_head_dim(cfg: dict, d: int) -> dict:
+    """The launch choices for head dim d. Up to 128 the CONFIG's. At 256 a 128-key K and V tile is 64 KB each, so
+    the CONFIG's launches would ask for more shared memory than an H200 has (forward with 2 stages 331 KB, decode
+    with 3 stages 287 KB, the dq kernel with 128 rows 262 KB, against 232,448 B: sm_90 compiles of
+    benchmarks/attn_ir_offline.py --head-dim 256): one forward stage, two decode stages, 64-row dq tiles of 64-key
+    steps, and 64-key dk/dv tiles when dS is stored (and 64-row forward tiles: 128 spill 2.8 KB a thread). All of
+    them only choose who computes what (no bit changes)."""
+    if d <= _WIDE_HEAD or INTERPRET:
+        return cfg
+    sub = cfg["DQ_BLOCK_N"]
+    return {**cfg, "BLOCK_M": 64, "num_stages": 1, "decode_num_stages": min(cfg["decode_num_stages"], 2), "DQ_BLOCK_M": 64,
+            "DQ_TILE_N": sub, "dq_num_stages": min(cfg.get("dq_num_stages", 2), 2), "DS_DKDV_BLOCK_N": sub,
+            "DS_DQ_BLOCK_M": cfg["DKDV_BLOCK_M"], "bwd_num_stages": min(cfg["bwd_num_stages"], 2)}
+
+
 def _launch_opts(warps: int, stages: int) -> dict:
     return {"num_warps": warps, "num_stages": stages, "enable_fp_fusion": False}
 
@@ -1124,8 +1143,8 @@ def _kv_descriptor(t: torch.Tensor, varlen: bool, block_n: int):
 
 def _fwd(q, k, v, cu, n_seq, max_len, seq_len, scale, varlen):
     """Launch the fused forward; q/k/v last dim contiguous. Returns (o, lse)."""
-    cfg = _tiles()
     hq, hk, d = q.shape[-2 if varlen else 1], k.shape[-2 if varlen else 1], q.shape[-1]
+    cfg = _for_head_dim(_tiles(), d)
     G = hq // hk
     o = torch.empty_like(q)
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
@@ -1242,8 +1261,8 @@ def _ds_alloc(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
 
 
 def _bwd(q, k, v, o, lse, do, cu, n_seq, max_len, seq_len, scale, varlen):
-    cfg = _tiles()
     hq, hk, d = q.shape[-2 if varlen else 1], k.shape[-2 if varlen else 1], q.shape[-1]
+    cfg = _for_head_dim(_tiles(), d)
     G = hq // hk
     # q, o and dO are read with one set of strides (lse's rows are contiguous already); k and v too, since dk and
     # dv are written with k's and v's strides (a column slice of a fused qkv projection has gaps between rows that
@@ -1316,8 +1335,8 @@ def _bwd(q, k, v, o, lse, do, cu, n_seq, max_len, seq_len, scale, varlen):
 
 
 def _decode(q, k_cache, v_cache, lens, scale):
-    cfg = _tiles()
     B, hq, _, d = q.shape
+    cfg = _for_head_dim(_tiles(), d)
     hk, cap = k_cache.shape[1], k_cache.shape[2]
     G = hq // hk
     bm = max(cfg["DECODE_BLOCK_M"], triton.next_power_of_2(G))
