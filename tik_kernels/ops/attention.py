@@ -1086,9 +1086,10 @@ def _for_head_dim(cfg: dict, d: int) -> dict:
     if d <= _WIDE_HEAD or INTERPRET:
         return cfg
     sub = cfg["DQ_BLOCK_N"]
-    return {**cfg, "BLOCK_M": 64, "num_stages": 1, "decode_num_stages": min(cfg["decode_num_stages"], 2), "DQ_BLOCK_M": 64,
-            "DQ_TILE_N": sub, "dq_num_stages": min(cfg.get("dq_num_stages", 2), 2), "DS_DKDV_BLOCK_N": sub,
-            "DS_DQ_BLOCK_M": cfg["DKDV_BLOCK_M"], "bwd_num_stages": min(cfg["bwd_num_stages"], 2)}
+    return {**cfg, "BLOCK_M": 64, "num_stages": 1, "decode_num_stages": min(cfg["decode_num_stages"], 2),
+            "DQ_BLOCK_M": 64, "DQ_TILE_N": sub, "dq_num_stages": min(cfg.get("dq_num_stages", 2), 2),
+            "DS_DKDV_BLOCK_N": sub, "DS_DQ_BLOCK_M": cfg["DKDV_BLOCK_M"],
+            "bwd_num_stages": min(cfg["bwd_num_stages"], 2)}
 
 
 def _launch_opts(warps: int, stages: int) -> dict:
