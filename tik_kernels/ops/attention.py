@@ -282,6 +282,20 @@ def _fold_chunk(m_t, l_t, acc_t, m_i, l_i, acc, t_ptrs, IN_MEMORY: tl.constexpr)
 
 
 @triton.jit
+def _sequence(cu_ptr, b, seq_len, VARLEN: tl.constexpr):
+    """(batch index for the strides, first row, length) of sequence b: a packed sequence is rows cu[b] ...
+    cu[b + 1] - 1 of batch 0, a dense one all seq_len rows of batch b."""
+    if VARLEN:
+        start = tl.load(cu_ptr + b).to(tl.int64)
+        L = (tl.load(cu_ptr + b + 1) - tl.load(cu_ptr + b)).to(tl.int32)
+        b = b * 0
+    else:
+        start = b * 0
+        L = seq_len
+    return b, start, L
+
+
+@triton.jit
 def _row_tile(LONGEST_FIRST: tl.constexpr):
     """The row tile of a causal walk this program computes. A row tile's walk grows with its index, so
     LONGEST_FIRST launches the last tiles first and leaves the short walks for the end of the launch (no bit
@@ -328,13 +342,7 @@ def _attn_fwd_kernel(
     pid_bh = tl.program_id(1).to(tl.int64)
     b = pid_bh // n_kv_heads
     kvh = pid_bh % n_kv_heads
-    if VARLEN:
-        start = tl.load(cu_ptr + b).to(tl.int64)
-        L = (tl.load(cu_ptr + b + 1) - tl.load(cu_ptr + b)).to(tl.int32)
-        b = b * 0
-    else:
-        start = b * 0
-        L = seq_len
+    b, start, L = _sequence(cu_ptr, b, seq_len, VARLEN)
     if pid_m * BLOCK_M >= L * G:
         return
     P_TY: tl.constexpr = k_ptr.dtype.element_ty
@@ -580,13 +588,7 @@ def _attn_bwd_delta_kernel(
     pid_s = tl.program_id(1)
     b = pid_bh // n_heads
     h = pid_bh % n_heads
-    if VARLEN:
-        start = tl.load(cu_ptr + b).to(tl.int64)
-        L = (tl.load(cu_ptr + b + 1) - tl.load(cu_ptr + b)).to(tl.int32)
-        b = b * 0
-    else:
-        start = b * 0
-        L = seq_len
+    b, start, L = _sequence(cu_ptr, b, seq_len, VARLEN)
     pos = pid_s * 16 + tl.arange(0, 16)
     m = pos < L
     off = b * stride_qb + h * stride_qh + (start + pos[:, None]) * stride_qs + tl.arange(0, D)[None, :]
@@ -676,13 +678,7 @@ def _attn_bwd_dq_kernel(
     pid_bh = tl.program_id(1).to(tl.int64)
     b = pid_bh // n_kv_heads
     kvh = pid_bh % n_kv_heads
-    if VARLEN:
-        start = tl.load(cu_ptr + b).to(tl.int64)
-        L = (tl.load(cu_ptr + b + 1) - tl.load(cu_ptr + b)).to(tl.int32)
-        b = b * 0
-    else:
-        start = b * 0
-        L = seq_len
+    b, start, L = _sequence(cu_ptr, b, seq_len, VARLEN)
     if pid_m * BLOCK_M >= L * G:
         return
     P_TY: tl.constexpr = k_ptr.dtype.element_ty
@@ -752,13 +748,7 @@ def _attn_bwd_dq_ds_kernel(
     b = pid_bh // n_kv_heads
     kvh = kvh0 + pid_bh % n_kv_heads
     ds_ptr = ds_ptr + tl.multiple_of(tl.load(ds_base_ptr + pid_bh), TM * SUB)
-    if VARLEN:
-        start = tl.load(cu_ptr + b).to(tl.int64)
-        L = (tl.load(cu_ptr + b + 1) - tl.load(cu_ptr + b)).to(tl.int32)
-        b = b * 0
-    else:
-        start = b * 0
-        L = seq_len
+    b, start, L = _sequence(cu_ptr, b, seq_len, VARLEN)
     if pid_m * BLOCK_M >= L * G:
         return
     o_i = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -996,13 +986,7 @@ def _attn_bwd_dkdv_kernel(
     kvh = kvh0 + pid_bh % n_kv_heads
     if DS_STORE:
         ds_ptr = ds_ptr + tl.multiple_of(tl.load(ds_base_ptr + pid_bh), BLOCK_M * SUB)
-    if VARLEN:
-        start = tl.load(cu_ptr + b).to(tl.int64)
-        L = (tl.load(cu_ptr + b + 1) - tl.load(cu_ptr + b)).to(tl.int32)
-        b = b * 0
-    else:
-        start = b * 0
-        L = seq_len
+    b, start, L = _sequence(cu_ptr, b, seq_len, VARLEN)
     if pid_n * BLOCK_N >= L:
         return
     P_TY: tl.constexpr = k_ptr.dtype.element_ty
