@@ -188,3 +188,29 @@ def test_gpu_ds_store_bits_and_determinism(layout, block_n, monkeypatch):
     for name, a, b, c in zip(("dq", "dk", "dv"), got, want, grouped, strict=True):
         assert same_bits(a, b), f"BWD_DS_STORE {name} differs from the two-kernel path"
         assert same_bits(c, b), f"BWD_DS_STORE one KV head per launch: {name} differs"
+
+
+def test_ds_plan_reads_nothing_back_from_the_device(monkeypatch):
+    """Everything the stored-dS path decides is known on the host: its plan never reads a tensor's value (a read
+    waits for the device and breaks CUDA-graph capture; a first version did, and its benchmark silently timed the
+    backward eagerly). Dense and packed, with the bits checked too."""
+    import tik_kernels.ops.attention as A
+
+    plan = A._ds_plan
+
+    def strict(*args):
+        def refuse(*_a, **_k):
+            raise AssertionError("the stored-dS plan read a tensor's value on the host")
+
+        with monkeypatch.context() as m:
+            for name in ("item", "tolist", "__int__", "__float__", "__bool__", "__index__", "numpy"):
+                m.setattr(torch.Tensor, name, refuse)
+            return plan(*args)
+
+    monkeypatch.setattr(A, "_ds_plan", strict)
+    for layout in ("dense", "packed"):
+        fwd, q, k, v, go = _case(A, layout, 6)
+        want = _grads(A, fwd, q, k, v, go, 0, 64, monkeypatch)
+        got = _grads(A, fwd, q, k, v, go, 1, 64, monkeypatch)
+        for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
+            assert same_bits(a, b), f"{layout}: {name}"
