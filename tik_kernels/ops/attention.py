@@ -720,6 +720,26 @@ def _attn_bwd_dq_kernel(
 
 
 @triton.jit
+def _dq_ds_step(dq, k_base, rows, j, stride_ks, o_d, c, L, n_blk, m_row, TM: tl.constexpr, SUB: tl.constexpr,
+                UPCAST: tl.constexpr, MASKED: tl.constexpr):
+    """dq += stored dS block j @ K_j (MASKED: keys past L, rows past L and rows whose tile lacks block j are zeros;
+    else every row sees every key of the block)."""
+    if MASKED:
+        k_pos = j * SUB + c
+        m_k = k_pos < L
+        b_k = tl.load(k_base + k_pos[:, None] * stride_ks + o_d[None, :], mask=m_k[:, None], other=0.0)
+        ds = tl.load(rows[:, None] + j * (TM * SUB) + c[None, :],
+                     mask=((j < n_blk) & m_row)[:, None] & m_k[None, :], other=0.0)
+    else:
+        b_k = tl.load(k_base + (j * SUB + c)[:, None] * stride_ks + o_d[None, :])
+        ds = tl.load(rows[:, None] + j * (TM * SUB) + c[None, :])
+    if UPCAST:
+        b_k = b_k.to(tl.float32)
+        ds = ds.to(tl.float32)
+    return _dq_dots(ds, b_k, dq, SUB)
+
+
+@triton.jit
 def _attn_bwd_dq_ds_kernel(
     k_ptr,
     ds_ptr,  # the dS workspace the dk/dv kernel filled (`_ds_store`)
@@ -768,22 +788,9 @@ def _attn_bwd_dq_ds_kernel(
     pos_hi = tl.minimum((pid_m * BLOCK_M + BLOCK_M - 1) // G + 1, L)
     n_full = tl.where(pid_m * BLOCK_M + BLOCK_M <= L * G, (pos_lo + 1) // SUB, 0)
     for j in range(0, n_full):
-        b_k = tl.load(k_base + (j * SUB + c)[:, None] * stride_ks + o_d[None, :])
-        ds = tl.load(rows[:, None] + j * (TM * SUB) + c[None, :])
-        if UPCAST:
-            b_k = b_k.to(tl.float32)
-            ds = ds.to(tl.float32)
-        dq = _dq_dots(ds, b_k, dq, SUB)
+        dq = _dq_ds_step(dq, k_base, rows, j, stride_ks, o_d, c, L, n_blk, m_row, TM, SUB, UPCAST, False)
     for j in range(n_full, tl.cdiv(pos_hi, SUB)):
-        k_pos = j * SUB + c
-        m_k = k_pos < L
-        b_k = tl.load(k_base + k_pos[:, None] * stride_ks + o_d[None, :], mask=m_k[:, None], other=0.0)
-        ds = tl.load(rows[:, None] + j * (TM * SUB) + c[None, :],
-                     mask=((j < n_blk) & m_row)[:, None] & m_k[None, :], other=0.0)
-        if UPCAST:
-            b_k = b_k.to(tl.float32)
-            ds = ds.to(tl.float32)
-        dq = _dq_dots(ds, b_k, dq, SUB)
+        dq = _dq_ds_step(dq, k_base, rows, j, stride_ks, o_d, c, L, n_blk, m_row, TM, SUB, UPCAST, True)
     dq = dq * sm_scale
     row_off = b * stride_qb + h[:, None] * stride_qh + (start + q_pos[:, None]) * stride_qs + o_d[None, :]
     tl.store(dq_ptr + row_off, dq.to(dq_ptr.dtype.element_ty), mask=m_row[:, None])
@@ -1173,10 +1180,15 @@ def _device_bytes(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).total_memory
 
 
+def _ds_tile_blocks(t, tm: int, G: int, sub: int):
+    """The host's `_ds_blocks`: key blocks row tile t holds in the dS workspace (t an int or an integer tensor)."""
+    return (t * tm + tm - 1) // G // sub + 1
+
+
 @functools.lru_cache(maxsize=64)
 def _ds_blocks_before(n: int, tm: int, G: int, sub: int) -> int:
-    """Blocks the row tiles 0 ... n - 1 hold in the dS workspace (the host's `_ds_blocks` summed)."""
-    return sum((t * tm + tm - 1) // G // sub + 1 for t in range(n))
+    """Blocks the row tiles 0 ... n - 1 hold in the dS workspace."""
+    return sum(_ds_tile_blocks(t, tm, G, sub) for t in range(n))
 
 
 #: BWD_DS_STORE's row-tile starts, per (tile rows, group, keys per block, device), for a power-of-two count of
@@ -1193,7 +1205,7 @@ def _ds_tile_starts(n_tiles: int, tm: int, G: int, sub: int, device: torch.devic
     key = (n, tm, G, sub, device)
     if key in _DS_TILES:
         return _DS_TILES[key]
-    blocks = (torch.arange(n, device=device) * tm + tm - 1) // G // sub + 1
+    blocks = _ds_tile_blocks(torch.arange(n, device=device), tm, G, sub)
     start = torch.zeros(n, dtype=torch.long, device=device)
     start[1:] = torch.cumsum(blocks[:-1] * (tm * sub), 0)
     if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
@@ -1216,7 +1228,7 @@ def _ds_plan(q, cu, n_seq, max_len, seq_len, G, hk, sub, tm, bn, min_programs, v
     dev = q.device
     n_tiles = -(-max_len * G // tm)
     if varlen:
-        per_head = (q.shape[0] * G // tm + n_seq) * ((n_tiles * tm - 1) // G // sub + 1) * tm * sub
+        per_head = (q.shape[0] * G // tm + n_seq) * _ds_tile_blocks(n_tiles - 1, tm, G, sub) * tm * sub
         # programs of one dk/dv launch that have keys (at most every token's blocks plus one per sequence)
         blocks = min(n_seq * triton.cdiv(max_len, bn), triton.cdiv(q.shape[0], bn) + n_seq)
     else:
@@ -1279,7 +1291,6 @@ def _bwd(q, k, v, o, lse, do, cu, n_seq, max_len, seq_len, scale, varlen):
         _attn_bwd_dq_finish_kernel[(triton.cdiv(ws.numel(), 1024),)](ws, dq, ws.numel(), scale, BLOCK=1024,
                                                                       **_launch_opts(4, 1))
         return dq, dk, dv
-    grid = (triton.cdiv(max_len * G, cfg["DQ_BLOCK_M"]), n_seq * hk)
     sub = cfg["DQ_BLOCK_N"]
     if cfg.get("BWD_DS_STORE", 0):
         tm, bn, bm = cfg["DKDV_BLOCK_M"], cfg["DS_DKDV_BLOCK_N"], cfg["DS_DQ_BLOCK_M"]
@@ -1299,6 +1310,7 @@ def _bwd(q, k, v, o, lse, do, cu, n_seq, max_len, seq_len, scale, varlen):
                     LONGEST_FIRST=bool(cfg.get("DS_LONGEST_FIRST", 0)),
                     **_launch_opts(cfg["ds_dq_num_warps"], cfg["ds_dq_num_stages"]))
             return dq, dk, dv
+    grid = (triton.cdiv(max_len * G, cfg["DQ_BLOCK_M"]), n_seq * hk)
     tile = cfg.get("DQ_TILE_N", sub)
     if tile not in (sub, 2 * sub):
         raise ValueError(f"DQ_TILE_N must be DQ_BLOCK_N or twice it, got {tile} and {sub}")
@@ -1313,9 +1325,8 @@ def _bwd(q, k, v, o, lse, do, cu, n_seq, max_len, seq_len, scale, varlen):
         LONGEST_FIRST=bool(cfg.get("DQ_LONGEST_FIRST", 0)),
         **_launch_opts(cfg.get("dq_num_warps", cfg["bwd_num_warps"]), cfg.get("dq_num_stages", cfg["bwd_num_stages"])))
     _attn_bwd_dkdv_kernel[(n_blocks, n_seq * hk)](q, k, v, do, dk, dv, lse, delta, cu, dq, cu, dq, cu, cu, 0, *strides,
-                                                  seq_len, hk,
-                                                  scale * _LOG2E, scale, 0, 0, BLOCK_M=cfg["DKDV_BLOCK_M"],
-                                                  BLOCK_N=cfg["DKDV_BLOCK_N"], **common)
+                                                  seq_len, hk, scale * _LOG2E, scale, 0, 0,
+                                                  BLOCK_M=cfg["DKDV_BLOCK_M"], BLOCK_N=cfg["DKDV_BLOCK_N"], **common)
     return dq, dk, dv
 
 
