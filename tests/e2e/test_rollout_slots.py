@@ -77,6 +77,21 @@ def test_padded_steps_give_the_exact_steps_bits(setup):
     assert _same(out, ref)
 
 
+def test_prefill_token_budget_admits_and_keeps_the_bits(setup):
+    """`prefill_tokens` caps the prompt tokens of one packed prefill (a longer prompt still joins alone); how the
+    requests are grouped into prefills changes nothing in any request's tokens or log-prob bits."""
+    mc, be, params, exact, ref = setup
+    seen = []
+    for budget in (10_000, 6, 1):  # prompts of 4, 2 and 6 tokens: one prefill, then 4 + 2 and 6, then one each
+        eng = RolloutEngine(mc, be, max_slots=4, max_len=12, prefill_tokens=budget)
+        out = eng.generate(params, _requests())
+        seen.append(eng.stats.prefills)
+        assert _same(out, ref), budget
+    assert seen == [1, 2, 3]
+    with pytest.raises(ValueError, match="prefill_tokens"):
+        RolloutEngine(mc, be, max_slots=4, max_len=12, prefill_tokens=0)
+
+
 def test_a_slot_move_left_out_is_caught(setup, monkeypatch):
     """The check above has teeth: an engine that forgets to move a request's cache with it differs."""
     mc, be, params, exact, ref = setup

@@ -1,0 +1,214 @@
+"""Where a rollout's time goes: one `RolloutEngine.generate` of the e2e throughput batch, split by phase.
+
+    PYTHONPATH=. python benchmarks/rollout_profile.py --preset qwen3-1.7b --backends unified stock \
+        --out benchmarks/results --name rollout_profile_h200
+
+The engine and batch are `bench_e2e.py --only throughput`'s (8 prompts x 8, prompts of 32-192 tokens, answers of
+16-96, 64 slots). Two warm-up rollouts capture every decode bucket the batch meets; the third is timed with the
+engine's parts wrapped in timers that synchronize the device before and after each part (the engine waits on the
+device at the end of every step anyway, to read the sampled tokens). Parts:
+- decode_replay: the decode step's graph replay, device time (CUDA events around it);
+- decode_host: the rest of `decode` (staging the step's inputs, the read-back);
+- prefill: admitting requests (packed prefill forward, sample, log-prob, read-back);
+- loop_host: everything else in `generate` (bookkeeping per token, retiring, KV compaction);
+and the device-busy time of the whole rollout from torch.profiler's kernel records, so what the host adds shows
+as wall minus busy. Then the cProfile of a fourth rollout (host functions by own time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness as H  # noqa: E402
+
+from tik_kernels.e2e import rollout as rollout_mod  # noqa: E402
+from tik_kernels.e2e.model import PRESETS, init_params, make_backend  # noqa: E402
+from tik_kernels.e2e.rollout import RolloutEngine  # noqa: E402
+from tik_kernels.e2e.task import make_requests  # noqa: E402
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+class Parts:
+    def __init__(self):
+        self.s: dict[str, float] = {}
+        self.n: dict[str, int] = {}
+
+    def add(self, k: str, dt: float) -> None:
+        self.s[k] = self.s.get(k, 0.0) + dt
+        self.n[k] = self.n.get(k, 0) + 1
+
+
+def instrument(engine: RolloutEngine, parts: Parts):
+    """Wrap the engine's parts in synchronized timers; returns an undo function."""
+    orig_decode, orig_fp = engine.decode, rollout_mod.forward_packed
+
+    def decode(ids, positions, seeds):
+        _sync()
+        t = time.perf_counter()
+        graphs = engine._graphs
+        replays = []
+        for g in graphs.values():
+            if not hasattr(g, "_tik_orig"):
+                g._tik_orig = g.replay
+
+                def rep(g=g):
+                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    a.record()
+                    g._tik_orig()
+                    b.record()
+                    replays.append((a, b))
+
+                g.replay = rep
+        out = orig_decode(ids, positions, seeds)
+        _sync()
+        dt = time.perf_counter() - t
+        dev = sum(a.elapsed_time(b) for a, b in replays) / 1e3
+        parts.add("decode_replay", dev)
+        parts.add("decode_host", dt - dev)
+        return out
+
+    def forward_packed(*a, **k):
+        _sync()
+        t = time.perf_counter()
+        h = orig_fp(*a, **k)
+        _sync()
+        parts.add("prefill_forward", time.perf_counter() - t)
+        return h
+
+    engine.decode = decode
+    rollout_mod.forward_packed = forward_packed
+
+    def undo():
+        engine.decode = orig_decode
+        rollout_mod.forward_packed = orig_fp
+        for g in engine._graphs.values():
+            if hasattr(g, "_tik_orig"):
+                g.replay = g._tik_orig
+                del g._tik_orig
+
+    return undo
+
+
+def profile_backend(name: str, args, mc, params) -> dict:
+    be = make_backend(name, stock_compiled=name == "stock")
+    max_len = args.prompt_len[1] + args.answer_len[1] + 1
+    engine = RolloutEngine(mc, be, max_slots=args.slots, max_len=max_len, device=args.device)
+    rng = random.Random(0)
+
+    def reqs():
+        return make_requests(mc.vocab, args.prompts, args.group, rng, prompt_len=tuple(args.prompt_len),
+                             answer_len=tuple(args.answer_len))
+
+    batch = reqs()
+    for _ in range(2):  # compiles and graph captures
+        engine.generate(params, batch)
+    _sync()
+    cap0 = engine.stats.capture_s
+    steps0, pre0 = engine.stats.decode_steps, engine.stats.prefills
+    # plain wall time first: no timers, no profiler
+    t = time.perf_counter()
+    comps = engine.generate(params, batch)
+    _sync()
+    plain = time.perf_counter() - t
+    steps = engine.stats.decode_steps - steps0
+    prefills = engine.stats.prefills - pre0
+    # device-busy time of one rollout (kernel records)
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
+    with profile(activities=acts) as prof:
+        engine.generate(params, batch)
+        _sync()
+    kern = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    busy_us = sum(e.device_time for e in kern) if kern and hasattr(kern[0], "device_time") else \
+        sum(e.cuda_time for e in kern)
+    # union of kernel intervals: concurrent kernels counted once
+    iv = sorted((e.time_range.start, e.time_range.end) for e in kern)
+    union, cur = 0.0, None
+    for s, e in iv:
+        if cur is None or s > cur[1]:
+            if cur:
+                union += cur[1] - cur[0]
+            cur = [s, e]
+        else:
+            cur[1] = max(cur[1], e)
+    if cur:
+        union += cur[1] - cur[0]
+    top_dev = prof.key_averages().table(sort_by="self_cuda_time_total" if args.device == "cuda" else
+                                        "self_cpu_time_total", row_limit=15)
+    # timed parts
+    parts = Parts()
+    undo = instrument(engine, parts)
+    t = time.perf_counter()
+    engine.generate(params, batch)
+    _sync()
+    wall_parts = time.perf_counter() - t
+    undo()
+    accounted = sum(parts.s.values())
+    parts.s["loop_host_and_rest"] = wall_parts - accounted
+    # host functions
+    pr = cProfile.Profile()
+    pr.enable()
+    engine.generate(params, batch)
+    _sync()
+    pr.disable()
+    buf = io.StringIO()
+    pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(25)
+    tokens = sum(len(c.tokens) for c in comps)
+    res = {
+        "backend": name, "tokens": tokens, "decode_steps": steps, "prefills": prefills,
+        "wall_s": plain, "ms_per_decode_step": plain / max(1, steps) * 1e3,
+        "device_busy_s_union": union / 1e6, "device_busy_s_sum": busy_us / 1e6,
+        "timed_wall_s": wall_parts, "parts_s": parts.s, "parts_n": parts.n,
+        "capture_s_in_timed": engine.stats.capture_s - cap0,
+        "buckets": sorted(set(engine.stats.buckets)),
+        "top_device_ops": top_dev, "cprofile": buf.getvalue(),
+    }
+    print(json.dumps({k: v for k, v in res.items() if k not in ("top_device_ops", "cprofile")}, indent=1), flush=True)
+    print(top_dev, flush=True)
+    print(buf.getvalue()[:6000], flush=True)
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--preset", default="qwen3-1.7b", choices=list(PRESETS))
+    ap.add_argument("--layers", type=int, default=None)
+    ap.add_argument("--backends", nargs="+", default=["unified", "stock"], choices=["unified", "stock"])
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--prompt-len", type=int, nargs=2, default=[32, 192])
+    ap.add_argument("--answer-len", type=int, nargs=2, default=[16, 96])
+    ap.add_argument("--slots", type=int, default=64)
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    ap.add_argument("--name", default="rollout_profile_h200")
+    args = ap.parse_args()
+    args.device = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU: a smoke run of the script itself
+    mc = PRESETS[args.preset]
+    if args.layers:
+        mc = mc.with_layers(args.layers)
+    params = init_params(mc, 0, args.device)
+    doc = {"env": H.environment(), "command": H.command_line(), "preset": args.preset,
+           "layers": mc.layers, "runs": [profile_backend(b, args, mc, params) for b in args.backends]}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{args.name}.json").write_text(json.dumps(doc, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
