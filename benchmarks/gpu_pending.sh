@@ -15,10 +15,10 @@
 #   rvi           #18 the root timed against itself (rmsnorm, 7 cells): within ±1% per cell?
 #   search_linear, search_attention
 #                 #18 the tuner on the current root, in a workspace kept under .gpu_ws/ (ignored: carry it),
-#                     570 s per call and going on from the IR the next call: two calls back to back (the
-#                     machine stays warm 30 s) make the 20-minute search. Each call starts from
-#                     $R/tuner_h200_<op>_20min_workspace.tgz when .gpu_ws/<op> is absent and saves it again (copy it
-#                     back with the results: linear's holds 9.5 of its 20 minutes). Needs GitPython, gitdb and
+#                     530 s per call (RUN=1, 2: the summary's suffix) and going on from the IR the next call: two
+#                     calls back to back (the machine stays warm 30 s) make the 20-minute search. Each call starts
+#                     from $R/$SEARCH_NAME_workspace.tgz (default tuner_h200_<op>_20min) when .gpu_ws/<op> is absent
+#                     and saves it again (copy it back with the results). Needs GitPython, gitdb and
 #                     smmap, which the GPU image lacks: carry them as wheels (.whl, see the device notes)
 #   tuner_linear  #6  tik search --proposer tuner on linear, best vs root in the same evaluation;
 #                     exports the incumbent to $R/incumbents_h200/linear.py
@@ -79,11 +79,13 @@ for p in "$@"; do
                 --out "$R/evaluator_rvi_h200" ;;
         search_linear | search_attention)
             op=${p#search_}
-            # a search goes on from its saved workspace (a call is limited to 10 minutes; 20 are asked for)
-            ws_saved="$R/tuner_h200_${op}_20min_workspace.tgz"
+            name=${SEARCH_NAME:-tuner_h200_${op}_20min}
+            # a search goes on from its saved workspace (a call is limited to 10 minutes; 20 are asked for):
+            # --max-time counts the search's wall time over all its runs, --wall stops this run in time to summarise
+            ws_saved="$R/${name}_workspace.tgz"
             if [[ ! -d .gpu_ws/$op && -f $ws_saved ]]; then tar xzf "$ws_saved"; fi
-            part "tuner_h200_${op}_20min" 580 "$py" benchmarks/tuner_search.py --ops "$op" --budget 200 \
-                --max-time 560 --timeout 240 --screen 12 --workspace .gpu_ws --out "$R/tuner_h200_${op}_20min"
+            part "$name" 580 "$py" benchmarks/tuner_search.py --ops "$op" --budget 200 \
+                --max-time 1200 --wall 530 --timeout 240 --screen 12 --workspace .gpu_ws --out "$R/${name}_run${RUN:-1}"
             tar czf "$ws_saved" .gpu_ws ;;
         tuner_linear)
             part tuner_linear 570 "$py" benchmarks/tuner_search.py --ops linear --budget 10 --max-time 360 \

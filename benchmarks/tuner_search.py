@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 import tempfile
@@ -175,6 +176,24 @@ def _f(x: float | None, nd: int = 2) -> str:
     return "-" if x is None else f"{x:.{nd}f}"
 
 
+def _search(argv: list[str], log_path: Path, limit: float) -> tuple[int | str, str]:
+    """Run `tik <argv>`, its output streamed into the log (a run cut short by an outer limit still shows how far it
+    got); killed after `limit` seconds (rc "stopped": a search killed mid-evaluation resumes from the store)."""
+    with open(log_path, "a") as out_f:
+        start = out_f.tell()
+        proc = subprocess.Popen([sys.executable, "-m", "tik_tui.cli.main", *argv], stdout=out_f,
+                                stderr=subprocess.STDOUT, text=True)
+        try:
+            rc = proc.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            rc = "stopped"
+    with open(log_path) as f:
+        f.seek(start)
+        return rc, f.read()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ops", nargs="+", default=["linear", "rmsnorm"])
@@ -187,7 +206,15 @@ def main() -> int:
     ap.add_argument("--screen", type=int, default=None, help="the tuner's screen width (default: tik's)")
     ap.add_argument("--workspace", type=Path, default=None,
                     help="keep each operator's workspace in DIR/<op>, going on from it when it exists")
+    ap.add_argument("--wall", type=float, default=None,
+                    help="stop this run's search after S seconds (killed: the next run with the same --workspace "
+                         "resumes it from the store) and summarise; --max-time counts the search's whole wall time "
+                         "over its runs, so a 20-minute search in calls of 10 is --max-time 1200 --wall 540 twice")
+    ap.add_argument("--summary-only", action="store_true",
+                    help="run no search: summarise the IR of --workspace DIR/<op> as it is")
     args = ap.parse_args()
+    if args.summary_only and not args.workspace:
+        ap.error("--summary-only needs --workspace")
     import torch
 
     from benchmarks.harness import environment
@@ -199,6 +226,8 @@ def main() -> int:
            "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]), "device": device,
            "env": environment(device), "budget": args.budget, "ops": {}}
     log_path = out.with_suffix(".log")
+    if args.summary_only:  # the searches' own logs stay as they are
+        log_path = Path(tempfile.mkdtemp(prefix="tik-tuner-summary-")) / "unused.log"
     log_path.write_text("")
     log = log_path.open("a", buffering=1)  # appending, like the search's own output written into it
     failed = False
@@ -208,6 +237,10 @@ def main() -> int:
         else:
             ws_path = Path(tempfile.mkdtemp(prefix=f"tik-tuner-{op}-")) / "ws"
         before = 0
+        if args.summary_only and not ws_path.exists():
+            doc["ops"][op] = {"error": f"no workspace at {ws_path}"}
+            failed = True
+            continue
         if ws_path.exists():
             try:
                 with Workspace.open(ws_path) as ws:
@@ -229,25 +262,22 @@ def main() -> int:
             argv += ["--screen", str(args.screen)]
         if device == "cpu":
             argv.append("--time")
-        print(f"== {op}: tik {' '.join(argv)}" + (f" (going on from {before} implementations)" if before else ""),
+        if args.summary_only:
+            with Workspace.open(ws_path) as ws:
+                # the machine the evaluations ran on, not this one
+                envs = [m.get("env") or {} for i in ws.implementations(op) for m in ws.measurements(i["id"])[:1]]
+            doc["env"] = next((e for e in envs if e.get("gpu")), doc["env"])
+            doc["device"] = doc["env"].get("device", device)
+        print(f"== {op}: " + ("summary of the IR, no search" if args.summary_only else f"tik {' '.join(argv)}")
+              + (f" (going on from {before} implementations)" if before and not args.summary_only else ""),
               file=sys.stderr, flush=True)
         log.write(f"== {op}: tik {' '.join(argv)}\n")
         log.flush()
         t0 = time.perf_counter()
-        # streamed into the log, so a run cut short by an outer limit still shows how far it got
-        with open(log_path, "a") as out_f:
-            start = out_f.tell()
-            proc = subprocess.Popen([sys.executable, "-m", "tik_tui.cli.main", *argv], stdout=out_f,
-                                    stderr=subprocess.STDOUT, text=True)
-            try:
-                rc = proc.wait(timeout=args.max_time + 2 * args.timeout + 120)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-                rc = "timeout"
-        with open(log_path) as f:
-            f.seek(start)
-            stdout = f.read()
+        if args.summary_only:
+            rc, stdout = 0, "summary only: no search run"
+        else:
+            rc, stdout = _search(argv, log_path, min(args.max_time + 2 * args.timeout + 120, args.wall or math.inf))
         wall = time.perf_counter() - t0
         log.write(f"-- rc {rc}, {wall:.1f} s\n")
         log.flush()
@@ -263,7 +293,7 @@ def main() -> int:
         summary.update(search_rc=rc, search_wall_s=wall, implementations_before=before,
                        evals_per_hour=(summary["evaluated"] - max(0, before - 1)) / wall * 3600,
                        stop_reason=(stdout.strip().splitlines() or ["?"])[-1][:200], workspace=str(ws_path))
-        failed |= rc != 0 or not summary["every_promoted_passed_contract"]
+        failed |= rc not in (0, "stopped") or not summary["every_promoted_passed_contract"]
         doc["ops"][op] = summary
         out.with_suffix(".json").write_text(json.dumps(doc, indent=2) + "\n")
         out.with_suffix(".md").write_text(markdown(doc))

@@ -251,3 +251,47 @@ def test_a_move_within_the_screens_noise_of_the_parent_is_still_evaluated_and_th
     far = TunerProposer(screen_rounds=2, tie=0.0001)
     with pytest.raises(NothingToPropose, match="none of the .* was faster"):
         far.propose(_ctx(TOY_SOURCE, TieScreen(TOY_SOURCE), width=3))
+
+
+def test_a_move_past_a_cells_limit_is_never_picked_however_fast_the_sum():
+    """The H200's attention search: a move summing 0.998x its parent while one decode cell ran 1.36x (limit 1.05x)
+    was picked, and every later derivation inherited that cell. Now the screen's per-cell ratios are held against
+    the contract's limits: such a move is recorded as over its limit and the best move within every limit is
+    proposed."""
+
+    class CellScreen(FakeScreen):
+        def __call__(self, sources, rounds):
+            res = super().__call__(sources, rounds)
+            res["limits"] = {"small": 0.05, "decode": 0.05}
+            for s, r in zip(sources, res["results"], strict=True):
+                # the variant that would win the sum slows the decode cell by 36%
+                r["cells"]["decode"] = 1 / 1.36 if s == fastest else 1.0
+            return res
+
+    screen = CellScreen(TOY_SOURCE)
+    tuner = TunerProposer(screen_rounds=4, eta=3)
+    # find the sum's winner among the first batch the tuner screens, then screen again with it slowed
+    probe = TunerProposer(screen_rounds=4, eta=3)
+    plain = FakeScreen(TOY_SOURCE)
+    winner = module_literal(probe.propose(_ctx(TOY_SOURCE, plain, width=6)).source, "CONFIG")
+    fastest = rewrite_config(TOY_SOURCE, winner)
+    p = tuner.propose(_ctx(TOY_SOURCE, screen, width=6))
+    assert module_literal(p.source, "CONFIG") != winner
+    first = screen.calls[0][2]
+    assert winner in first
+    within = [c for c in first if c != winner]
+    assert module_literal(p.source, "CONFIG") == min(within, key=lambda c: fake_eval.factor(rewrite_config(TOY_SOURCE,
+                                                                                                          c)))
+
+
+def test_over_limit_reads_the_screens_ratio_against_the_cells_limit():
+    from tik_tui.agent.tuner import over_limit, screen_summary
+
+    assert over_limit({"a": 1.02, "b": 1 / 1.04}, {"a": 0.05, "b": 0.05}) is None
+    assert over_limit({"a": 1.02, "b": 1 / 1.36}, {"a": 0.05, "b": 0.05}) == "b 1.360x > 1.050x"
+    assert over_limit({"b": 1 / 1.36}, {}) is None  # a screen that names no limits filters nothing
+    p = {"rung": 0, "rounds": 6, "seconds": 24, "last": True, "pick": None, "failure": None,
+         "entries": [{"changed": {"X": 2}, "speedup": 1.002, "over_limit": "b 1.360x > 1.050x"},
+                     {"changed": {"Y": 4}, "speedup": 0.999}]}
+    assert screen_summary(p) == ("screened 2 config(s), rung 0, 6 rounds/cell, 24 s: best Y=4 1.001× parent, "
+                                 "1 over a cell's limit; none faster than the parent")

@@ -51,10 +51,11 @@ def screen(op: str | Contract, parent_source: str, sources: list[str], *, device
            sandbox: bool | None = None) -> dict:
     """Time each source in `sources` beside `parent_source` for `rounds` rounds per cell, in one child.
 
-    Returns {"failure": None or one line, "rounds", "seconds", "parent_objective", "results": [{"objective",
-    "speedup" (parent's objective / this one's, >1 is faster), "error", "cells": {cell: parent µs / this µs}}]}
-    in the order of `sources`. A variant that fails to import or raises in a cell gets an error and no
-    speedup; a child that dies or times out fails the whole screen (the caller goes on without it).
+    Returns {"failure": None or one line, "rounds", "seconds", "parent_objective", "limits": {cell: the contract's
+    admissibility limit}, "results": [{"objective", "speedup" (parent's objective / this one's, >1 is faster),
+    "error", "cells": {cell: parent µs / this µs}}]} in the order of `sources`. A variant that fails to import or
+    raises in a cell gets an error and no speedup; a child that dies or times out fails the whole screen (the caller
+    goes on without it).
     `sandbox` as in `evaluate`.
     """
     contract = op if isinstance(op, Contract) else get_contract(op)
@@ -62,6 +63,7 @@ def screen(op: str | Contract, parent_source: str, sources: list[str], *, device
     profile = profile or ("gpu" if device.startswith("cuda") else "cpu")
     t0 = time.monotonic()
     out: dict = {"failure": None, "rounds": rounds, "seconds": None, "parent_objective": None,
+                 "limits": {c.name: c.limit for c in contract.cells(profile)},
                  "results": [{"objective": None, "speedup": None, "error": None, "cells": {}} for _ in sources]}
     d = owned_tempdir("tik-screen-")
     try:

@@ -3,12 +3,14 @@
 Every frontier node (verified, eligible or promoted; never a failed one) is scored by how
 good it is and how little it has been explored:
 
-    score = -log(quality) + C * sqrt(log(1 + N) / (1 + n))  - FAIL * failures  + OPP * targets
+    score = -log(quality) + C * sqrt(log(1 + N) / (1 + n))  - FAIL * failures  + OPP * targets  - OVER * excess
 
 quality is the coefficient-weighted mean of its per-cell ratios to the root (1.0 when it has
 no timings, e.g. on the CPU interpreter), n the derivations already made from it, N all of
 them for the operator, failures the failed ones among its n, and targets 1 when an open
-opportunity names a cell on which it is still slower than the root. So verified non-best
+opportunity names a cell on which it is still slower than the root; excess is log(ratio / (1 + limit)) of its
+cell furthest past its admissibility limit (0 when none is), so a node no derivation can make admissible
+without undoing it is not expanded ahead of those that are. So verified non-best
 intermediates keep being expanded (branches, not only the incumbent) until they stop paying.
 With `explore=False` (the greedy ablation) the parent is always the incumbent (else the root).
 A merge partner is offered for proposers that can merge: another verified node that is not
@@ -22,8 +24,8 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-#: exploration weight, failure penalty, opportunity bonus
-C, FAIL, OPP = 0.5, 0.05, 0.1
+#: exploration weight, failure penalty, opportunity bonus, weight of a cell past its limit
+C, FAIL, OPP, OVER = 0.5, 0.05, 0.1, 2.0
 #: how often a merge is offered when one is possible
 MERGE_RATE = 0.25
 
@@ -45,6 +47,16 @@ def quality(cells: list[dict]) -> float:
         w = float(c.get("coeff") or 1.0)
         num, den = num + w * r, den + w
     return num / den if den else 1.0
+
+
+def excess(cells: list[dict]) -> float:
+    """log(ratio / (1 + limit)) of the cell furthest past its admissibility limit; 0 when every cell is within."""
+    worst = 0.0
+    for c in cells or []:
+        r, lim = c.get("ratio_vs_root"), c.get("limit")
+        if isinstance(r, (int, float)) and isinstance(lim, (int, float)) and math.isfinite(r) and r > 0:
+            worst = max(worst, math.log(r / (1.0 + lim)))
+    return worst
 
 
 def _slow_cells(cells: list[dict]) -> set[str]:
@@ -82,7 +94,8 @@ def select_parent(store: Any, op: str, *, explore: bool = True, exclude: set[int
         tried = by_parent.get(f["id"], [])
         failures = sum(1 for a in tried if a.get("status") == "failed")
         q = quality(cells)
-        score = -math.log(q) + C * math.sqrt(math.log(1 + total) / (1 + len(tried))) - FAIL * failures
+        score = (-math.log(q) + C * math.sqrt(math.log(1 + total) / (1 + len(tried))) - FAIL * failures
+                 - OVER * excess(cells))
         if open_targets & _slow_cells(cells):
             score += OPP
         scored.append((score, rng.random(), f, q, len(tried)))

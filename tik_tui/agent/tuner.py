@@ -275,9 +275,17 @@ class TunerProposer:
             entries = []
             for n, i in enumerate(alive):
                 r = results[n] if not failure else {}
-                entries.append({"changed": {k: v for k, v in batch[i].items() if v != config.get(k)},
-                                "speedup": r.get("speedup"), "error": r.get("error"), "cells": r.get("cells", {})})
-            ranked = sorted((j for j, e in enumerate(entries) if e["speedup"] is not None),
+                e = {"changed": {k: v for k, v in batch[i].items() if v != config.get(k)},
+                     "speedup": r.get("speedup"), "error": r.get("error"), "cells": r.get("cells", {})}
+                over = over_limit(e["cells"], res.get("limits") or {})
+                if over:
+                    e["over_limit"] = over
+                entries.append(e)
+            # a move that slows a cell past its admissibility limit is not evaluated, however fast the sum: every
+            # derivation from it would inherit that cell (H200, attention: the first move, 2 decode chunks per
+            # program, summed 0.998x the root with decode at L = 1k 1.36x; the next 10 derivations of a 20-minute
+            # search all came from it and none was admissible)
+            ranked = sorted((j for j, e in enumerate(entries) if e["speedup"] is not None and "over_limit" not in e),
                             key=lambda j: -entries[j]["speedup"])
             # the last rung: a failure, none faster than the parent, or a next rung would keep only one
             keep = len(alive) // self.eta
@@ -295,6 +303,16 @@ class TunerProposer:
             rung += 1
 
 
+def over_limit(cells: dict, limits: dict) -> str | None:
+    """The first cell a screen saw slower than the parent by more than the cell's admissibility limit (`cells`:
+    parent µs / variant µs; `limits`: the contract's, against the root, applied here against the parent)."""
+    for cell, r in cells.items():
+        lim = limits.get(cell)
+        if isinstance(r, (int, float)) and isinstance(lim, (int, float)) and 0 < r < 1.0 / (1.0 + lim):
+            return f"{cell} {1 / r:.3f}x > {1 + lim:.3f}x"
+    return None
+
+
 def _screened_proposal(config: dict, source: str, pid: Any, cand: dict, e: dict, ev: dict, why: str) -> Proposal:
     """The proposal of a screened move `cand` (its screen entry `e`, of event `ev`), its rationale saying why."""
     note = f" (screened: {1 / e['speedup']:.3f}× #{pid} over {ev['rounds']} rounds/cell, {why})"
@@ -309,7 +327,7 @@ def _nearest(history: list[dict], config: dict, tried: set, tie: float) -> tuple
     for ev in history:
         for e in ev.get("entries", []):
             sp = e.get("speedup")
-            if not isinstance(sp, (int, float)) or sp < 1.0 - tie:
+            if not isinstance(sp, (int, float)) or sp < 1.0 - tie or e.get("over_limit"):
                 continue
             cand = {**config, **e.get("changed", {})}
             if config_key(cand) in tried:
@@ -330,10 +348,15 @@ def screen_summary(p: dict) -> str:
     timed = [e for e in entries if e.get("speedup") is not None]
     if not timed:
         return f"{head}: none timed"
+    errs = len(entries) - len(timed)
+    over = [e for e in timed if e.get("over_limit")]
+    tail = (f", {errs} failed" if errs else "") + (f", {len(over)} over a cell's limit" if over else "")
+    timed = [e for e in timed if not e.get("over_limit")]
+    if not timed:
+        return f"{head}: none within every cell's limit{tail}"
     best = max(timed, key=lambda e: e["speedup"])
     desc = ", ".join(f"{k}={v}" for k, v in (best.get("changed") or {}).items())
-    errs = len(entries) - len(timed)
     pick = "picked" if p.get("pick") is not None else ("none faster than the parent" if p.get("last")
                                                          else "best kept for the next rung")
     # the screen's `speedup` is parent time / config time; shown as a time ratio like every other ratio
-    return f"{head}: best {desc} {1 / best['speedup']:.3f}× parent" + (f", {errs} failed" if errs else "") + f"; {pick}"
+    return f"{head}: best {desc} {1 / best['speedup']:.3f}× parent{tail}; {pick}"
