@@ -37,6 +37,8 @@ class E2EConfig:
     prompt_len: tuple[int, int] = (3, 9)
     answer_len: tuple[int, int] = (2, 6)
     max_slots: int = 8
+    #: the most prompt tokens one prefill admits (the engine's `prefill_tokens`)
+    prefill_tokens: int = 8192
     temperature: float = 1.0
     lr: float = 1e-3
     #: optimizer updates per rollout (PPO epochs); > 1 moves the ratio off 1 so the clip binds
@@ -59,8 +61,12 @@ class E2EConfig:
 #: reached 16, so stock showed no mismatch at all. Measured (`tik e2e --modes A`, tiny model, seeds 0-3): 6/34,
 #: 29/30, 11/35 and 26/33 rollout log-probs differ from the trainer's. The CPU default runs modes A and B for one
 #: step: the unified kernels run in Triton's interpreter there (~35 s a mode-step), and mode C's equality is B's.
+#: It admits at most 40 prompt tokens per prefill (about two requests), so requests join a batch that is already
+#: decoding, as in a busy engine: admitting all 8 at once (the engine's default budget) left seed 0 at 34/34 equal,
+#: seeds 1-3 at 0/30, 35/35 and 10/33; with 40: 28/34, 2/30, 29/35, 8/33.
 CLI_DEFAULTS = {
-    "cpu": {"modes": ("A", "B"), "steps": 1, "prompts": 2, "group": 4, "prompt_len": (8, 20), "answer_len": (2, 6)},
+    "cpu": {"modes": ("A", "B"), "steps": 1, "prompts": 2, "group": 4, "prompt_len": (8, 20), "answer_len": (2, 6),
+            "prefill_tokens": 40},
     "cuda": {"modes": ("A", "C", "B"), "steps": 2, "prompts": 4, "group": 4, "prompt_len": (8, 20),
              "answer_len": (2, 6)},
 }
@@ -110,8 +116,8 @@ def run_mode(mode: str, cfg: E2EConfig, mc: ModelConfig, params0: dict, device: 
         where["phase"], where["t0"] = name, time.perf_counter()
         report(0)
 
-    engine = RolloutEngine(mc, be, max_slots=cfg.max_slots, max_len=max_len, temperature=cfg.temperature,
-                           device=device, graphs=cfg.graphs, on_token=report)
+    engine = RolloutEngine(mc, be, max_slots=cfg.max_slots, max_len=max_len, prefill_tokens=cfg.prefill_tokens,
+                           temperature=cfg.temperature, device=device, graphs=cfg.graphs, on_token=report)
     ref_params = {k: v.detach().clone() for k, v in params0.items()} if cfg.kl_coef else None
     rng = random.Random(cfg.seed)
     clip_fracs: list[float] = []

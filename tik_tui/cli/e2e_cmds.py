@@ -52,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
     warmup = args.warmup if args.warmup is not None else (1 if device == "cuda" else 0)
     cfg = E2EConfig(preset=args.model, layers=args.layers, modes=modes, steps=steps, warmup=warmup,
                     prompts=args.prompts or d["prompts"], group=args.group or d["group"], prompt_len=d["prompt_len"],
-                    answer_len=d["answer_len"], device=device, seed=args.seed, checkpoint=args.checkpoint,
+                    answer_len=d["answer_len"], prefill_tokens=d.get("prefill_tokens", E2EConfig.prefill_tokens),
+                    device=device, seed=args.seed, checkpoint=args.checkpoint,
                     graphs=False if args.eager_decode or device != "cuda" else None,
                     stock_compiled=False if args.stock_eager or device != "cuda" else None)
     from tik_tui.cli.charts import stacked_bars
