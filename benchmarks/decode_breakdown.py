@@ -5,7 +5,8 @@
 
 `bench_e2e.py --only decode` times a whole decode step against the bandwidth floor (weights + KV at 4.2 TB/s).
 This splits it: one step of the rollout engine's decode (the model's `forward_decode`, then the engine's
-`sample` and `logprob` on the last hidden state) runs once through a backend that records every call; calls of
+`sample_logprob` on the last hidden state, the sampler and its log-prob in one pass) runs once through a backend
+that records every call; calls of
 one operator with the same shapes (the layers repeat them) are grouped, and each group's call is timed with the
 benchmark harness (a CUDA graph of back-to-back calls on rotating copies of its inputs, so weights and KV come
 from HBM, medians over rounds) and multiplied by its count. Beside each: the bytes its tensors cover (inputs and
@@ -57,7 +58,7 @@ def signature(name: str, args: tuple) -> tuple:
 
 
 def record_step(mc, be, W, cache, batch: int, context: int, temperature: float = 1.0) -> list[tuple[str, tuple]]:
-    """One decode step's backend calls, as the rollout engine makes them (forward, then sample and log-prob)."""
+    """One decode step's backend calls, as the rollout engine makes them (forward, then the sample and its log-prob)."""
     rec = Recorder(be)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(1, mc.vocab, (batch,), generator=g).to(cache.k.device)
@@ -65,8 +66,7 @@ def record_step(mc, be, W, cache, batch: int, context: int, temperature: float =
     seeds = torch.tensor(token_seeds(list(range(batch)), [context - 1] * batch), device=cache.k.device)
     with torch.no_grad():
         hidden = forward_decode(mc, rec, W, ids, pos, cache, kv_len=context)
-        tok = rec.sample(hidden, W["lm_head"], temperature, seeds)
-        rec.logprob(hidden, W["lm_head"], tok, temperature)
+        rec.sample_logprob(hidden, W["lm_head"], temperature, seeds)
     return rec.calls
 
 

@@ -303,6 +303,13 @@ class StockBackend:
         noise = torch.empty(logits.shape, dtype=torch.float32, device=logits.device).exponential_()
         return self.fused["race"](logits, temperature, noise)
 
+    def sample_logprob(self, hidden, w, temperature, seeds):
+        """A token and its log-prob from one lm_head matmul, as an engine samples and records log-probs."""
+        logits = F.linear(hidden, w)
+        noise = torch.empty(logits.shape, dtype=torch.float32, device=logits.device).exponential_()
+        tok = self.fused["race"](logits, temperature, noise)
+        return tok, self.fused["logprob_rows"](logits, tok, temperature)
+
 
 class UnifiedBackend:
     """TIK's operators, from the library (`tik_kernels.ops.*`) or from given implementation files."""
@@ -370,6 +377,18 @@ class UnifiedBackend:
 
     def sample(self, hidden, w, temperature, seeds):
         return self.m["sample"].sample(hidden, w, temperature, seeds)
+
+    def sample_logprob(self, hidden, w, temperature, seeds):
+        """sample() and logprob() of its token: one pass over the lm_head where the logprob module has
+        `sample_logprob` and the sampler reads the same logits (the same BLOCK_K: the same K-sequential dot),
+        else the two calls. The same bits either way (tests/kernels/test_sample_logprob.py)."""
+        fused = getattr(self.m["logprob"], "sample_logprob", None)
+        same_logits = (getattr(self.m["sample"], "CONFIG", {}).get("BLOCK_K")
+                       == getattr(self.m["logprob"], "CONFIG", {}).get("BLOCK_K"))
+        if fused is not None and same_logits and temperature > 0:
+            return fused(hidden, w, temperature, seeds)
+        tok = self.sample(hidden, w, temperature, seeds)
+        return tok, self.logprob(hidden, w, tok, temperature)
 
 
 def make_backend(name: str, impl_files: dict[str, str | Path] | None = None, stock_compiled: bool = False):

@@ -187,8 +187,7 @@ class RolloutEngine:
         """The decode step over rows 0..b-1 of the static buffers, results into `_tok` / `_lp`."""
         ids, pos, seeds = self._inp[0, :b], self._inp[1, :b], self._inp[2, :b]
         hidden = forward_decode(self.cfg, self.be, self.W, ids, pos, self.cache, kv_len=kv)
-        tok = self.be.sample(hidden, self.W["lm_head"], self.temperature, seeds)
-        lp = self.be.logprob(hidden, self.W["lm_head"], tok, self.temperature)
+        tok, lp = self.be.sample_logprob(hidden, self.W["lm_head"], self.temperature, seeds)
         self._tok[:b].copy_(tok)
         self._lp[:b].copy_(lp)
 
@@ -298,8 +297,7 @@ class RolloutEngine:
                 last = hidden.index_select(0, (cu[1:] - 1).long())
                 pos = [n - 1 for n in lens]
                 seeds = to_device(token_seeds([c.request.seed for c in joining], pos), self.device)
-                tok = be.sample(last, W["lm_head"], self.temperature, seeds)
-                lp = be.logprob(last, W["lm_head"], tok, self.temperature)
+                tok, lp = be.sample_logprob(last, W["lm_head"], self.temperature, seeds)
                 record(joining, tok.tolist(), lp)
                 self.stats.prefills += 1
                 retire()

@@ -1,0 +1,97 @@
+"""sample_logprob (the rollout's sampler and its log-prob in one pass over the lm_head) gives sample()'s token and
+logprob()'s value for it bit for bit: several seeds, token counts, temperatures, a vocabulary that ends on a partial
+chunk, small tiles with many chunks; and a planted change to its log-sum-exp is caught."""
+
+import pytest
+import torch
+
+import tik_kernels.ops.logprob as lp_root
+import tik_kernels.ops.sample as sample_root
+from tik_kernels.contracts._lmhead import hidden_and_weight
+
+
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    return x.view(torch.int32)
+
+
+def _check(T: int, H: int, V: int, tau: float, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    h, w = hidden_and_weight(T, H, V, gen)
+    seeds = torch.randint(0, 2**62, (T,), generator=gen)
+    ids, lp = lp_root.sample_logprob(h, w, tau, seeds)
+    want_ids = sample_root.sample(h, w, tau, seeds)
+    assert torch.equal(ids, want_ids)
+    assert torch.equal(_bits(lp), _bits(lp_root.logprob(h, w, want_ids, tau)))
+
+
+@pytest.mark.parametrize("T,H,V,tau,seed", [(1, 64, 256, 1.0, 0), (5, 64, 300, 0.7, 1), (3, 32, 1000, 1.3, 2)])
+def test_same_token_and_bits_as_the_two_operators(T, H, V, tau, seed):
+    _check(T, H, V, tau, seed)
+
+
+def test_small_tiles_many_chunks_and_token_blocks(monkeypatch):
+    """The tree is the module's CONFIG: with small tiles and chunks both sides change alike (the sampler's own
+    CONFIG left as it is: its token does not depend on its tiling)."""
+    small = {"BLOCK_T": 16, "BLOCK_V": 16, "BLOCK_K": 16, "V_CHUNK": 48}
+    monkeypatch.setattr(lp_root, "CONFIG", {**lp_root.CONFIG, **small})
+    monkeypatch.setattr(sample_root, "CONFIG", {**sample_root.CONFIG, "BLOCK_K": 16})
+    _check(37, 48, 200, 0.9, 3)
+
+
+def test_rows_do_not_depend_on_the_batch():
+    gen = torch.Generator().manual_seed(4)
+    h, w = hidden_and_weight(6, 64, 256, gen)
+    seeds = torch.randint(0, 2**62, (6,), generator=gen)
+    ids, lp = lp_root.sample_logprob(h, w, 1.0, seeds)
+    for t in (0, 5):
+        i1, l1 = lp_root.sample_logprob(h[t : t + 1], w, 1.0, seeds[t : t + 1])
+        assert i1.item() == ids[t].item() and torch.equal(_bits(l1), _bits(lp[t : t + 1]))
+
+
+def test_errors_are_one_line():
+    h, w = torch.zeros(2, 8, dtype=torch.bfloat16), torch.zeros(16, 8, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        lp_root.sample_logprob(h, w, 0.0, torch.zeros(2))
+    with pytest.raises(ValueError, match="3 seeds for 2 tokens"):
+        lp_root.sample_logprob(h, w, 1.0, torch.zeros(3))
+
+
+def test_a_planted_log_sum_exp_order_is_caught(tmp_path):
+    """The check has teeth: merging the chunks from the last one down changes the log-prob's bits."""
+    from pathlib import Path
+
+    from tik_kernels.contract import load_module
+
+    text = Path(lp_root.__file__).read_text()
+    old = "    for c in range(0, NC):\n        c_m = tl.load(m_part_ptr + c * T + o_t, mask=m_t, other=0.0)\n"
+    assert text.count(old) == 2  # logprob's own combine, then sample_logprob's
+    at = text.index(old, text.index("def _sample_logprob_combine_kernel"))
+    planted = text[:at] + old.replace("for c in range(0, NC):", "for cc in range(0, NC):\n        c = NC - 1 - cc") \
+        + text[at + len(old):]
+    (tmp_path / "planted_lp.py").write_text(planted)
+    m = load_module(tmp_path / "planted_lp.py", "planted_sample_logprob")
+    gen = torch.Generator().manual_seed(5)
+    h, w = hidden_and_weight(8, 64, 2000, gen)
+    seeds = torch.randint(0, 2**62, (8,), generator=gen)
+    ids, lp = m.sample_logprob(h, w, 1.0, seeds)
+    assert torch.equal(ids, sample_root.sample(h, w, 1.0, seeds))  # no ties here: the race gives the same token
+    assert not torch.equal(_bits(lp), _bits(lp_root.logprob(h, w, ids, 1.0)))
+
+
+@pytest.mark.gpu
+def test_gpu_same_token_and_bits_at_qwen3_shapes():
+    """On the GPU at the Qwen3 lm_head (V = 151,936; H 1024 and 2048): decode batches of 1, 7 and 64 rows and a
+    prefill of 300, two temperatures, each row the two operators' token and bits."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for H in (1024, 2048):
+        w = (torch.randn(151936, H, device="cuda", generator=gen) * H**-0.5).to(torch.bfloat16)
+        for T in (1, 7, 64, 300):
+            h = torch.randn(T, H, device="cuda", generator=gen).to(torch.bfloat16)
+            seeds = torch.randint(0, 2**62, (T,), device="cuda", generator=gen)
+            for tau in (1.0, 0.6):
+                ids, lp = lp_root.sample_logprob(h, w, tau, seeds)
+                want = sample_root.sample(h, w, tau, seeds)
+                assert torch.equal(ids, want), (H, T, tau)
+                assert torch.equal(_bits(lp), _bits(lp_root.logprob(h, w, want, tau))), (H, T, tau)
