@@ -33,6 +33,9 @@
 #   e2e_learning  #19 GRPO from scratch, modes A and B, 3 seeds: $R/e2e_learning_seeds.{csv,png}
 #   e2e_full      #19 throughput at full depth, one preset per run (qwen3-0.6b, then qwen3-1.7b, ~100 s each), the
 #                     library roots (no incumbents), results in $R/e2e_full_<preset>/
+#   rollout_profile
+#                 #19 one rollout of the e2e throughput batch (qwen3-1.7b, 64 requests), prefill / decode / host, unified
+#                     and stock ($R/rollout_profile_h200_qwen3-1.7b.{json,log})
 #   decode_breakdown
 #                 #19 one qwen3-0.6b decode step call by call, stock and unified ($R/decode_breakdown_h200_*.md)
 #   attn_bwd      #16 the attention backward variants (the stored-dS root's knobs and budget, the dq kernel's path
@@ -107,6 +110,9 @@ for p in "$@"; do
                 part "e2e_full_$preset" 280 "$py" benchmarks/bench_e2e.py --out "$R/e2e_full_$preset" \
                     --only throughput --shapes "$preset" --steps 3
             done ;;
+        rollout_profile)
+            part rollout_profile_h200_qwen3-1.7b 300 "$py" benchmarks/rollout_profile.py --preset qwen3-1.7b \
+                --backends unified stock --out "$R" --name rollout_profile_h200_qwen3-1.7b ;;
         decode_breakdown)
             part decode_breakdown 200 "$py" benchmarks/decode_breakdown.py --out "$R" ;;
         attn_bwd)
