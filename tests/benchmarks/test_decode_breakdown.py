@@ -21,10 +21,10 @@ def test_every_call_of_a_step_is_recorded_and_grouped(tmp_path):
     counts = {}
     for r in b["rows"]:
         counts[r["op"]] = counts.get(r["op"], 0) + r["count"]
-    # per layer: the stacked qkv, o, gate_up, down; one attention; the step: one embedding, one sample, one log-prob
+    # per layer: the stacked qkv, o, gate_up, down; one attention; the step: one embedding, one token with its log-prob
     assert counts["linear"] == 4 * mc.layers
     assert counts["attention_decode"] == mc.layers
-    assert counts["embedding"] == counts["sample"] == counts["logprob"] == 1
+    assert counts["embedding"] == counts["sample_logprob"] == 1
     assert sum(r["count"] for r in b["rows"]) == b["calls"]
     # the layers repeat their shapes, so there are fewer distinct calls than calls
     assert b["distinct"] < b["calls"]
