@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from tik_kernels._runtime import INTERPRET
-from tik_kernels.ops.sample import _fmix32
+from tik_kernels.ops.sample import _race_key, _race_merge, _race_scores, _race_step
 
 #: Triton's interpreter computes tl.dot on bf16 wrongly and truncates fp32 -> bf16 casts: fp32 there
 _INTERPRET = tl.constexpr(INTERPRET)
@@ -88,6 +88,20 @@ def _logits_tile(h_ptr, w_ptr, o_t, m_t, o_v, m_v, H, stride_h, stride_w, temper
 
 
 @triton.jit
+def _lse_step(b_m, b_s, b_z):
+    """A [BT, BV] logits tile (-inf where masked) into the running (max, Σ exp(z - max)) of each row."""
+    b_new = tl.maximum(b_m, tl.max(b_z, axis=1))
+    return b_new, b_s * tl.exp(b_m - b_new) + tl.sum(tl.exp(b_z - b_new[:, None]), axis=1)
+
+
+@triton.jit
+def _lse_merge(b_m, b_s, c_m, c_s):
+    """A chunk's (max, Σ exp) into the running one."""
+    b_new = tl.maximum(b_m, c_m)
+    return b_new, b_s * tl.exp(b_m - b_new) + c_s * tl.exp(c_m - b_new)
+
+
+@triton.jit
 def _logprob_fwd_kernel(
     h_ptr,  # [T, H] hidden (row stride stride_h, unit column stride)
     w_ptr,  # [V, H] lm_head weight (row stride stride_w)
@@ -123,9 +137,7 @@ def _logprob_fwd_kernel(
         b_z = _logits_tile(h_ptr, w_ptr, o_t, m_t, o_v, m_v, H, stride_h, stride_w, temperature,
                            BLOCK_T, BLOCK_V, BLOCK_K)
         b_z = tl.where(m_v[None, :], b_z, float("-inf"))  # [BT, BV]
-        b_new = tl.maximum(b_m, tl.max(b_z, axis=1))
-        b_s = b_s * tl.exp(b_m - b_new) + tl.sum(tl.exp(b_z - b_new[:, None]), axis=1)
-        b_m = b_new
+        b_m, b_s = _lse_step(b_m, b_s, b_z)
         # one entry at most matches: a sum of it and exact zeros is exact
         b_zt += tl.sum(tl.where(o_v[None, :] == b_tgt[:, None], b_z, 0.0), axis=1)
     tl.store(m_part_ptr + pid_c * T + o_t, b_m, mask=m_t)
@@ -154,9 +166,7 @@ def _logprob_combine_kernel(
     for c in range(0, NC):
         c_m = tl.load(m_part_ptr + c * T + o_t, mask=m_t, other=0.0)
         c_s = tl.load(s_part_ptr + c * T + o_t, mask=m_t, other=0.0)
-        b_new = tl.maximum(b_m, c_m)
-        b_s = b_s * tl.exp(b_m - b_new) + c_s * tl.exp(c_m - b_new)
-        b_m = b_new
+        b_m, b_s = _lse_merge(b_m, b_s, c_m, c_s)
     # masked rows have b_s = 0: keep log() finite there (never stored)
     b_lse = b_m + tl.log(tl.where(m_t, b_s, 1.0))
     b_zt = tl.load(zt_ptr + o_t, mask=m_t, other=0.0)
@@ -398,7 +408,7 @@ def _sample_logprob_kernel(
     o_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     m_t = o_t < T
     b_seed = tl.load(seed_ptr + o_t, mask=m_t, other=0)
-    b_key = _fmix32(b_seed.to(tl.uint32) + _fmix32((b_seed >> 32).to(tl.uint32) ^ 0x6A09E667))  # [BT]
+    b_key = _race_key(b_seed)  # [BT]
     b_m = tl.full([BLOCK_T], float("-inf"), dtype=tl.float32)
     b_s = tl.zeros([BLOCK_T], dtype=tl.float32)
     b_best = tl.full([BLOCK_T], float("-inf"), dtype=tl.float32)
@@ -412,23 +422,11 @@ def _sample_logprob_kernel(
         b_z = _logits_tile(h_ptr, w_ptr, o_t, m_t, o_v, m_v, H, stride_h, stride_w, temperature,
                            BLOCK_T, BLOCK_V, BLOCK_K)
         b_z = tl.where(m_v[None, :], b_z, float("-inf"))  # [BT, BV]
-        # the log-sum-exp, line for line _logprob_fwd_kernel's
-        b_new = tl.maximum(b_m, tl.max(b_z, axis=1))
-        b_s = b_s * tl.exp(b_m - b_new) + tl.sum(tl.exp(b_z - b_new[:, None]), axis=1)
-        b_m = b_new
-        # the Gumbel-max race, line for line sample's _sample_fwd_kernel (ties to the lowest index, NaN never wins)
-        b_x = _fmix32(o_v.to(tl.uint32)[None, :] * 0x9E3779B1 + b_key[:, None])
-        b_x = _fmix32(b_x ^ b_key[:, None])
-        b_u = ((b_x >> 9).to(tl.float32) * 2.0 + 1.0) * 5.9604644775390625e-08
-        b_g = b_z - tl.log(-tl.log(b_u))
-        b_g = tl.where(m_v[None, :] & (b_g == b_g), b_g, float("-inf"))
-        b_tile_best = tl.max(b_g, axis=1)
-        b_tile_idx = v0 + tl.argmax(b_g, axis=1).to(tl.int64)
+        # logprob's log-sum-exp and the sampler's race, through the helpers their own kernels use
+        b_m, b_s = _lse_step(b_m, b_s, b_z)
+        b_best, b_idx, b_take, b_tile_idx = _race_step(b_best, b_idx, _race_scores(b_z, o_v, m_v, b_key, False), v0)
         # the winner's logit: one entry matches, a sum of it and exact zeros is exact (as the target's in logprob)
         b_tile_z = tl.sum(tl.where(o_v[None, :] == b_tile_idx[:, None], b_z, 0.0), axis=1)
-        b_take = b_tile_best > b_best
-        b_best = tl.where(b_take, b_tile_best, b_best)
-        b_idx = tl.where(b_take, b_tile_idx, b_idx)
         b_zb = tl.where(b_take, b_tile_z, b_zb)
     tl.store(m_part_ptr + pid_c * T + o_t, b_m, mask=m_t)
     tl.store(s_part_ptr + pid_c * T + o_t, b_s, mask=m_t)
@@ -463,16 +461,11 @@ def _sample_logprob_combine_kernel(
     for c in range(0, NC):
         c_m = tl.load(m_part_ptr + c * T + o_t, mask=m_t, other=0.0)
         c_s = tl.load(s_part_ptr + c * T + o_t, mask=m_t, other=0.0)
-        b_new = tl.maximum(b_m, c_m)
-        b_s = b_s * tl.exp(b_m - b_new) + c_s * tl.exp(c_m - b_new)
-        b_m = b_new
+        b_m, b_s = _lse_merge(b_m, b_s, c_m, c_s)
         c_best = tl.load(best_part_ptr + c * T + o_t, mask=m_t, other=float("-inf"))
         c_idx = tl.load(idx_part_ptr + c * T + o_t, mask=m_t, other=0)
-        c_zb = tl.load(zb_part_ptr + c * T + o_t, mask=m_t, other=0.0)
-        b_take = c_best > b_best
-        b_best = tl.where(b_take, c_best, b_best)
-        b_idx = tl.where(b_take, c_idx, b_idx)
-        b_zb = tl.where(b_take, c_zb, b_zb)
+        b_best, b_idx, b_take = _race_merge(b_best, b_idx, c_best, c_idx)
+        b_zb = tl.where(b_take, tl.load(zb_part_ptr + c * T + o_t, mask=m_t, other=0.0), b_zb)
     b_lse = b_m + tl.log(tl.where(m_t, b_s, 1.0))
     tl.store(ids_ptr + o_t, b_idx, mask=m_t)
     tl.store(out_ptr + o_t, b_zb - b_lse, mask=m_t)

@@ -66,6 +66,43 @@ def _fmix32(x):
 
 
 @triton.jit
+def _race_key(b_seed):
+    """The per-token key of the noise hash (tik_kernels/reference/sample.py: key(s)), from int64 seeds."""
+    return _fmix32(b_seed.to(tl.uint32) + _fmix32((b_seed >> 32).to(tl.uint32) ^ 0x6A09E667))
+
+
+@triton.jit
+def _race_scores(b_z, o_v, m_v, b_key, GREEDY: tl.constexpr):
+    """[BT, BV] scores of a logits tile: z plus the Gumbel noise of (key, v) (z alone when GREEDY), -inf past the
+    chunk's end and for NaN, so a NaN score never wins."""
+    if not GREEDY:
+        b_x = _fmix32(o_v.to(tl.uint32)[None, :] * 0x9E3779B1 + b_key[:, None])
+        b_x = _fmix32(b_x ^ b_key[:, None])  # [BT, BV] uint32
+        # (2k + 1)·2^-24 with k < 2^23: exact in fp32, strictly inside (0, 1)
+        b_u = ((b_x >> 9).to(tl.float32) * 2.0 + 1.0) * 5.9604644775390625e-08
+        b_z = b_z - tl.log(-tl.log(b_u))
+    return tl.where(m_v[None, :] & (b_z == b_z), b_z, float("-inf"))
+
+
+@triton.jit
+def _race_step(b_best, b_idx, b_g, v0):
+    """One tile of scores `b_g` (from column v0) into the running (best, index): (best, index, taken, the tile's
+    index). Strictly greater replaces, so an earlier (lower-index) tile keeps a tie; `tl.argmax` within a tile
+    returns the lowest index of its maximum."""
+    b_tile_best = tl.max(b_g, axis=1)
+    b_tile_idx = v0 + tl.argmax(b_g, axis=1).to(tl.int64)
+    b_take = b_tile_best > b_best
+    return tl.where(b_take, b_tile_best, b_best), tl.where(b_take, b_tile_idx, b_idx), b_take, b_tile_idx
+
+
+@triton.jit
+def _race_merge(b_best, b_idx, c_best, c_idx):
+    """A chunk's (best, index) into the running one, strictly greater winning: (best, index, taken)."""
+    b_take = c_best > b_best
+    return tl.where(b_take, c_best, b_best), tl.where(b_take, c_idx, b_idx), b_take
+
+
+@triton.jit
 def _sample_fwd_kernel(
     h_ptr,  # [T, H] hidden (row stride stride_h, unit column stride)
     w_ptr,  # [V, H] lm_head weight (row stride stride_w)
@@ -89,8 +126,7 @@ def _sample_fwd_kernel(
     o_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     m_t = o_t < T
     b_seed = tl.load(seed_ptr + o_t, mask=m_t, other=0)
-    # per-token key of the noise hash (tik_kernels/reference/sample.py: key(s))
-    b_key = _fmix32(b_seed.to(tl.uint32) + _fmix32((b_seed >> 32).to(tl.uint32) ^ 0x6A09E667))  # [BT]
+    b_key = _race_key(b_seed)  # [BT]
     b_best = tl.full([BLOCK_T], float("-inf"), dtype=tl.float32)
     b_idx = tl.full([BLOCK_T], V, dtype=tl.int64)
     v_start = pid_c * V_CHUNK
@@ -100,19 +136,7 @@ def _sample_fwd_kernel(
         m_v = o_v < v_end
         b_z = _logits_tile(h_ptr, w_ptr, o_t, m_t, o_v, m_v, H, stride_h, stride_w, temperature,
                            BLOCK_T, BLOCK_V, BLOCK_K)
-        if not GREEDY:
-            b_x = _fmix32(o_v.to(tl.uint32)[None, :] * 0x9E3779B1 + b_key[:, None])
-            b_x = _fmix32(b_x ^ b_key[:, None])  # [BT, BV] uint32
-            # (2k + 1)·2^-24 with k < 2^23: exact in fp32, strictly inside (0, 1)
-            b_u = ((b_x >> 9).to(tl.float32) * 2.0 + 1.0) * 5.9604644775390625e-08
-            b_z = b_z - tl.log(-tl.log(b_u))
-        b_z = tl.where(m_v[None, :] & (b_z == b_z), b_z, float("-inf"))
-        b_tile_best = tl.max(b_z, axis=1)
-        b_tile_idx = v0 + tl.argmax(b_z, axis=1).to(tl.int64)
-        # strictly greater: an earlier (lower-index) tile keeps a tie
-        b_take = b_tile_best > b_best
-        b_best = tl.where(b_take, b_tile_best, b_best)
-        b_idx = tl.where(b_take, b_tile_idx, b_idx)
+        b_best, b_idx, _, _ = _race_step(b_best, b_idx, _race_scores(b_z, o_v, m_v, b_key, GREEDY), v0)
     tl.store(best_part_ptr + pid_c * T + o_t, b_best, mask=m_t)
     tl.store(idx_part_ptr + pid_c * T + o_t, b_idx, mask=m_t)
 
@@ -135,9 +159,7 @@ def _sample_combine_kernel(
     for c in range(0, NC):
         c_best = tl.load(best_part_ptr + c * T + o_t, mask=m_t, other=float("-inf"))
         c_idx = tl.load(idx_part_ptr + c * T + o_t, mask=m_t, other=0)
-        b_take = c_best > b_best
-        b_best = tl.where(b_take, c_best, b_best)
-        b_idx = tl.where(b_take, c_idx, b_idx)
+        b_best, b_idx, _ = _race_merge(b_best, b_idx, c_best, c_idx)
     tl.store(out_ptr + o_t, b_idx, mask=m_t)
 
 
