@@ -299,16 +299,17 @@ class StockBackend:
         """The exponential race (argmax of p / Exp(1) noise, a draw from p): what serving engines run, since
         `torch.multinomial` may wait on the GPU and does not belong in a CUDA graph. The noise is drawn eagerly
         from torch's generator (graph-safe), the race itself may be compiled. Ignores `seeds`."""
-        logits = F.linear(hidden, w)
-        noise = torch.empty(logits.shape, dtype=torch.float32, device=logits.device).exponential_()
-        return self.fused["race"](logits, temperature, noise)
+        return self._race(F.linear(hidden, w), temperature)
 
     def sample_logprob(self, hidden, w, temperature, seeds):
         """A token and its log-prob from one lm_head matmul, as an engine samples and records log-probs."""
         logits = F.linear(hidden, w)
-        noise = torch.empty(logits.shape, dtype=torch.float32, device=logits.device).exponential_()
-        tok = self.fused["race"](logits, temperature, noise)
+        tok = self._race(logits, temperature)
         return tok, self.fused["logprob_rows"](logits, tok, temperature)
+
+    def _race(self, logits, temperature):
+        noise = torch.empty(logits.shape, dtype=torch.float32, device=logits.device).exponential_()
+        return self.fused["race"](logits, temperature, noise)
 
 
 class UnifiedBackend:
@@ -482,8 +483,7 @@ def forward_packed(cfg: ModelConfig, be, W, ids: torch.Tensor, cu_seqlens: torch
     free of host syncs); without them they are read back from `cu_seqlens` once."""
     if lens is None:
         lens = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
-    positions = [p for n in lens for p in range(n)]
-    pos = to_device(positions, ids.device)
+    pos = to_device([p for n in lens for p in range(n)], ids.device)
     if cache is not None:
         # each token's cache slot: one scatter per layer for all sequences (a copy per sequence and layer cost a
         # prefill of 64 requests 3,584 launches and their host time)
