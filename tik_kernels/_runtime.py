@@ -139,6 +139,94 @@ def _helpers_without_repatching() -> None:
     it.InterpretedFunction.__call__ = call
 
 
+def _no_discarded_overflow_checks() -> None:
+    """Stop the interpreter from computing integer-overflow checks it then throws away.
+
+    With `sanitize_overflow` on (the interpreter's default), every integer add, sub and mul in a kernel (index and
+    pointer arithmetic, mostly) is done a second time in int64 with two comparisons and an `and`, to feed
+    `device_assert`; and `device_assert` returns at once unless `debug` is on, which the interpreter's options never
+    set. On the GPU the same assert is compiled out without `debug`. So the check is work with no effect: the attention
+    root's CPU probes spent ~20% of their time in it. Turned off only while the options say `debug` is off and
+    Triton's assert still has that shape (else Triton is left alone); the kernels' values are the same bits."""
+    import dataclasses
+    import inspect
+
+    from triton.language import semantic
+    from triton.runtime import interpreter as it
+
+    builder = getattr(it, "interpreter_builder", None)
+    options = getattr(builder, "options", None)
+    cls = getattr(semantic, "TritonSemantic", None)
+    if options is None or options.debug or not getattr(options, "sanitize_overflow", False) or cls is None:
+        return
+    try:
+        asserts = inspect.getsource(cls.device_assert)
+        sanitize = inspect.getsource(cls.binary_op_sanitize_overflow_impl)
+    except (AttributeError, OSError, TypeError):
+        return
+    if "if not self.builder.options.debug" not in asserts or "self.device_assert(" not in sanitize:
+        return
+    builder.options = dataclasses.replace(options, sanitize_overflow=False)
+
+
+def _fast_interpreter_types() -> None:
+    """Two of the interpreter's per-operation helpers made cheap, with the same results.
+
+    `_get_np_dtype` (Triton type -> numpy dtype) builds a 19-entry dict at every call, ~180,000 calls in the attention
+    root's CPU probes: here its answer is kept per element type. `_convert_float` turns bf16 to fp32 and back through a
+    general bit-field routine for every cast; for the casts TIK's kernels make (bf16 <-> fp32, no rounding mode given),
+    when no input is subnormal, that routine's result is the plain bit shift (bf16 -> fp32: the 16 bits moved up;
+    fp32 -> bf16: the top 16 bits, truncated as Triton's routine does), so that case takes the shift and any other goes
+    to Triton's routine (which treats subnormals its own way). `tests/kernels/test_interpreter_patches.py` checks both
+    against Triton's own functions: every bf16 value, and fp32 values of every exponent."""
+    import inspect
+
+    import numpy as np
+    from triton.runtime import interpreter as it
+
+    tl = it.tl
+    np_dtype, convert = getattr(it, "_get_np_dtype", None), getattr(it, "_convert_float", None)
+    if np_dtype is None or convert is None or getattr(np_dtype, "_tik_fast", False):
+        return
+    try:
+        body = inspect.getsource(convert)
+    except (OSError, TypeError):
+        return
+    if "def _convert_float(input, input_dtype, output_dtype, rounding_mode)" not in body:
+        return
+    u64 = np.dtype(np.uint64)
+    by_name: dict = {}
+
+    def get_np_dtype(tt_dtype):
+        if isinstance(tt_dtype, tl.block_type):
+            tt_dtype = tt_dtype.element_ty
+        if isinstance(tt_dtype, tl.pointer_type):
+            return u64
+        found = by_name.get(tt_dtype.name)
+        if found is None:
+            found = by_name[tt_dtype.name] = np_dtype(tt_dtype)
+        return found
+
+    bf16, fp32 = tl.bfloat16, tl.float32
+
+    def convert_float(input, input_dtype, output_dtype, rounding_mode):
+        if rounding_mode is None and input_dtype == bf16 and output_dtype == fp32:
+            bits = np.asarray(input).view(np.uint16)
+            if not (((bits & 0x7F80) == 0) & ((bits & 0x007F) != 0)).any():
+                return bits.astype(np.uint32) << np.uint32(16)
+        elif rounding_mode is None and input_dtype == fp32 and output_dtype == bf16:
+            bits = np.asarray(input).view(np.uint32)
+            if not (((bits & 0x7F800000) == 0) & ((bits & 0x007FFFFF) != 0)).any():
+                return (bits >> np.uint32(16)).astype(np.uint16)
+        return convert(input, input_dtype, output_dtype, rounding_mode)
+
+    get_np_dtype._tik_fast = convert_float._tik_fast = True
+    get_np_dtype.__wrapped_original__, convert_float.__wrapped_original__ = np_dtype, convert
+    it._get_np_dtype, it._convert_float = get_np_dtype, convert_float
+
+
 if INTERPRET:
     _order_defined_interpreter_dot()
     _helpers_without_repatching()
+    _no_discarded_overflow_checks()
+    _fast_interpreter_types()
