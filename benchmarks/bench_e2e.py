@@ -46,7 +46,8 @@ def throughput(args, out: Path) -> dict:
     res = {}
     for preset in args.shapes:
         cfg = E2EConfig(preset=preset, layers=args.layers, steps=args.steps, warmup=1, prompts=args.prompts,
-                        group=args.group, prompt_len=(32, 192), answer_len=(16, 96), max_slots=64, device=args.device,
+                        group=args.group, prompt_len=(32, 192), answer_len=(16, 96), max_slots=args.max_slots,
+                        ppo_epochs=args.ppo_epochs, minibatches=args.minibatches, device=args.device,
                         graphs=False if args.eager_decode else None,
                         stock_compiled=False if args.stock_eager else None)
         # one throw-away step of every mode first: the first mode run in a process paid the process's
@@ -108,6 +109,7 @@ def learning(args, out: Path) -> dict:
     for seed in args.seeds:
         cfg = E2EConfig(preset=args.learn_preset, modes=modes, steps=args.learn_steps, prompts=args.learn_prompts,
                         group=args.learn_group, prompt_len=(3, 9), answer_len=(4, 8), max_slots=128, lr=args.lr,
+                        ppo_epochs=args.ppo_epochs, minibatches=args.minibatches,
                         seed=seed, device=args.device)
         r = run_e2e(cfg)
         for m, v in r["modes"].items():
@@ -265,6 +267,11 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--max-slots", type=int, default=64, help="throughput: the rollout engine's decode slots")
+    ap.add_argument("--ppo-epochs", type=int, default=E2EConfig.ppo_epochs,
+                    help="throughput, learning: passes over each rollout batch")
+    ap.add_argument("--minibatches", type=int, default=E2EConfig.minibatches,
+                    help="throughput, learning: updates per pass, each on a minibatch of whole sequences")
     ap.add_argument("--eager-decode", action="store_true", help="throughput: no CUDA graphs in the rollout")
     ap.add_argument("--stock-eager", action="store_true",
                     help="mode A / the stock decode step without torch.compile of its norms, rope and softmax rows")

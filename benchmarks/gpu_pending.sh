@@ -33,6 +33,8 @@
 #   e2e_learning  #19 GRPO from scratch, modes A and B, 3 seeds: $R/e2e_learning_seeds.{csv,png}
 #   e2e_full      #19 throughput at full depth, one preset per run (qwen3-0.6b, then qwen3-1.7b, ~100 s each), the
 #                     library roots (no incumbents), results in $R/e2e_full_<preset>/
+#   e2e_minibatch #19 throughput at full depth, qwen3-1.7b, a batch of 256 sequences (32 prompts x 8) trained in one
+#                     pass of 4 minibatch updates (the clip binds from the second), results in $R/e2e_minibatch/
 #   rollout_profile
 #                 #19 one rollout of the e2e throughput batch (qwen3-1.7b, 64 requests), prefill / decode / host, unified
 #                     and stock ($R/rollout_profile_h200_qwen3-1.7b.{json,log})
@@ -110,6 +112,9 @@ for p in "$@"; do
                 part "e2e_full_$preset" 280 "$py" benchmarks/bench_e2e.py --out "$R/e2e_full_$preset" \
                     --only throughput --shapes "$preset" --steps 3
             done ;;
+        e2e_minibatch)
+            part e2e_minibatch 560 "$py" benchmarks/bench_e2e.py --out "$R/e2e_minibatch" --only throughput \
+                --shapes qwen3-1.7b --steps 3 --prompts 32 --group 8 --max-slots 256 --ppo-epochs 1 --minibatches 4 ;;
         rollout_profile)
             part rollout_profile_h200_qwen3-1.7b 300 "$py" benchmarks/rollout_profile.py --preset qwen3-1.7b \
                 --backends unified stock --out "$R" --name rollout_profile_h200_qwen3-1.7b ;;
@@ -123,6 +128,6 @@ for p in "$@"; do
             part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_h200
             part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_decode e2e_learning decode_breakdown attn_bwd speed hf)" >&2 ;;
+            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown attn_bwd speed hf)" >&2 ;;
     esac
 done

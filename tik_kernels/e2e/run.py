@@ -41,8 +41,12 @@ class E2EConfig:
     prefill_tokens: int = 8192
     temperature: float = 1.0
     lr: float = 1e-3
-    #: optimizer updates per rollout (PPO epochs); > 1 moves the ratio off 1 so the clip binds
+    #: passes over each rollout batch (PPO epochs); > 1 moves the ratio off 1 so the clip binds
     ppo_epochs: int = 2
+    #: updates per pass: the batch cut into this many minibatches of whole sequences (verl's ppo_mini_batch_size,
+    #: OpenRLHF's micro-batches of a rollout), one optimizer update each; > 1 moves the ratio off 1 from the second
+    #: minibatch on, with each token trained once per pass
+    minibatches: int = 1
     #: weight of the KL(policy || initial policy) term; 0 = none (then no reference forward is run)
     kl_coef: float = 0.0
     seed: int = 0
@@ -161,22 +165,31 @@ def run_mode(mode: str, cfg: E2EConfig, mc: ModelConfig, params0: dict, device: 
         ref = None
         if cfg.kl_coef:
             ref, _ = sequence_logprobs(mc, be, ref_params, packed, cfg.temperature, grad=False)
-        first, figures = None, []
+        parts = minibatches(comps, cfg.minibatches)
+        batches = ([(packed, slice(0, len(comps)), slice(0, n_answer(comps)))] if len(parts) == 1 else
+                   [(pack(comps[s], device), s, t) for s, t in parts])
+        checked, check_s = (trainer_logprobs(mc, be, params, batches, cfg.temperature, device)
+                            if len(batches) > 1 else (None, 0.0))
+        first, figures, trained_tokens = None, [], 0
         for epoch in range(cfg.ppo_epochs):
-            res = grpo_step(mc, be, params, opt, packed, old.detach(), adv, temperature=cfg.temperature,
-                            ref_logprobs=ref, kl_coef=cfg.kl_coef)
-            first = first or res
-            figures.append((res.clip_frac, res.ratio_max_dev))  # read after the phase: no wait on the GPU here
-            report(n_packed * (epoch + 1), done=epoch + 1 == cfg.ppo_epochs)
+            for k, (mb, seqs, toks) in enumerate(batches):
+                res = grpo_step(mc, be, params, opt, mb, old[toks].detach(), adv[seqs], temperature=cfg.temperature,
+                                ref_logprobs=None if ref is None else ref[toks], kl_coef=cfg.kl_coef)
+                first = first or res
+                figures.append((res.clip_frac, res.ratio_max_dev))  # read after the phase: no wait on the GPU here
+                trained_tokens += mb.ids.numel()
+                report(trained_tokens, done=epoch + 1 == cfg.ppo_epochs and k + 1 == len(batches))
         _sync(device)
-        t3 = time.perf_counter() - capture
+        t3 = time.perf_counter() - capture - check_s
         clip_fracs.extend(float(c) for c, _ in figures)
         ratio_devs.extend(float(d) for _, d in figures)
-        # the trainer's own log-probs (the first training forward, before any update) against the rollout's
-        eq = torch.eq(first.logprobs.view(torch.int32), rollout_lp.view(torch.int32))
+        # the trainer's own log-probs (its training forward before any update, of each minibatch as it is packed for
+        # its update) against the rollout's
+        trained = first.logprobs if checked is None else checked
+        eq = torch.eq(trained.view(torch.int32), rollout_lp.view(torch.int32))
         equal += int(eq.sum())
         total += eq.numel()
-        max_diff = max(max_diff, float((first.logprobs - rollout_lp).abs().max()))
+        max_diff = max(max_diff, float((trained - rollout_lp).abs().max()))
         if recompute:
             recompute_equal += int(torch.eq(old.view(torch.int32), rollout_lp.view(torch.int32)).sum())
         reward_curve.append(float(r.mean()))
@@ -203,6 +216,7 @@ def run_mode(mode: str, cfg: E2EConfig, mc: ModelConfig, params0: dict, device: 
         "recompute_equal_tokens": recompute_equal if recompute else None,
         "max_abs_dlogp": max_diff,
         "ppo_epochs": cfg.ppo_epochs,
+        "minibatches": cfg.minibatches,
         "clip_frac_mean": sum(clip_fracs) / len(clip_fracs) if clip_fracs else 0.0,
         "ratio_max_dev": max(ratio_devs, default=0.0),
         "rewards": reward_curve,
@@ -217,6 +231,35 @@ def run_mode(mode: str, cfg: E2EConfig, mc: ModelConfig, params0: dict, device: 
         "stock_compiled": getattr(be, "compiled", None),
         "stock_compile_errors": be.compile_errors() if hasattr(be, "compile_errors") else {},
     }
+
+
+def n_answer(comps: list) -> int:
+    return sum(len(c.tokens) for c in comps)
+
+
+def minibatches(comps: list, n: int) -> list[tuple[slice, slice]]:
+    """`comps` cut into `n` minibatches of consecutive whole sequences, as even in sequences as they can be (never
+    empty: at most one per sequence): (the minibatch's sequences, its answer tokens in the rollout's order)."""
+    if n < 1:
+        raise ValueError(f"minibatches must be at least 1, not {n}")
+    n = min(n, len(comps)) or 1
+    bounds = [len(comps) * k // n for k in range(n + 1)]
+    ends = [0]
+    for c in comps:
+        ends.append(ends[-1] + len(c.tokens))
+    return [(slice(a, b), slice(ends[a], ends[b])) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+def trainer_logprobs(mc: ModelConfig, be, params: dict, batches: list, temperature: float,
+                     device: str) -> tuple[torch.Tensor, float]:
+    """Every minibatch's training forward at the rollout's weights, the way its update will compute it (the same
+    packing, with gradients, its graph dropped), for the rollout-vs-trainer check: with several minibatches an update
+    comes before the later minibatches' own forwards. Untimed: (log-probs in the rollout's order, seconds taken)."""
+    _sync(device)
+    t0 = time.perf_counter()
+    out = [sequence_logprobs(mc, be, params, mb, temperature, grad=True)[0].detach() for mb, _, _ in batches]
+    _sync(device)
+    return torch.cat(out), time.perf_counter() - t0
 
 
 def run_e2e(cfg: E2EConfig, impl_files=None, on_step=None, on_progress=None) -> dict:

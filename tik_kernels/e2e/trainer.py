@@ -80,8 +80,9 @@ def grpo_step(cfg: ModelConfig, be, params, opt: torch.optim.Optimizer, packed: 
               advantages: torch.Tensor, *, temperature: float = 1.0, clip: float = 0.2, entropy_coef: float = 0.0,
               max_grad_norm: float = 1.0, ref_logprobs: torch.Tensor | None = None,
               kl_coef: float = 0.0) -> StepResult:
-    """One optimizer update. Called `ppo_epochs` times on one rollout: from the second update on the policy
-    has moved, so the importance ratio leaves 1 and the clip binds. With `kl_coef` > 0 the loss adds the
+    """One optimizer update, on one minibatch. Called `ppo_epochs` x `minibatches` times on one rollout
+    (`E2EConfig`): from the second update on the policy has moved, so the importance ratio leaves 1 and the clip
+    binds. With `kl_coef` > 0 the loss adds the
     k3 estimator of KL(policy || reference) (non-negative, unbiased) against `ref_logprobs`. The entropy is in the
     loss only with `entropy_coef`; otherwise it is logged, computed without gradients: a zero-weighted term would
     still cost a backward through the lm_head (and add exact zeros to every gradient)."""

@@ -24,6 +24,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup", type=nonneg_int, default=None, help="untimed steps first (default: 1 on cuda, 0 on cpu)")
     p.add_argument("--prompts", type=positive_int, help="prompts per step (default 4 on cuda, 2 on cpu)")
     p.add_argument("--group", type=positive_int, help="samples per prompt (default 4)")
+    p.add_argument("--ppo-epochs", type=positive_int, default=None,
+                   help="passes over each rollout batch (default 2)")
+    p.add_argument("--minibatches", type=positive_int, default=None,
+                   help="updates per pass, each on a minibatch of whole sequences (default 1); with more than one "
+                        "the ratio moves within a pass")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when present")
     p.add_argument("--eager-decode", action="store_true",
                    help="launch every decode kernel from Python (default on cuda: replay CUDA graphs)")
@@ -53,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = E2EConfig(preset=args.model, layers=args.layers, modes=modes, steps=steps, warmup=warmup,
                     prompts=args.prompts or d["prompts"], group=args.group or d["group"], prompt_len=d["prompt_len"],
                     answer_len=d["answer_len"], prefill_tokens=d.get("prefill_tokens", E2EConfig.prefill_tokens),
+                    ppo_epochs=args.ppo_epochs or E2EConfig.ppo_epochs,
+                    minibatches=args.minibatches or E2EConfig.minibatches,
                     device=device, seed=args.seed, checkpoint=args.checkpoint,
                     graphs=False if args.eager_decode or device != "cuda" else None,
                     stock_compiled=False if args.stock_eager or device != "cuda" else None)
