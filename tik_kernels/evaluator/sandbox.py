@@ -478,7 +478,15 @@ def run_child(job: dict, write_inputs: Callable[[Path], dict], read_result: Call
     ProtocolError); `cache` is the child's Triton cache (`triton_cache`). `trusted`: the job runs only the
     library's own code (it may run without the jail where the jail does not start). The job's "impl",
     "impls" and "contract_file" paths are copied for the child. The scratch directory is removed before this
-    returns. (`PhasedChild`: one child, two jobs, with the parent's decision between them.)"""
+    returns. (`PhasedChild`: one child, two jobs, with the parent's decision between them.)
+
+    A candidate's probes job with a private cache (not `trusted`: an untimed CPU evaluation's, which is nothing
+    else) runs in a pre-started child when one is ready (`Spares`), as the first phase of a `PhasedChild` with no
+    second: the same jail, limits, checks and reply, without the child's start (Python, torch, Triton: ~1.2 s of
+    CPU) on the evaluation's critical path."""
+    if job.get("mode") == "probes" and not trusted and cache == "private" and prestart_depth():
+        with PhasedChild(job, write_inputs, None, cache=cache) as child:
+            return child.first(read_result, timeout)
     t0 = time.monotonic()
     mode, refused = isolation(trusted)
     if refused:
@@ -620,7 +628,7 @@ class PhasedChild:
     `stop` tells it to exit. A child that dies, hangs or lies in either phase is a one-line failure, and the
     child is killed (with anything it started) when the block ends, whatever happened."""
 
-    def __init__(self, job: dict, write_inputs: Callable[[Path], dict], then_job: dict, cache: str = "private"):
+    def __init__(self, job: dict, write_inputs: Callable[[Path], dict], then_job: dict | None, cache: str = "private"):
         self.job, self.write_inputs, self.then_job, self.cache = job, write_inputs, then_job, cache
         self.tmp: Path | None = None
         self.proc: subprocess.Popen | None = None
