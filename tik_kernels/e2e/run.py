@@ -166,8 +166,8 @@ def run_mode(mode: str, cfg: E2EConfig, mc: ModelConfig, params0: dict, device: 
         if cfg.kl_coef:
             ref, _ = sequence_logprobs(mc, be, ref_params, packed, cfg.temperature, grad=False)
         parts = minibatches(comps, cfg.minibatches)
-        batches = ([(packed, slice(0, len(comps)), slice(0, n_answer(comps)))] if len(parts) == 1 else
-                   [(pack(comps[s], device), s, t) for s, t in parts])
+        # one minibatch is the whole batch, packed already
+        batches = [(packed if len(parts) == 1 else pack(comps[s], device), s, t) for s, t in parts]
         checked, check_s = (trainer_logprobs(mc, be, params, batches, cfg.temperature, device)
                             if len(batches) > 1 else (None, 0.0))
         first, figures, trained_tokens = None, [], 0
@@ -231,10 +231,6 @@ def run_mode(mode: str, cfg: E2EConfig, mc: ModelConfig, params0: dict, device: 
         "stock_compiled": getattr(be, "compiled", None),
         "stock_compile_errors": be.compile_errors() if hasattr(be, "compile_errors") else {},
     }
-
-
-def n_answer(comps: list) -> int:
-    return sum(len(c.tokens) for c in comps)
 
 
 def minibatches(comps: list, n: int) -> list[tuple[slice, slice]]:
