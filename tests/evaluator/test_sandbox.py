@@ -1,8 +1,9 @@
 """The candidate sandbox (evaluator/sandbox.py, isolate.py), attacked by planted candidates (planted.py): each
 attack is rejected with its reason in the report, or made harmless, and the same attack without the sandbox
 shows what the sandbox stops. Also: nothing outlives a SIGKILLed evaluator, and the evaluator refuses to run
-once its trusted files changed. The library's roots verified in the jail: test_eval_cli (rmsnorm, CPU) and
-test_evaluator_gpu (every root), since every child runs in it."""
+once its trusted files changed. The attacks run in the evaluator's own process run twice (`started`, conftest.py):
+against a child started by the launcher and against one forked by the fork server. The library's roots verified in
+the jail: test_eval_cli (rmsnorm, CPU) and test_evaluator_gpu (every root), since every child runs in it."""
 
 import argparse
 import hashlib
@@ -60,7 +61,7 @@ def _wait_gone(marker: str, seconds: float) -> list[int]:
 
 
 @jailed
-def test_the_child_sees_its_files_read_only_and_nothing_of_the_parent(tmp_path):
+def test_the_child_sees_its_files_read_only_and_nothing_of_the_parent(started, tmp_path):
     probe = tmp_path / "look.py"
     probe.write_text(f"""
 import json, os
@@ -100,7 +101,7 @@ def test_the_parents_environment_is_out_of_reach(tmp_path):
 
 
 @jailed
-def test_the_workspace_cannot_be_written(tmp_path):
+def test_the_workspace_cannot_be_written(started, tmp_path):
     db = tmp_path / "ws" / "tik.db"
     db.parent.mkdir()
     db.write_bytes(b"SQLite format 3\x00" + bytes(100))
@@ -115,7 +116,7 @@ def test_the_workspace_cannot_be_written(tmp_path):
 
 
 @jailed
-def test_the_evaluator_cannot_be_edited(tmp_path):
+def test_the_evaluator_cannot_be_edited(started, tmp_path):
     before = hashlib.sha256(CHECKS.read_bytes()).hexdigest()
     rep = run(write(tmp_path, "evaluator", CHECKS=str(CHECKS)))
     assert not rep.verified
@@ -125,7 +126,7 @@ def test_the_evaluator_cannot_be_edited(tmp_path):
 
 
 @jailed
-def test_a_daemon_dies_with_its_evaluation(tmp_path):
+def test_a_daemon_dies_with_its_evaluation(started, tmp_path):
     marker = f"tik-planted-{uuid.uuid4().hex}"
     rep = run(write(tmp_path, "fork_and_tell", MARKER=marker))
     assert rep.failure == "import failed: RuntimeError: a daemon started"
@@ -143,7 +144,7 @@ def test_a_daemon_dies_with_its_evaluation(tmp_path):
 
 
 @jailed
-def test_a_reply_that_points_elsewhere_is_not_followed(tmp_path, monkeypatch):
+def test_a_reply_that_points_elsewhere_is_not_followed(started, tmp_path, monkeypatch):
     """The candidate swaps the child's result.json for a symlink to a file of the parent's (here a decoy with a
     reply in it): the parent refuses to follow it; without that check it would read the decoy as the reply."""
     target = tmp_path / "secret.json"
@@ -157,7 +158,7 @@ def test_a_reply_that_points_elsewhere_is_not_followed(tmp_path, monkeypatch):
 
 
 @jailed
-def test_no_network(tmp_path):
+def test_no_network(started, tmp_path):
     rep = run(write(tmp_path, "network"))
     assert not rep.verified and "Network is unreachable" in rep.failure, rep.failure
 

@@ -29,6 +29,7 @@ import re
 import shutil
 import signal
 import site
+import socket
 import subprocess
 import sys
 import tempfile
@@ -40,6 +41,8 @@ from pathlib import Path
 from typing import Any
 
 import tik_kernels
+from tik_kernels.evaluator import forkserver
+from tik_kernels.evaluator.forkserver import Forked, ForkServer, ForkServerError
 from tik_kernels.evaluator.protocol import ProtocolError, read_json
 
 #: variables the child never sees, whatever their value
@@ -115,6 +118,7 @@ def _try_jail(mode: str) -> str | None:
                 return f"chown to uid {NOBODY}: {e.strerror}"
         argv = [sys.executable, "-I", "-S", "-c", "open('/tmp/ok', 'w').close()"]
         spec = _spec(tmp, mode, argv, {"PATH": "/usr/bin:/bin"}, "/tmp", "cpu", None)
+        (tmp / "root").mkdir()
         (tmp / "spec.json").write_text(json.dumps(spec))
         try:
             out = subprocess.run([sys.executable, "-I", "-S", str(ISOLATE), str(tmp / "spec.json")],
@@ -161,10 +165,10 @@ def _start_time(pid: int) -> int | None:
     return int(stat[stat.rindex(")") + 2:].split()[19])
 
 
-def owned_tempdir(prefix: str) -> Path:
+def owned_tempdir(prefix: str, parent: Path | None = None) -> Path:
     """A new temporary directory whose name says which process owns it (`reap_stale` removes it once that
-    process is dead). `prefix` is `tik-<kind>-`."""
-    return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}.{_start_time(os.getpid())}-"))
+    process is dead). `prefix` is `tik-<kind>-`; `parent`: where (the system's temporary directory by default)."""
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}.{_start_time(os.getpid())}-", dir=parent))
 
 
 def _owner_alive(name: str) -> bool:
@@ -368,7 +372,6 @@ def _spec(tmp: Path, mode: str, argv: list[str], env: dict, cwd: str, device: st
     # an empty tmpfs
     private = {str(PACKAGE_ROOT), os.getcwd(), os.environ.get("TIK_WORKSPACE") or "/"}
     hide = sorted(p for p in private if p != "/" and any(_under(p, src) and p != src for src, _ in ro))
-    (tmp / "root").mkdir(exist_ok=True)
     return {"owner_pid": os.getpid(), "namespaces": True, "uid_mode": mode, "root": str(tmp / "root"), "ro": ro,
             "rw": rw, "symlinks": links, "devices": devices, "hide": hide, "argv": argv, "env": env, "cwd": cwd}
 
@@ -491,7 +494,7 @@ def run_child(job: dict, write_inputs: Callable[[Path], dict], read_result: Call
     mode, refused = isolation(trusted)
     if refused:
         return ChildOutcome(None, refused, 0.0)
-    tmp = owned_tempdir("tik-eval-")
+    tmp = _child_tempdir("tik-eval-", mode, job["device"], cache)
     proc = None
     clock = _Stopwatch()
     try:
@@ -537,14 +540,23 @@ def _launch(tmp: Path, mode: str | None, job: dict, write_inputs: Callable[[Path
     return _start(tmp, mode, job["device"], cache, triton_cache(cache, scratch))[0]
 
 
-def _start(tmp: Path, mode: str | None, device: str, cache: str, cache_dir: Path) -> tuple[subprocess.Popen, dict]:
+def _start(tmp: Path, mode: str | None, device: str, cache: str,
+           cache_dir: Path) -> tuple[subprocess.Popen | Forked, dict]:
     """Start the child staged in `tmp` (its job.json written) in its world (`_world`): the process and its launcher
-    spec. Run as "nobody", the child is given its scratch and a cache mounted from outside."""
+    spec. Run as "nobody", the child is given its scratch and a cache mounted from outside. A child whose directory
+    is in a fork server's pool (`_child_tempdir`) is forked by that server when it still serves this world, else
+    started by the launcher like any other."""
     env, spec, shared = _world(tmp, mode, device, cache, cache_dir)
     if mode == "nobody":
         _give(tmp / "scratch")
         if shared is not None:
             _give(shared)
+    server = SERVERS.serving(tmp, mode, device) if shared is None else None
+    if server is not None:
+        try:
+            return server.spawn(tmp, env, spec["cwd"]), spec
+        except ForkServerError:
+            SERVERS.drop(server)
     return _popen(tmp, env, spec), spec
 
 
@@ -567,13 +579,15 @@ def _world(tmp: Path, mode: str | None, device: str, cache: str, cache_dir: Path
     return env, _spec(tmp, mode, argv, env, f"{JAIL_SCRATCH}/work", device, shared), shared
 
 
-def _popen(tmp: Path, env: dict, spec: dict) -> subprocess.Popen:
+def _popen(tmp: Path, env: dict, spec: dict, pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
+    if spec["namespaces"]:
+        (tmp / "root").mkdir(exist_ok=True)
     (tmp / "spec.json").write_text(_dumps(spec))
     with open(tmp / "stdout.txt", "wb") as out, open(tmp / "stderr.txt", "wb") as err:
         return subprocess.Popen(
             [sys.executable, "-I", "-S", str(ISOLATE), str(tmp / "spec.json")],
             cwd=tmp, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-            start_new_session=True, close_fds=True,
+            start_new_session=True, close_fds=True, pass_fds=pass_fds,
         )
 
 
@@ -665,7 +679,7 @@ class PhasedChild:
             self.tmp, self.proc, self.own_cache, self.prestarted = spare.tmp, spare.proc, spare.own_cache, True
             _hand_over(self.tmp, mode, self.job, clock.inputs(self.write_inputs), self.then_job)
         else:
-            self.tmp = owned_tempdir("tik-eval-")
+            self.tmp = _child_tempdir("tik-eval-", mode, self.job["device"], self.cache)
             self.proc = _launch(self.tmp, mode, self.job, clock.inputs(self.write_inputs), self.cache,
                                 then=self.then_job)
         if prestart_depth():
@@ -951,8 +965,10 @@ def settle_spares(device: str) -> float:
 
 
 def _spawn_spare(mode: str | None, device: str, limits: dict, cache: str) -> Spare:
-    """Start a child that waits for its first job (`child._prestarted`) in a new scratch directory."""
-    tmp = owned_tempdir("tik-spare-")
+    """Start a child that waits for its first job (`child._prestarted`) in a new scratch directory (in this thread,
+    which lives as long as the process: the fork server is started here when this child is one it would serve)."""
+    SERVERS.ensure(mode, device, cache)
+    tmp = _child_tempdir("tik-spare-", mode, device, cache)
     own = None
     try:
         scratch = tmp / "scratch"
@@ -1017,6 +1033,161 @@ def _job_files(job: dict, box: Path, inside: str) -> dict:
     return job
 
 
+# ----------------------------------------------------------------------------- the fork server
+
+
+#: where a fork server's pool is in its jail (zygote.POOL)
+JAIL_POOL = "/tik/pool"
+#: environment variables a fork server's world key leaves out (`_world_key`)
+VOLATILE = frozenset({"PYTEST_CURRENT_TEST"})
+
+
+def _world_key(mode: str | None, device: str) -> str:
+    """The world a private-cache child started now would get (`_world`), its directories left out: a fork server
+    forks a child only into the world it was started in (the same environment, mounts, hidden paths, devices)."""
+    here = Path("/tik-world-key")
+    env, spec, _ = _world(here, mode, device, "private", here / "scratch" / "triton-cache")
+    # a forked child gets the environment of its request, exactly; the key is for what the server's imports may
+    # have read, which never includes the name of the running test (pytest changes it at every phase of a test)
+    spec["env"] = env = {k: v for k, v in env.items() if k not in VOLATILE}
+    return _dumps({"mode": mode, "device": device, "env": env, "spec": spec})
+
+
+def _child_tempdir(prefix: str, mode: str | None, device: str, cache: str) -> Path:
+    """A child's directory: in the pool of a fork server ready for it, else in the system's temporary directory."""
+    server = SERVERS.ready(mode, device) if cache == "private" else None
+    if server is None:
+        return owned_tempdir(prefix)
+    tmp = owned_tempdir(prefix, server.pool)
+    if mode == "nobody":
+        os.chown(tmp, NOBODY, NOBODY)  # the server's user goes through it to the child's scratch and implementation
+    return tmp
+
+
+def _start_server(mode: str, device: str, key: str) -> ForkServer:
+    """Start a fork server (`zygote.py`) in the jail a private-cache child of `device` gets, with its pool mounted
+    read-write at JAIL_POOL, and wait until it has imported what a child imports."""
+    tmp = owned_tempdir("tik-forks-")
+    theirs = None
+    try:
+        pool = tmp / "pool"
+        (tmp / "scratch" / "work").mkdir(parents=True)
+        (tmp / "impl").mkdir()
+        pool.mkdir()
+        if mode == "nobody":
+            _give(tmp / "scratch")
+            _give(pool)
+        env, spec, _ = _world(tmp, mode, device, "private", tmp / "scratch" / "triton-cache")
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        spec["argv"] = [sys.executable, "-m", "tik_kernels.evaluator.zygote", str(theirs.fileno())]
+        spec["rw"].append([str(pool), JAIL_POOL])
+        server = ForkServer(_popen(tmp, env, spec, pass_fds=(theirs.fileno(),)), ours, tmp, pool, key)
+        theirs.close()
+        try:
+            server.await_ready()
+        except BaseException:
+            server.close()
+            raise
+        return server
+    except BaseException:
+        if theirs is not None:
+            theirs.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+class _Servers:
+    """This process's fork servers, one per (uid mode, device): started by `ensure` (only from the spares' thread,
+    which lives as long as the process: a launcher dies with the thread that started it), used through `ready` and
+    `serving`; a server that died, stopped answering or no longer matches the world (`_world_key`) is stopped and
+    the children it would have forked are started by the launcher. The servers die with this process (atexit, and
+    the launcher's PDEATHSIG chain); their directories are owned (`reap_stale`)."""
+
+    def __init__(self) -> None:
+        self.owner = os.getpid()
+        self.lock = threading.Lock()
+        self.servers: dict[tuple, ForkServer] = {}
+        #: stopped servers, whose pools may still hold a live child's directory: removed at exit
+        self.retired: list[ForkServer] = []
+        self.stats = {"started": 0, "failed": 0, "dropped": 0}
+        self.registered = False
+
+    def _mine(self) -> None:
+        """A forked copy of this process has no server (the socket is its parent's)."""
+        if self.owner != os.getpid():
+            self.__init__()
+
+    def ensure(self, mode: str | None, device: str, cache: str) -> None:
+        """Start the server for such a child if it would serve one and none is running (blocks for its start)."""
+        if mode is None or cache != "private" or not forkserver.wanted(device):
+            return
+        self._mine()
+        if self.ready(mode, device) is not None:
+            return
+        key = _world_key(mode, device)
+        try:
+            server = _start_server(mode, device, key)
+        except (ForkServerError, OSError):  # it only costs the speed-up: children start the usual way
+            self.stats["failed"] += 1
+            return
+        with self.lock:
+            old = self.servers.pop((mode, device), None)
+            self.servers[(mode, device)] = server
+            self.stats["started"] += 1
+            if not self.registered:
+                import atexit
+
+                atexit.register(self.close)
+                self.registered = True
+        if old is not None:
+            self.drop(old)
+
+    def ready(self, mode: str | None, device: str) -> ForkServer | None:
+        """The live server for (mode, device) whose world is this process's now, else None."""
+        if mode is None or not forkserver.wanted(device):
+            return None
+        self._mine()
+        with self.lock:
+            server = self.servers.get((mode, device))
+        if server is None:
+            return None
+        if not server.alive() or server.key != _world_key(mode, device):
+            self.drop(server)
+            return None
+        return server
+
+    def serving(self, tmp: Path, mode: str | None, device: str) -> ForkServer | None:
+        """The server that may fork the child staged in `tmp`: ready, and `tmp` is in its pool."""
+        server = self.ready(mode, device)
+        return server if server is not None and tmp.parent == server.pool else None
+
+    def drop(self, server: ForkServer) -> None:
+        with self.lock:
+            for k, v in list(self.servers.items()):
+                if v is server:
+                    del self.servers[k]
+            if server in self.retired:
+                return
+            self.retired.append(server)
+            self.stats["dropped"] += 1
+        server.close(remove=False)
+
+    def close(self) -> None:
+        """Stop every server and remove their directories (atexit)."""
+        if self.owner != os.getpid():
+            return
+        with self.lock:
+            servers = list(self.servers.values()) + self.retired
+            self.servers.clear()
+            self.retired = []
+        for server in servers:
+            server.close()
+
+
+#: this process's fork servers
+SERVERS = _Servers()
+
+
 def _plain(out: Path) -> None:
     """The child's reply must be plain files in a plain directory: a symlink there would make this process read
     a file of its own choosing (a key, the workspace) as the child's result."""
@@ -1029,7 +1200,12 @@ def _plain(out: Path) -> None:
             raise ProtocolError(f"the child's output {p.name[:40]!r} is not a plain file")
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def _kill(proc: subprocess.Popen | Forked) -> None:
+    if isinstance(proc, Forked):
+        proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+        return
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):

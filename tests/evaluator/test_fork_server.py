@@ -1,0 +1,200 @@
+"""The fork server (evaluator/zygote.py, forkserver.py): a forked candidate child sees exactly what a launched one
+sees (no other child, no pool, no capability, no descriptor of the server's), planted cheats fail the same way both
+ways, a hanging child dies with everything it started at its timeout, a server that dies costs only the speed-up,
+the server holds no secret, and it forks nothing but a child's directory of its own pool."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from evaluator_fixtures import FIX, tiny
+from planted import alive_with, planted
+
+from tik_kernels.evaluator import evaluate, sandbox
+from tik_kernels.evaluator.forkserver import ForkServerError
+
+ROOT = FIX / "tiny_root.py"
+MODE, WHY = sandbox.availability()
+pytestmark = pytest.mark.skipif(MODE is None, reason=f"the kernel refuses the sandbox's namespaces here: {WHY}")
+
+LOOK = '''
+import hashlib, json, os
+
+def writable(p):
+    try:
+        open(os.path.join(p, "w.tmp"), "w").close()
+        return True
+    except OSError:
+        return False
+
+def status():
+    lines = open("/proc/self/status").read().splitlines()
+    return {k: v.strip() for k, v in (ln.split(":", 1) for ln in lines) if k in ("CapEff", "CapPrm", "CapAmb",
+            "NoNewPrivs", "Uid", "Gid")}
+
+SEEN = {
+    "who": lambda: {"uid": os.getuid(), "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+                    "ppid": os.getppid(), "cwd": os.getcwd(), "shm": sorted(os.listdir("/dev/shm"))},
+    "caps": status,
+    "files": lambda: {"writable": [p for p in ("/", "/usr", "/etc", "/tik/runtime/tik_kernels", "/tik/impl", "/tmp",
+                                               "/dev/shm", "/tik/pool", "/proc") if writable(p)],
+                      "fds": sorted(int(f) for f in os.listdir("/proc/self/fd")),
+                      "net": sorted(ln.split(":")[0].strip() for ln in open("/proc/net/dev").read().splitlines()[2:])},
+    "tree": lambda: {"root": sorted(os.listdir("/")), "tmp": sorted(os.listdir("/tmp")),
+                     "pool": sorted(os.listdir("/tik/pool")) if os.path.exists("/tik/pool") else None},
+    "env": lambda: {"names": hashlib.sha256(" ".join(sorted(k for k in os.environ if k != "TIK_FORK_SERVER")).encode(
+                    )).hexdigest()[:16], "tmpdir": os.environ["TMPDIR"], "home": os.environ["HOME"],
+                    "cache": os.environ["TRITON_CACHE_DIR"], "path": os.environ["PYTHONPATH"]},
+}
+raise RuntimeError("SEEN" + json.dumps(SEEN[WHAT]()))
+'''
+
+
+def look(tmp_path: Path, what: str) -> dict:
+    path = tmp_path / f"look_{what}.py"
+    path.write_text(f"WHAT = {what!r}\n" + LOOK)
+    rep = evaluate(tiny(), path, root_path=ROOT, device="cpu", timeout=60)
+    assert rep.failure and "SEEN" in rep.failure, rep.failure
+    return json.loads(rep.failure.partition("SEEN")[2])
+
+
+def test_a_forked_child_sees_what_a_launched_child_sees(tmp_path, monkeypatch):
+    monkeypatch.setenv(sandbox.PRESTART_ENV, "0")
+    monkeypatch.setenv("TIK_FORK_SERVER", "0")
+    launched = {w: look(tmp_path, w) for w in ("who", "caps", "files", "tree", "env")}
+    monkeypatch.delenv("TIK_FORK_SERVER")
+    # spares on: a sibling forked by the same server waits while each candidate runs
+    monkeypatch.setenv(sandbox.PRESTART_ENV, "1")
+    sandbox.SERVERS.ensure(MODE, "cpu", "private")
+    server = sandbox.SERVERS.ready(MODE, "cpu")
+    before = server.forked
+    forked = {w: look(tmp_path, w) for w in ("who", "caps", "files", "tree", "env")}
+    assert server.forked >= before + 5 and sandbox.SERVERS.ready(MODE, "cpu") is server
+    assert sandbox.SPARES.pids(), "no sibling was alive"
+    # the same uid, pid namespace of its own (its init and itself), cwd, an empty /dev/shm of its own, no
+    # capability, no_new_privs, the same writable places, descriptors, network (loopback only) and environment
+    assert forked["who"] == launched["who"] and forked["who"]["pids"] == [1, 2] and forked["who"]["shm"] == []
+    assert forked["caps"] == launched["caps"] and forked["caps"]["CapEff"] == "0000000000000000"
+    assert forked["caps"]["NoNewPrivs"] == "1"
+    assert forked["files"] == launched["files"] and forked["files"]["writable"] == ["/tmp", "/dev/shm"]
+    assert forked["env"] == launched["env"]
+    # the one difference: the mount point of the server's pool, empty and read-only (a tmpfs over it)
+    assert forked["tree"]["pool"] == [] and launched["tree"]["pool"] is None
+    assert forked["tree"]["tmp"] == launched["tree"]["tmp"]
+    assert forked["tree"]["root"] == launched["tree"]["root"]
+
+
+#: planted fixtures whose cheat or crash is caught in the child or after it
+CHEATS = ["forges", "mutates", "segfault", "obfuscated_import", "exits", "nosy"]
+
+
+def test_planted_cheats_fail_the_same_way_forked(monkeypatch):
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-fake")  # nosy looks for it
+    monkeypatch.setenv(sandbox.PRESTART_ENV, "0")
+
+    def failures() -> dict:
+        reps = {name: evaluate(tiny(), FIX / f"{name}.py", root_path=ROOT, device="cpu", timeout=60)
+                for name in CHEATS}
+        return {name: (r.verified, r.failure, [(c.name, c.passed) for c in r.checks]) for name, r in reps.items()}
+
+    monkeypatch.setenv("TIK_FORK_SERVER", "0")
+    launched = failures()
+    monkeypatch.delenv("TIK_FORK_SERVER")
+    sandbox.SERVERS.ensure(MODE, "cpu", "private")
+    server = sandbox.SERVERS.ready(MODE, "cpu")
+    before = server.forked
+    forked = failures()
+    assert server.forked == before + len(CHEATS)
+    assert forked == launched
+    assert [n for n, (ok, _, _) in forked.items() if ok] == ["nosy"]  # the fixtures did what they are for
+    assert forked["segfault"][1] == "crashed with signal SIGSEGV", forked["segfault"][1]
+
+
+def test_a_hanging_child_and_its_daemon_die_at_the_timeout(started, tmp_path):
+    marker = f"tik-planted-{uuid.uuid4().hex}"
+    path = tmp_path / "hang.py"
+    path.write_text(planted("hang", (FIX / "tiny_root.py").read_text(), MARKER=marker))
+    t0 = time.monotonic()
+    rep = evaluate(tiny(), path, root_path=ROOT, device="cpu", timeout=6)
+    assert rep.failure == "timed out after 6 s (killed)", rep.failure
+    assert time.monotonic() - t0 < 40
+    end = time.monotonic() + 5
+    while alive_with(marker) and time.monotonic() < end:
+        time.sleep(0.1)
+    assert alive_with(marker) == []
+    # and the next candidate is served as before
+    assert evaluate(tiny(), FIX / "good.py", root_path=ROOT, device="cpu", timeout=60).verified
+
+
+def test_a_dead_server_costs_only_the_speed_up(monkeypatch):
+    monkeypatch.setenv(sandbox.PRESTART_ENV, "0")
+    sandbox.SERVERS.ensure(MODE, "cpu", "private")
+    server = sandbox.SERVERS.ready(MODE, "cpu")
+    dropped = sandbox.SERVERS.stats["dropped"]
+    os.killpg(server.proc.pid, signal.SIGKILL)
+    server.proc.wait(10)
+    rep = evaluate(tiny(), FIX / "good.py", root_path=ROOT, device="cpu", timeout=60)
+    assert rep.verified, rep.failure
+    assert sandbox.SERVERS.stats["dropped"] == dropped + 1 and sandbox.SERVERS.ready(MODE, "cpu") is None
+    # the spares' thread starts the next one
+    sandbox.SERVERS.ensure(MODE, "cpu", "private")
+    fresh = sandbox.SERVERS.ready(MODE, "cpu")
+    assert fresh is not None and fresh is not server
+    assert evaluate(tiny(), FIX / "good.py", root_path=ROOT, device="cpu", timeout=60).verified
+    assert fresh.forked >= 1
+
+
+def _descendants(pid: int) -> list[int]:
+    parents = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                parents[int(d)] = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                pass
+    tree, grew = {pid}, True
+    while grew:
+        new = {p for p, pp in parents.items() if pp in tree} - tree
+        grew, tree = bool(new), tree | new
+    return sorted(tree - {pid})
+
+
+def test_the_server_holds_no_secret_and_its_children_find_none(tmp_path, monkeypatch):
+    """A key in the evaluator's environment when the server starts: not in the server's environment, and the planted
+    candidate that reads every environment in its reach finds none."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-planted-test")
+    monkeypatch.setenv(sandbox.PRESTART_ENV, "0")
+    sandbox.SERVERS.close()
+    sandbox.SERVERS.ensure(MODE, "cpu", "private")
+    server = sandbox.SERVERS.ready(MODE, "cpu")
+    zygotes = [p for p in _descendants(server.proc.pid)
+               if b"tik_kernels.evaluator.zygote" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    assert len(zygotes) == 1
+    assert b"ANTHROPIC_API_KEY" not in Path(f"/proc/{zygotes[0]}/environ").read_bytes()
+    path = tmp_path / "environ.py"
+    path.write_text(planted("environ", (FIX / "tiny_root.py").read_text()))
+    rep = evaluate(tiny(), path, root_path=ROOT, device="cpu", timeout=60)
+    assert "RuntimeError: no key in the " in rep.failure, rep.failure
+    assert server.forked >= 1
+
+
+def test_the_server_forks_only_a_directory_of_its_pool(tmp_path):
+    sandbox.SERVERS.ensure(MODE, "cpu", "private")
+    server = sandbox.SERVERS.ready(MODE, "cpu")
+    with pytest.raises(ForkServerError, match="not in the fork server's pool"):
+        server.spawn(tmp_path, {}, "/tmp/work")
+    # a request written by hand (what a confused or hostile evaluator thread could send) is answered, not obeyed
+    for name in ("..", "../../etc", "tik-eval-1.2-x/../../x", "/etc", "tik-eval-1.2-nothere"):
+        with open(os.devnull, "wb") as out, server.lock:
+            socket.send_fds(server.sock, [json.dumps({"dir": name, "env": {}, "cwd": "/"}).encode()],
+                            [out.fileno(), out.fileno()])
+            reply = json.loads(server.sock.recv(4096))
+        assert "not a child's directory in the pool" in reply["error"], (name, reply)
+    assert server.alive() and sandbox.SERVERS.ready(MODE, "cpu") is server
