@@ -198,3 +198,38 @@ def test_the_server_forks_only_a_directory_of_its_pool(tmp_path):
             reply = json.loads(server.sock.recv(4096))
         assert "not a child's directory in the pool" in reply["error"], (name, reply)
     assert server.alive() and sandbox.SERVERS.ready(MODE, "cpu") is server
+
+
+def test_a_warmed_server_starts_no_thread_and_its_children_compute_the_same_bits(monkeypatch):
+    """The server ran the rmsnorm root on its probes before serving (`zygote.warm`), without starting a thread (a
+    thread pool it had started would be missing in every child); a child forked after that computes the library
+    roots' probe outputs bit for bit as a launched child does."""
+    import importlib
+
+    import torch
+
+    from tik_kernels.contract import same_bits
+    from tik_kernels.evaluator import core
+
+    monkeypatch.setenv(sandbox.PRESTART_ENV, "0")
+    sandbox.SERVERS.ensure(MODE, "cpu", "private")
+    server = sandbox.SERVERS.ready(MODE, "cpu")
+    assert server.warmed["errors"] == 0 and server.warmed["probes"] > 0, server.warmed
+    assert server.threads[0] == server.threads[1], server.threads
+    for op in ("rmsnorm", "silu_mul"):
+        contract = importlib.import_module(f"tik_kernels.contracts.{op}").CONTRACT
+        plan = contract.plan("cpu", 0)
+        monkeypatch.setenv("TIK_FORK_SERVER", "0")
+        launched, failure = core.run_probes(plan, contract.root_path, "cpu", 60)
+        assert failure is None
+        monkeypatch.delenv("TIK_FORK_SERVER")
+        before = server.forked
+        forked, failure = core.run_probes(plan, contract.root_path, "cpu", 60)
+        assert failure is None and server.forked == before + 1
+        assert launched.keys() == forked.keys()
+        for pid, a in launched.items():
+            b = forked[pid]
+            assert a.error is None and b.error is None, (pid, a.error, b.error)
+            assert len(a.outputs) == len(b.outputs) > 0
+            assert all(x.dtype == y.dtype and same_bits(x, y) for x, y in zip(a.outputs, b.outputs, strict=True)), pid
+        assert any(t.dtype == torch.bfloat16 for r in forked.values() for t in r.outputs)

@@ -20,7 +20,9 @@ import threading
 import time
 from pathlib import Path
 
-#: "0": never fork children; "1": also for GPU children; unset: CPU children only (GPU: not yet measured there)
+#: "0": never fork children (each is started by the launcher). Only CPU children are forked: a GPU child's Triton
+#: cache is shared with its evaluation or the process (mounted from outside its scratch), and a GPU child's start is
+#: already off the critical path (a pre-started child, `sandbox.Spares`)
 ENV = "TIK_FORK_SERVER"
 #: the launcher's exit status when it could not build the jail (isolate.SETUP_FAILED)
 SETUP_FAILED = 125
@@ -33,8 +35,7 @@ class ForkServerError(Exception):
 
 
 def wanted(device: str) -> bool:
-    v = os.environ.get(ENV, "").strip()
-    return v != "0" and (device == "cpu" or v == "1")
+    return device == "cpu" and os.environ.get(ENV, "").strip() != "0"
 
 
 def _host_pid(pidfd: int) -> int:
@@ -116,6 +117,8 @@ class ForkServer:
         self.proc, self.sock, self.tmp, self.pool, self.key = proc, sock, tmp, pool, key
         self.lock = threading.Lock()
         self.forked = 0
+        self.threads: list[int] | None = None
+        self.warmed: dict | None = None
 
     def await_ready(self, limit_s: float = START_S) -> None:
         """Wait for the server's first word (its imports done), or raise ForkServerError."""
@@ -124,6 +127,11 @@ class ForkServer:
         msg = self.sock.recv(4096)
         if not msg or "ready" not in json.loads(msg):
             raise ForkServerError(f"the fork server did not start (exit status {self.proc.poll()})")
+        #: the server's OS threads after its imports and after its warm-up (`zygote.warm`): the same, or a thread the
+        #: warm-up started is missing in every forked child
+        self.threads = json.loads(msg).get("threads")
+        #: what the warm-up did (`zygote.warm`): probes run, errors, seconds
+        self.warmed = json.loads(msg).get("warm")
 
     def alive(self) -> bool:
         return self.proc.poll() is None
