@@ -259,36 +259,38 @@ def summary_keys(part: str, doc: dict, args) -> dict:
 
 
 def main() -> int:
+    from tik_tui.cli.common import positive_int
+
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--shapes", nargs="+", default=["qwen3-0.6b", "qwen3-1.7b"], choices=list(PRESETS))
-    ap.add_argument("--layers", type=int, default=None, help="cut the models to N layers (default: full depth)")
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--group", type=int, default=8)
-    ap.add_argument("--max-slots", type=int, default=64, help="throughput: the rollout engine's decode slots")
-    ap.add_argument("--ppo-epochs", type=int, default=E2EConfig.ppo_epochs,
+    ap.add_argument("--layers", type=positive_int, default=None, help="cut the models to N layers (default: full depth)")
+    ap.add_argument("--steps", type=positive_int, default=3)
+    ap.add_argument("--prompts", type=positive_int, default=8)
+    ap.add_argument("--group", type=positive_int, default=8)
+    ap.add_argument("--max-slots", type=positive_int, default=64, help="throughput: the rollout engine's decode slots")
+    ap.add_argument("--ppo-epochs", type=positive_int, default=E2EConfig.ppo_epochs,
                     help="throughput, learning: passes over each rollout batch")
-    ap.add_argument("--minibatches", type=int, default=E2EConfig.minibatches,
+    ap.add_argument("--minibatches", type=positive_int, default=E2EConfig.minibatches,
                     help="throughput, learning: updates per pass, each on a minibatch of whole sequences")
     ap.add_argument("--eager-decode", action="store_true", help="throughput: no CUDA graphs in the rollout")
     ap.add_argument("--stock-eager", action="store_true",
                     help="mode A / the stock decode step without torch.compile of its norms, rope and softmax rows")
     ap.add_argument("--decode-preset", default="qwen3-0.6b", choices=list(PRESETS))
-    ap.add_argument("--decode-batch", type=int, default=64)
-    ap.add_argument("--decode-context", type=int, nargs="+", default=[128, 256],
+    ap.add_argument("--decode-batch", type=positive_int, default=64)
+    ap.add_argument("--decode-context", type=positive_int, nargs="+", default=[128, 256],
                     help="decode: every sequence's context length (default 128 256)")
-    ap.add_argument("--decode-reps", type=int, default=20)
+    ap.add_argument("--decode-reps", type=positive_int, default=20)
     ap.add_argument("--decode-backends", nargs="+", default=["stock", "unified"], choices=["stock", "unified"])
-    ap.add_argument("--learn-steps", type=int, default=120)
+    ap.add_argument("--learn-steps", type=positive_int, default=120)
     ap.add_argument("--learn-preset", default="small", choices=list(PRESETS))
     ap.add_argument("--learn-modes", nargs="+", default=["A", "B"], choices=["A", "B", "C"])
-    ap.add_argument("--learn-prompts", type=int, default=16)
-    ap.add_argument("--learn-group", type=int, default=8)
+    ap.add_argument("--learn-prompts", type=positive_int, default=16)
+    ap.add_argument("--learn-group", type=positive_int, default=8)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--reps", type=positive_int, default=10)
     ap.add_argument("--impl-dir", help="directory of incumbent implementation files (<op>.py)")
     parts = ["throughput", "decode", "learning", "layers"]
     ap.add_argument("--only", nargs="+", choices=parts, default=parts)

@@ -43,7 +43,9 @@ def _root_warm():
 
 @pytest.fixture
 def spawned(monkeypatch):
-    """Every child started (job mode, Popen), in order."""
+    """Every child started (job mode, Popen), in order; no spare (`test_prestart.py` tests those), so each
+    evaluation starts its candidate's child (a spare started late can match the next test's world and serve it)."""
+    monkeypatch.setenv(sandbox.PRESTART_ENV, "0")
     seen: list[tuple[str, object]] = []
     launch = sandbox._launch
 

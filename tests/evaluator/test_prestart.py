@@ -72,6 +72,7 @@ def test_a_spare_serves_one_candidate_and_the_next_evaluation_gets_another(child
     pids = [pid for pid, _ in children]
     assert len(set(pids)) == 3
     assert not any(alive(p) for p in pids)  # each candidate's child is gone when its evaluation returns
+    sandbox.SPARES.settle("cpu")
     [waiting] = sandbox.SPARES.pids()  # and one spare waits for the next candidate
     assert waiting not in pids and alive(waiting)
     assert sandbox.SPARES.stats["taken"] == 2
@@ -79,6 +80,7 @@ def test_a_spare_serves_one_candidate_and_the_next_evaluation_gets_another(child
 
 def test_a_dead_spare_is_replaced_by_a_fresh_child_and_the_evaluation_verifies(children):
     assert run("good").verified
+    sandbox.SPARES.settle("cpu")  # (the spare may still be starting, with the fork server before it)
     [spare] = [s for v in sandbox.SPARES.ready.values() for s in v]
     os.killpg(spare.proc.pid, signal.SIGKILL)
     spare.proc.wait(timeout=10)
@@ -90,6 +92,7 @@ def test_a_dead_spare_is_replaced_by_a_fresh_child_and_the_evaluation_verifies(c
 
 def test_a_spare_whose_world_changed_is_not_used(children, monkeypatch):
     assert run("good").verified
+    sandbox.SPARES.settle("cpu")
     [spare] = [s for v in sandbox.SPARES.ready.values() for s in v]
     monkeypatch.setenv("TIK_SOME_SETTING", "changed")  # the child's environment would differ now
     assert run("good").verified
