@@ -265,7 +265,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--shapes", nargs="+", default=["qwen3-0.6b", "qwen3-1.7b"], choices=list(PRESETS))
-    ap.add_argument("--layers", type=positive_int, default=None, help="cut the models to N layers (default: full depth)")
+    ap.add_argument("--layers", type=positive_int, default=None,
+                    help="cut the models to N layers (default: full depth)")
     ap.add_argument("--steps", type=positive_int, default=3)
     ap.add_argument("--prompts", type=positive_int, default=8)
     ap.add_argument("--group", type=positive_int, default=8)

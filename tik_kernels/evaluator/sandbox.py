@@ -1,6 +1,9 @@
-"""Spawning the child: a fresh interpreter (fork+exec, never a fork that keeps running parent code) in a jail
+"""Spawning the child: a fresh interpreter (fork+exec of the launcher, never a fork of this process) in a jail
 (`isolate.py`: new user, pid, mount, network, IPC and UTS namespaces), a scrubbed environment, a hard timeout
-that kills the whole process group, and the result read back through `protocol`.
+that kills the whole process group, and the result read back through `protocol`. On the CPU, once this process's fork
+server is up (`_Servers`; `forkserver.py`, `zygote.py`), a child is a fork of that server instead: a trusted process
+in the same jail that has imported what a child imports; each fork enters namespaces of its own with the same view
+(its scratch, its implementation files, a fresh /dev/shm and /proc) and runs the child without exec.
 
 What the child sees (`_spec`): the system directories and Python read-only, the trusted runtime it imports
 (this checkout's `tik_kernels/`, read-only at /tik/runtime), the implementation files of its job (copies,
