@@ -233,3 +233,57 @@ def test_a_warmed_server_starts_no_thread_and_its_children_compute_the_same_bits
             assert len(a.outputs) == len(b.outputs) > 0
             assert all(x.dtype == y.dtype and same_bits(x, y) for x, y in zip(a.outputs, b.outputs, strict=True)), pid
         assert any(t.dtype == torch.bfloat16 for r in forked.values() for t in r.outputs)
+
+
+UNMOUNT = '''
+import ctypes, json, os
+
+def attack():
+    libc = ctypes.CDLL(None, use_errno=True)
+    uid, gid = os.geteuid(), os.getegid()
+    # a user and mount namespace of its own, where it holds every capability: then it takes away what hides things
+    if libc.unshare(0x10000000 | 0x00020000) != 0:
+        return {"unshare": os.strerror(ctypes.get_errno())}
+    for name, data in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(data)
+    said = {}
+    for point in ("/tik/pool", "/proc", "/tmp", "/dev/shm", "/tik/impl"):
+        said[point] = "unmounted" if libc.umount2(point.encode(), 2) == 0 else os.strerror(ctypes.get_errno())
+    said["pool"] = sorted(os.listdir("/tik/pool")) if os.path.isdir("/tik/pool") else None
+    said["pids"] = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+    return said
+
+# in a fork: unshare(CLONE_NEWUSER) needs a single-threaded process, which an interpreter with torch imported is not
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    try:
+        os.write(w, json.dumps(attack()).encode())
+    except Exception as e:
+        os.write(w, json.dumps({"error": repr(e)}).encode())
+    os._exit(0)
+os.close(w)
+data = b""
+while chunk := os.read(r, 4096):
+    data += chunk
+os.waitpid(pid, 0)
+raise RuntimeError("TRIED" + data.decode())
+'''
+
+
+def test_a_child_with_capabilities_of_its_own_cannot_unmount_what_hides_the_rest(started, tmp_path):
+    """The candidate enters a user namespace of its own (allowed: it has every capability there) and a mount namespace
+    with it, then unmounts what covers the pool, /proc, its scratch, /dev/shm and its implementation files: the
+    mounts it inherited are locked together, so every unmount is refused and it still sees no pool and no other
+    process."""
+    path = tmp_path / "unmount.py"
+    path.write_text(UNMOUNT + (FIX / "tiny_root.py").read_text())
+    rep = evaluate(tiny(), path, root_path=ROOT, device="cpu", timeout=60)
+    assert rep.failure and "TRIED{" in rep.failure, rep.failure
+    said = json.loads(rep.failure.partition("TRIED")[2])
+    points = ("/proc", "/tmp", "/dev/shm", "/tik/impl") + (("/tik/pool",) if started is not None else ())
+    assert all(said[p] == "Invalid argument" for p in points), said
+    # init, the child and its own fork (a pid a thread of the child took is skipped), nothing else
+    assert said["pool"] == ([] if started is not None else None), said
+    assert said["pids"][:2] == [1, 2] and len(said["pids"]) == 3, said
