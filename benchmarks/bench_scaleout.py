@@ -9,7 +9,9 @@ pinned with CUDA_VISIBLE_DEVICES. The search is greedy from the root (`explore=F
 count evaluates the same candidates and only the parallelism differs. Rate = evaluations
 recorded / wall time of the search (workspace setup excluded; each process's cold start, the
 root's probes included, is counted, as a real search pays it). Speedup = rate(n) / rate(1),
-efficiency = speedup / n. Results (JSON + markdown, with the environment line) are written after
+efficiency = speedup / n. Candidate children: how many evaluations' candidate children the CPU fork
+server forked and how many the launcher started (each evaluation's probes phase records it). Results (JSON +
+markdown, with the environment line) are written after
 every count, so an interrupted run keeps what it measured; a count that fails is recorded with
 its error and the next one still runs.
 
@@ -58,8 +60,13 @@ def one_count(op: str, n: int, evals: int, device: str, timeout: float) -> dict:
                    workers=n)
     wall = time.perf_counter() - t0
     with Workspace.open(w) as ws:
-        events = [e for e in ws.events_since(0, 100000) if e["kind"] in ("evaluated", "eval_retry")]
+        everything = ws.events_since(0, 100000)
+        events = [e for e in everything if e["kind"] in ("evaluated", "eval_retry")]
         statuses = Counter(ws.implementation(i)["status"] for i in s["derivations"])
+    # how each evaluation's candidate child started (the probes phase says: `core.probe_phases`)
+    phases = [e["payload"].get("phases") or {} for e in everything if e["kind"] == "evaluation"]
+    children = Counter("forked" if p.get("probes_candidate_forked") == 1.0 else "launched"
+                       for p in phases if "probes_candidate_forked" in p)
     done = [e["payload"] for e in events if e["kind"] == "evaluated"]
     spans = [d["worker"]["finished"] - d["worker"]["started"] for d in done
              if d.get("worker", {}).get("started") is not None and d["worker"].get("finished") is not None]
@@ -68,7 +75,8 @@ def one_count(op: str, n: int, evals: int, device: str, timeout: float) -> dict:
             "evals_per_hour": round(len(done) / wall * 3600, 1) if wall > 0 else None,
             "eval_s_median": round(statistics.median(spans), 2) if spans else None,
             "eval_s_total": round(sum(spans), 2), "retries": sum(e["kind"] == "eval_retry" for e in events),
-            "statuses": dict(statuses), "workers": workers, "stop_reason": s["stop_reason"], "workspace": str(w)}
+            "statuses": dict(statuses), "children": dict(children), "workers": workers,
+            "stop_reason": s["stop_reason"], "workspace": str(w)}
 
 
 def derive(rows: list[dict]) -> None:
@@ -89,15 +97,16 @@ def write(doc: dict, out: Path) -> None:
              f"`{doc['command']}`", "",
              f"{doc['op']}, tuner proposals greedy from the root, {doc['evals']} derivations per count, local "
              "executor (one evaluator process per GPU).", "",
-             "| GPUs | evaluations | wall s | evals/hour | speedup | efficiency | median s per eval | statuses |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| GPUs | evaluations | wall s | evals/hour | speedup | efficiency | median s per eval | statuses | "
+             "candidate children |", "|---|---|---|---|---|---|---|---|---|"]
     for r in doc["runs"]:
         if r.get("error"):
-            lines.append(f"| {r['gpus']} | error: {r['error']} | | | | | | |")
+            lines.append(f"| {r['gpus']} | error: {r['error']} | | | | | | | |")
             continue
         st = ", ".join(f"{k} {v}" for k, v in sorted(r["statuses"].items()))
+        kids = ", ".join(f"{k} {v}" for k, v in sorted(r.get("children", {}).items()))
         lines.append(f"| {r['gpus']} | {r['evaluations']} | {r['wall_s']} | {r['evals_per_hour']} | "
-                     f"{r.get('speedup', '')} | {r.get('efficiency', '')} | {r['eval_s_median']} | {st} |")
+                     f"{r.get('speedup', '')} | {r.get('efficiency', '')} | {r['eval_s_median']} | {st} | {kids} |")
     if doc.get("note"):
         lines += ["", doc["note"]]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")

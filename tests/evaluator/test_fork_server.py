@@ -102,8 +102,11 @@ def test_planted_cheats_fail_the_same_way_forked(monkeypatch):
     def failures() -> dict:
         reps = {name: evaluate(tiny(), FIX / f"{name}.py", root_path=ROOT, device="cpu", timeout=60)
                 for name in CHEATS}
+        # (how each child started, as the evaluation's phases record it: what bench_scaleout.py counts)
+        started.append({r.phases.get("probes_candidate_forked") for r in reps.values()})
         return {name: (r.verified, r.failure, [(c.name, c.passed) for c in r.checks]) for name, r in reps.items()}
 
+    started: list[set] = []
     monkeypatch.setenv("TIK_FORK_SERVER", "0")
     launched = failures()
     monkeypatch.delenv("TIK_FORK_SERVER")
@@ -111,7 +114,7 @@ def test_planted_cheats_fail_the_same_way_forked(monkeypatch):
     server = sandbox.SERVERS.ready(MODE, "cpu")
     before = server.forked
     forked = failures()
-    assert server.forked == before + len(CHEATS)
+    assert server.forked == before + len(CHEATS) and started == [{0.0}, {1.0}]
     assert forked == launched
     assert [n for n, (ok, _, _) in forked.items() if ok] == ["nosy"]  # the fixtures did what they are for
     assert forked["segfault"][1] == "crashed with signal SIGSEGV", forked["segfault"][1]

@@ -380,6 +380,8 @@ def run_probes(plan: Plan, impl: Path, device: str, timeout: float, trusted: boo
 def probe_outcome(outcome: ChildOutcome, phases: dict | None = None,
                   prefix: str = "probes_candidate") -> tuple[dict[str, ProbeResult] | None, str | None]:
     if outcome.failure:
+        if phases is not None and "forked" in outcome.phases:  # how the child started, whatever became of it
+            phases[f"{prefix}_forked"] = outcome.phases["forked"]
         return None, outcome.failure
     kind, value, stats = outcome.doc
     if phases is not None:
@@ -401,8 +403,8 @@ def probe_phases(parent: dict, stats: dict, prefix: str) -> dict[str, float]:
     number of seconds is dropped), `_wait_other` (the parent's wait less the child's parts: a fresh child's
     interpreter start, polling, the reply's JSON), the megabytes each way (`_in_mb`, `_out_mb`) and how many entries
     the child added to its Triton cache (`_compiled`, a count: kernels and launchers it compiled, inside
-    `_child_compute`)."""
-    out = {f"{prefix}_{k}": v for k, v in parent.items() if k in ("start", "inputs", "read")}
+    `_child_compute`) and whether the fork server forked the child (`_forked`, 1.0 or 0.0)."""
+    out = {f"{prefix}_{k}": v for k, v in parent.items() if k in ("start", "inputs", "read", "forked")}
     child = stats.get("child") if isinstance(stats.get("child"), dict) else {}
     told = {k: float(v) for k, v in child.items() if k in CHILD_PHASES and type(v) in (int, float)
             and 0 <= v < 1e5}

@@ -423,7 +423,8 @@ class ChildOutcome:
     failure: str | None
     elapsed_s: float
     #: where the parent's time went (seconds): "start" (a spare taken or a child launched, its job staged),
-    #: "inputs" (write_inputs), "wait" (until the reply was there), "read" (the reply read and validated)
+    #: "inputs" (write_inputs), "wait" (until the reply was there), "read" (the reply read and validated); and
+    #: "forked", a count: 1.0 when the fork server forked the child, 0.0 when the launcher started it
     phases: dict = field(default_factory=dict)
 
 
@@ -503,17 +504,18 @@ def run_child(job: dict, write_inputs: Callable[[Path], dict], read_result: Call
     try:
         proc = _launch(tmp, mode, job, clock.inputs(write_inputs), cache)
         clock.lap("start")
+        clock.phases["forked"] = float(isinstance(proc, Forked))
         try:
             rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             _kill(proc)
-            return ChildOutcome(None, f"timed out after {timeout:g} s (killed)", time.monotonic() - t0)
+            return ChildOutcome(None, f"timed out after {timeout:g} s (killed)", time.monotonic() - t0, clock.phases)
         # reap anything the candidate left running in its session
         _kill(proc)
         clock.lap("wait")
         failure = _exit_failure(rc, tmp)
         if failure:
-            return ChildOutcome(None, failure, time.monotonic() - t0)
+            return ChildOutcome(None, failure, time.monotonic() - t0, clock.phases)
         return clock.outcome(_read_reply(tmp / "scratch" / "out", read_result, t0), "read")
     finally:
         if proc is not None and proc.poll() is None:
@@ -689,18 +691,20 @@ class PhasedChild:
             # the next candidate's child starts now, while this one runs
             SPARES.prime(mode, self.job["device"], self.job["limits"], self.cache)
         clock.lap("start")
+        clock.phases["forked"] = float(isinstance(self.proc, Forked))
         out = self.tmp / "scratch" / "out"
         while (rc := self.proc.poll()) is None and not os.path.lexists(out / "result.json"):
             if time.monotonic() - t0 > timeout:
                 _kill(self.proc)
-                return ChildOutcome(None, f"timed out after {timeout:g} s (killed)", time.monotonic() - t0)
+                return ChildOutcome(None, f"timed out after {timeout:g} s (killed)", time.monotonic() - t0,
+                                    clock.phases)
             time.sleep(POLL_S)
         if rc is not None:  # it exited without waiting for the parent: its reply is read as run_child reads one
             _kill(self.proc)
             self.exited = rc
             failure = _exit_failure(rc, self.tmp)
             if failure:
-                return ChildOutcome(None, failure, time.monotonic() - t0)
+                return ChildOutcome(None, failure, time.monotonic() - t0, clock.phases)
         clock.lap("wait")
         taken = self.tmp / "reply-1"
         if os.path.lexists(out):
@@ -708,7 +712,7 @@ class PhasedChild:
                 os.rename(out, taken)  # a link named out is moved as a link, and refused by _plain
             except OSError as e:
                 return ChildOutcome(None, f"protocol error: its reply could not be taken ({e.strerror})",
-                                    time.monotonic() - t0)
+                                    time.monotonic() - t0, clock.phases)
         return clock.outcome(_read_reply(taken, read_result, t0), "read")
 
     def then(self, read_result: Callable[[Path, dict], Any], timeout: float) -> ChildOutcome:
