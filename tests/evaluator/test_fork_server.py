@@ -9,6 +9,8 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -290,3 +292,50 @@ def test_a_child_with_capabilities_of_its_own_cannot_unmount_what_hides_the_rest
     # init, the child and its own fork (a pid a thread of the child took is skipped), nothing else
     assert said["pool"] == ([] if started is not None else None), said
     assert said["pids"][:2] == [1, 2] and len(said["pids"]) == 3, said
+
+
+def test_sigkill_of_the_evaluator_takes_the_server_and_a_forked_child_with_its_daemon(tmp_path):
+    """The evaluator (a fresh process, as `tik check` or a worker) evaluates a good candidate, which starts its fork
+    server, then one whose forked child starts a daemon and hangs. SIGKILL the evaluator: 5 s later the server, the
+    child and the daemon are gone, and `reap_stale` removes the server's directory (its pool) with the rest."""
+    marker = f"tik-planted-{uuid.uuid4().hex}"
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    hang = tmp_path / "hang.py"
+    hang.write_text(planted("hang", (FIX / "tiny_root.py").read_text(), MARKER=marker))
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("sandbox_driver.py")), str(FIX / "good.py"),
+                             str(hang)], env={**os.environ, "PYTHONPATH": str(repo), "TMPDIR": str(tmp),
+                                              sandbox.PRESTART_ENV: "1"}, stdout=subprocess.PIPE, text=True)
+    try:
+        end = time.monotonic() + 120
+        while not alive_with(marker) and time.monotonic() < end and proc.poll() is None:
+            time.sleep(0.2)
+        assert alive_with(marker), "the candidate's daemon never started"
+        # the server and what it forked (holders, inits, children: a fork keeps the server's command line)
+        servers = [p for p in _descendants(proc.pid)
+                   if b"tik_kernels.evaluator.zygote" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        assert len(servers) >= 4
+        # the hanging child was forked: its directory is in the server's pool
+        assert list(tmp.glob(f"tik-forks-{proc.pid}.*/pool/tik-*-{proc.pid}.*"))
+        proc.kill()
+        proc.wait(10)
+        end = time.monotonic() + 5
+        while (alive_with(marker) or any(_alive(p) for p in servers)) and time.monotonic() < end:
+            time.sleep(0.1)
+        assert alive_with(marker) == [] and not any(_alive(p) for p in servers)
+    finally:
+        proc.kill()
+        for pid in alive_with(marker):
+            os.kill(pid, signal.SIGKILL)
+    owned = [d for d in tmp.iterdir() if sandbox.OWNED.match(d.name) and f"-{proc.pid}." in d.name]
+    assert any(d.name.startswith("tik-forks-") for d in owned)
+    sandbox.reap_stale(tmp)
+    assert not [d for d in owned if d.exists()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
