@@ -185,6 +185,7 @@ while grew:
 print(json.dumps({"pids": sorted(tree - {os.getpid()}), "spares": sandbox.SPARES.pids()}), flush=True)
 if sys.argv[1] == "hang":
     time.sleep(600)
+sys.stdin.readline()  # exits once the test has looked (its atexit removes the spares' directories)
 """
 
 
@@ -193,13 +194,16 @@ def test_no_spare_outlives_the_evaluator(tmp_path, end):
     env = {**os.environ, "TMPDIR": str(tmp_path), sandbox.PRESTART_ENV: "1",
            "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests" / "evaluator")])}
     proc = subprocess.Popen([sys.executable, "-c", DRIVER, "hang" if end == "killed" else "exit"], env=env,
-                            stdout=subprocess.PIPE, text=True)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     line = json.loads(proc.stdout.readline())
     assert len(line["spares"]) == 1 and len(line["pids"]) >= 4  # launcher, holder, init, child
     # (a spare the fork server forked has its directory in the server's pool: tik-forks-*/pool/)
     assert list(tmp_path.glob("**/tik-spare-*"))
     if end == "killed":
         proc.kill()
+    else:
+        proc.stdin.write("\n")
+        proc.stdin.flush()
     proc.wait(timeout=60)
     deadline = time.monotonic() + 10
     while any(alive(p) for p in line["pids"]) and time.monotonic() < deadline:

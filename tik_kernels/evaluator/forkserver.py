@@ -95,17 +95,14 @@ class Forked:
             select.select([self.status_fd], [], [], left)
 
     def kill(self) -> None:
-        """SIGKILL to its process group and to the holder itself (through the pidfd: never another process that
-        reused the pid). The holder's death takes init with it, and init's the child's whole pid namespace."""
-        if self.returncode is not None:
+        """SIGKILL to the holder, through its pidfd: never another process that reused its pid (a process group id
+        could be reused once the server has reaped the holder). The holder's death takes init with it
+        (PR_SET_PDEATHSIG), and init's the child's whole pid namespace, whatever sessions the child made there."""
+        if self.poll() is not None:
             return
         try:
-            os.killpg(self.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
             signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
-        except (ProcessLookupError, OSError):
+        except OSError:  # gone already
             pass
 
 
