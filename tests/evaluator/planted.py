@@ -132,3 +132,35 @@ def alive_with(marker: str) -> list[int]:
         except OSError:
             continue
     return pids
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie."""
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def descendants(pid: int) -> list[int]:
+    """Pids of every process below `pid` in the process tree, as /proc shows it now."""
+    import os
+
+    parents = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                parents[int(d)] = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                pass
+    tree, grew = {pid}, True
+    while grew:
+        new = {p for p, pp in parents.items() if pp in tree} - tree
+        grew, tree = bool(new), tree | new
+    return sorted(tree - {pid})

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from evaluator_fixtures import FIX, tiny
-from planted import alive_with, planted
+from planted import alive, alive_with, descendants, planted
 
 from tik_kernels.evaluator import evaluate, sandbox
 from tik_kernels.evaluator.forkserver import ForkServerError
@@ -156,21 +156,6 @@ def test_a_dead_server_costs_only_the_speed_up(monkeypatch):
     assert fresh.forked >= 1
 
 
-def _descendants(pid: int) -> list[int]:
-    parents = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                parents[int(d)] = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
-            except OSError:
-                pass
-    tree, grew = {pid}, True
-    while grew:
-        new = {p for p, pp in parents.items() if pp in tree} - tree
-        grew, tree = bool(new), tree | new
-    return sorted(tree - {pid})
-
-
 def test_the_server_holds_no_secret_and_its_children_find_none(tmp_path, monkeypatch):
     """A key in the evaluator's environment when the server starts: not in the server's environment, and the planted
     candidate that reads every environment in its reach finds none."""
@@ -179,7 +164,7 @@ def test_the_server_holds_no_secret_and_its_children_find_none(tmp_path, monkeyp
     sandbox.SERVERS.close()
     sandbox.SERVERS.ensure(MODE, "cpu", "private")
     server = sandbox.SERVERS.ready(MODE, "cpu")
-    zygotes = [p for p in _descendants(server.proc.pid)
+    zygotes = [p for p in descendants(server.proc.pid)
                if b"tik_kernels.evaluator.zygote" in Path(f"/proc/{p}/cmdline").read_bytes()]
     assert len(zygotes) == 1
     assert b"ANTHROPIC_API_KEY" not in Path(f"/proc/{zygotes[0]}/environ").read_bytes()
@@ -313,7 +298,7 @@ def test_sigkill_of_the_evaluator_takes_the_server_and_a_forked_child_with_its_d
             time.sleep(0.2)
         assert alive_with(marker), "the candidate's daemon never started"
         # the server and what it forked (holders, inits, children: a fork keeps the server's command line)
-        servers = [p for p in _descendants(proc.pid)
+        servers = [p for p in descendants(proc.pid)
                    if b"tik_kernels.evaluator.zygote" in Path(f"/proc/{p}/cmdline").read_bytes()]
         assert len(servers) >= 4
         # the hanging child was forked: its directory is in the server's pool
@@ -321,9 +306,9 @@ def test_sigkill_of_the_evaluator_takes_the_server_and_a_forked_child_with_its_d
         proc.kill()
         proc.wait(10)
         end = time.monotonic() + 5
-        while (alive_with(marker) or any(_alive(p) for p in servers)) and time.monotonic() < end:
+        while (alive_with(marker) or any(alive(p) for p in servers)) and time.monotonic() < end:
             time.sleep(0.1)
-        assert alive_with(marker) == [] and not any(_alive(p) for p in servers)
+        assert alive_with(marker) == [] and not any(alive(p) for p in servers)
     finally:
         proc.kill()
         for pid in alive_with(marker):
@@ -332,10 +317,3 @@ def test_sigkill_of_the_evaluator_takes_the_server_and_a_forked_child_with_its_d
     assert any(d.name.startswith("tik-forks-") for d in owned)
     sandbox.reap_stale(tmp)
     assert not [d for d in owned if d.exists()]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from evaluator_fixtures import FIX, tiny
+from planted import alive
 
 from tik_kernels.evaluator import evaluate, sandbox
 from tik_kernels.evaluator.core import warm_root
@@ -55,14 +56,6 @@ def children(monkeypatch):
 def run(name: str, **kw):
     kw.setdefault("timeout", 30)
     return evaluate(tiny(), FIX / f"{name}.py", root_path=ROOT, device="cpu", time_it=True, **kw)
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return not Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
 
 
 def test_a_spare_serves_one_candidate_and_the_next_evaluation_gets_another(children):
@@ -165,24 +158,14 @@ def test_planted_cheats_fail_the_same_way_through_a_spare(children, monkeypatch)
 DRIVER = """
 import json, os, sys, time
 from evaluator_fixtures import FIX, tiny
+from planted import descendants
 from tik_kernels.evaluator import evaluate, sandbox
 
 for _ in range(2):
     rep = evaluate(tiny(), FIX / "good.py", root_path=FIX / "tiny_root.py", device="cpu", time_it=True, timeout=30)
     assert rep.verified, rep.failure
 assert sandbox.SPARES.settle("cpu") < 30
-procs = {}
-for d in os.listdir("/proc"):
-    if d.isdigit():
-        try:
-            procs[int(d)] = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
-        except OSError:
-            pass
-tree, grew = {os.getpid()}, True
-while grew:
-    new = {p for p, pp in procs.items() if pp in tree} - tree
-    grew, tree = bool(new), tree | new
-print(json.dumps({"pids": sorted(tree - {os.getpid()}), "spares": sandbox.SPARES.pids()}), flush=True)
+print(json.dumps({"pids": descendants(os.getpid()), "spares": sandbox.SPARES.pids()}), flush=True)
 if sys.argv[1] == "hang":
     time.sleep(600)
 sys.stdin.readline()  # exits once the test has looked (its atexit removes the spares' directories)

@@ -122,13 +122,14 @@ class ForkServer:
         if not select.select([self.sock], [], [], limit_s)[0]:
             raise ForkServerError(f"the fork server did not start within {limit_s:g} s")
         msg = self.sock.recv(4096)
-        if not msg or "ready" not in json.loads(msg):
+        said = json.loads(msg) if msg else {}
+        if "ready" not in said:
             raise ForkServerError(f"the fork server did not start (exit status {self.proc.poll()})")
         #: the server's OS threads after its imports and after its warm-up (`zygote.warm`): the same, or a thread the
         #: warm-up started is missing in every forked child
-        self.threads = json.loads(msg).get("threads")
+        self.threads = said.get("threads")
         #: what the warm-up did (`zygote.warm`): probes run, errors, seconds
-        self.warmed = json.loads(msg).get("warm")
+        self.warmed = said.get("warm")
 
     def alive(self) -> bool:
         return self.proc.poll() is None
