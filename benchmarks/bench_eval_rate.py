@@ -36,20 +36,24 @@ from benchmarks.harness import environment, update_summary  # noqa: E402
 
 #: the phases in table order (a report records those that ran)
 PHASES = ("plan", "probes_root", "probes_candidate", "checks", "spare_settle", "timing_child", "timing_ahead",
-          "timing_ahead_kernels", "timing_cells_warmup", "timing_cells_warm_calls", "timing_cells_capture",
-          "timing_cells_profile", "timing_cells_timed", "timing_cells_after", "control_child", "judge", "other")
+          "timing_ahead_record_s", "timing_ahead_kernels", "timing_ahead_cached", "timing_cells_warmup",
+          "timing_cells_warm_calls", "timing_cells_capture", "timing_cells_profile", "timing_cells_timed",
+          "timing_cells_after", "control_child", "judge", "other")
 #: probes_candidate broken down (`core.probe_phases`): the parent's start (a spare taken or a child launched), the
 #: inputs it writes, the child's parts (its clock: start, inputs read, import, compute, graph replays, outputs
 #: sent), the rest of the parent's wait (a fresh child's interpreter, polling), the parent reading the reply; and the
 #: megabytes each way. They add up to probes_candidate (less a few ms of bookkeeping). `compiled` is a count: the
 #: entries the child added to its Triton cache (kernels and launchers compiled, their time inside child_compute, or
 #: inside child_ahead where the child compiled ahead: `ahead_compiled` of them, out of `ahead_kernels` specializations
-#: its probes asked for, compiled by `ahead_workers` forked workers, `ahead_failed` of which failed or were killed).
+#: its probes asked for, `ahead_cached` of which the cache held (loaded in the child), the rest compiled by
+#: `ahead_workers` forked workers, `ahead_failed` of which failed or were killed; `ahead_record_s`: seconds of
+#: child_ahead spent finding the specializations, the dry run).
 PROBE_PARTS = ("probes_candidate", "probes_candidate_start", "probes_candidate_inputs", "probes_candidate_wait_other",
                "probes_candidate_child_start", "probes_candidate_child_inputs", "probes_candidate_child_import",
                "probes_candidate_child_ahead", "probes_candidate_child_compute", "probes_candidate_child_graph",
                "probes_candidate_child_send", "probes_candidate_read", "probes_candidate_compiled",
-               "probes_candidate_ahead_compiled", "probes_candidate_ahead_kernels", "probes_candidate_ahead_workers",
+               "probes_candidate_ahead_record_s", "probes_candidate_ahead_compiled", "probes_candidate_ahead_kernels",
+               "probes_candidate_ahead_cached", "probes_candidate_ahead_workers",
                "probes_candidate_ahead_failed",
                "probes_candidate_in_mb", "probes_candidate_out_mb")
 #: the phases that follow each other (the timing_cells_* parts lie inside timing_child): "other" is the wall time
@@ -164,7 +168,7 @@ def plan_bytes(op: str, profile: str = "gpu") -> dict:
 
 
 def _num(v: float, phase: str) -> str:
-    counts = ("_compiled", "_kernels", "_workers", "_failed")  # counts, not seconds
+    counts = ("_compiled", "_kernels", "_cached", "_workers", "_failed")  # counts, not seconds
     return f"{v:.3g}" if phase.endswith("_mb") else f"{v:.0f}" if phase.endswith(counts) else f"{v:.1f}"
 
 

@@ -14,16 +14,33 @@ import pytest
 from tik_kernels.evaluator import ahead
 
 
+class FakeBackend:
+    """A stand-in for Triton's compiler backend: `add_stages` is where Triton's `compile` starts compiling."""
+
+    def add_stages(self, *args):
+        pass
+
+
 class FakeJIT:
-    """A stand-in for triton.runtime.jit.JITFunction: `_do_compile(key, signature, device, ...)` writes a file named
-    after its key into `out` (the "cache"), or sleeps or raises when the key says so; `launch` is `run`'s cache miss."""
+    """A stand-in for triton.runtime.jit.JITFunction: `_do_compile(key, signature, device, ...)` returns at once for a
+    key in `cached` (Triton's cache hit, noted in `loaded` with the pid that loaded it); otherwise it starts compiling
+    (the backend's `add_stages`) and writes a file named after its key into `out` (the "cache"), or sleeps or raises
+    when the key says so; `launch` is `run`'s cache miss."""
 
     out: Path
+    cached: set = set()
+    loaded: list = []
 
     def __init__(self, name: str):
         self.name = name
 
     def _do_compile(self, key, signature, device, *rest, **kw):
+        if key == "odd":
+            raise OSError("an unreadable cache entry")
+        if (self.name, key) in self.cached:
+            self.loaded.append((self.name, key, os.getpid()))
+            return "kernel"
+        FakeBackend().add_stages({}, None, "ttir")
         if key == "hang":
             time.sleep(600)
         if key == "boom":
@@ -38,7 +55,10 @@ class FakeJIT:
 @pytest.fixture
 def fake(monkeypatch, tmp_path):
     FakeJIT.out = tmp_path
+    monkeypatch.setattr(FakeJIT, "cached", set())
+    monkeypatch.setattr(FakeJIT, "loaded", [])
     monkeypatch.setattr(ahead, "_jit_function", lambda: FakeJIT)
+    monkeypatch.setattr(ahead, "_backend_class", lambda: FakeBackend)
     return tmp_path
 
 
@@ -82,7 +102,7 @@ def test_workers_compile_every_recorded_kernel_side_by_side(fake):
     fns = [FakeJIT(f"f{i}") for i in range(6)]
     asked = ahead.record([lambda fn=fn: fn.launch("k") for fn in fns])
     out = ahead.compile_recorded(asked, workers=3)
-    assert out.pop("compile_s") > 0 and out == {"kernels": 6, "workers": 3, "failed": 0}
+    assert out.pop("compile_s") > 0 and out == {"kernels": 6, "cached": 0, "workers": 3, "failed": 0}
     made = sorted(p.name for p in fake.iterdir())
     assert [m.rsplit("-", 1)[0] for m in made] == [f"f{i}-k" for i in range(6)]
     pids = {m.rsplit("-", 1)[1] for m in made}
@@ -96,8 +116,42 @@ def test_a_failing_or_hanging_worker_costs_only_its_own_kernels(fake):
     t0 = time.monotonic()
     out = ahead.compile_recorded(asked, workers=4, timeout_s=2.0)
     assert time.monotonic() - t0 < 10 and 2.0 <= out.pop("compile_s") < 10
-    assert out == {"kernels": 4, "workers": 4, "failed": 2}
+    assert out == {"kernels": 4, "cached": 0, "workers": 4, "failed": 2}
     assert sorted(p.name.rsplit("-", 1)[0] for p in fake.iterdir()) == ["ok1-k", "ok2-k"]
+
+
+def test_kernels_the_cache_holds_are_loaded_here_and_only_the_rest_is_forked(fake):
+    """A tuner candidate asks mostly for the root's kernels, already in its cache: those are loaded in this process
+    (into the function's in-memory cache, where the first launch finds them), and workers are forked only for the
+    kernels that must be compiled. A lookup that fails for another reason is left to a worker too; the backend's
+    compile step is Triton's own again afterwards."""
+    fns = [FakeJIT(f"f{i}") for i in range(5)]
+    FakeJIT.cached.update({("f0", "k"), ("f2", "k"), ("f3", "k")})
+    keys = ["k", "k", "k", "k", "odd"]
+    asked = ahead.record([lambda fn=fn, k=k: fn.launch(k) for fn, k in zip(fns, keys, strict=True)])
+    original = FakeBackend.add_stages
+    out = ahead.compile_recorded(asked, workers=8)
+    assert FakeBackend.add_stages is original
+    assert out.pop("compile_s") > 0 and out == {"kernels": 5, "cached": 3, "workers": 2, "failed": 1}
+    assert sorted(FakeJIT.loaded) == [("f0", "k", os.getpid()), ("f2", "k", os.getpid()), ("f3", "k", os.getpid())]
+    made = sorted(p.name for p in fake.iterdir())
+    assert [m.rsplit("-", 1)[0] for m in made] == ["f1-k"] and str(os.getpid()) not in made[0]
+
+
+def test_with_everything_in_the_cache_no_worker_is_forked(fake):
+    fns = [FakeJIT(f"f{i}") for i in range(3)]
+    FakeJIT.cached.update({(f"f{i}", "k") for i in range(3)})
+    out = ahead.compile_recorded(ahead.record([lambda fn=fn: fn.launch("k") for fn in fns]))
+    assert out.pop("compile_s") >= 0 and out == {"kernels": 3, "cached": 3, "workers": 0, "failed": 0}
+    assert len(FakeJIT.loaded) == 3 and not list(fake.iterdir())
+
+
+def test_without_a_backend_to_ask_every_kernel_goes_to_a_worker(fake, monkeypatch):
+    monkeypatch.setattr(ahead, "_backend_class", lambda: None)
+    FakeJIT.cached.add(("f0", "k"))
+    out = ahead.compile_recorded(ahead.record([lambda: FakeJIT("f0").launch("k")]))
+    assert out["cached"] == 0 and out["workers"] == 1
+    assert FakeJIT.loaded == []  # loaded by the worker, in its own process
 
 
 def test_without_triton_jit_or_on_the_interpreter_there_is_nothing_to_do(monkeypatch):
@@ -144,4 +198,14 @@ def test_on_the_gpu_a_kernel_compiled_ahead_is_loaded_not_compiled_by_its_first_
     for block in (128, 256):
         assert torch.equal(run(block), x + 1.0)
     assert entries() == made  # loaded from the cache, nothing compiled again
+    # a fresh import of the same source (its in-memory caches empty): the two specializations the cache holds are
+    # loaded in this process, only the new one is compiled by a worker
+    mod = load_module(src, "tik_ahead_kern_again")
+    out = ahead.compile_ahead([lambda: run(128), lambda: run(256), lambda: run(512)])
+    assert out["kernels"] == 3 and out["cached"] == 2 and out["workers"] == 1 and out["failed"] == 0, out
+    grown = entries()
+    assert grown > made
+    for block in (128, 256, 512):
+        assert torch.equal(run(block), x + 1.0)
+    assert entries() == grown
     assert tl is not None

@@ -49,6 +49,41 @@ def test_a_tensor_referenced_again_crosses_once_and_entries_are_aligned(tmp_path
     assert back[2][0].tolist() == [0, 1, 2]
 
 
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_device_tensor_copied_into_mapped_pages_gives_the_bytes_a_write_gives(tmp_path, shared, monkeypatch):
+    """A GPU tensor's bytes go straight into the file's (or memfd's) pages through a mapping (`TensorWriter._mapped`);
+    here every tensor takes that path: the same file, byte for byte, as the plain writes, across page boundaries
+    and at offsets that are no multiple of a page, and no writable mapping is left (the memfd then takes its seals)."""
+    import fcntl
+    import os
+
+    from tik_kernels.evaluator.protocol import SEALS
+
+    ts = [torch.randn(3, 5).to(torch.bfloat16), torch.tensor([True, False, True]), torch.randn(700, 33)[:, ::2],
+          torch.arange(5000, dtype=torch.int64), torch.empty(0, 4), torch.randn(40000).to(torch.bfloat16)]
+
+    def write(mapped: bool) -> bytes:
+        if mapped:
+            monkeypatch.setattr(TensorWriter, "_put", lambda self, t, start, n: (
+                os.ftruncate(self._fd, start + n), self._mapped(t, start, n)))
+        fd = os.memfd_create("t", os.MFD_ALLOW_SEALING) if shared else None
+        w = TensorWriter(None if shared else tmp_path / f"{mapped}.bin", fd=fd)
+        for t in ts:
+            w.ref(t)
+        entries = w.close()
+        monkeypatch.undo()
+        if shared:
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)  # EBUSY if a writable mapping were left
+            data = os.pread(fd, 1 << 22, 0)
+            os.close(fd)
+        else:
+            data = (tmp_path / f"{mapped}.bin").read_bytes()
+        assert len(data) == entries[-1]["offset"] + entries[-1]["nbytes"]
+        return data
+
+    assert write(True) == write(False)
+
+
 def test_a_misaligned_or_overlapping_manifest_still_reads_the_right_bytes(tmp_path):
     """A hostile child may put a float32 at an odd offset, or two entries over the same bytes."""
     raw = b"\0" + torch.tensor([1.5, -2.0], dtype=torch.float32).numpy().tobytes()

@@ -80,16 +80,65 @@ def record(calls: Iterable[Callable[[], Any]]) -> list[tuple[Any, tuple, dict]]:
     return asked
 
 
+class _Miss(Exception):
+    """Raised where Triton starts compiling: the kernel asked for is not in the cache."""
+
+
+def _backend_class() -> Any:
+    """The class of the compiler backend of this process's device, whose `add_stages` Triton's `compile` calls only on a
+    cache miss (after it has looked in the cache, before any compiling), or None."""
+    try:
+        from triton.compiler.compiler import make_backend
+        from triton.runtime.driver import driver
+
+        cls = type(make_backend(driver.active.get_current_target()))
+    except Exception:
+        return None
+    return cls if callable(getattr(cls, "add_stages", None)) else None
+
+
+def load_cached(asked: list[tuple[Any, tuple, dict]]) -> list[tuple[Any, tuple, dict]]:
+    """Load, here, each of `asked` that the cache already holds (Triton's own lookup, `_do_compile` with compiling
+    replaced by raising `_Miss`): the kernel goes into its function's in-memory cache, where the real pass's first
+    launch finds it. What is left, returned, is what must be compiled. Most of a tuner candidate's kernels are the
+    root's, in the cache already: forking a worker to load each of them cost more than loading them here (the H200:
+    3.4 s of an attention candidate's probes with nothing to compile, eval_rate_h200_attention.md)."""
+    jit, cls = _jit_function(), _backend_class()
+    if jit is None or cls is None or not asked:
+        return list(asked)
+    original = cls.add_stages
+
+    def miss(*args, **kwargs):
+        raise _Miss
+
+    left = []
+    cls.add_stages = miss
+    try:
+        for fn, args, kwargs in asked:
+            try:
+                jit._do_compile(fn, *args, **kwargs)
+            except Exception:  # _Miss, or anything a worker (or the real pass) will meet and report again
+                left.append((fn, args, kwargs))
+    finally:
+        cls.add_stages = original
+    return left
+
+
 def compile_recorded(asked: list[tuple[Any, tuple, dict]], workers: int | None = None,
                      timeout_s: float = TIMEOUT_S) -> dict:
-    """Compile `asked` (from `record`) in up to `workers` forked processes; returns what happened, for the phase
-    table: kernels asked, workers used, workers that failed or were killed."""
+    """Compile `asked` (from `record`): what the cache holds is loaded here (`load_cached`), the rest is compiled in
+    up to `workers` forked processes; returns what happened, for the phase table: kernels asked, kernels the cache
+    held, workers used, workers that failed or were killed."""
     jit = _jit_function()
     if jit is None or not asked:
-        return {"kernels": len(asked), "workers": 0, "failed": 0, "compile_s": 0.0}
-    n = max(1, min(workers or os.cpu_count() or 1, MAX_WORKERS, len(asked)))
+        return {"kernels": len(asked), "cached": 0, "workers": 0, "failed": 0, "compile_s": 0.0}
     t0 = time.monotonic()
-    shares = [asked[i::n] for i in range(n)]
+    todo = load_cached(asked)
+    out = {"kernels": len(asked), "cached": len(asked) - len(todo)}
+    if not todo:
+        return {**out, "workers": 0, "failed": 0, "compile_s": time.monotonic() - t0}
+    n = max(1, min(workers or os.cpu_count() or 1, MAX_WORKERS, len(todo)))
+    shares = [todo[i::n] for i in range(n)]
     pids = []
     for share in shares:
         pid = os.fork()
@@ -106,7 +155,7 @@ def compile_recorded(asked: list[tuple[Any, tuple, dict]], workers: int | None =
                 os._exit(code)
         pids.append(pid)
     failed, last = _reap(pids, time.monotonic() + timeout_s)
-    return {"kernels": len(asked), "workers": n, "failed": failed, "compile_s": last - t0}
+    return {**out, "workers": n, "failed": failed, "compile_s": last - t0}
 
 
 def _launcher(kernel: Any) -> None:

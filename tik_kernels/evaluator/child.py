@@ -188,8 +188,9 @@ def run_probes_job(workdir: Path, job: dict) -> dict:
     phases = {"inputs": t1 - t0, "import": t2 - t1, "ahead": t_ahead - t2, "compute": t3 - t_ahead - sent_probes,
               "graph": t4 - t3 - sent_graphs, "send": w.write_s, "start": t0 - _HELD.get("claimed", t0),
               "compiled": _cache_entries() - cached, "ahead_compiled": compiled_ahead,
-              "ahead_kernels": ahead.get("kernels", 0),
-              "ahead_workers": ahead.get("workers", 0), "ahead_failed": ahead.get("failed", 0)}
+              "ahead_kernels": ahead.get("kernels", 0), "ahead_cached": ahead.get("cached", 0),
+              "ahead_workers": ahead.get("workers", 0), "ahead_failed": ahead.get("failed", 0),
+              "ahead_record_s": ahead.get("record_s", 0.0)}
     return {"import_error": None, "probes": results, "graphs": graphs, "tensors": entries, "phases": phases,
             "via": "memfd" if shared is not None else "file"}
 

@@ -412,9 +412,11 @@ def probe_phases(parent: dict, stats: dict, prefix: str) -> dict[str, float]:
     compiled = child.get("compiled")
     if type(compiled) is int and 0 <= compiled < 10**6:  # a count, not seconds: kernels the child compiled
         out[f"{prefix}_compiled"] = float(compiled)
-    for k in ("ahead_compiled", "ahead_kernels", "ahead_workers", "ahead_failed"):  # counts too (`ahead.compile_ahead`)
-        if type(child.get(k)) is int and 0 <= child[k] < 10**6:
+    for k in ("ahead_compiled", "ahead_kernels", "ahead_cached", "ahead_workers", "ahead_failed"):  # counts too
+        if type(child.get(k)) is int and 0 <= child[k] < 10**6:  # (`ahead.compile_ahead`)
             out[f"{prefix}_{k}"] = float(child[k])
+    if type(child.get("ahead_record_s")) in (int, float) and 0 <= child["ahead_record_s"] < 1e5:
+        out[f"{prefix}_ahead_record_s"] = float(child["ahead_record_s"])  # seconds inside _child_ahead
     if "wait" in parent:
         out[f"{prefix}_wait_other"] = max(0.0, parent["wait"] - sum(told.values()))
     out[f"{prefix}_in_mb"] = stats.get("in_bytes", 0) / 1e6

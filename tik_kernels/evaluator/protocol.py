@@ -62,7 +62,7 @@ class TensorWriter:
     def __init__(self, path: Path | None, fd: int | None = None):
         self.path, self.fd = path, fd
         # a path: a file of its own; fd: an open file (a memfd, `SharedOutputs`) it writes to and leaves open
-        self._f = open(path, "wb") if path is not None else os.fdopen(fd, "wb", closefd=False)  # noqa: SIM115
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644) if path is not None else fd
         self.entries: list[dict] = []
         self.tensors: list[torch.Tensor] = []
         self._by_id: dict[int, int] = {}
@@ -80,16 +80,11 @@ class TensorWriter:
         if t.dtype not in DTYPE_NAMES:
             raise TypeError(f"dtype {t.dtype} cannot cross the process boundary")
         t0 = time.monotonic()
-        c = t.detach().to("cpu").contiguous()
-        pad = -self._offset % ALIGN
-        if pad:
-            self._f.write(b"\0" * pad)
-            self._offset += pad
-        # bytes of the element type, whatever it is (bf16 has no numpy dtype), written without a copy
-        nbytes = c.numel() * c.element_size()
+        self._offset += -self._offset % ALIGN  # the file grows by ftruncate: the gap reads as zeros
+        nbytes = t.numel() * t.element_size()
         if nbytes:
-            self._f.write(memoryview(c.reshape(-1).view(torch.uint8).numpy()))
-        self.entries.append({"dtype": DTYPE_NAMES[c.dtype], "shape": list(c.shape), "offset": self._offset,
+            self._put(t.detach(), self._offset, nbytes)
+        self.entries.append({"dtype": DTYPE_NAMES[t.dtype], "shape": list(t.shape), "offset": self._offset,
                              "nbytes": nbytes})
         self._offset += nbytes
         # kept alive with the index, so id(t) cannot be reused by another tensor while this writer lives
@@ -98,9 +93,37 @@ class TensorWriter:
         self.write_s += time.monotonic() - t0
         return len(self.entries) - 1
 
+    def _put(self, t: torch.Tensor, start: int, nbytes: int) -> None:
+        """t's bytes at `start`. A CPU tensor's are written from where they are; a device's are copied once, straight
+        into the file's pages, mapped for this copy alone (copied to fresh CPU memory first, then written into fresh
+        file pages, GBs of probe outputs cost two copies and a page fault per 4 KiB page twice)."""
+        os.ftruncate(self._fd, start + nbytes)
+        if t.device.type != "cpu":
+            self._mapped(t, start, nbytes)
+            return
+        # bytes of the element type, whatever it is (bf16 has no numpy dtype), written without a copy; a write moves
+        # at most ~2 GiB at a time
+        data, done = memoryview(t.contiguous().reshape(-1).view(torch.uint8).numpy()), 0
+        while done < nbytes:
+            done += os.pwrite(self._fd, data[done:], start + done)
+
+    def _mapped(self, t: torch.Tensor, start: int, nbytes: int) -> None:
+        """t's bytes copied into the file's pages at `start` (the file already that long), mapped for this copy."""
+        base = start - start % mmap.ALLOCATIONGRANULARITY
+        mm = mmap.mmap(self._fd, start + nbytes - base, offset=base)
+        try:
+            torch.frombuffer(mm, dtype=torch.uint8, count=nbytes, offset=start - base).view(t.dtype).view(
+                t.shape).copy_(t)
+        finally:
+            try:
+                mm.close()  # no writable mapping outlives the copy (a shared reply is sealed against writes)
+            except BufferError:  # a failed copy's traceback still holds the view: the mapping goes with it
+                pass
+
     def close(self) -> list[dict]:
         t0 = time.monotonic()
-        self._f.close()
+        if self.path is not None:
+            os.close(self._fd)
         self.write_s += time.monotonic() - t0
         self._by_id.clear()
         return self.entries
