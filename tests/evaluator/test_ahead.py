@@ -146,6 +146,30 @@ def test_with_everything_in_the_cache_no_worker_is_forked(fake):
     assert len(FakeJIT.loaded) == 3 and not list(fake.iterdir())
 
 
+def test_a_lookup_that_compiles_sends_the_rest_to_the_workers(fake, monkeypatch):
+    """Where a Triton's compile would not reach the backend's `add_stages` on a miss, a lookup compiles in this
+    process: once one takes longer than LOOKUP_LIMIT_S, the kernels after it go to the workers."""
+    monkeypatch.setattr(ahead, "LOOKUP_LIMIT_S", 0.2)
+    monkeypatch.setattr(FakeBackend, "add_stages", lambda self, *a: None)
+    monkeypatch.setattr(ahead, "_backend_class", lambda: type("Deaf", (), {"add_stages": lambda self, *a: None}))
+    slow = FakeJIT("slow")
+    real = FakeJIT._do_compile
+
+    def compiles_slowly(self, key, *rest, **kw):
+        if self.name == "slow":
+            time.sleep(0.3)
+        return real(self, key, *rest, **kw)
+
+    monkeypatch.setattr(FakeJIT, "_do_compile", compiles_slowly)
+    fns = [slow, FakeJIT("a"), FakeJIT("b")]
+    asked = ahead.record([lambda fn=fn: fn.launch("k") for fn in fns])
+    out = ahead.compile_recorded(asked, workers=4)
+    assert out["cached"] == 1 and out["workers"] == 2 and out["failed"] == 0, out
+    made = {p.name.rsplit("-", 1)[0]: p.name.rsplit("-", 1)[1] for p in fake.iterdir()}
+    assert made["slow-k"] == str(os.getpid())  # compiled here, by the lookup
+    assert made["a-k"] != str(os.getpid()) and made["b-k"] != str(os.getpid())
+
+
 def test_without_a_backend_to_ask_every_kernel_goes_to_a_worker(fake, monkeypatch):
     monkeypatch.setattr(ahead, "_backend_class", lambda: None)
     FakeJIT.cached.add(("f0", "k"))

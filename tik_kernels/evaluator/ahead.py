@@ -40,6 +40,8 @@ ENABLED = True
 MAX_WORKERS = 16
 #: a worker still busy after this long is killed; its kernels compile in the real pass instead
 TIMEOUT_S = 60.0
+#: a cache lookup in the child (`load_cached`) takes milliseconds; one that took longer compiled instead
+LOOKUP_LIMIT_S = 1.0
 
 
 def _jit_function() -> Any:
@@ -114,11 +116,16 @@ def load_cached(asked: list[tuple[Any, tuple, dict]]) -> list[tuple[Any, tuple, 
     left = []
     cls.add_stages = miss
     try:
-        for fn, args, kwargs in asked:
+        for i, (fn, args, kwargs) in enumerate(asked):
+            t = time.monotonic()
             try:
                 jit._do_compile(fn, *args, **kwargs)
             except Exception:  # _Miss, or anything a worker (or the real pass) will meet and report again
                 left.append((fn, args, kwargs))
+            if time.monotonic() - t > LOOKUP_LIMIT_S:
+                # a lookup that long compiled (a Triton whose compile reaches no `add_stages` on a miss): what is
+                # left goes to the workers, so at most one kernel is compiled here, one after another
+                return left + list(asked[i + 1:])
     finally:
         cls.add_stages = original
     return left
