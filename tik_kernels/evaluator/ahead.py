@@ -104,7 +104,8 @@ def load_cached(asked: list[tuple[Any, tuple, dict]]) -> list[tuple[Any, tuple, 
     replaced by raising `_Miss`): the kernel goes into its function's in-memory cache, where the real pass's first
     launch finds it. What is left, returned, is what must be compiled. Most of a tuner candidate's kernels are the
     root's, in the cache already: forking a worker to load each of them cost more than loading them here (the H200:
-    3.4 s of an attention candidate's probes with nothing to compile, eval_rate_h200_attention.md)."""
+    3.4 s of an attention candidate's probes with nothing to compile,
+    eval_rate_h200_s17_devprofile_attention.md)."""
     jit, cls = _jit_function(), _backend_class()
     if jit is None or cls is None or not asked:
         return list(asked)

