@@ -103,9 +103,10 @@ def load_cached(asked: list[tuple[Any, tuple, dict]]) -> list[tuple[Any, tuple, 
     """Load, here, each of `asked` that the cache already holds (Triton's own lookup, `_do_compile` with compiling
     replaced by raising `_Miss`): the kernel goes into its function's in-memory cache, where the real pass's first
     launch finds it. What is left, returned, is what must be compiled. Most of a tuner candidate's kernels are the
-    root's, in the cache already: forking a worker to load each of them cost more than loading them here (the H200:
-    3.4 s of an attention candidate's probes with nothing to compile,
-    eval_rate_h200_s17_devprofile_attention.md)."""
+    root's, in the cache already, and a hit costs a few ms here (3 ms for the attention forward, compiled for sm_90 on
+    the CPU machine, once Triton's installation key is known: `child.warm_triton`). On the H200 an attention
+    candidate's probes spent 3.4 s compiling ahead with nothing to compile (the dry run and a forked worker per kernel
+    held, eval_rate_h200_s17_devprofile_attention.md); how much of it this saves is not measured yet."""
     jit, cls = _jit_function(), _backend_class()
     if jit is None or cls is None or not asked:
         return list(asked)
