@@ -37,8 +37,8 @@ from benchmarks.harness import environment, update_summary  # noqa: E402
 #: the phases in table order (a report records those that ran)
 PHASES = ("plan", "probes_root", "probes_candidate", "checks", "spare_settle", "timing_child", "timing_ahead",
           "timing_ahead_record_s", "timing_ahead_kernels", "timing_ahead_cached", "timing_cells_warmup",
-          "timing_cells_warm_calls", "timing_cells_capture", "timing_cells_profile", "timing_cells_timed",
-          "timing_cells_after", "control_child", "judge", "other")
+          "timing_cells_warm_calls", "timing_cells_capture", "timing_cells_profile", "timing_cells_eager",
+          "timing_cells_timed", "timing_cells_after", "control_child", "judge", "other")
 #: probes_candidate broken down (`core.probe_phases`): the parent's start (a spare taken or a child launched), the
 #: inputs it writes, the child's parts (its clock: start, inputs read, import, compute, graph replays, outputs
 #: sent), the rest of the parent's wait (a fresh child's interpreter, polling), the parent reading the reply; and the

@@ -52,8 +52,9 @@ GPU_PRECISION = 0.003
 #: the instances (`timing._more_instances`): one graph instance of identical code timed up to 2.9% off another
 GPU_GRAPH_INSTANCES = 4
 #: the parts of a timed cell the child reports seconds for (`timing._time_cell`): "warmup" is everything before the
-#: timed rounds (inputs, warm-up calls, capture, profile), "after" the outputs sent back and the rows computed again
-CELL_PARTS = ("warmup", "inputs", "warm_calls", "capture", "profile", "timed", "after")
+#: timed rounds (inputs, warm-up calls, capture, profile), "after" the outputs sent back and the rows computed again;
+#: "eager" is the part of "profile" spent on the candidate's eager samples (the rest: the profiled calls)
+CELL_PARTS = ("warmup", "inputs", "warm_calls", "capture", "profile", "eager", "timed", "after")
 #: the stock-PyTorch reference outputs of a timed cell's input variants are kept in this process (on the CPU) across
 #: evaluations when the cell's variants' outputs together take at most REF_CELL_BYTES, up to REF_CACHE_BYTES in all
 #: (least recently used out first). A reference depends only on (contract fingerprint, cell, variant seed, device),

@@ -408,7 +408,7 @@ def _time_cell(contract, cell, mods, job, timer: Timer, w, check_outputs, flatte
         for n in outs:
             outs[n] = [None] * len(pools)
     marks["capture"] = time.perf_counter()
-    prof, eager = {}, {}
+    prof, eager, eager_s = {}, {}, 0.0
     if job.get("profile_kernels") and timer.cuda:
         # the root's profile only shows the profiler works here: once per run (`profiled_root`), not per cell
         for name in ("candidate",) + (() if profiled_root else ("root",)):
@@ -418,8 +418,10 @@ def _time_cell(contract, cell, mods, job, timer: Timer, w, check_outputs, flatte
                 if name == "root":
                     profiled_root.append(cell.name)
                 if mode == "graph" and name == "candidate":
+                    t_eager = time.perf_counter()
                     load(0)
                     eager[name] = [timer.sample(fns[name])[1] for _ in range(EAGER_SAMPLES)]
+                    eager_s += time.perf_counter() - t_eager
     rng = random.Random(job["seed"] ^ 0x5EED)
     # rounds: at least min_reps, then until every median is known to `precision` or the cell's time budget is
     # spent, at most reps; a round times every implementation once, so every implementation gets the same number
@@ -488,7 +490,8 @@ def _time_cell(contract, cell, mods, job, timer: Timer, w, check_outputs, flatte
     return {"samples": samples, "errors": errors, "profile": prof, "outputs": sent, "seeds": seeds,
             "rounds": rounds, "timing": mode, "graph_note": why, "eager_us": eager, "rows": rows, "calls": calls,
             "instances": len(instances) if mode == "graph" else 0,
-            "seconds": {"warmup": round(t_timed - t_start, 3), **_spans(t_start, marks)}}
+            "seconds": {"warmup": round(t_timed - t_start, 3), **_spans(t_start, marks),
+                        "eager": round(eager_s, 3)}}  # the part of "profile" spent on the eager samples
 
 
 def precise(samples: dict[str, dict[str, list]], precision: float) -> bool:
