@@ -18,24 +18,11 @@ import torch
 import triton
 import triton.language as tl
 
-from tik_kernels._runtime import INTERPRET
-
-#: Triton's interpreter truncates fp32 -> bf16 casts (the GPU rounds to nearest even): round by hand there
-_INTERPRET = tl.constexpr(INTERPRET)
+from tik_kernels.ops._common import round_to
 
 #: a copy and a fixed-order segmented sum: no value here changes any bits
 TUNABLES = {"BLOCK_T": (1, 2, 4, 8, 16), "BLOCK_H": (256, 512, 1024, 2048), "num_warps": (1, 2, 4, 8)}
 CONFIG = {"BLOCK_T": 4, "BLOCK_H": 1024, "num_warps": 4}
-
-
-@triton.jit
-def _round_to(x, DTYPE: tl.constexpr):
-    """x (fp32) cast to DTYPE, round-to-nearest-even on the GPU and in the interpreter alike."""
-    if _INTERPRET and DTYPE == tl.bfloat16:
-        b = x.to(tl.uint32, bitcast=True)
-        b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
-        x = b.to(tl.float32, bitcast=True)
-    return x.to(DTYPE)
 
 
 @triton.jit
@@ -84,7 +71,7 @@ def _embedding_bwd_kernel(
         b_acc += tl.load(g_ptr + i_tok * H + o_h, mask=m_h, other=0.0).to(tl.float32)
     m_own = (tl.zeros([BLOCK_H], dtype=tl.int64) + n) > 0
     m_id = (tl.zeros([BLOCK_H], dtype=tl.int64) + b_id >= 0) & (tl.zeros([BLOCK_H], dtype=tl.int64) + b_id < V)
-    tl.store(dtable_ptr + b_id * H + o_h, _round_to(b_acc, dtable_ptr.dtype.element_ty), mask=m_h & m_own & m_id)
+    tl.store(dtable_ptr + b_id * H + o_h, round_to(b_acc, dtable_ptr.dtype.element_ty), mask=m_h & m_own & m_id)
 
 
 def embedding_fwd(ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:

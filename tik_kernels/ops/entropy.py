@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from tik_kernels._runtime import INTERPRET
+from tik_kernels.ops._common import round_to
 
 #: Triton's interpreter computes tl.dot on bf16 wrongly and truncates fp32 -> bf16 casts: fp32 there
 _INTERPRET = tl.constexpr(INTERPRET)
@@ -54,16 +55,6 @@ CONFIG = {
     "BWD_BLOCK_N": 128,
     "BWD_BLOCK_K": 32,
 }
-
-
-@triton.jit
-def _round_to(x, DTYPE: tl.constexpr):
-    """x (fp32) cast to DTYPE, round-to-nearest-even on the GPU and in the interpreter alike."""
-    if _INTERPRET and DTYPE == tl.bfloat16:
-        b = x.to(tl.uint32, bitcast=True)
-        b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
-        x = b.to(tl.float32, bitcast=True)
-    return x.to(DTYPE)
 
 
 @triton.jit
@@ -229,7 +220,7 @@ def _grad_hidden_kernel(
         else:
             b_dz = b_dz.to(b_w.dtype)
         acc = tl.dot(b_dz, b_w, acc)  # [BM, BK] @ [BK, BN]
-    tl.store(gh_ptr + o_t[:, None] * stride_gh + o_h[None, :], _round_to(acc, gh_ptr.dtype.element_ty),
+    tl.store(gh_ptr + o_t[:, None] * stride_gh + o_h[None, :], round_to(acc, gh_ptr.dtype.element_ty),
              mask=m_t[:, None] & m_h[None, :])
 
 

@@ -26,10 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tik_kernels._runtime import INTERPRET
-
-#: Triton's interpreter truncates fp32 -> bf16 casts (the GPU rounds to nearest even): round by hand there
-_INTERPRET = tl.constexpr(INTERPRET)
+from tik_kernels.ops._common import round_to
 
 TUNABLES = {
     "TILE_ELEMS": (1024, 2048, 4096, 8192),
@@ -37,16 +34,6 @@ TUNABLES = {
     "BWD_ROWS": (32, 64, 128, 256),
 }
 CONFIG = {"TILE_ELEMS": 4096, "MAX_WARPS": 8, "BWD_ROWS": 128}
-
-
-@triton.jit
-def _round_to(x, DTYPE: tl.constexpr):
-    """x (fp32) cast to DTYPE, round-to-nearest-even on the GPU and in the interpreter alike."""
-    if _INTERPRET and DTYPE == tl.bfloat16:
-        b = x.to(tl.uint32, bitcast=True)
-        b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
-        x = b.to(tl.float32, bitcast=True)
-    return x.to(DTYPE)
 
 
 @triton.jit
@@ -75,9 +62,9 @@ def _rmsnorm_fwd_kernel(
     b_w = tl.load(w_ptr + o_h, mask=m_h, other=0.0).to(tl.float32)  # [BH]
     b_rstd = 1.0 / tl.sqrt(tl.sum(b_x * b_x, axis=1) / H + eps)  # [BR]
     # HF cast order: normalize in fp32, round to the activation dtype, then scale by w
-    b_xn = _round_to(b_x * b_rstd[:, None], y_ptr.dtype.element_ty).to(tl.float32)
+    b_xn = round_to(b_x * b_rstd[:, None], y_ptr.dtype.element_ty).to(tl.float32)
     b_y = b_xn * b_w[None, :]
-    tl.store(y_ptr + o_r[:, None] * H + o_h[None, :], _round_to(b_y, y_ptr.dtype.element_ty), mask=m)
+    tl.store(y_ptr + o_r[:, None] * H + o_h[None, :], round_to(b_y, y_ptr.dtype.element_ty), mask=m)
     tl.store(rstd_ptr + o_r, b_rstd, mask=m_r)
 
 
@@ -116,7 +103,7 @@ def _rmsnorm_bwd_kernel(
         b_gw = b_g * b_w[None, :]
         b_c = tl.sum(b_gw * b_xhat, axis=1) / H  # [BR]
         b_dx = (b_gw - b_xhat * b_c[:, None]) * b_rstd[:, None]
-        tl.store(dx_ptr + o_r[:, None] * H + o_h[None, :], _round_to(b_dx, dx_ptr.dtype.element_ty), mask=m)
+        tl.store(dx_ptr + o_r[:, None] * H + o_h[None, :], round_to(b_dx, dx_ptr.dtype.element_ty), mask=m)
         b_dw += tl.sum(b_g * b_xhat, axis=0)
     tl.store(dw_part_ptr + pid * H + o_h, b_dw, mask=m_h)
 

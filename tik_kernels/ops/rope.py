@@ -22,10 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tik_kernels._runtime import INTERPRET, sm_count
-
-#: Triton's interpreter truncates fp32 -> bf16 casts (the GPU rounds to nearest even): round by hand there
-_INTERPRET = tl.constexpr(INTERPRET)
+from tik_kernels._runtime import sm_count
+from tik_kernels.ops._common import round_to
 
 #: elementwise: any BLOCK_T (tokens per program) gives the same bits
 #: FILL 1: BLOCK_T halves (down to 1) while the launch would have fewer programs than the GPU has SMs, so a decode
@@ -45,16 +43,6 @@ def _block_t(T: int, device: torch.device) -> int:
 
 
 @triton.jit
-def _round_to(x, DTYPE: tl.constexpr):
-    """x (fp32) cast to DTYPE, round-to-nearest-even on the GPU and in the interpreter alike."""
-    if _INTERPRET and DTYPE == tl.bfloat16:
-        b = x.to(tl.uint32, bitcast=True)
-        b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
-        x = b.to(tl.float32, bitcast=True)
-    return x.to(DTYPE)
-
-
-@triton.jit
 def _rotate_heads(
     x_ptr, y_ptr, o_t, m_t, stride_t, stride_h, NH, b_cos, b_sin,
     HALF: tl.constexpr, BLOCK_NH: tl.constexpr, BLOCK_HALF: tl.constexpr,
@@ -69,8 +57,8 @@ def _rotate_heads(
     b_y1 = b_x1 * b_c - b_x2 * b_s
     b_y2 = b_x2 * b_c + b_x1 * b_s
     o_y = o_t[:, None, None] * (NH * 2 * HALF) + o_h[None, :, None] * (2 * HALF) + o_i[None, None, :]
-    tl.store(y_ptr + o_y, _round_to(b_y1, y_ptr.dtype.element_ty), mask=m)
-    tl.store(y_ptr + o_y + HALF, _round_to(b_y2, y_ptr.dtype.element_ty), mask=m)
+    tl.store(y_ptr + o_y, round_to(b_y1, y_ptr.dtype.element_ty), mask=m)
+    tl.store(y_ptr + o_y + HALF, round_to(b_y2, y_ptr.dtype.element_ty), mask=m)
 
 
 @triton.jit

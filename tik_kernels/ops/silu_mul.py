@@ -16,10 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tik_kernels._runtime import INTERPRET, sm_count
-
-#: Triton's interpreter truncates fp32 -> bf16 casts (the GPU rounds to nearest even): round by hand there
-_INTERPRET = tl.constexpr(INTERPRET)
+from tik_kernels._runtime import sm_count
+from tik_kernels.ops._common import round_to
 
 #: FILL 1: BLOCK_T halves (down to 1) while the launch would have fewer programs than the GPU has SMs, so a decode
 #: step's few tokens still spread over the GPU (H200, qwen3-0.6b decode, 64 x 3072: 48 programs took 4.6 us)
@@ -39,16 +37,6 @@ def _block_t(T: int, F: int, device: torch.device) -> int:
 
 
 @triton.jit
-def _round_to(x, DTYPE: tl.constexpr):
-    """x (fp32) cast to DTYPE, round-to-nearest-even on the GPU and in the interpreter alike."""
-    if _INTERPRET and DTYPE == tl.bfloat16:
-        b = x.to(tl.uint32, bitcast=True)
-        b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
-        x = b.to(tl.float32, bitcast=True)
-    return x.to(DTYPE)
-
-
-@triton.jit
 def _silu_mul_fwd_kernel(
     x_ptr,  # [T, 2F] gate | up (row stride stride_x, unit column stride)
     y_ptr,  # [T, F] output, contiguous
@@ -65,7 +53,7 @@ def _silu_mul_fwd_kernel(
     b_a = tl.load(p_x, mask=m, other=0.0).to(tl.float32)  # gate
     b_b = tl.load(p_x + F, mask=m, other=0.0).to(tl.float32)  # up
     b_y = b_a / (1.0 + tl.exp(-b_a)) * b_b
-    tl.store(y_ptr + o_t[:, None] * F + o_f[None, :], _round_to(b_y, y_ptr.dtype.element_ty), mask=m)
+    tl.store(y_ptr + o_t[:, None] * F + o_f[None, :], round_to(b_y, y_ptr.dtype.element_ty), mask=m)
 
 
 @triton.jit
@@ -90,8 +78,8 @@ def _silu_mul_bwd_kernel(
     b_da = b_g * b_b * b_sig * (1.0 + b_a * (1.0 - b_sig))
     b_db = b_g * b_a * b_sig
     p_dx = dx_ptr + o_t[:, None] * (2 * F) + o_f[None, :]
-    tl.store(p_dx, _round_to(b_da, dx_ptr.dtype.element_ty), mask=m)
-    tl.store(p_dx + F, _round_to(b_db, dx_ptr.dtype.element_ty), mask=m)
+    tl.store(p_dx, round_to(b_da, dx_ptr.dtype.element_ty), mask=m)
+    tl.store(p_dx + F, round_to(b_db, dx_ptr.dtype.element_ty), mask=m)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
