@@ -74,7 +74,8 @@ def run_once(op: str, probes: list, src: str, cache: Path, ahead_on: bool, worke
     late = sorted(v for k, v in end.items() if k not in after_ahead)
     return {"ahead": ahead_on, "s": round(t2 - t0, 2), "ahead_s": round(t1 - t0, 2), "probes_s": round(t2 - t1, 2),
             "record_s": round(info.get("record_s", 0.0), 2), "compile_s": round(info.get("compile_s", 0.0), 2),
-            "kernels_asked": info.get("kernels", 0), "workers": info.get("workers", 0), "failed": info.get("failed", 0),
+            "kernels_asked": info.get("kernels", 0), "cached": info.get("cached", 0), "workers": info.get("workers", 0),
+            "failed": info.get("failed", 0),
             "compiled_ahead": len(set(after_ahead) - set(before)), "compiled_late": len(late), "late": late,
             "probes": len(probes), "probe_errors": errors[:3]}
 
@@ -103,7 +104,7 @@ def run_op(op: str, workers: int | None) -> dict:
 
 
 def markdown(doc: dict) -> str:
-    cols = ("s", "ahead_s", "record_s", "compile_s", "probes_s", "kernels_asked", "workers", "failed",
+    cols = ("s", "ahead_s", "record_s", "compile_s", "probes_s", "kernels_asked", "cached", "workers", "failed",
             "compiled_ahead", "compiled_late")
     lines = [f"# Compiling ahead: a probes pass with and without it ({doc['env'].get('gpu') or 'cpu'})", "",
              f"`{doc['command']}`", "", "Seconds (ahead_s = record_s + compile_s + forking); counts of Triton cache "
