@@ -44,6 +44,29 @@ def test_each_probe_gets_a_fresh_copy_of_a_shared_input_and_a_mutation_shows_aga
     assert not staged._masters
 
 
+def test_the_dry_run_gives_a_call_the_strides_and_offsets_its_real_copies_have():
+    """`call_probe(values=False)` (what compile-ahead records from) must hand the implementation tensors laid out as
+    the real pass's copies are, or Triton is asked for other specialisations than the real launches will ask for:
+    a copy keeps a dense tensor's strides and makes any other (expanded, sliced with gaps, offset) contiguous."""
+    from tik_kernels.contract import call_probe
+
+    inputs = [torch.randn(4, 6).t(), torch.randn(1, 6).expand(4, 6), torch.randn(8, 6)[::2], torch.randn(4, 7)[:, 1:],
+              torch.randn(4, 6).to(torch.bfloat16)]
+    seen = []
+
+    class Record:
+        def f(self, x):
+            seen.append((tuple(x.shape), x.stride(), x.storage_offset(), x.dtype))
+            return x.float().sum(1)
+
+    for x in inputs:
+        probe = Probe("p", "f", (x,))
+        call_probe(Record(), probe, "cpu", values=False)
+        call_probe(Record(), probe, "cpu", staged=Staged("cpu"))
+        call_probe(Record(), probe, "cpu")
+        assert seen[-3] == seen[-2] == seen[-1], (x.stride(), seen[-3:])
+
+
 def test_the_timing_dry_run_calls_every_implementation_on_every_cell_and_its_rows_again_shapes():
     contract = get_contract("rmsnorm")
     cells = {c.name: c for c in contract.cells("cpu")}

@@ -60,11 +60,13 @@ class Staged:
 def _to_device(v: Any, device: str, requires_grad: bool = False, values: bool = True,
                staged: Staged | None = None) -> Any:
     """A device copy of a tensor argument (others as they are). values=False: a floating-point tensor is allocated
-    with its shape, strides and dtype but not copied (`call_probe`'s dry run); integer tensors are always copied
-    (host code may size grids from them). `staged`: copied from its device master instead of from the host."""
+    with the shape, dtype and strides its copy would have, but not copied (`call_probe`'s dry run: a copy keeps the
+    strides of a dense tensor and makes any other contiguous, and so does `empty_like`; the dry run must ask Triton
+    for the specialisations the real call will); integer tensors are always copied (host code may size grids from
+    them). `staged`: copied from its device master instead of from the host."""
     if isinstance(v, torch.Tensor):
         if not values and v.is_floating_point():
-            t = torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=device)
+            t = torch.empty_like(v, device=device)
         elif staged is not None:
             t = staged.copy(v)
         else:
