@@ -80,8 +80,11 @@ class TensorWriter:
         if t.dtype not in DTYPE_NAMES:
             raise TypeError(f"dtype {t.dtype} cannot cross the process boundary")
         t0 = time.monotonic()
-        self._offset += -self._offset % ALIGN  # the file grows by ftruncate: the gap reads as zeros
+        self._offset += -self._offset % ALIGN
         nbytes = t.numel() * t.element_size()
+        # the file grows to the entry's end, an empty one's too (its offset must lie inside the file): the gap reads
+        # as zeros
+        os.ftruncate(self._fd, self._offset + nbytes)
         if nbytes:
             self._put(t.detach(), self._offset, nbytes)
         self.entries.append({"dtype": DTYPE_NAMES[t.dtype], "shape": list(t.shape), "offset": self._offset,
@@ -97,7 +100,6 @@ class TensorWriter:
         """t's bytes at `start`. A CPU tensor's are written from where they are; a device's are copied once, straight
         into the file's pages, mapped for this copy alone, instead of to fresh CPU memory and then into the file (the
         H200: linear's 3 GB of probe outputs sent in 1.0 s instead of 1.15)."""
-        os.ftruncate(self._fd, start + nbytes)
         if t.device.type != "cpu":
             self._mapped(t, start, nbytes)
             return
