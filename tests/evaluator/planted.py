@@ -111,6 +111,17 @@ ATTACKS["fork_and_tell"] = ATTACKS["fork"] + '\nraise RuntimeError("a daemon sta
 ATTACKS["hang"] = ATTACKS["fork"] + "\nimport time as _time\n\n_time.sleep(600)\n"
 
 
+#: a probe's helper, in the candidate sources that look around their jail: whether the child can create a file in `p`
+WRITABLE = """
+def writable(p):
+    try:
+        open(os.path.join(p, "w.tmp"), "w").close()
+        return True
+    except OSError:
+        return False
+"""
+
+
 def planted(kind: str, impl_source: str, **literals: str) -> str:
     future = "from __future__ import annotations\n"
     head = f'"""Planted: {kind}."""\n' + (future if future in impl_source else "")

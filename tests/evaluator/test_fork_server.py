@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from evaluator_fixtures import FIX, tiny
-from planted import alive, alive_with, descendants, planted
+from planted import WRITABLE, alive, alive_with, descendants, planted
 
 from tik_kernels.evaluator import evaluate, sandbox
 from tik_kernels.evaluator.forkserver import ForkServerError
@@ -28,14 +28,7 @@ pytestmark = pytest.mark.skipif(MODE is None, reason=f"the kernel refuses the sa
 
 LOOK = '''
 import hashlib, json, os
-
-def writable(p):
-    try:
-        open(os.path.join(p, "w.tmp"), "w").close()
-        return True
-    except OSError:
-        return False
-
+''' + WRITABLE + '''
 def status():
     lines = open("/proc/self/status").read().splitlines()
     return {k: v.strip() for k, v in (ln.split(":", 1) for ln in lines) if k in ("CapEff", "CapPrm", "CapAmb",

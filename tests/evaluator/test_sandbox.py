@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from evaluator_fixtures import FIX, tiny
-from planted import alive_with, planted
+from planted import WRITABLE, alive_with, planted
 
 from tik_kernels.evaluator import evaluate, integrity, sandbox
 
@@ -65,12 +65,7 @@ def test_the_child_sees_its_files_read_only_and_nothing_of_the_parent(started, t
     probe = tmp_path / "look.py"
     probe.write_text(f"""
 import json, os
-def writable(p):
-    try:
-        open(os.path.join(p, "w.tmp"), "w").close()
-        return True
-    except OSError:
-        return False
+{WRITABLE}
 seen = {{"uid": os.getuid(), "checkout": os.path.exists({str(REPO)!r}), "pids": sorted(
     int(p) for p in os.listdir("/proc") if p.isdigit()), "net": sorted(
     ln.split(":")[0].strip() for ln in open("/proc/net/dev").read().splitlines()[2:]),

@@ -34,6 +34,19 @@ class ForkServerError(Exception):
     pass
 
 
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL to the process group a launcher's Popen leads (it was started in a session of its own), then reap it,
+    waiting 10 s at most."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
 def wanted(device: str) -> bool:
     return device == "cpu" and os.environ.get(ENV, "").strip() != "0"
 
@@ -166,13 +179,6 @@ class ForkServer:
             self.sock.close()
         except OSError:
             pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
+        kill_group(self.proc)
         if remove:
             shutil.rmtree(self.tmp, ignore_errors=True)

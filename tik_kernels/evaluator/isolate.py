@@ -93,6 +93,19 @@ def _bind(root: str, src: str, dst: str) -> None:
     mount(src, target, None, MS_BIND | MS_REC)
 
 
+def remount(point: str, opts: set[str], flags: int) -> None:
+    """Remount the bind mount at `point` with `flags`, keeping the per-mount flags it has (`opts`, from
+    `_mounts_under`): a flag inherited from an outer namespace is locked, and a remount that drops it is refused."""
+    for o in opts:
+        flags |= KEEP.get(o, 0)
+    mount(None, point, None, MS_REMOUNT | MS_BIND | flags)
+
+
+def fresh_shm(target: str) -> None:
+    """An empty /dev/shm of its own at `target`: no shared memory with any other process's."""
+    mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=64m")
+
+
 def _mounts_under(root: str) -> list[tuple[str, set[str]]]:
     """(mount point, per-mount options) of every mount at or below `root`, parents first."""
     out = []
@@ -130,7 +143,7 @@ def build_root(spec: dict) -> None:
                          ("stderr", "/proc/self/fd/2")):
         os.symlink(target, f"{root}/dev/{name}")
     os.makedirs(root + "/dev/shm")
-    mount("tmpfs", root + "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=64m")
+    fresh_shm(root + "/dev/shm")
     writable.add(root + "/dev/shm")
     os.makedirs(root + "/proc", exist_ok=True)
     mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
@@ -141,10 +154,7 @@ def build_root(spec: dict) -> None:
     for point, opts in _mounts_under(root):
         if point in devices or point == root or point == root + "/proc":
             continue
-        flags = MS_REMOUNT | MS_BIND | MS_NOSUID | (MS_NODEV if point in writable else MS_RDONLY)
-        for o in opts:
-            flags |= KEEP.get(o, 0)
-        mount(None, point, None, flags)
+        remount(point, opts, MS_NOSUID | (MS_NODEV if point in writable else MS_RDONLY))
     mount(None, root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
     os.chdir(root)
     if SYS_PIVOT_ROOT is None:

@@ -45,7 +45,7 @@ from typing import Any
 
 import tik_kernels
 from tik_kernels.evaluator import forkserver
-from tik_kernels.evaluator.forkserver import Forked, ForkServer, ForkServerError
+from tik_kernels.evaluator.forkserver import Forked, ForkServer, ForkServerError, kill_group
 from tik_kernels.evaluator.protocol import ProtocolError, read_json
 
 #: variables the child never sees, whatever their value
@@ -1213,14 +1213,7 @@ def _kill(proc: subprocess.Popen | Forked) -> None:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=10)
         return
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        pass
+    kill_group(proc)
 
 
 def _dumps(doc: dict) -> str:

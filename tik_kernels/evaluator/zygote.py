@@ -50,7 +50,6 @@ from tik_kernels.evaluator.isolate import (
     CLONE_NEWPID,
     CLONE_NEWUSER,
     CLONE_NEWUTS,
-    KEEP,
     MS_BIND,
     MS_NODEV,
     MS_NOEXEC,
@@ -58,7 +57,6 @@ from tik_kernels.evaluator.isolate import (
     MS_PRIVATE,
     MS_RDONLY,
     MS_REC,
-    MS_REMOUNT,
     SETUP_FAILED,
     SetupError,
     libc,
@@ -101,10 +99,7 @@ def _remount(point: str, read_only: bool) -> None:
     """Remount the topmost mount at `point` nosuid, nodev (read-only if asked), keeping the per-mount flags it had
     (a flag inherited from the base jail is locked: dropping it is refused)."""
     opts = [o for p, o in isolate._mounts_under(point) if p == point][-1]
-    flags = MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | (MS_RDONLY if read_only else 0)
-    for o in opts:
-        flags |= KEEP.get(o, 0)
-    mount(None, point, None, flags)
+    isolate.remount(point, opts, MS_NOSUID | MS_NODEV | (MS_RDONLY if read_only else 0))
 
 
 def _enter(name: str) -> None:
@@ -120,7 +115,7 @@ def _enter(name: str) -> None:
     _remount(SCRATCH, read_only=False)
     mount(f"{POOL}/{name}/impl", IMPL, None, MS_BIND | MS_REC)
     _remount(IMPL, read_only=True)
-    mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=64m")
+    isolate.fresh_shm("/dev/shm")
     mount("tmpfs", POOL, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k")
 
 
