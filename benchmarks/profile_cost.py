@@ -52,10 +52,14 @@ def _ms(f, n: int) -> float:
 
 
 def main() -> None:
+    from tik_tui.cli.common import positive_int
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    ap.add_argument("--calls", type=int, default=12)
+    ap.add_argument("--calls", type=positive_int, default=12)
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU (it times the torch profiler's CUDA activity)")
     n = args.calls
     timer = timing.Timer("cuda")
     x = torch.randn(64, 4096, device="cuda", dtype=torch.bfloat16)
