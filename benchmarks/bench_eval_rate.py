@@ -38,7 +38,8 @@ from benchmarks.harness import environment, update_summary  # noqa: E402
 PHASES = ("plan", "probes_root", "probes_candidate", "checks", "spare_settle", "timing_child", "timing_ahead",
           "timing_ahead_record_s", "timing_ahead_kernels", "timing_ahead_cached", "timing_cells_warmup",
           "timing_cells_warm_calls", "timing_cells_capture", "timing_cells_profile", "timing_cells_eager",
-          "timing_cells_timed", "timing_cells_after", "control_child", "judge", "other")
+          "timing_cells_timed", "timing_cells_after", "timing_exit", "timing_read", "control_child", "judge",
+          "child_close", "other")
 #: probes_candidate broken down (`core.probe_phases`): the parent's start (a spare taken or a child launched), the
 #: inputs it writes, the child's parts (its clock: start, inputs read, import, compute, graph replays, outputs
 #: sent), the rest of the parent's wait (a fresh child's interpreter, polling), the parent reading the reply; and the
@@ -58,7 +59,8 @@ PROBE_PARTS = ("probes_candidate", "probes_candidate_start", "probes_candidate_i
                "probes_candidate_in_mb", "probes_candidate_out_mb")
 #: the phases that follow each other (the timing_cells_* parts lie inside timing_child): "other" is the wall time
 #: none of them covers (the source checks, the child's start and exit, the temporary files)
-TOP = ("plan", "probes_root", "probes_candidate", "checks", "spare_settle", "timing_child", "control_child", "judge")
+TOP = ("plan", "probes_root", "probes_candidate", "checks", "spare_settle", "timing_child", "control_child", "judge",
+       "child_close")
 
 
 def candidates(op: str, n: int, seed: int = 0) -> list[tuple[str, str]]:
@@ -104,7 +106,10 @@ def run_op(op: str, evals: int, device: str, timeout: float, repeat: bool = Fals
         phases["other"] = round(wall - sum(d["phases"].get(k, 0.0) for k in TOP), 2)
         rows.append({"candidate": label, "wall_s": round(wall, 2), "verified": d["verified"],
                      "failure": d["failure"], "phases": phases,
-                     "objective": d.get("objective"), "cells": len(d.get("cells") or [])})
+                     "objective": d.get("objective"), "cells": len(d.get("cells") or []),
+                     "cell_seconds": {c["cell"]: {**c.get("seconds", {}), "rounds": c.get("rounds"),
+                                                  "calls": c.get("calls"), "median_us": c.get("median_us")}
+                                      for c in d.get("cells") or [] if isinstance(c, dict) and "cell" in c}})
         print(f"{op} #{i} {label}: {wall:.1f} s, verified={d['verified']} "
               f"{json.dumps(rows[-1]['phases'])}", flush=True)
     fresh = [r for r in rows if not r["candidate"].endswith(" (again)")]
@@ -119,12 +124,29 @@ def run_op(op: str, evals: int, device: str, timeout: float, repeat: bool = Fals
            "median_s_after_first": round(statistics.median(r["wall_s"] for r in later), 2),
            "median_s_verified_after_first": round(statistics.median(judged), 2) if judged else None,
            "verified_after_first": len(judged),
-           "median_phases_after_first": med, "first_phases": rows[0]["phases"]}
+           "median_phases_after_first": med, "first_phases": rows[0]["phases"],
+           "cells_after_first": cell_medians([r for r in later if r["verified"]])}
     again = [r for r in rows[2:] if r["candidate"].endswith(" (again)")]
     if again:  # the same candidates again (first pair left out, as above); their kernels compiled again too
         out["median_s_again"] = round(statistics.median(r["wall_s"] for r in again), 2)
         out["median_phases_again"] = {p: round(statistics.median([r["phases"].get(p, 0.0) for r in again]), 2)
                                       for p in PHASES + PROBE_PARTS}
+    return out
+
+
+#: the per-cell parts the markdown lists (the child's seconds per cell, `timing._time_cell`), and how many cells
+CELL_COLUMNS = ("rounds", "calls", "median_us", "warm_calls", "capture", "profile", "eager", "timed", "after")
+TOP_CELLS = 12
+
+
+def cell_medians(rows: list[dict]) -> dict:
+    """Each timed cell's seconds per part, rounds and candidate median, median over the evaluations given."""
+    names = {n for r in rows for n in r.get("cell_seconds", {})}
+    out = {}
+    for n in sorted(names):
+        per = [r["cell_seconds"][n] for r in rows if n in r.get("cell_seconds", {})]
+        out[n] = {k: statistics.median(v) for k in {k for x in per for k in x}
+                  if (v := [x[k] for x in per if isinstance(x.get(k), (int, float))])}
     return out
 
 
@@ -197,6 +219,20 @@ def markdown(doc: dict) -> str:
         lines += ["", "What each op's plan of this device's profile moves through a candidate's child (`plan_bytes`, "
                   "worked out on the CPU): megabytes.", "", "| op | probes | in | out |", "|---|---|---|---|"]
         lines += [f"| {b['op']} | {b['probes']} | {b['in_mb']:.1f} | {b['out_mb']:.1f} |" for b in doc["plan_bytes"]]
+    for r in doc["ops"]:
+        cells = r.get("cells_after_first") or {}
+        if not cells:
+            continue
+        total = {n: sum(c.get(k, 0.0) for k in ("warmup", "timed", "after")) for n, c in cells.items()}
+        top = sorted(cells, key=lambda n: -total[n])[:TOP_CELLS]
+        lines += ["", f"{r['op']}: the {len(top)} cells the timing child spent longest on, of {len(cells)} "
+                  f"({sum(total.values()):.1f} s in all; seconds, median over the verified evaluations after the "
+                  "first; median_us: the candidate's time per call).", "",
+                  "| cell | s | " + " | ".join(CELL_COLUMNS) + " |", "|" + "---|" * (2 + len(CELL_COLUMNS))]
+        for n in top:
+            lines.append(f"| {n} | {total[n]:.2f} | " + " | ".join(
+                "-" if cells[n].get(k) is None else f"{cells[n][k]:.0f}" if k in ("rounds", "calls")
+                else f"{cells[n][k]:.3g}" for k in CELL_COLUMNS) + " |")
     again = [r for r in doc["ops"] if "median_s_again" in r]
     if again:
         lines += ["", "The same candidates evaluated again (`--repeat`; their kernels are compiled again: a "

@@ -13,6 +13,8 @@
 #                 #18 each of EVALS=2 candidates evaluated twice in a row (--repeat): the second finds its kernels
 #                     compiled, so the phases' differences are what compiling a candidate costs
 #   rvi           #18 the root timed against itself (rmsnorm, 7 cells): within ±1% per cell?
+#   cheats        #18 every planted timing cheat and the root against itself, 100 rounds
+#                     ($R/evaluator_cheats_h200${CHEATS_SUFFIX:-}.{json,md}): after a change to the timing harness
 #   search_linear, search_attention
 #                 #18 the tuner on the current root, in a workspace kept under .gpu_ws/ (ignored: carry it),
 #                     530 s per call (RUN=1, 2: the summary's suffix) and going on from the IR the next call: two
@@ -82,6 +84,8 @@ for p in "$@"; do
         rvi)
             part rvi 300 "$py" benchmarks/bench_evaluator_cheats.py --scenarios root_vs_itself \
                 --out "$R/evaluator_rvi_h200" ;;
+        cheats)
+            part cheats 400 "$py" benchmarks/bench_evaluator_cheats.py --out "$R/evaluator_cheats_h200${CHEATS_SUFFIX:-}" ;;
         search_linear | search_attention)
             op=${p#search_}
             name=${SEARCH_NAME:-tuner_h200_${op}_20min}
@@ -128,6 +132,6 @@ for p in "$@"; do
             part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_h200
             part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown attn_bwd speed hf)" >&2 ;;
+            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown attn_bwd speed hf)" >&2 ;;
     esac
 done

@@ -288,6 +288,9 @@ def _evaluate(report: EvalReport, contract: Contract, cand_path: Path, root_path
                 time_candidate(report, contract, cand_path, root_path, incumbent_path, device, timeout, phased=child)
             else:
                 child.stop()
+            t = time.monotonic()
+        # the child killed (if still there) and its directories removed (diagnostics)
+        report.phases["child_close"] = time.monotonic() - t
         return
     t = time.monotonic()
     cand, failure = run_probes(plan, cand_path, device, timeout, trusted=is_root,

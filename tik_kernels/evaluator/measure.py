@@ -48,6 +48,11 @@ CELL_BUDGET_S = 1.0
 #: `timing.precise`): root vs itself must stay within ±1% per cell at the rounds this leaves
 #: (benchmarks/bench_evaluator_cheats.py)
 GPU_PRECISION = 0.003
+#: untimed rounds of eager calls (every input variant once a round) before a cell is captured and timed: one loads
+#: every kernel and lets a library allocate what it allocates on a first call (a capture must not); the timed rounds
+#: then start from graph replays, whose first samples are no different from the rest. Was 3 on the GPU: 0.4 s of
+#: linear's and 1.1 s of attention's evaluation on the H200 (timing_cells_warm_calls), for nothing a sample showed
+GPU_WARMUP = 1
 #: a microsecond cell (several calls a sample) is captured this many times per implementation, rounds rotating over
 #: the instances (`timing._more_instances`): one graph instance of identical code timed up to 2.9% off another
 GPU_GRAPH_INSTANCES = 4
@@ -111,7 +116,7 @@ def timing_job(contract: Contract, impls: list[tuple[str, Path]], *, device: str
     early = cuda and not fixed_reps
     job = {"mode": "time", "op": contract.op, "contract_file": _contract_file(contract), "profile": profile,
            "seed": seed, "device": device, "impls": [[n, str(p.resolve())] for n, p in impls], "cells": cells,
-           "reps": n_reps, "warmup": 3 if cuda else 1, "variants": 2,
+           "reps": n_reps, "warmup": GPU_WARMUP if cuda else 1, "variants": 2,
            "min_reps": min(n_reps, GPU_MIN_REPS) if early else n_reps,
            "cell_budget_s": CELL_BUDGET_S if early else None, "precision": GPU_PRECISION if early else None,
            "graph_instances": GPU_GRAPH_INSTANCES,
@@ -247,6 +252,9 @@ def time_candidate(report: EvalReport, contract: Contract, cand_path: Path, root
         outcome = run_child(job, lambda tmp: {}, read_result, wall, cache="candidate" if cuda else "private")
     doc, failure = outcome.doc, outcome.failure
     report.phases["timing_child"] = time.monotonic() - t
+    for k in ("exit", "read"):  # inside timing_child: the child's exit after its reply, the parent's read of it
+        if k in outcome.phases:
+            report.phases[f"timing_{k}"] = outcome.phases[k]
     if failure:
         return fail(report, "timing/run", "timed_outputs", f"timing run: {failure}")
     for part in CELL_PARTS:  # as the child reports them: diagnostics, never used to decide
@@ -373,6 +381,7 @@ def _cell_row(cell, c: dict, control: dict | None) -> dict:
         "ratio_vs_baseline": vs_base,
         "root_spread_us": root["spread_us"], "wall_median_us": wall["median_us"], "rounds": c.get("rounds"),
         "timing": c.get("timing"), "calls": c.get("calls", 1), "graph_instances": c.get("instances"),
+        "seconds": c.get("seconds", {}),  # where the child's time on this cell went (diagnostics, never decides)
     }
     if c.get("graph_note"):
         row["graph_note"] = c["graph_note"]

@@ -731,12 +731,23 @@ class PhasedChild:
         except subprocess.TimeoutExpired:
             _kill(self.proc)
             return ChildOutcome(None, f"timed out after {timeout:g} s (killed)", time.monotonic() - t0)
+        exited_at = time.time()
         _kill(self.proc)
         self.exited = rc
         failure = _exit_failure(rc, self.tmp)
         if failure:
             return ChildOutcome(None, failure, time.monotonic() - t0)
-        return _read_reply(self.tmp / "scratch" / "out", read_result, t0)
+        out = self.tmp / "scratch" / "out"
+        # diagnostics: how long the child took to exit after its reply was complete (a CUDA process's teardown),
+        # from the reply's own timestamp; and the parent's reading of the reply
+        try:
+            phases = {"exit": max(0.0, exited_at - os.lstat(out / "result.json").st_mtime)}
+        except OSError:
+            phases = {}
+        t_read = time.monotonic()
+        outcome = _read_reply(out, read_result, t0)
+        outcome.phases = {**phases, "read": time.monotonic() - t_read}
+        return outcome
 
     def stop(self) -> None:
         """Tell a waiting child to exit, and kill it (a clean exit is a courtesy: nothing waits on it long)."""

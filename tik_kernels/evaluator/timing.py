@@ -7,8 +7,9 @@ so a result cached by address or by call count is stale and fails the parent's c
 timed outputs. One round times every implementation once, in a random order (interleaved
 A/B/A/B against root, incumbent and stock-PyTorch baseline in the same process).
 
-One GPU sample: L2 flushed (a 256 MiB memset) → device synchronized → a spin kernel queued so
-the host's launch latency is hidden → start event → call → end event → device synchronized.
+One GPU sample: L2 flushed (a 256 MiB memset) → a spin kernel queued behind it, so the host's launch
+latency is hidden (the host does not wait for the flush: flush and spin both cover its launches) → start
+event → call → end event → device synchronized.
 On the GPU the call is the replay of a CUDA graph of the implementation's call, captured once per
 cell (`_capture_all`): work the call launches on another stream is then either in the graph or
 makes the capture fail, so no work escapes the events, whatever its size. A microsecond kernel is
@@ -68,8 +69,11 @@ MAX_CALLS = 16
 #: the input sets of a multi-call sample together stay below this (they are the cell's inputs `calls` times)
 MAX_SETS_BYTES = 1 << 30
 #: the spin before a graph replay only has to outlast one graph launch on the host (an eager call launches every
-#: kernel of the call); a sample whose spin ended before the host had launched the replay is taken again
-GRAPH_SPIN_US = 100.0
+#: kernel of the call), and the flush queued before it (~85 us on the H200) covers the host too, since the host
+#: no longer waits for it: a sample whose spin ended before the host had launched the replay is taken again, with a
+#: spin 4x longer. Was 100 us with a device sync after the flush; the GPU then idled for that sync's round trip
+#: and ran 80 us more of spin per sample, which a microsecond cell's hundreds of samples paid for
+GRAPH_SPIN_US = 20.0
 
 # Bound when this module is imported, which is before any implementation is: a candidate that
 # patches torch.cuda.Event or time.perf_counter afterwards does not change what the harness calls.
@@ -153,7 +157,6 @@ class Timer:
         cycles = self.graph_spin_cycles if graph else self.spin_cycles
         for _ in range(4 if graph else 1):
             self.flush.zero_()
-            _sync()
             _spin(cycles)
             t0 = _perf()
             _record(self.start)
