@@ -160,6 +160,11 @@ def test_timing_rounds_stop_at_the_cell_budget_past_the_minimum(tmp_path):
         assert c["seconds"]["timed"] >= 0 and c["seconds"]["warmup"] >= 0
     doc = run_timing_job(tmp_path, {**job, "cell_budget_s": None, "reps": 7})
     assert all(c["rounds"] == 7 for c in doc["cells"].values())
+    # a cell whose rounds are long (every round here: long_round_s 0) stops from min_reps_long on, a short one
+    # (long_round_s far above a round) from min_reps; here at the budget, spent from the first round on
+    long = {**job, "min_reps": 12, "min_reps_long": 4, "long_round_s": 0.0}
+    assert all(c["rounds"] == 4 for c in run_timing_job(tmp_path, long)["cells"].values())
+    assert all(c["rounds"] == 12 for c in run_timing_job(tmp_path, {**long, "long_round_s": 1e9})["cells"].values())
 
 
 def test_candidate_lazy_when_timed_fails_the_timed_output_check(reports):

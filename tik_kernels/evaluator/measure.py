@@ -44,6 +44,12 @@ CPU_REPS = 5
 #: GPU_REPS rounds, the microsecond cells the 100 rounds were measured on keep all of them
 GPU_MIN_REPS = 20
 CELL_BUDGET_S = 1.0
+#: a cell whose rounds take LONG_ROUND_S or more (a round times every implementation once: kernels of milliseconds,
+#: linear at M = 16384, prefill at 16k tokens) may stop from GPU_MIN_REPS_LONG rounds on, when the precision rule
+#: below holds there; on the H200 such a cell spent ~0.4 s on its 20 rounds (linear's 5 widest cells: 2 s of an
+#: evaluation). Root against itself on every linear cell: `bench_evaluator_cheats.py --op linear`
+GPU_MIN_REPS_LONG = 10
+LONG_ROUND_S = 0.01
 #: past GPU_MIN_REPS rounds a cell also stops once every implementation's median is known to ±this (relative;
 #: `timing.precise`): root vs itself must stay within ±1% per cell at the rounds this leaves
 #: (benchmarks/bench_evaluator_cheats.py)
@@ -118,6 +124,8 @@ def timing_job(contract: Contract, impls: list[tuple[str, Path]], *, device: str
            "seed": seed, "device": device, "impls": [[n, str(p.resolve())] for n, p in impls], "cells": cells,
            "reps": n_reps, "warmup": GPU_WARMUP if cuda else 1, "variants": 2,
            "min_reps": min(n_reps, GPU_MIN_REPS) if early else n_reps,
+           "min_reps_long": min(n_reps, GPU_MIN_REPS_LONG) if early else n_reps,
+           "long_round_s": LONG_ROUND_S if early else None,
            "cell_budget_s": CELL_BUDGET_S if early else None, "precision": GPU_PRECISION if early else None,
            "graph_instances": GPU_GRAPH_INSTANCES,
            "baseline": baseline,

@@ -430,13 +430,17 @@ def _time_cell(contract, cell, mods, job, timer: Timer, w, check_outputs, flatte
     # spent, at most reps; a round times every implementation once, so every implementation gets the same number
     # of samples
     min_reps, budget, precision = job.get("min_reps", job["reps"]), job.get("cell_budget_s"), job.get("precision")
+    # a cell whose rounds take long_round_s or more (milliseconds of kernels a call) may stop from min_reps_long on
+    min_long, long_round = job.get("min_reps_long", min_reps), job.get("long_round_s")
     t_timed, rounds = time.perf_counter(), 0
     marks["profile"] = t_timed
     last: dict[str, tuple[int, list]] = {}  # each implementation's last timed sample: (variant, outputs)
     for r in range(job["reps"]):
-        if r >= min_reps and budget is not None and time.perf_counter() - t_timed > budget:
+        spent = time.perf_counter() - t_timed
+        least = min_long if long_round is not None and r and spent / r >= long_round else min_reps
+        if r >= least and budget is not None and spent > budget:
             break
-        if r >= min_reps and precision and r % 5 == 0 and precise(samples, precision):
+        if r >= least and precision and r % 5 == 0 and precise(samples, precision):
             break
         rounds += 1
         turn[0] = r
