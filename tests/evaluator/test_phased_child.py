@@ -131,3 +131,34 @@ def test_on_the_gpu_the_candidate_has_one_child_and_it_is_gone_before_the_contro
     assert modes.count("probes+time") == 1 and modes[-1] == "time", modes  # the control child comes last
     assert not any(m.endswith("+alongside") for m in modes), modes
     assert rep.as_dict()["cells"] and any(c.name == "timing/integrity" and c.passed for c in rep.checks)
+
+
+@pytest.fixture
+def overlapped(monkeypatch):
+    """The GPU's order on the CPU: the child is told to time as soon as its probes are back, while the parent checks
+    them (`core.OVERLAP_CHECKS`)."""
+    from tik_kernels.evaluator import core
+
+    monkeypatch.setattr(core, "OVERLAP_CHECKS", True)
+
+
+def test_checks_overlapped_with_the_timing_judge_the_same(spawned, overlapped):
+    rep = run(FIX / "good.py")
+    assert rep.verified, rep.failure
+    assert rep.phases.get("checks_overlapped") == 1.0 and rep.phases["timing_child"] > 0
+    assert [m for m, _ in spawned] == ["probes+time"] and spawned[0][1].poll() is not None
+    assert [c["cell"] for c in rep.as_dict()["cells"]] == ["tiny[T=8]", "tiny[T=32]"]
+    assert all(c.passed for c in rep.checks) and any(c.name == "timing/outputs" for c in rep.checks)
+
+
+def test_a_failed_check_stops_the_overlapped_timing(spawned, overlapped, tmp_path, monkeypatch):
+    """Wrong outputs, and a timing that would never end (T=32 is timed, never probed): the failed check kills the
+    child at once, the report is the check's failure and nothing timed is judged."""
+    monkeypatch.setattr(measure, "timing_wall", lambda timeout, n_cells, cuda: 60.0)
+    path = tmp_path / "wrong_and_hangs.py"
+    path.write_text("def scale(x, w):\n    while x.shape[0] == 32:\n        pass\n    return x * 0\n")
+    t0 = time.monotonic()
+    rep = run(path)
+    assert not rep.verified and rep.failure.startswith("tiny/accuracy"), rep.failure
+    assert not rep.cells and "timing_child" not in rep.phases and rep.phases.get("checks_overlapped") == 1.0
+    assert time.monotonic() - t0 < 20 and spawned[0][1].poll() is not None

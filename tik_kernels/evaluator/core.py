@@ -7,10 +7,12 @@
 3. Every check runs here, on the bytes that came back: the contract's, plus the generic ones —
    outputs have the root's dtypes and shapes; every probe's inputs are bitwise unchanged; on the
    GPU a CUDA graph replayed on changed inputs matches a fresh call (`checks.py`).
-4. Only a verified candidate is timed, by the child that ran its probes (`sandbox.PhasedChild`): it waits
-   while the checks run here, and only when they all passed is it told to time candidate, root and
-   incumbent (and on the CPU stock PyTorch) interleaved, with the candidate module and kernels its probes
-   loaded (else it is told to stop, and killed); one start per candidate, not two. The root evaluated as
+4. Only a verified candidate's timing counts, and it is timed by the child that ran its probes
+   (`sandbox.PhasedChild`), which times candidate, root and incumbent (and on the CPU stock PyTorch)
+   interleaved, with the candidate module and kernels its probes loaded; one start per candidate, not two.
+   On the CPU it waits while the checks run here and is told to time only when they all passed (else to
+   stop, and killed); on the GPU it is told at once and timed while the checks run here (`OVERLAP_CHECKS`:
+   the device does not idle for them), and a failed check kills it and is the report's failure. The root evaluated as
    its own candidate, which writes the trusted Triton cache, is timed by a timing child of its own
    (`sandbox.candidate_cache`). The timed outputs must match a reference computed here; on the GPU
    a control child times root, incumbent and stock PyTorch alone (a candidate that slows its
@@ -67,6 +69,12 @@ from tik_kernels.evaluator.sandbox import (
     settle_spares,
 )
 
+#: the candidate's timing starts as soon as its probes are back, while the parent checks them; a check that fails
+#: stops it (`PhasedChild.then`'s abort), and the report is the check's failure, as without. None: on the GPU only,
+#: where the checks (CPU work: linear's 0.8 s on the H200) then no longer hold the device idle; the CPU's timings are
+#: interpreter times on two cores, which the parent's checks beside them would only make noisier. Only once the
+#: root's probes are kept in this process: the checks never start a root child while a candidate is being timed
+OVERLAP_CHECKS: bool | None = None
 #: root results already computed in this process: (root sha, contract, profile, seed, device) -> results
 _ROOT_CACHE: dict[tuple, dict[str, ProbeResult]] = {}
 #: plans already built in this process (linear's GPU plan takes ~25 s of CPU to build: GBs of inputs)
@@ -280,7 +288,11 @@ def _evaluate(report: EvalReport, contract: Contract, cand_path: Path, root_path
             report.phases["probes_candidate"] = time.monotonic() - t
             if failure:
                 return fail(report, "run", "runs", failure)
-            if _check(report, contract, plan, cand, root_path, device, timeout, key, root_sha, is_root):
+            overlap = OVERLAP_CHECKS if OVERLAP_CHECKS is not None else device.startswith("cuda")
+            if overlap and key in _ROOT_CACHE:
+                _check_while_timed(report, contract, plan, cand, cand_path, root_path, incumbent_path, device,
+                                   timeout, key, root_sha, child)
+            elif _check(report, contract, plan, cand, root_path, device, timeout, key, root_sha, is_root):
                 if device.startswith("cuda"):
                     # the next candidate's child (`sandbox.Spares`) has been starting since this one's probes began:
                     # the GPU is timed once it is idle, not while a CUDA context is being created beside it
@@ -301,6 +313,34 @@ def _evaluate(report: EvalReport, contract: Contract, cand_path: Path, root_path
     if _check(report, contract, plan, cand, root_path, device, timeout, key, root_sha, is_root) and time_it:
         # the root as its own candidate (trusted: its probe child wrote the trusted cache): a timing child of its own
         time_candidate(report, contract, cand_path, root_path, incumbent_path, device, timeout)
+
+
+def _check_while_timed(report: EvalReport, contract: Contract, plan: Plan, cand: dict[str, ProbeResult],
+                       cand_path: Path, root_path: Path, incumbent_path, device: str, timeout: float, key: tuple,
+                       root_sha: str, child: PhasedChild) -> None:
+    """`OVERLAP_CHECKS`: the candidate's child told to time (in a thread, which alone handles the child from then
+    on) while this thread checks its probes; a failed check stops the timing and is the report's failure."""
+    if device.startswith("cuda"):
+        report.phases["spare_settle"] = settle_spares(device)  # as below: no CUDA context created beside the timing
+    _, wall, read_result = candidate_timing_job(contract, cand_path, root_path, incumbent_path, device,
+                                                report.profile, report.seed, timeout)
+    abort, got = threading.Event(), {}
+    timing = threading.Thread(target=lambda: got.update(outcome=child.then(read_result, wall, abort)),
+                              name="tik-timing", daemon=True)
+    timing.start()
+    try:
+        passed = _check(report, contract, plan, cand, root_path, device, timeout, key, root_sha, False)
+    except BaseException:
+        abort.set()
+        timing.join()
+        raise
+    if not passed:
+        abort.set()
+    timing.join()
+    report.phases["checks_overlapped"] = 1.0
+    if passed:
+        time_candidate(report, contract, cand_path, root_path, incumbent_path, device, timeout,
+                       phased=child, outcome=got["outcome"])
 
 
 def _check(report: EvalReport, contract: Contract, plan: Plan, cand: dict[str, ProbeResult], root_path: Path,

@@ -23,7 +23,7 @@ from tik_kernels.evaluator.checks import spec
 from tik_kernels.evaluator.promotion import objective_ratio_ci
 from tik_kernels.evaluator.protocol import ProtocolError, read_tensors, tensor_index
 from tik_kernels.evaluator.report import EvalReport, fail
-from tik_kernels.evaluator.sandbox import PhasedChild, limits, run_child
+from tik_kernels.evaluator.sandbox import ChildOutcome, PhasedChild, limits, run_child
 from tik_kernels.evaluator.timing import MAX_CALLS, summarize, variant_seeds
 
 #: a candidate's timed output must be this close (relative RMS) to the reference, at least
@@ -245,19 +245,23 @@ def _trusted(root_path: Path, incumbent_path) -> list[tuple[str, Path]]:
 
 
 def time_candidate(report: EvalReport, contract: Contract, cand_path: Path, root_path: Path, incumbent_path,
-                   device: str, timeout: float, phased: PhasedChild | None = None) -> None:
+                   device: str, timeout: float, phased: PhasedChild | None = None,
+                   outcome: ChildOutcome | None = None) -> None:
     """Time a verified candidate and judge the run. `phased`: the candidate's own child, waiting after its probes
-    (its second job is `candidate_timing_job`); else a timing child of its own."""
+    (its second job is `candidate_timing_job`); else a timing child of its own. `outcome`: that child's timing,
+    already run (while the parent checked the probes: `core.OVERLAP_CHECKS`); only judged here."""
     cuda = device.startswith("cuda")
     report.timing = "gpu" if cuda else "interpreter"
     trusted = _trusted(root_path, incumbent_path)
     job, wall, read_result = candidate_timing_job(contract, cand_path, root_path, incumbent_path, device,
                                                   report.profile, report.seed, timeout)
     t = time.monotonic()
-    if phased is not None:
+    if outcome is None and phased is not None:
         outcome = phased.then(read_result, wall)
-    else:
+    elif outcome is None:
         outcome = run_child(job, lambda tmp: {}, read_result, wall, cache="candidate" if cuda else "private")
+    else:
+        t -= outcome.elapsed_s
     doc, failure = outcome.doc, outcome.failure
     report.phases["timing_child"] = time.monotonic() - t
     for k in ("exit", "read"):  # inside timing_child: the child's exit after its reply, the parent's read of it

@@ -715,7 +715,10 @@ class PhasedChild:
                                     time.monotonic() - t0, clock.phases)
         return clock.outcome(_read_reply(taken, read_result, t0), "read")
 
-    def then(self, read_result: Callable[[Path, dict], Any], timeout: float) -> ChildOutcome:
+    def then(self, read_result: Callable[[Path, dict], Any], timeout: float,
+             abort: threading.Event | None = None) -> ChildOutcome:
+        """`abort`: set by another thread (the parent's checks failed while this job ran: `core.OVERLAP_CHECKS`),
+        this call kills the child and returns. Only this call touches the child while it waits."""
         t0 = time.monotonic()
         assert self.proc is not None and self.tmp is not None, "then() before first()"
         rc = self.exited if self.exited is not None else self.proc.poll()
@@ -727,7 +730,16 @@ class PhasedChild:
         job = json.loads((self.tmp / "then.json").read_text())
         _write_next(self.tmp / "impl", {"job": job})
         try:
-            rc = self.proc.wait(timeout=timeout)
+            if abort is None:
+                rc = self.proc.wait(timeout=timeout)
+            else:
+                while (rc := self.proc.poll()) is None:
+                    if abort.is_set():
+                        _kill(self.proc)
+                        return ChildOutcome(None, "stopped: the parent's checks failed", time.monotonic() - t0)
+                    if time.monotonic() - t0 > timeout:
+                        raise subprocess.TimeoutExpired("child", timeout)
+                    time.sleep(POLL_S)
         except subprocess.TimeoutExpired:
             _kill(self.proc)
             return ChildOutcome(None, f"timed out after {timeout:g} s (killed)", time.monotonic() - t0)
