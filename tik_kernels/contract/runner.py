@@ -109,8 +109,10 @@ def call_probe(module: ModuleType, probe: Probe, device: str, values: bool = Tru
 
 def execute_probe(module: ModuleType, probe: Probe, device: str, staged: Staged | None = None) -> ProbeResult:
     """Run one probe on `module` and return CPU copies of its outputs. Used in-process and by the child.
-    `staged`: inputs are copied from its device masters, and the echoed inputs (`inputs_after`) are left on the
-    device for the caller to compare with them."""
+    `staged`: inputs are copied from its device masters, and the outputs and the echoed inputs (`inputs_after`)
+    are left on the device, detached: the child copies each output once, straight into its reply's pages
+    (`protocol.TensorWriter`), right after this returns (a copy to fresh CPU memory first, then into the reply, was two copies of
+    linear's 3 GB)."""
     if not callable(getattr(module, probe.entry, None)):
         return ProbeResult(error=f"entry point {probe.entry}() missing")
     # a fresh allocation of random size first, so tensor addresses differ run to run
@@ -119,7 +121,8 @@ def execute_probe(module: ModuleType, probe: Probe, device: str, staged: Staged 
         outs, args = call_probe(module, probe, device, staged=staged)
         if device.startswith("cuda"):
             torch.cuda.synchronize()
-        result = ProbeResult(outputs=[o.detach().to("cpu", copy=True) for o in outs])
+        result = ProbeResult(outputs=[o.detach() if staged is not None else o.detach().to("cpu", copy=True)
+                                      for o in outs])
         if probe.echo_inputs:
             result.inputs_after = [a.detach() if staged is not None else a.detach().to("cpu", copy=True)
                                    for a in args]
