@@ -9,6 +9,13 @@ check phases run (probes and checks); the JSON holds the report's `phases` (seco
 
     python benchmarks/eval_phases.py --volume --op rmsnorm [--evals 3] [--out benchmarks/results/x.json]
 
+    python benchmarks/eval_phases.py --probe-times --op linear [--out benchmarks/results/probe_times_h200.json]
+
+`--probe-times`: where a probes child's `child_compute` goes, probe by probe: the root's GPU plan run here (trusted,
+in this process) as the child runs it (inputs staged on the device, outputs copied into a file's pages right after
+each call), twice (the first pass loads every kernel), each probe split into its call (to the device sync), its
+outputs' copy and its echoed inputs' comparison; the totals and the slowest probes.
+
 `--volume`: the plumbing of a candidate's probes at GPU volumes, on the CPU: the op's GPU-profile plan (rmsnorm:
 397 MB of inputs, 665 MB of outputs) run `--evals` times through a candidate child with a torch-only implementation
 (EAGER), each broken down as the evaluator reports it (`core.probe_phases`: parent start / inputs / read, the child's
@@ -67,6 +74,58 @@ def volume(op: str, evals: int, timeout: float, out: Path) -> int:
     return 0
 
 
+def probe_times(op: str, out: Path, top: int = 15) -> int:
+    import torch
+
+    from benchmarks.harness import environment
+    from tik_kernels.contract import Staged, call_probe, load_module, same_bits
+    from tik_kernels.contracts import get_contract
+    from tik_kernels.evaluator.protocol import TensorWriter
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    contract = get_contract(op)
+    t = time.perf_counter()
+    plan = contract.plan("gpu" if device == "cuda" else "cpu", 0)
+    plan_s = time.perf_counter() - t
+    mod = load_module(contract.root_path, "tik_impl")
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    passes = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in range(2):
+            staged, w = Staged(device), TensorWriter(Path(tmp) / f"out{n}.bin")
+            rows = []
+            for probe in plan.probes:
+                t0 = time.perf_counter()
+                outs, args = call_probe(mod, probe, device, staged=staged)
+                sync()
+                t1 = time.perf_counter()
+                for o in outs:
+                    w.ref(o.detach())
+                t2 = time.perf_counter()
+                same = [same_bits(a, staged.master(h)) for a, h in
+                        zip(args, [x for x in probe.args if isinstance(x, torch.Tensor)], strict=False)]
+                sync()
+                t3 = time.perf_counter()
+                rows.append({"probe": probe.id, "call_s": t1 - t0, "outputs_s": t2 - t1, "echo_s": t3 - t2,
+                             "out_mb": sum(o.numel() * o.element_size() for o in outs) / 1e6, "unchanged": all(same)})
+                del outs, args
+            staged.drop()
+            w.close()
+            total = {k: round(sum(r[k] for r in rows), 3) for k in ("call_s", "outputs_s", "echo_s", "out_mb")}
+            slow = sorted(rows, key=lambda r: -(r["call_s"] + r["outputs_s"] + r["echo_s"]))[:top]
+            passes.append({"total": total, "slowest": [{k: round(v, 4) if isinstance(v, float) else v
+                                                        for k, v in r.items()} for r in slow]})
+            print(f"pass {n}: {json.dumps(total)}", flush=True)
+    doc = {"command": " ".join(["benchmarks/eval_phases.py", *sys.argv[1:]]), "env": environment(device), "op": op,
+           "probes": len(plan.probes), "plan_s": round(plan_s, 1), "passes": passes}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    for r in passes[-1]["slowest"]:
+        print(f"{r['probe']:60s} call {r['call_s']:.4f}  outputs {r['outputs_s']:.4f}  echo {r['echo_s']:.4f}  "
+              f"{r['out_mb']:.0f} MB")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--op", default="linear")
@@ -74,11 +133,20 @@ def main() -> int:
     ap.add_argument("--time", action="store_true", help="also time the candidate (timing and control children)")
     ap.add_argument("--volume", action="store_true", help="the GPU plan's probes through a CPU child (see above)")
     ap.add_argument("--evals", type=int, default=3, help="--volume: how many runs")
+    ap.add_argument("--probe-times", action="store_true", help="the root's probes one by one, here (see above)")
     ap.add_argument("--timeout", type=float, default=150.0)
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/eval_phases_h200.json"))
     a = ap.parse_args()
     if a.volume:
         return volume(a.op, a.evals, a.timeout, a.out)
+    if a.probe_times:
+        from tik_kernels.contracts import UnknownOperator, get_contract
+
+        try:
+            get_contract(a.op)
+        except UnknownOperator as e:
+            raise SystemExit(f"eval_phases: {e}") from None
+        return probe_times(a.op, a.out)
     import torch
 
     from benchmarks.harness import environment

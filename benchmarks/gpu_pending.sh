@@ -13,6 +13,8 @@
 #                 #18 each of EVALS=2 candidates evaluated twice in a row (--repeat): the second finds its kernels
 #                     compiled, so the phases' differences are what compiling a candidate costs
 #   rvi           #18 the root timed against itself (rmsnorm, 7 cells): within ±1% per cell?
+#   probe_times   #18 where a probes child's compute goes, probe by probe, linear's root (eval_phases.py --probe-times;
+#                     $R/probe_times_h200_linear.json)
 #   cheats        #18 every planted timing cheat and the root against itself, 100 rounds
 #                     ($R/evaluator_cheats_h200${CHEATS_SUFFIX:-}.{json,md}): after a change to the timing harness
 #   search_linear, search_attention
@@ -84,6 +86,9 @@ for p in "$@"; do
         rvi)
             part rvi 300 "$py" benchmarks/bench_evaluator_cheats.py --scenarios root_vs_itself \
                 --out "$R/evaluator_rvi_h200" ;;
+        probe_times)
+            part probe_times 300 "$py" benchmarks/eval_phases.py --probe-times --op linear \
+                --out "$R/probe_times_h200_linear.json" ;;
         cheats)
             part cheats 400 "$py" benchmarks/bench_evaluator_cheats.py --out "$R/evaluator_cheats_h200${CHEATS_SUFFIX:-}" ;;
         search_linear | search_attention)
@@ -132,6 +137,6 @@ for p in "$@"; do
             part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_h200
             part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown attn_bwd speed hf)" >&2 ;;
+            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown attn_bwd speed hf)" >&2 ;;
     esac
 done
