@@ -44,18 +44,19 @@ PHASES = ("plan", "probes_root", "probes_candidate", "checks", "spare_settle", "
 #: inputs it writes, the child's parts (its clock: start, inputs read, import, compute, graph replays, outputs
 #: sent), the rest of the parent's wait (a fresh child's interpreter, polling), the parent reading the reply; and the
 #: megabytes each way. They add up to probes_candidate (less a few ms of bookkeeping). `compiled` is a count: the
-#: entries the child added to its Triton cache (kernels and launchers compiled, their time inside child_compute, or
-#: inside child_ahead where the child compiled ahead: `ahead_compiled` of them, out of `ahead_kernels` specializations
-#: its probes asked for, `ahead_cached` of which the cache held (loaded in the child), the rest compiled by
-#: `ahead_workers` forked workers, `ahead_failed` of which failed or were killed; `ahead_record_s`: seconds of
-#: child_ahead spent finding the specializations, the dry run).
+#: entries the child added to its Triton cache (kernels and launchers compiled; where the child compiles ahead,
+#: `ahead_kernels` specializations its probes asked for, `ahead_cached` of which the cache held (loaded in the child),
+#: the rest compiled by `ahead_workers` forked workers while the probes whose kernels were there ran, `ahead_failed`
+#: of them failed or were killed, `ahead_compiled` entries added by the end of the probes; `ahead_record_s`: seconds
+#: of child_ahead spent finding the specializations, the dry run; `ahead_wait_s`: seconds of child_compute the probes
+#: spent waiting for the workers).
 PROBE_PARTS = ("probes_candidate", "probes_candidate_start", "probes_candidate_inputs", "probes_candidate_wait_other",
                "probes_candidate_child_start", "probes_candidate_child_inputs", "probes_candidate_child_import",
                "probes_candidate_child_ahead", "probes_candidate_child_compute", "probes_candidate_child_graph",
                "probes_candidate_child_send", "probes_candidate_read", "probes_candidate_compiled",
                "probes_candidate_ahead_record_s", "probes_candidate_ahead_compiled", "probes_candidate_ahead_kernels",
                "probes_candidate_ahead_cached", "probes_candidate_ahead_workers",
-               "probes_candidate_ahead_failed",
+               "probes_candidate_ahead_failed", "probes_candidate_ahead_wait_s",
                "probes_candidate_in_mb", "probes_candidate_out_mb")
 #: the phases that follow each other (the timing_cells_* parts lie inside timing_child): "other" is the wall time
 #: none of them covers (the source checks, the child's start and exit, the temporary files); checks that ran while the

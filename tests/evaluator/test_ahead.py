@@ -43,6 +43,8 @@ class FakeJIT:
         FakeBackend().add_stages({}, None, "ttir")
         if key == "hang":
             time.sleep(600)
+        if key in ("slow", "soon"):
+            time.sleep(0.6 if key == "slow" else 0.2)
         if key == "boom":
             raise RuntimeError("bad kernel")
         (self.out / f"{self.name}-{key}-{os.getpid()}").write_text("compiled")
@@ -170,6 +172,45 @@ def test_a_lookup_that_compiles_sends_the_rest_to_the_workers(fake, monkeypatch)
     assert made["a-k"] != str(os.getpid()) and made["b-k"] != str(os.getpid())
 
 
+def test_each_call_knows_the_specializations_it_asked_for(fake):
+    a, b = FakeJIT("a"), FakeJIT("b")
+    asked, per_call = ahead.record_calls([lambda: (a.launch("k1"), b.launch("k1"), a.launch("k1")),
+                                          lambda: (a.launch("k2"), a.launch("k1")), lambda: None])
+    assert [(fn.name, args[0]) for fn, args, _ in asked] == [("a", "k1"), ("b", "k1"), ("a", "k2")]
+    assert per_call == [[0, 1], [2, 0], []]
+
+
+def test_probes_run_while_the_workers_compile_those_whose_kernels_are_there_first(fake):
+    """`Background`: the workers are forked and it returns at once; a call whose kernels the cache held (or that
+    needs none) is ready now, one waiting on a worker is not, and is put last; `wait` returns once its worker has
+    ended, `finish` reports what `compile_recorded` reports plus the seconds waited."""
+    fast, slow, held = FakeJIT("fast"), FakeJIT("slow"), FakeJIT("held")
+    FakeJIT.cached.add(("held", "k"))
+    calls = [lambda: slow.launch("slow"), lambda: held.launch("k"), lambda: fast.launch("soon"), lambda: None]
+    t0 = time.monotonic()
+    bg, per_call, _ = ahead.start_ahead(calls, workers=2)
+    assert time.monotonic() - t0 < 0.5  # forked, not waited for
+    order = bg.order(per_call)
+    assert order == [1, 3, 0, 2], order  # held and kernel-less first, then those compiling, in their order
+    bg.wait(per_call[2])
+    assert bg.ready(per_call[2]) and (fake / f"fast-soon-{bg.share[per_call[2][0]]}").exists()
+    bg.wait(per_call[0])
+    assert bg.ready(per_call[0]) and time.monotonic() - t0 >= 0.6
+    out = bg.finish()
+    assert out["wait_s"] > 0 and out["kernels"] == 3 and out["cached"] == 1 and out["workers"] == 2
+    assert out["failed"] == 0 and not bg.left
+    assert sorted(p.name.rsplit("-", 1)[0] for p in fake.iterdir()) == ["fast-soon", "slow-slow"]
+
+
+def test_a_worker_killed_at_the_deadline_does_not_hold_a_probe_for_ever(fake):
+    stuck = FakeJIT("stuck")
+    bg, per_call, _ = ahead.start_ahead([lambda: stuck.launch("hang")], workers=1, timeout_s=0.5)
+    t0 = time.monotonic()
+    bg.wait(per_call[0])
+    assert time.monotonic() - t0 < 5 and bg.ready(per_call[0])
+    assert bg.finish()["failed"] == 1
+
+
 def test_without_a_backend_to_ask_every_kernel_goes_to_a_worker(fake, monkeypatch):
     monkeypatch.setattr(ahead, "_backend_class", lambda: None)
     FakeJIT.cached.add(("f0", "k"))
@@ -232,4 +273,19 @@ def test_on_the_gpu_a_kernel_compiled_ahead_is_loaded_not_compiled_by_its_first_
     for block in (128, 256, 512):
         assert torch.equal(run(block), x + 1.0)
     assert entries() == grown
+    # in the background (the probes child's way): the calls whose kernels the cache holds run first while a worker
+    # compiles the new one; the call that needs it waits for that worker, and its launch compiles nothing again
+    mod = load_module(src, "tik_ahead_kern_background")
+    calls = [lambda: run(1024), lambda: run(128), lambda: run(256)]
+    bg, per_call, _ = ahead.start_ahead(calls)
+    order = bg.order(per_call)
+    assert order[-1] == 0 and sorted(order) == [0, 1, 2], order
+    for i in order:
+        bg.wait(per_call[i])
+        assert torch.equal(calls[i](), x + 1.0)
+    out = bg.finish()
+    assert out["kernels"] == 3 and out["cached"] == 2 and out["workers"] == 1 and out["failed"] == 0, out
+    assert entries() > grown
+    settled = entries()
+    assert torch.equal(run(1024), x + 1.0) and entries() == settled
     assert tl is not None

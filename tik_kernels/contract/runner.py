@@ -111,8 +111,8 @@ def execute_probe(module: ModuleType, probe: Probe, device: str, staged: Staged 
     """Run one probe on `module` and return CPU copies of its outputs. Used in-process and by the child.
     `staged`: inputs are copied from its device masters, and the outputs and the echoed inputs (`inputs_after`)
     are left on the device, detached: the child copies each output once, straight into its reply's pages
-    (`protocol.TensorWriter`), right after this returns (a copy to fresh CPU memory first, then into the reply, was two copies of
-    linear's 3 GB)."""
+    (`protocol.TensorWriter`), right after this returns (a copy to fresh CPU memory first, then into the reply,
+    was two copies of linear's 3 GB)."""
     if not callable(getattr(module, probe.entry, None)):
         return ProbeResult(error=f"entry point {probe.entry}() missing")
     # a fresh allocation of random size first, so tensor addresses differ run to run

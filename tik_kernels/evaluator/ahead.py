@@ -55,31 +55,40 @@ def _jit_function() -> Any:
 def record(calls: Iterable[Callable[[], Any]]) -> list[tuple[Any, tuple, dict]]:
     """Run each of `calls` with Triton's compile step recorded instead of done: the distinct
     (jit function, args, kwargs) of `_do_compile` the calls asked for, in first-asked order."""
+    return record_calls(calls)[0]
+
+
+def record_calls(calls: Iterable[Callable[[], Any]]) -> tuple[list[tuple[Any, tuple, dict]], list[list[int]]]:
+    """`record`, and for each call the indices (into what was asked) of the specializations it asked for."""
     jit = _jit_function()
     if jit is None:
-        return []
+        return [], [[] for _ in calls]
     original = jit._do_compile
-    seen: set = set()
+    seen: dict = {}
     asked: list[tuple[Any, tuple, dict]] = []
+    per_call: list[list[int]] = []
 
     def recorder(self, *args, **kwargs):
         # args[0] is the specialization key (signature, constants, options), args[2] the device
         key = (id(self), repr(args[0]) if args else None, repr(args[2]) if len(args) > 2 else None)
         if key not in seen:
-            seen.add(key)
+            seen[key] = len(asked)
             asked.append((self, args, kwargs))
+        if seen[key] not in per_call[-1]:
+            per_call[-1].append(seen[key])
         return None
 
     jit._do_compile = recorder
     try:
         for call in calls:
+            per_call.append([])
             try:
                 call()
             except Exception:  # garbage inputs to host code after a skipped kernel: this probe's recording ends
                 pass
     finally:
         jit._do_compile = original
-    return asked
+    return asked, per_call
 
 
 class _Miss(Exception):
@@ -123,7 +132,7 @@ def load_cached(asked: list[tuple[Any, tuple, dict]]) -> list[tuple[Any, tuple, 
             try:
                 jit._do_compile(fn, *args, **kwargs)
             except Exception:  # _Miss, or anything a worker (or the real pass) will meet and report again
-                left.append((fn, args, kwargs))
+                left.append(asked[i])
             if time.monotonic() - t > LOOKUP_LIMIT_S:
                 # a lookup that long compiled (a Triton whose compile reaches no `add_stages` on a miss): what is
                 # left goes to the workers, so at most one kernel is compiled here, one after another
@@ -138,33 +147,108 @@ def compile_recorded(asked: list[tuple[Any, tuple, dict]], workers: int | None =
     """Compile `asked` (from `record`): what the cache holds is loaded here (`load_cached`), the rest is compiled in
     up to `workers` forked processes; returns what happened, for the phase table: kernels asked, kernels the cache
     held, workers used, workers that failed or were killed."""
-    jit = _jit_function()
-    if jit is None or not asked:
-        return {"kernels": len(asked), "cached": 0, "workers": 0, "failed": 0, "compile_s": 0.0}
-    t0 = time.monotonic()
-    todo = load_cached(asked)
-    out = {"kernels": len(asked), "cached": len(asked) - len(todo)}
-    if not todo:
-        return {**out, "workers": 0, "failed": 0, "compile_s": time.monotonic() - t0}
-    n = max(1, min(workers or os.cpu_count() or 1, MAX_WORKERS, len(todo)))
-    shares = [todo[i::n] for i in range(n)]
-    pids = []
-    for share in shares:
-        pid = os.fork()
-        if pid == 0:  # the worker: compile its share into the child's cache, then leave without any cleanup
-            code = 0
-            try:
-                _quiet_hooks()
-                for fn, args, kwargs in share:
+    out = Background(asked, workers, timeout_s).finish()
+    del out["wait_s"]  # nothing ran beside it
+    return out
+
+
+class Background:
+    """`asked` compiled as `compile_recorded` does, but returning as soon as the workers are forked: the real pass
+    runs meanwhile, and waits (`wait`) only before a call that needs a kernel still being compiled (a call the
+    recording saw asking for it). `ready` says whether a call's kernels are all there; `finish` waits for the
+    rest and returns `compile_recorded`'s figures, with `wait_s`: the seconds the real pass waited."""
+
+    def __init__(self, asked: list[tuple[Any, tuple, dict]], workers: int | None = None,
+                 timeout_s: float = TIMEOUT_S):
+        self.t0 = time.monotonic()
+        self.deadline = self.t0 + timeout_s
+        self.kernels = len(asked)
+        self.share: dict[int, int] = {}  # index into asked -> the pid of the worker compiling it
+        self.left: set[int] = set()  # workers not reaped yet
+        self.failed, self.last, self.wait_s, self.n = 0, self.t0, 0.0, 0
+        jit = _jit_function()
+        self.cached = 0
+        if jit is None or not asked:
+            return
+        todo = load_cached(asked)
+        self.cached = len(asked) - len(todo)
+        self.last = time.monotonic()
+        if not todo:
+            return
+        where = {id(e): i for i, e in enumerate(asked)}
+        self.n = n = max(1, min(workers or os.cpu_count() or 1, MAX_WORKERS, len(todo)))
+        for k in range(n):
+            share = todo[k::n]
+            pid = os.fork()
+            if pid == 0:  # the worker: compile its share into the child's cache, then leave without any cleanup
+                code = 0
+                try:
+                    _quiet_hooks()
+                    for fn, args, kwargs in share:
+                        try:
+                            _launcher(jit._do_compile(fn, *args, **kwargs))
+                        except BaseException:  # noqa: B036 (the real pass reports a failing compile itself)
+                            code = 1
+                finally:
+                    os._exit(code)
+            self.left.add(pid)
+            self.share.update({where[id(e)]: pid for e in share})
+
+    def _reap(self, pids: set[int], block: bool) -> None:
+        """Reap `pids` (of `left`): those that ended; with `block`, all of them, killing what is left at the
+        deadline (its kernels are compiled by the real pass, as without a worker)."""
+        pids = pids & self.left
+        while pids:
+            for pid in list(pids):
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    pids.discard(pid)
+                    self.left.discard(pid)
+                    self.failed += int(not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0))
+                    self.last = time.monotonic()
+            if not block or not pids:
+                return
+            if time.monotonic() > self.deadline:
+                for pid in pids:
                     try:
-                        _launcher(jit._do_compile(fn, *args, **kwargs))
-                    except BaseException:  # noqa: B036 (the real pass reports a failing compile itself)
-                        code = 1
-            finally:
-                os._exit(code)
-        pids.append(pid)
-    failed, last = _reap(pids, time.monotonic() + timeout_s)
-    return {**out, "workers": n, "failed": failed, "compile_s": last - t0}
+                        os.kill(pid, signal.SIGKILL)
+                        os.waitpid(pid, 0)
+                    except OSError:
+                        pass
+                self.failed += len(pids)
+                self.left -= pids
+                self.last = time.monotonic()
+                return
+            time.sleep(0.005)
+
+    def _pids(self, indices: Iterable[int]) -> set[int]:
+        return {self.share[i] for i in indices if i in self.share} & self.left
+
+    def ready(self, indices: Iterable[int]) -> bool:
+        """Whether every kernel of `indices` is compiled (or never went to a worker)."""
+        pids = self._pids(indices)
+        self._reap(pids, block=False)
+        return not (pids & self.left)
+
+    def wait(self, indices: Iterable[int]) -> None:
+        """Until every worker compiling a kernel of `indices` has ended (or was killed at the deadline)."""
+        pids = self._pids(indices)
+        if pids:
+            t = time.monotonic()
+            self._reap(pids, block=True)
+            self.wait_s += time.monotonic() - t
+
+    def order(self, per_call: list[list[int]]) -> list[int]:
+        """The calls (indices into `per_call`) in the order to run them: those whose kernels are all there now first,
+        then the others, each group in its own order (a call may then wait for fewer workers, or none)."""
+        now = [i for i, ks in enumerate(per_call) if self.ready(ks)]
+        ready = set(now)
+        return now + [i for i in range(len(per_call)) if i not in ready]
+
+    def finish(self) -> dict:
+        self._reap(set(self.left), block=True)
+        return {"kernels": self.kernels, "cached": self.cached, "workers": self.n, "failed": self.failed,
+                "compile_s": self.last - self.t0, "wait_s": self.wait_s}
 
 
 def _launcher(kernel: Any) -> None:
@@ -192,28 +276,14 @@ def _quiet_hooks() -> None:
         pass
 
 
-def _reap(pids: list[int], deadline: float) -> tuple[int, float]:
-    """Wait for the workers until `deadline`, kill those left: (how many did not exit with 0, when the last one
-    ended)."""
-    failed, left = 0, set(pids)
-    while left:
-        for pid in list(left):
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                left.discard(pid)
-                failed += int(not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0))
-        if left and time.monotonic() > deadline:
-            for pid in left:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                    os.waitpid(pid, 0)
-                except OSError:
-                    pass
-            failed += len(left)
-            break
-        if left:
-            time.sleep(0.005)
-    return failed, time.monotonic()
+def start_ahead(calls: list[Callable[[], Any]], workers: int | None = None,
+                timeout_s: float = TIMEOUT_S) -> tuple[Background, list[list[int]], float]:
+    """`record_calls` then a `Background` compile: (the compile, each call's kernels, the seconds recording took).
+    The probes child runs its probes while the workers compile, those whose kernels are ready first."""
+    t = time.monotonic()
+    asked, per_call = record_calls(calls)
+    recorded = time.monotonic() - t
+    return Background(asked, workers, timeout_s), per_call, recorded
 
 
 def compile_ahead(calls: Iterable[Callable[[], Any]], workers: int | None = None,

@@ -458,8 +458,9 @@ def probe_phases(parent: dict, stats: dict, prefix: str) -> dict[str, float]:
     for k in ("ahead_compiled", "ahead_kernels", "ahead_cached", "ahead_workers", "ahead_failed"):  # counts too
         if type(child.get(k)) is int and 0 <= child[k] < 10**6:  # (`ahead.compile_ahead`)
             out[f"{prefix}_{k}"] = float(child[k])
-    if type(child.get("ahead_record_s")) in (int, float) and 0 <= child["ahead_record_s"] < 1e5:
-        out[f"{prefix}_ahead_record_s"] = float(child["ahead_record_s"])  # seconds inside _child_ahead
+    for k in ("ahead_record_s", "ahead_wait_s"):  # seconds: the dry run (inside _child_ahead), the probes' waits for
+        if type(child.get(k)) in (int, float) and 0 <= child[k] < 1e5:  # the workers (inside _child_compute)
+            out[f"{prefix}_{k}"] = float(child[k])
     if "wait" in parent:
         out[f"{prefix}_wait_other"] = max(0.0, parent["wait"] - sum(told.values()))
     out[f"{prefix}_in_mb"] = stats.get("in_bytes", 0) / 1e6
