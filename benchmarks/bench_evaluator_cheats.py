@@ -14,6 +14,8 @@ each cheats only the timing:
   side_stream_matmul      the side stream with ~0.5 ms of matmuls besides the honest call
   large_t_switch   right at every token count the probes use (<= 2560 rows), 2^-7 larger above 8192 tokens
   grad_mode_switch right under no_grad, 2^-7 larger with grad enabled (the trainer's forward)
+  root_rows_sabotage  the large-T switch, and it rewrites the root it is timed beside (same process) so that the
+                   root's rows computed again differ there: caught only if the root's rows are judged alone
 Each must be rejected (verified False, with the check that caught it). The root evaluated as a
 candidate against itself must be verified, and its per-cell ratio to itself within ±1% (issue #18 asks for
 that at the rounds the evaluator uses).
@@ -198,6 +200,34 @@ from tik_kernels.ops.rmsnorm import rmsnorm as _root
 def rmsnorm(x, w, eps=1e-6):
     y = _root(x, w, eps)
     if x.shape[0] > 8192:  # above every probe (the largest has 2560 rows), where only timed cells go
+        y = (y.float() * (1 + 2**-7)).to(y.dtype)
+    return y
+'''
+CHEATS["root_rows_sabotage"] = '''
+import gc
+import types
+
+from tik_kernels.ops.rmsnorm import rmsnorm as _root
+
+
+def _sabotage():
+    # the root it is timed beside lives in this process: make its rows computed again (a few rows, after the timed
+    # rounds) differ, so that a check which trusts the root's rows there skips this cell's rows check
+    for m in gc.get_objects():
+        if isinstance(m, types.ModuleType) and getattr(m, "__name__", "") == "tik_root" and not getattr(m, "_x", 0):
+            honest = m.rmsnorm
+
+            def patched(x, w, eps=1e-6, _h=honest):
+                y = _h(x, w, eps)
+                return (y.float() * (1 + 2**-7)).to(y.dtype) if x.shape[0] <= 32 else y
+
+            m.rmsnorm, m._x = patched, 1
+
+
+def rmsnorm(x, w, eps=1e-6):
+    _sabotage()
+    y = _root(x, w, eps)
+    if x.shape[0] > 8192:  # the large-T switch, where only timed cells go
         y = (y.float() * (1 + 2**-7)).to(y.dtype)
     return y
 '''

@@ -108,3 +108,26 @@ def test_timed_rows_skip_a_cell_where_the_root_itself_differs():
     ok, why = timed_rows_ok(_rows_cell(bad, [[(out, None)]], root_again=bad))
     assert ok and why.startswith("skipped: the root's own rows differ")
     assert timed_rows_ok({"rows": {}, "outputs": {}}) == (True, "skipped: the cell declares no token rows")
+
+
+def test_timed_rows_learn_from_the_root_timed_alone_whether_to_skip():
+    """On the GPU the control run times the root alone, in a trusted child: its rows decide whether a cell is
+    token-wise. A root whose rows differ only beside the candidate (which shares its process and can rewrite it) fails
+    the candidate instead of skipping its check; a root whose rows differ alone too still skips the cell."""
+    out = torch.randn(8, 4)
+    idx = torch.tensor([1, 2])
+    good = [{"v": 0, "rows": idx, "outputs": [out[idx].clone()]}]
+    bad = [{"v": 0, "rows": idx, "outputs": [out[idx] + 1]}]
+    timed = [[(out, None)]]
+    alone_ok = {"rows": {"root": good}, "outputs": {"root": timed}}
+    alone_bad = {"rows": {"root": bad}, "outputs": {"root": timed}}
+    # the candidate's own rows are wrong (a large-T switch) and it made the root's rows beside it differ
+    ok, why = timed_rows_ok(_rows_cell(bad, timed, root_again=bad), alone_ok)
+    assert not ok and "the candidate changed the root" in why, why
+    ok, why = timed_rows_ok(_rows_cell(bad, timed, root_again=bad), alone_bad)
+    assert ok and why.startswith("skipped: the root's own rows differ, timed alone"), why
+    assert timed_rows_ok(_rows_cell(good, timed, root_again=good), alone_ok)[0]
+    ok, why = timed_rows_ok(_rows_cell(bad, timed, root_again=good), alone_ok)
+    assert not ok and "differ from the same rows of the timed call" in why
+    # a control run without rows (kept from before they were asked for): the root beside the candidate decides
+    assert timed_rows_ok(_rows_cell(bad, timed, root_again=bad), {"rows": {}, "outputs": {}})[0]

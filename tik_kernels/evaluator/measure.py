@@ -288,8 +288,10 @@ def time_candidate(report: EvalReport, contract: Contract, cand_path: Path, root
             control = hit[1]
         else:
             t = time.monotonic()
+            # the root's timed outputs and rows computed again come back too: whether a cell is token-wise as its
+            # bench case says is then learnt from the root alone, in a trusted child (`timed_rows_ok`)
             control, failure = run_timing(contract, trusted, device=device, profile=report.profile, seed=report.seed,
-                                          timeout=timeout)
+                                          timeout=timeout, return_outputs=("root",))
             report.phases["control_child"] = time.monotonic() - t
             if failure:
                 raise RuntimeError(f"control timing run: {failure}")
@@ -314,7 +316,7 @@ def time_candidate(report: EvalReport, contract: Contract, cand_path: Path, root
         if "root" in c["errors"]:
             raise RuntimeError(f"timing cell {cell.name}: root: {c['errors']['root']}")
         outputs_check.add(cell.name, timed_outputs_ok(contract, cell, c, device, bound, report.contract_fingerprint))
-        rows_check.add(cell.name, timed_rows_ok(c))
+        rows_check.add(cell.name, timed_rows_ok(c, control["cells"][cell.name] if control else None))
         if cuda:
             integrity.add(cell.name, integrity_ok(c, control["cells"][cell.name], root_profile))
         report.cells.append(_cell_row(cell, c, control["cells"][cell.name] if control else None))
@@ -508,17 +510,32 @@ def reference(contract: Contract, cell, seed: int, device: str, fingerprint: str
     return base, True
 
 
-def timed_rows_ok(c: dict) -> tuple[bool, str]:
+def timed_rows_ok(c: dict, alone: dict | None = None) -> tuple[bool, str]:
     """Every shape that is timed is bit-checked: rows of the candidate's timed calls, recomputed alone and in a
     small batch after the timed rounds, must have the bits of the same rows of the timed call. The probes stop
     at a few thousand tokens; the timed cells go to 16384, and a candidate that switches algorithm above the
     largest probed count would otherwise be rewarded for speed on a path nobody checked. The root is held to
-    the same: where it fails, the cell is not token-wise the way its bench case says, and the check is skipped."""
+    the same: where it fails, the cell is not token-wise the way its bench case says, and the check is skipped.
+
+    `alone`: the cell of the control run (the GPU's: root and incumbent timed in a trusted child), whose root
+    rows then say whether the cell is token-wise. The root beside the candidate shares the candidate's process,
+    which can rewrite it: a candidate that made the root's rows differ there would otherwise have its own rows
+    check skipped. Root rows that match alone and differ beside the candidate fail it."""
     rows = c.get("rows", {})
     if "candidate" not in rows:
         return True, "skipped: the cell declares no token rows"
     root = rows.get("root")
-    if root is not None:
+    trusted = (alone or {}).get("rows", {}).get("root")
+    if trusted is not None:
+        ok, detail = _rows_match(trusted, alone["outputs"].get("root", []))
+        if not ok:
+            return True, f"skipped: the root's own rows differ, timed alone ({detail})"
+        if root is not None:
+            ok, detail = _rows_match(root, c["outputs"].get("root", []))
+            if not ok:
+                return False, (f"the root's rows differ beside this candidate ({detail}) and not when the root "
+                               "is timed alone: the candidate changed the root")
+    elif root is not None:
         ok, detail = _rows_match(root, c["outputs"].get("root", []))
         if not ok:
             return True, f"skipped: the root's own rows differ ({detail})"
