@@ -131,3 +131,21 @@ def test_timed_rows_learn_from_the_root_timed_alone_whether_to_skip():
     assert not ok and "differ from the same rows of the timed call" in why
     # a control run without rows (kept from before they were asked for): the root beside the candidate decides
     assert timed_rows_ok(_rows_cell(bad, timed, root_again=bad), {"rows": {}, "outputs": {}})[0]
+
+
+def test_a_profiler_broken_only_beside_the_candidate_fails_it():
+    """The control run profiles the root alone, in a trusted child: where that worked, a profiler error on the
+    candidate's call, or a root profile broken beside it, no longer skips the profiler's checks."""
+    escaped = {**_honest(3.0), "escaped": 1, "window_us": 1.0}
+    # the candidate broke the profiler for its own call
+    prof = {"candidate": {"error": "RuntimeError: profiler already enabled"}, "root": _honest()}
+    ok, why = integrity_ok(_cell([4.1] * 9, [4.0] * 9, prof), {}, None, _honest())
+    assert not ok and "works for the root timed alone" in why, why
+    # ... or for the root's call beside it, hiding a side stream
+    prof = {"candidate": escaped, "root": {"error": "RuntimeError: broken"}}
+    assert integrity_ok(_cell([4.1] * 9, [4.0] * 9, prof), {})[1].startswith("skipped: profiler unusable")
+    ok, why = integrity_ok(_cell([4.1] * 9, [4.0] * 9, prof), {}, None, _honest())
+    assert not ok and "ended after the timed stream had passed its end event" in why, why
+    # where the profiler fails alone too, it is this machine's: skipped, as before
+    ok, why = integrity_ok(_cell([4.1] * 9, [4.0] * 9, prof), {}, None, {"error": "no CUPTI"})
+    assert ok and why.startswith("skipped: profiler unusable"), why

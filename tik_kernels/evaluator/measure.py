@@ -291,7 +291,7 @@ def time_candidate(report: EvalReport, contract: Contract, cand_path: Path, root
             # the root's timed outputs and rows computed again come back too: whether a cell is token-wise as its
             # bench case says is then learnt from the root alone, in a trusted child (`timed_rows_ok`)
             control, failure = run_timing(contract, trusted, device=device, profile=report.profile, seed=report.seed,
-                                          timeout=timeout, return_outputs=("root",))
+                                          timeout=timeout, return_outputs=("root",), profile_kernels=True)
             report.phases["control_child"] = time.monotonic() - t
             if failure:
                 raise RuntimeError(f"control timing run: {failure}")
@@ -304,6 +304,9 @@ def time_candidate(report: EvalReport, contract: Contract, cand_path: Path, root
     bound = max([MIN_TIMED_BOUND] + [4 * t.rel_rms for t in contract.tolerances.values()])
     root_profile = next((c["profile"]["root"] for c in doc["cells"].values() if c.get("profile", {}).get("root")),
                         None)
+    # the root profiled alone, in the control run: whether the profiler works here (`integrity_ok`)
+    trusted_profile = next((c["profile"]["root"] for c in (control or {}).get("cells", {}).values()
+                            if c.get("profile", {}).get("root")), None)
     t_judge = time.monotonic()
     for cell in contract.cells(report.profile):
         c = doc["cells"][cell.name]
@@ -318,7 +321,7 @@ def time_candidate(report: EvalReport, contract: Contract, cand_path: Path, root
         outputs_check.add(cell.name, timed_outputs_ok(contract, cell, c, device, bound, report.contract_fingerprint))
         rows_check.add(cell.name, timed_rows_ok(c, control["cells"][cell.name] if control else None))
         if cuda:
-            integrity.add(cell.name, integrity_ok(c, control["cells"][cell.name], root_profile))
+            integrity.add(cell.name, integrity_ok(c, control["cells"][cell.name], root_profile, trusted_profile))
         report.cells.append(_cell_row(cell, c, control["cells"][cell.name] if control else None))
     report.checks.append(outputs_check.result())
     report.checks.append(rows_check.result())
@@ -571,13 +574,22 @@ def _rows_match(again: list | dict, timed: list) -> tuple[bool, str]:
     return True, f"{n} recomputed row sets bitwise equal to the timed call's rows"
 
 
-def integrity_ok(c: dict, control: dict, root_profile: dict | None = None) -> tuple[bool, str]:
+def integrity_ok(c: dict, control: dict, root_profile: dict | None = None,
+                 trusted_profile: dict | None = None) -> tuple[bool, str]:
     """Evidence that the candidate's work ran inside its timed window and did not slow its neighbours.
     `root_profile`: the root's profiled call of this run (the child profiles it in one cell only: it shows the
-    profiler works here); the cell's own when it has one."""
+    profiler works here); the cell's own when it has one. `trusted_profile`: the root's profiled call in the control
+    run (the GPU's: the root alone, in a trusted child), which then says whether the profiler works here: the run
+    beside the candidate shares the candidate's process, which could break the profiler there (for the root's call
+    or its own) and have every profiler check skipped."""
     s = c["samples"]
     prof = c["profile"]
     cp, rp = prof.get("candidate", {}), prof.get("root") or root_profile or {}
+    if trusted_profile and "error" not in trusted_profile and trusted_profile.get("kernels"):
+        if "error" in cp:
+            return False, (f"the profiler failed on the candidate's call ({cp['error']}), and works for the root "
+                           "timed alone")
+        rp = trusted_profile
     notes = []
     if "error" in rp or not rp.get("kernels") or "error" in cp:
         notes.append("profiler unusable: " + str(rp.get("error") or cp.get("error") or "no kernels seen for the root"))
