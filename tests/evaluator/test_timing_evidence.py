@@ -149,3 +149,28 @@ def test_a_profiler_broken_only_beside_the_candidate_fails_it():
     # where the profiler fails alone too, it is this machine's: skipped, as before
     ok, why = integrity_ok(_cell([4.1] * 9, [4.0] * 9, prof), {}, None, {"error": "no CUPTI"})
     assert ok and why.startswith("skipped: profiler unusable"), why
+
+
+def test_neighbours_slowed_is_the_geometric_mean_over_the_cells_of_root_and_incumbent():
+    from tik_kernels.evaluator.measure import NEIGHBOUR_SLOWDOWN, NEIGHBOUR_SLOWDOWN_ALL, neighbours_slowed
+
+    def run(root, inc=None):
+        cells = {}
+        for i, r in enumerate(root):
+            s = {"root": {"event_us": [r] * 5}}
+            if inc is not None:
+                s["incumbent"] = {"event_us": [inc[i]] * 5}
+            cells[f"c{i}"] = {"samples": s}
+        return {"cells": cells}
+
+    alone = run([10.0] * 4, [20.0] * 4)
+    # 10% slower on every cell: within the per-cell limit everywhere, past the limit over all cells
+    slowed = neighbours_slowed(run([11.0] * 4, [22.0] * 4), alone)
+    assert abs(slowed - 1.1) < 1e-9 and 1.1 < NEIGHBOUR_SLOWDOWN and slowed > NEIGHBOUR_SLOWDOWN_ALL
+    # cell-to-cell noise either way averages out
+    assert abs(neighbours_slowed(run([10.4, 9.6, 10.2, 9.8], [20.0] * 4), alone) - 1.0) < 0.01
+    # a cell that failed, or that the control run did not time, is left out; nothing to compare gives None
+    partial = run([12.0] * 4)
+    partial["cells"]["c0"] = {"error": "boom"}
+    assert abs(neighbours_slowed(partial, alone) - 1.2) < 1e-9
+    assert neighbours_slowed({"cells": {}}, alone) is None

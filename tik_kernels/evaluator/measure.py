@@ -30,6 +30,12 @@ from tik_kernels.evaluator.timing import MAX_CALLS, summarize, variant_seeds
 MIN_TIMED_BOUND = 0.05
 #: the root may run at most this much slower beside the candidate than alone (control run)
 NEIGHBOUR_SLOWDOWN = 1.15
+#: the root and incumbent beside the candidate may run at most this much slower than alone over all cells together
+#: (geometric mean of the per-cell ratios): a candidate in the same process that slows them a little everywhere gains
+#: as much as its neighbour limit allows on every cell. On the H200 honest runs came out 0.995-1.009 over rmsnorm's 7
+#: cells (evaluator_cheats_h200.json, evaluator_rvi_h200_*.json) while single cells ranged 0.92-1.14; a run past it
+#: against a kept control run is judged again against a fresh one (the GPU may have drifted since)
+NEIGHBOUR_SLOWDOWN_ALL = 1.03
 #: the control run (root and incumbent alone) is reused for this long within one process
 CONTROL_TTL_S = 600.0
 _CONTROL_CACHE: dict[tuple, tuple[float, dict]] = {}
@@ -279,24 +285,31 @@ def time_candidate(report: EvalReport, contract: Contract, cand_path: Path, root
         return fail(report, "timing/run", "timed_outputs", f"timing run: {errs['candidate']}")
     if errs:
         raise RuntimeError(f"timing run: {'; '.join(f'{k} {v}' for k, v in errs.items())}")
-    control = None
+    control, slowed = None, None
     if cuda:
         key = (tuple((n, hashlib.sha256(p.read_bytes()).hexdigest()) for n, p in trusted), report.contract_fingerprint,
                tuple(c.name for c in contract.cells(report.profile)), report.profile, report.seed, device, GPU_REPS)
-        hit = _CONTROL_CACHE.get(key)
-        if hit is not None and time.monotonic() - hit[0] < CONTROL_TTL_S:
-            control = hit[1]
-        else:
+
+        def fresh_control() -> dict:
             t = time.monotonic()
             # the root's timed outputs and rows computed again come back too: whether a cell is token-wise as its
             # bench case says is then learnt from the root alone, in a trusted child (`timed_rows_ok`)
-            control, failure = run_timing(contract, trusted, device=device, profile=report.profile, seed=report.seed,
-                                          timeout=timeout, return_outputs=("root",), profile_kernels=True)
-            report.phases["control_child"] = time.monotonic() - t
+            run, failure = run_timing(contract, trusted, device=device, profile=report.profile, seed=report.seed,
+                                      timeout=timeout, return_outputs=("root",), profile_kernels=True)
+            report.phases["control_child"] = report.phases.get("control_child", 0.0) + time.monotonic() - t
             if failure:
                 raise RuntimeError(f"control timing run: {failure}")
             _CONTROL_CACHE.clear()
-            _CONTROL_CACHE[key] = (time.monotonic(), control)
+            _CONTROL_CACHE[key] = (time.monotonic(), run)
+            return run
+
+        hit = _CONTROL_CACHE.get(key)
+        kept = hit is not None and time.monotonic() - hit[0] < CONTROL_TTL_S
+        control = hit[1] if kept else fresh_control()
+        slowed = neighbours_slowed(doc, control)
+        if kept and slowed is not None and slowed > NEIGHBOUR_SLOWDOWN_ALL:
+            control = fresh_control()
+            slowed = neighbours_slowed(doc, control)
     report.floor_us = doc["floor_us"]
     outputs_check, integrity = _TimedChecks("timing/outputs", "timed_outputs"), _TimedChecks(
         "timing/integrity", "timing_integrity")
@@ -323,6 +336,9 @@ def time_candidate(report: EvalReport, contract: Contract, cand_path: Path, root
         if cuda:
             integrity.add(cell.name, integrity_ok(c, control["cells"][cell.name], root_profile, trusted_profile))
         report.cells.append(_cell_row(cell, c, control["cells"][cell.name] if control else None))
+    if slowed is not None and slowed > NEIGHBOUR_SLOWDOWN_ALL:
+        integrity.fail("all cells", f"the root and incumbent ran {slowed:.3f}x slower beside the candidate than "
+                                    f"alone (geometric mean over the cells; at most {NEIGHBOUR_SLOWDOWN_ALL})")
     report.checks.append(outputs_check.result())
     report.checks.append(rows_check.result())
     if cuda:
@@ -632,6 +648,23 @@ def integrity_ok(c: dict, control: dict, root_profile: dict | None = None,
     how = "graph replays" if c.get("timing") == "graph" else "eager calls"
     cover = "" if cp.get("spin_covered", True) else " (the profiled call outlasted its spin)"
     return True, f"timed {how}; kernels inside the timed window{cover}; neighbours not slowed"
+
+
+def neighbours_slowed(doc: dict, control: dict) -> float | None:
+    """The root's and incumbent's time beside the candidate over their time alone (the control run), geometric mean
+    over every cell both timed; None where there is nothing to compare."""
+    logs = []
+    for name, c in doc.get("cells", {}).items():
+        alone = control.get("cells", {}).get(name, {})
+        if "error" in c or "error" in alone:
+            continue
+        for who in ("root", "incumbent"):
+            b, a = c.get("samples", {}).get(who), alone.get("samples", {}).get(who)
+            if b and a and b.get("event_us") and a.get("event_us"):
+                beside, by_itself = med_of(b), med_of(a)
+                if beside > 0 and by_itself > 0:
+                    logs.append(math.log(beside / by_itself))
+    return math.exp(sum(logs) / len(logs)) if logs else None
 
 
 def med_of(samples: dict) -> float:
