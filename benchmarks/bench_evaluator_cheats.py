@@ -14,6 +14,8 @@ each cheats only the timing:
   side_stream_matmul      the side stream with ~0.5 ms of matmuls besides the honest call
   large_t_switch   right at every token count the probes use (<= 2560 rows), 2^-7 larger above 8192 tokens
   grad_mode_switch right under no_grad, 2^-7 larger with grad enabled (the trainer's forward)
+  slows_root_a_little  rewrites the root it is timed beside (same process) to do a little more (a copy of 1/16 of
+                   its input), under the per-cell neighbour limit everywhere: caught over all cells together
   root_rows_sabotage  the large-T switch, and it rewrites the root it is timed beside (same process) so that the
                    root's rows computed again differ there: caught only if the root's rows are judged alone
 Each must be rejected (verified False, with the check that caught it). The root evaluated as a
@@ -230,6 +232,31 @@ def rmsnorm(x, w, eps=1e-6):
     if x.shape[0] > 8192:  # the large-T switch, where only timed cells go
         y = (y.float() * (1 + 2**-7)).to(y.dtype)
     return y
+'''
+CHEATS["slows_root_a_little"] = '''
+import gc
+import types
+
+from tik_kernels.ops.rmsnorm import rmsnorm as _root
+
+
+def _slow_the_root():
+    # the root it is timed beside lives in this process: give its call a little extra work (captured with it), under
+    # the per-cell neighbour limit (15%, +2 us) on every cell, so the candidate looks faster than the root everywhere
+    for m in gc.get_objects():
+        if isinstance(m, types.ModuleType) and getattr(m, "__name__", "") == "tik_root" and not getattr(m, "_x", 0):
+            honest = m.rmsnorm
+
+            def patched(x, w, eps=1e-6, _h=honest):
+                x[: max(1, x.shape[0] // 16)].clone()
+                return _h(x, w, eps)
+
+            m.rmsnorm, m._x = patched, 1
+
+
+def rmsnorm(x, w, eps=1e-6):
+    _slow_the_root()
+    return _root(x, w, eps)
 '''
 CHEATS["grad_mode_switch"] = '''
 import torch
