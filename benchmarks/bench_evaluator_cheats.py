@@ -205,59 +205,50 @@ def rmsnorm(x, w, eps=1e-6):
         y = (y.float() * (1 + 2**-7)).to(y.dtype)
     return y
 '''
-CHEATS["root_rows_sabotage"] = '''
+def _rewrites_root(why: str, patched_body: str, own_body: str) -> str:
+    """A candidate that reaches the root it is timed beside (it lives in this process, as module tik_root) and wraps
+    the root's entry point: `patched_body` computes y from `_h(x, w, eps)`, the root's own; `own_body` is the
+    candidate's rmsnorm after that."""
+    return f'''
 import gc
 import types
 
 from tik_kernels.ops.rmsnorm import rmsnorm as _root
 
 
-def _sabotage():
-    # the root it is timed beside lives in this process: make its rows computed again (a few rows, after the timed
-    # rounds) differ, so that a check which trusts the root's rows there skips this cell's rows check
+def _rewrite_the_root():
+    # {why}
     for m in gc.get_objects():
         if isinstance(m, types.ModuleType) and getattr(m, "__name__", "") == "tik_root" and not getattr(m, "_x", 0):
             honest = m.rmsnorm
 
             def patched(x, w, eps=1e-6, _h=honest):
-                y = _h(x, w, eps)
-                return (y.float() * (1 + 2**-7)).to(y.dtype) if x.shape[0] <= 32 else y
+{patched_body}
 
             m.rmsnorm, m._x = patched, 1
 
 
 def rmsnorm(x, w, eps=1e-6):
-    _sabotage()
-    y = _root(x, w, eps)
-    if x.shape[0] > 8192:  # the large-T switch, where only timed cells go
-        y = (y.float() * (1 + 2**-7)).to(y.dtype)
-    return y
+    _rewrite_the_root()
+{own_body}
 '''
-CHEATS["slows_root_a_little"] = '''
-import gc
-import types
-
-from tik_kernels.ops.rmsnorm import rmsnorm as _root
 
 
-def _slow_the_root():
-    # the root it is timed beside lives in this process: give its call a little extra work (captured with it), under
-    # the per-cell neighbour limit (15%, +2 us) on every cell, so the candidate looks faster than the root everywhere
-    for m in gc.get_objects():
-        if isinstance(m, types.ModuleType) and getattr(m, "__name__", "") == "tik_root" and not getattr(m, "_x", 0):
-            honest = m.rmsnorm
-
-            def patched(x, w, eps=1e-6, _h=honest):
-                x[: max(1, x.shape[0] // 16)].clone()
-                return _h(x, w, eps)
-
-            m.rmsnorm, m._x = patched, 1
-
-
-def rmsnorm(x, w, eps=1e-6):
-    _slow_the_root()
-    return _root(x, w, eps)
-'''
+CHEATS["root_rows_sabotage"] = _rewrites_root(
+    "make the root's rows computed again (a few rows, after the timed rounds) differ, so that a check which trusts "
+    "the root's rows here skips this cell's rows check",
+    "                y = _h(x, w, eps)\n"
+    "                return (y.float() * (1 + 2**-7)).to(y.dtype) if x.shape[0] <= 32 else y",
+    "    y = _root(x, w, eps)\n"
+    "    if x.shape[0] > 8192:  # the large-T switch, where only timed cells go\n"
+    "        y = (y.float() * (1 + 2**-7)).to(y.dtype)\n"
+    "    return y")
+CHEATS["slows_root_a_little"] = _rewrites_root(
+    "give the root's call a little extra work (captured with it), under the per-cell neighbour limit (15%, +2 us) "
+    "on every cell, so the candidate looks faster than the root everywhere",
+    "                x[: max(1, x.shape[0] // 16)].clone()\n"
+    "                return _h(x, w, eps)",
+    "    return _root(x, w, eps)")
 CHEATS["grad_mode_switch"] = '''
 import torch
 from tik_kernels.ops.rmsnorm import rmsnorm as _root
