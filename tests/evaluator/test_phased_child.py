@@ -151,6 +151,20 @@ def test_checks_overlapped_with_the_timing_judge_the_same(spawned, overlapped):
     assert all(c.passed for c in rep.checks) and any(c.name == "timing/outputs" for c in rep.checks)
 
 
+def test_an_overlapped_timing_that_hangs_is_killed_with_a_reason(spawned, overlapped, tmp_path, monkeypatch):
+    """Right outputs (every check passes) and a timing that never ends: the timing's own limit kills it."""
+    monkeypatch.setattr(measure, "timing_wall", lambda timeout, n_cells, cuda: 3.0)
+    path = tmp_path / "hangs_timing.py"
+    path.write_text("def scale(x, w):\n    while x.shape[0] == 32:\n        pass\n"
+                    "    return (x.float() * w.float()).to(x.dtype)\n")
+    t0 = time.monotonic()
+    rep = run(path)
+    assert rep.failure == "timing run: timed out after 3 s (killed)", rep.failure
+    assert not rep.verified and not rep.cells and rep.phases.get("checks_overlapped") == 1.0
+    assert all(c.passed for c in rep.checks if not c.name.startswith("timing/"))
+    assert time.monotonic() - t0 < 25 and spawned[0][1].poll() is not None
+
+
 def test_a_failed_check_stops_the_overlapped_timing(spawned, overlapped, tmp_path, monkeypatch):
     """Wrong outputs, and a timing that would never end (T=32 is timed, never probed): the failed check kills the
     child at once, the report is the check's failure and nothing timed is judged."""
