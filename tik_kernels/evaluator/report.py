@@ -44,7 +44,9 @@ class EvalReport:
     #: "gpu" (CUDA events), "interpreter" (CPU wall times, never comparable with GPU ones) or None
     timing: str | None = None
     floor_us: float | None = None
-    #: seconds per phase of this evaluation (children's runs, checks, timing), for finding where the time goes
+    #: seconds per phase of this evaluation (children's runs, checks, timing), for finding where the time goes; a few
+    #: entries are counts or flags, named so (`*_compiled`, `*_kernels`, `*_cached`, `*_workers`, `*_failed`, `*_mb`,
+    #: `*_forked`; `checks_overlapped`: 1.0 when the checks ran while the candidate was timed)
     phases: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
