@@ -108,17 +108,18 @@ def _backend_class() -> Any:
     return cls if callable(getattr(cls, "add_stages", None)) else None
 
 
-def load_cached(asked: list[tuple[Any, tuple, dict]]) -> list[tuple[Any, tuple, dict]]:
+def load_cached(asked: list[tuple[Any, tuple, dict]]) -> list[int]:
     """Load, here, each of `asked` that the cache already holds (Triton's own lookup, `_do_compile` with compiling
     replaced by raising `_Miss`): the kernel goes into its function's in-memory cache, where the real pass's first
-    launch finds it. What is left, returned, is what must be compiled. Most of a tuner candidate's kernels are the
-    root's, in the cache already, and a hit costs a few ms here (3 ms for the attention forward, compiled for sm_90 on
-    the CPU machine, once Triton's installation key is known: `child.warm_triton`). On the H200 an attention
-    candidate's probes spent 3.4 s compiling ahead with nothing to compile (the dry run and a forked worker per kernel
-    held, eval_rate_h200_s17_devprofile_attention.md); how much of it this saves is not measured yet."""
+    launch finds it. What is left, returned (indices into `asked`), is what must be compiled. Most of a tuner
+    candidate's kernels are the root's, in the cache already, and a hit costs a few ms here (3 ms for the attention
+    forward, compiled for sm_90 on the CPU machine, once Triton's installation key is known: `child.warm_triton`).
+    On the H200 an attention candidate's probes spent 3.4 s compiling ahead with nothing to compile (the dry run and
+    a forked worker per kernel held, eval_rate_h200_s17_devprofile_attention.md); how much of it this saves is not
+    measured yet."""
     jit, cls = _jit_function(), _backend_class()
     if jit is None or cls is None or not asked:
-        return list(asked)
+        return list(range(len(asked)))
     original = cls.add_stages
 
     def miss(*args, **kwargs):
@@ -132,11 +133,11 @@ def load_cached(asked: list[tuple[Any, tuple, dict]]) -> list[tuple[Any, tuple, 
             try:
                 jit._do_compile(fn, *args, **kwargs)
             except Exception:  # _Miss, or anything a worker (or the real pass) will meet and report again
-                left.append(asked[i])
+                left.append(i)
             if time.monotonic() - t > LOOKUP_LIMIT_S:
                 # a lookup that long compiled (a Triton whose compile reaches no `add_stages` on a miss): what is
                 # left goes to the workers, so at most one kernel is compiled here, one after another
-                return left + list(asked[i + 1:])
+                return left + list(range(i + 1, len(asked)))
     finally:
         cls.add_stages = original
     return left
@@ -175,7 +176,6 @@ class Background:
         self.last = time.monotonic()
         if not todo:
             return
-        where = {id(e): i for i, e in enumerate(asked)}
         self.n = n = max(1, min(workers or os.cpu_count() or 1, MAX_WORKERS, len(todo)))
         for k in range(n):
             share = todo[k::n]
@@ -184,7 +184,8 @@ class Background:
                 code = 0
                 try:
                     _quiet_hooks()
-                    for fn, args, kwargs in share:
+                    for i in share:
+                        fn, args, kwargs = asked[i]
                         try:
                             _launcher(jit._do_compile(fn, *args, **kwargs))
                         except BaseException:  # noqa: B036 (the real pass reports a failing compile itself)
@@ -192,7 +193,7 @@ class Background:
                 finally:
                     os._exit(code)
             self.left.add(pid)
-            self.share.update({where[id(e)]: pid for e in share})
+            self.share.update(dict.fromkeys(share, pid))
 
     def _reap(self, pids: set[int], block: bool) -> None:
         """Reap `pids` (of `left`): those that ended; with `block`, all of them, killing what is left at the

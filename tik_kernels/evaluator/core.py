@@ -291,7 +291,7 @@ def _evaluate(report: EvalReport, contract: Contract, cand_path: Path, root_path
             overlap = OVERLAP_CHECKS if OVERLAP_CHECKS is not None else device.startswith("cuda")
             if overlap and key in _ROOT_CACHE:
                 _check_while_timed(report, contract, plan, cand, cand_path, root_path, incumbent_path, device,
-                                   timeout, key, root_sha, child)
+                                   timeout, key, root_sha, child, timing)
             elif _check(report, contract, plan, cand, root_path, device, timeout, key, root_sha, is_root):
                 if device.startswith("cuda"):
                     # the next candidate's child (`sandbox.Spares`) has been starting since this one's probes began:
@@ -317,13 +317,13 @@ def _evaluate(report: EvalReport, contract: Contract, cand_path: Path, root_path
 
 def _check_while_timed(report: EvalReport, contract: Contract, plan: Plan, cand: dict[str, ProbeResult],
                        cand_path: Path, root_path: Path, incumbent_path, device: str, timeout: float, key: tuple,
-                       root_sha: str, child: PhasedChild) -> None:
+                       root_sha: str, child: PhasedChild, timing: tuple) -> None:
     """`OVERLAP_CHECKS`: the candidate's child told to time (in a thread, which alone handles the child from then
-    on) while this thread checks its probes; a failed check stops the timing and is the report's failure."""
+    on) while this thread checks its probes; a failed check stops the timing and is the report's failure. `timing`:
+    the child's timing job (`candidate_timing_job`: job, wall-clock limit, reader of the reply)."""
     if device.startswith("cuda"):
         report.phases["spare_settle"] = settle_spares(device)  # as below: no CUDA context created beside the timing
-    _, wall, read_result = candidate_timing_job(contract, cand_path, root_path, incumbent_path, device,
-                                                report.profile, report.seed, timeout)
+    _, wall, read_result = timing
     abort, got = threading.Event(), {}
     timing = threading.Thread(target=lambda: got.update(outcome=child.then(read_result, wall, abort)),
                               name="tik-timing", daemon=True)

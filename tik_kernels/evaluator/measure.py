@@ -259,13 +259,12 @@ def time_candidate(report: EvalReport, contract: Contract, cand_path: Path, root
     cuda = device.startswith("cuda")
     report.timing = "gpu" if cuda else "interpreter"
     trusted = _trusted(root_path, incumbent_path)
-    job, wall, read_result = candidate_timing_job(contract, cand_path, root_path, incumbent_path, device,
-                                                  report.profile, report.seed, timeout)
     t = time.monotonic()
-    if outcome is None and phased is not None:
-        outcome = phased.then(read_result, wall)
-    elif outcome is None:
-        outcome = run_child(job, lambda tmp: {}, read_result, wall, cache="candidate" if cuda else "private")
+    if outcome is None:
+        job, wall, read_result = candidate_timing_job(contract, cand_path, root_path, incumbent_path, device,
+                                                      report.profile, report.seed, timeout)
+        outcome = (phased.then(read_result, wall) if phased is not None else
+                   run_child(job, lambda tmp: {}, read_result, wall, cache="candidate" if cuda else "private"))
     else:
         t -= outcome.elapsed_s
     doc, failure = outcome.doc, outcome.failure
@@ -549,13 +548,11 @@ def timed_rows_ok(c: dict, alone: dict | None = None) -> tuple[bool, str]:
         ok, detail = _rows_match(trusted, alone["outputs"].get("root", []))
         if not ok:
             return True, f"skipped: the root's own rows differ, timed alone ({detail})"
-        if root is not None:
-            ok, detail = _rows_match(root, c["outputs"].get("root", []))
-            if not ok:
-                return False, (f"the root's rows differ beside this candidate ({detail}) and not when the root "
-                               "is timed alone: the candidate changed the root")
-    elif root is not None:
+    if root is not None:
         ok, detail = _rows_match(root, c["outputs"].get("root", []))
+        if not ok and trusted is not None:
+            return False, (f"the root's rows differ beside this candidate ({detail}) and not when the root "
+                           "is timed alone: the candidate changed the root")
         if not ok:
             return True, f"skipped: the root's own rows differ ({detail})"
     return _rows_match(rows["candidate"], c["outputs"].get("candidate", []))
