@@ -386,6 +386,7 @@ def test_outputs_that_leave_sms_idle_take_the_fill_tile(monkeypatch):
     for k, v in zip(keys, (128, 64, 4, 8), strict=True):
         monkeypatch.setitem(L.CONFIG, f"M256_FILL_{k}", v)
     monkeypatch.setitem(L.CONFIG, "FILL_PCT", 50)
+    monkeypatch.setitem(L.CONFIG, "NARROW_PCT", 0)  # FILL alone (NARROW_PCT: the next test)
     rest = (L.CONFIG["M256_K_UNROLL"], L.CONFIG["M256_SPLIT"])
     # 2 x 32 = 64 tiles of 128 x 128 over N = 4096: under half of 132 SMs
     assert L._tile(256, 4096, 132) == (128, 64, 4, 8) + rest
@@ -398,6 +399,35 @@ def test_outputs_that_leave_sms_idle_take_the_fill_tile(monkeypatch):
     assert L._tile(1024, 128, 132) == tuple(L.CONFIG[f"M1024_{k}"] for k in keys) + (
         L.CONFIG["M1024_K_UNROLL"], L.CONFIG["M1024_SPLIT"])
     assert L._tile(256) == (128, 128, 8, 5) + rest
+
+
+def test_narrow_outputs_halve_the_tile_width(monkeypatch):
+    """NARROW_PCT: a launch that still gives fewer output tiles than NARROW_PCT % of the SMs halves BLOCK_N (down to
+    16): qwen3-0.6b's 1024-wide o and down projections at decode sizes. No cell of the contract's workload moves at
+    the CONFIG's value, so the tuner's objective is the same; the bits are the same whatever the tile (above, and
+    here through the entry point)."""
+    config = L.CONFIG["NARROW_PCT"]
+    monkeypatch.setitem(L.CONFIG, "NARROW_PCT", 25)
+    monkeypatch.setitem(L.CONFIG, "M64_BLOCK_N", 64)
+    monkeypatch.setitem(L.CONFIG, "M64_FILL_BLOCK_N", 64)
+    assert L._tile(64, 1024, 132)[1] == 16  # 16 tiles -> 32 -> 64 of 64 x 16: 64 >= 33
+    assert L._tile(64, 2048, 132)[1] == 32
+    assert L._tile(64, 4096, 132)[1] == 64  # 64 tiles: enough
+    assert L._tile(4, 16, 132)[1] == 16  # never under 16
+    for cell in CONTRACT.cells("gpu"):
+        M, N = cell.params["M"], cell.params["N"]
+        monkeypatch.setitem(L.CONFIG, "NARROW_PCT", 0)
+        before = L._tile(M, N, 132)
+        monkeypatch.setitem(L.CONFIG, "NARROW_PCT", config)
+        assert L._tile(M, N, 132) == before, cell.name
+    gen = torch.Generator().manual_seed(11)
+    K = L.CONFIG["KCHUNK"] + 40
+    x = torch.randn(5, K, generator=gen).to(torch.bfloat16)
+    w = (torch.randn(48, K, generator=gen) / K**0.5).to(torch.bfloat16)
+    monkeypatch.setitem(L.CONFIG, "NARROW_PCT", 100)
+    narrow = L.linear(x, w)
+    monkeypatch.setitem(L.CONFIG, "NARROW_PCT", 0)
+    assert same_bits(narrow, L.linear(x, w))
 
 
 def test_fused_combine_only_up_to_fused_max_m(monkeypatch):

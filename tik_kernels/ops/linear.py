@@ -43,6 +43,11 @@ The parallelization (tunable per M bucket, none of it changes bits):
   over a 4096-wide output it gives 64 tiles, half the H200 idle; 128x64 fills it (H200 sweep of
   2026-12-04: o 1.39x -> 1.02x, down 1.46x -> 1.08x cuBLAS, while qkv and gate_up keep 128x128 at
   1.21x / 1.14x where 128x64 gave 1.51x / 1.52x: benchmarks/results/linear_sweep_h200_m64_m256/);
+- NARROW_PCT: after that, while the launch would still give fewer output tiles than NARROW_PCT % of the SMs,
+  BLOCK_N halves (down to 16). A small model's decode projections have narrow outputs: qwen3-0.6b's o and
+  down projections at M = 64 are 1024 wide, 16 tiles of 64 x 64, and with K = 2048 (one chunk) no split
+  can add programs, so 16 SMs stream the weights (H200: 8.9 us against a 1.1 us floor,
+  decode_breakdown_h200_qwen3-0.6b_fill.md). No Qwen3-8B cell has so few tiles at 25 %;
 - TMA: operands read through tensor descriptors (Hopper's tensor-memory accelerator) instead of
   pointer tensors: the same values into the same dots, and no per-thread addresses, which leaves the
   registers for the running total beside the chunk accumulator (H200, 128x128 walking launch: 150
@@ -114,6 +119,7 @@ TUNABLES = {
     "M256_K_UNROLL": (1, 2, 4),
     "M256_SPLIT": (0, 1, 2, 4, 8),
     "FILL_PCT": (0, 25, 50, 75, 100),
+    "NARROW_PCT": (0, 12, 25, 50, 100),
     "M64_FILL_BLOCK_M": (16, 32, 64, 128),
     "M64_FILL_BLOCK_N": (16, 32, 64, 128, 256),
     "M64_FILL_num_warps": (2, 4, 8),
@@ -165,6 +171,7 @@ CONFIG = {
     "M256_K_UNROLL": 1,
     "M256_SPLIT": 0,
     "FILL_PCT": 50,
+    "NARROW_PCT": 25,
     "M64_FILL_BLOCK_M": 64,
     "M64_FILL_BLOCK_N": 64,
     "M64_FILL_num_warps": 4,
@@ -373,6 +380,7 @@ def _tile(M: int, N: int | None = None, sms: int = DEFAULT_SMS) -> tuple[int, in
 
     WIDE_WAVES > 0: an M256 / M1024 launch whose output is wide enough that the MBIG tile alone gives at
     least WIDE_WAVES waves of programs (lm_head, gate_up) takes the MBIG tile instead of its bucket's.
+    FILL_PCT, then NARROW_PCT: see the module's docstring.
     """
     b = _launch_bucket(M, N, sms)
     tile = tuple(CONFIG[f"{b}_{k}"] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "K_UNROLL", "SPLIT"))
@@ -380,6 +388,12 @@ def _tile(M: int, N: int | None = None, sms: int = DEFAULT_SMS) -> tuple[int, in
     if fill and N is not None and f"{b}_FILL_BLOCK_M" in CONFIG:
         if triton.cdiv(M, tile[0]) * triton.cdiv(N, tile[1]) * 100 < fill * sms:
             tile = tuple(CONFIG[f"{b}_FILL_{k}"] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")) + tile[4:]
+    narrow = CONFIG.get("NARROW_PCT", 0)
+    if narrow and N is not None:
+        block_n = tile[1]
+        while block_n > 16 and triton.cdiv(M, tile[0]) * triton.cdiv(N, block_n) * 100 < narrow * sms:
+            block_n //= 2
+        tile = (tile[0], block_n) + tile[2:]
     return tile
 
 
