@@ -187,6 +187,14 @@ def _stock_rope(q, k, pos, theta):
     return rot(q), rot(k)
 
 
+def _rope_then_scatter(rope, q, k, v, pos, theta, k_cache, v_cache, slots):
+    """rope(), then token t's rotated k and its v written into `[slots, Hk, len, D]` caches at [slots[t], :, pos[t]]."""
+    q, k = rope(q, k, pos, theta)
+    k_cache[slots, :, pos] = k
+    v_cache[slots, :, pos] = v
+    return q, k
+
+
 def _stock_logprob_rows(logits, targets, temperature):
     return (logits.float() / temperature).log_softmax(-1).gather(-1, targets[:, None].long())[:, 0]
 
@@ -264,6 +272,9 @@ class StockBackend:
 
     def rope(self, q, k, pos, theta):
         return self.fused["rope"](q, k, pos, theta)
+
+    def rope_cache(self, q, k, v, pos, theta, k_cache, v_cache, slots):
+        return _rope_then_scatter(self.rope, q, k, v, pos, theta, k_cache, v_cache, slots)
 
     def attention_varlen(self, q, k, v, cu_seqlens, lens: list[int]):
         """Causal attention over packed sequences the way a trainer runs stock kernels: the sequences padded
@@ -356,6 +367,14 @@ class UnifiedBackend:
     def rope(self, q, k, pos, theta):
         return self.m["rope"].rope(q, k, pos, theta)
 
+    def rope_cache(self, q, k, v, pos, theta, k_cache, v_cache, slots):
+        """The rope module's `rope_cache` (the rope and the KV-cache fill in one launch) where it has one, else
+        rope() and the two scatters; the same bits either way (tests/e2e/test_rope_cache.py)."""
+        fused = getattr(self.m["rope"], "rope_cache", None)
+        if fused is not None:
+            return fused(q, k, v, pos, theta, k_cache, v_cache, slots)
+        return _rope_then_scatter(self.rope, q, k, v, pos, theta, k_cache, v_cache, slots)
+
     def attention_varlen(self, q, k, v, cu_seqlens, lens: list[int]):
         mod = self.m["attention"]
         if hasattr(mod, "attention_varlen"):
@@ -427,14 +446,19 @@ class KVCache:
         self.v[:, dst] = self.v[:, src]
 
 
-def _qkv(cfg: ModelConfig, be, W, i: int, x: torch.Tensor, pos: torch.Tensor):
+def _qkv(cfg: ModelConfig, be, W, i: int, x: torch.Tensor, pos: torch.Tensor, fill=None):
+    """q, k, v of layer i, q and k normed (Qwen3) and roped; `fill` (k_cache, v_cache, slots) also writes the roped k
+    and v into that layer's caches, token t at [slots[t], :, pos[t]]."""
     T, D = x.shape[0], cfg.head_dim
     q, k, v = be.linear(x, W[f"l{i}.wqkv"]).split([cfg.heads * D, cfg.kv_heads * D, cfg.kv_heads * D], dim=-1)
     q, k, v = q.view(T, cfg.heads, D), k.view(T, cfg.kv_heads, D), v.view(T, cfg.kv_heads, D)
     if cfg.qk_norm:
         q = be.rmsnorm(q, W[f"l{i}.q_norm"], cfg.eps)
         k = be.rmsnorm(k, W[f"l{i}.k_norm"], cfg.eps)
-    q, k = be.rope(q, k, pos, cfg.rope_theta)
+    if fill is None:
+        q, k = be.rope(q, k, pos, cfg.rope_theta)
+    else:
+        q, k = be.rope_cache(q, k, v, pos, cfg.rope_theta, *fill)
     return q, k, v
 
 
@@ -443,11 +467,12 @@ def _mlp(cfg: ModelConfig, be, W, i: int, x: torch.Tensor) -> torch.Tensor:
 
 
 def forward(cfg: ModelConfig, be, W: dict[str, torch.Tensor], ids: torch.Tensor, pos: torch.Tensor,
-            attend) -> torch.Tensor:
+            attend, fill=None) -> torch.Tensor:
     """Final-normed hidden states `[T, H]` for tokens `ids` at positions `pos`.
 
     `attend(i, q, k, v) -> [T, Hq, D]` supplies the attention of layer i: varlen causal over a
-    packed batch, or a decode step against the KV cache (which it also fills).
+    packed batch, or a decode step against the KV cache. `fill(i) -> (k_cache, v_cache, slots)`: the
+    caches the rope of layer i also fills (the backend's `rope_cache`), before `attend` runs.
     """
     h = be.embedding(ids, W["embed"])
     residual = None
@@ -457,7 +482,7 @@ def forward(cfg: ModelConfig, be, W: dict[str, torch.Tensor], ids: torch.Tensor,
             residual, x = h, be.rmsnorm(h, W[f"l{i}.ln1"], cfg.eps)
         else:
             x, residual = be.add_rmsnorm(h, residual, W[f"l{i}.ln1"], cfg.eps)
-        q, k, v = _qkv(cfg, be, W, i, x, pos)
+        q, k, v = _qkv(cfg, be, W, i, x, pos, fill(i) if fill is not None else None)
         a = attend(i, q, k, v)
         h = be.linear(a.reshape(T, cfg.heads * cfg.head_dim), W[f"l{i}.wo"])
         x, residual = be.add_rmsnorm(h, residual, W[f"l{i}.ln2"], cfg.eps)
@@ -490,12 +515,10 @@ def forward_packed(cfg: ModelConfig, be, W, ids: torch.Tensor, cu_seqlens: torch
         tok_slot = to_device([slot for slot, n in zip(slots, lens, strict=True) for _ in range(n)], ids.device)
 
     def attend(i, q, k, v):
-        if cache is not None:
-            cache.k[i, tok_slot, :, pos] = k
-            cache.v[i, tok_slot, :, pos] = v
         return be.attention_varlen(q, k, v, cu_seqlens, lens)
 
-    return forward(cfg, be, W, ids, pos, attend)
+    fill = (lambda i: (cache.k[i], cache.v[i], tok_slot)) if cache is not None else None
+    return forward(cfg, be, W, ids, pos, attend, fill)
 
 
 def forward_decode(cfg: ModelConfig, be, W, ids: torch.Tensor, pos: torch.Tensor, cache: KVCache,
@@ -510,9 +533,8 @@ def forward_decode(cfg: ModelConfig, be, W, ids: torch.Tensor, pos: torch.Tensor
     kv_len = kv_len or cache.max_len
 
     def attend(i, q, k, v):
-        cache.k[i, rows, :, pos] = k
-        cache.v[i, rows, :, pos] = v
+        # the rope wrote this step's k and v into the cache (fill)
         o = be.attention_decode(q[:, :, None, :], cache.k[i, :B], cache.v[i, :B], lens, kv_len)
         return o[:, :, 0, :]
 
-    return forward(cfg, be, W, ids, pos, attend)
+    return forward(cfg, be, W, ids, pos, attend, lambda i: (cache.k[i], cache.v[i], rows))

@@ -46,6 +46,7 @@ def _block_t(T: int, device: torch.device) -> int:
 def _rotate_heads(
     x_ptr, y_ptr, o_t, m_t, stride_t, stride_h, NH, b_cos, b_sin,
     HALF: tl.constexpr, BLOCK_NH: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    c_ptr=None, o_c=None, stride_ch=0, CACHE: tl.constexpr = False,
 ):
     o_h = tl.arange(0, BLOCK_NH)
     o_i = tl.arange(0, BLOCK_HALF)
@@ -57,8 +58,26 @@ def _rotate_heads(
     b_y1 = b_x1 * b_c - b_x2 * b_s
     b_y2 = b_x2 * b_c + b_x1 * b_s
     o_y = o_t[:, None, None] * (NH * 2 * HALF) + o_h[None, :, None] * (2 * HALF) + o_i[None, None, :]
-    tl.store(y_ptr + o_y, round_to(b_y1, y_ptr.dtype.element_ty), mask=m)
-    tl.store(y_ptr + o_y + HALF, round_to(b_y2, y_ptr.dtype.element_ty), mask=m)
+    b_y1 = round_to(b_y1, y_ptr.dtype.element_ty)
+    b_y2 = round_to(b_y2, y_ptr.dtype.element_ty)
+    tl.store(y_ptr + o_y, b_y1, mask=m)
+    tl.store(y_ptr + o_y + HALF, b_y2, mask=m)
+    if CACHE:
+        # the same rounded values again, at each token's cache row (o_c: its slot and position offset)
+        o_cy = o_c[:, None, None] + o_h[None, :, None] * stride_ch + o_i[None, None, :]
+        tl.store(c_ptr + o_cy, b_y1, mask=m)
+        tl.store(c_ptr + o_cy + HALF, b_y2, mask=m)
+
+
+@triton.jit
+def _copy_heads(x_ptr, c_ptr, o_t, m_t, o_c, stride_t, stride_h, stride_ch, NH,
+                D: tl.constexpr, BLOCK_NH: tl.constexpr, BLOCK_D: tl.constexpr):
+    """x[t, h, :] -> the cache row at o_c[t] + h * stride_ch: values unchanged."""
+    o_h = tl.arange(0, BLOCK_NH)
+    o_d = tl.arange(0, BLOCK_D)
+    m = m_t[:, None, None] & (o_h < NH)[None, :, None] & (o_d < D)[None, None, :]
+    b_x = tl.load(x_ptr + o_t[:, None, None] * stride_t + o_h[None, :, None] * stride_h + o_d[None, None, :], mask=m)
+    tl.store(c_ptr + o_c[:, None, None] + o_h[None, :, None] * stride_ch + o_d[None, None, :], b_x, mask=m)
 
 
 @triton.jit
@@ -82,12 +101,25 @@ def _rope_kernel(
     BLOCK_HQ: tl.constexpr,
     BLOCK_HK: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
+    # CACHE: also write k's rotated rows and v's rows into [slots, Hk, len, D] caches at (slot[t], :, pos[t])
+    v_ptr=None,  # [T, Hk, D] values (strides stride_vt, stride_vh; unit stride over D)
+    slot_ptr=None,  # [T] each token's cache slot
+    kc_ptr=None,  # key cache (strides stride_cs, stride_ch, stride_cp; unit stride over D)
+    vc_ptr=None,  # value cache, the key cache's strides
+    stride_vt=0,
+    stride_vh=0,
+    stride_cs=0,
+    stride_ch=0,
+    stride_cp=0,
+    CACHE: tl.constexpr = False,
+    BLOCK_D: tl.constexpr = 1,
 ):
     pid = tl.program_id(0).to(tl.int64)
     o_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     m_t = o_t < T
     o_i = tl.arange(0, BLOCK_HALF)
-    b_pos = tl.load(pos_ptr + o_t, mask=m_t, other=0).to(tl.float32)  # [BT]
+    b_ipos = tl.load(pos_ptr + o_t, mask=m_t, other=0)
+    b_pos = b_ipos.to(tl.float32)  # [BT]
     b_inv = tl.exp2(-(o_i.to(tl.float32) * 2.0 / (2 * HALF)) * log2_theta)  # [BHALF]
     b_ang = b_pos[:, None] * b_inv[None, :]  # [BT, BHALF]
     # reduce to [-pi, pi]: k·6.28125 is exact (6.28125 has 8 significant bits), the rest is 2π − 6.28125
@@ -96,7 +128,14 @@ def _rope_kernel(
     b_cos = tl.cos(b_r)
     b_sin = tl.sin(b_r) * SIGN
     _rotate_heads(q_ptr, qo_ptr, o_t, m_t, stride_qt, stride_qh, HQ, b_cos, b_sin, HALF, BLOCK_HQ, BLOCK_HALF)
-    _rotate_heads(k_ptr, ko_ptr, o_t, m_t, stride_kt, stride_kh, HK, b_cos, b_sin, HALF, BLOCK_HK, BLOCK_HALF)
+    if CACHE:
+        b_slot = tl.load(slot_ptr + o_t, mask=m_t, other=0).to(tl.int64)
+        o_c = b_slot * stride_cs + b_ipos.to(tl.int64) * stride_cp  # [BT]
+        _rotate_heads(k_ptr, ko_ptr, o_t, m_t, stride_kt, stride_kh, HK, b_cos, b_sin, HALF, BLOCK_HK, BLOCK_HALF,
+                      kc_ptr, o_c, stride_ch, True)
+        _copy_heads(v_ptr, vc_ptr, o_t, m_t, o_c, stride_vt, stride_vh, stride_ch, HK, 2 * HALF, BLOCK_HK, BLOCK_D)
+    else:
+        _rotate_heads(k_ptr, ko_ptr, o_t, m_t, stride_kt, stride_kh, HK, b_cos, b_sin, HALF, BLOCK_HK, BLOCK_HALF)
 
 
 def _heads(x: torch.Tensor) -> torch.Tensor:
@@ -105,7 +144,8 @@ def _heads(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def rope_apply(q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, theta: float, sign: int):
+def rope_apply(q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, theta: float, sign: int, cache=None):
+    """`cache`: (v, k_cache, v_cache, slots), see `rope_cache`."""
     q, k = _heads(q), _heads(k)
     T, HQ, D = q.shape
     if k.shape[0] != T or k.shape[2] != D or pos.shape != (T,) or D % 2:
@@ -113,13 +153,25 @@ def rope_apply(q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, theta: float
     HK = k.shape[1]
     qo = torch.empty((T, HQ, D), dtype=q.dtype, device=q.device)
     ko = torch.empty((T, HK, D), dtype=k.dtype, device=k.device)
+    extra = {}
+    if cache is not None:
+        v, kc, vc, slots = cache
+        v = _heads(v)
+        if (v.shape != k.shape or kc.dim() != 4 or kc.shape != vc.shape or kc.stride() != vc.stride()
+                or kc.shape[1] != HK or kc.shape[3] != D or kc.stride(3) != 1 or slots.shape != (T,)
+                or kc.dtype != k.dtype or vc.dtype != v.dtype):
+            raise ValueError(f"rope_cache: v {tuple(v.shape)}, caches {tuple(kc.shape)} / {tuple(vc.shape)}, "
+                             f"slots {tuple(slots.shape)} do not agree with k {tuple(k.shape)}")
+        extra = dict(v_ptr=v, slot_ptr=slots.contiguous(), kc_ptr=kc, vc_ptr=vc, stride_vt=v.stride(0),
+                     stride_vh=v.stride(1), stride_cs=kc.stride(0), stride_ch=kc.stride(1), stride_cp=kc.stride(2),
+                     CACHE=True, BLOCK_D=triton.next_power_of_2(D))
     if T:
         bt = _block_t(T, q.device)
         _rope_kernel[(triton.cdiv(T, bt),)](
             q, k, pos.contiguous(), qo, ko, T, q.stride(0), q.stride(1), k.stride(0), k.stride(1), HQ, HK,
             math.log2(theta), SIGN=sign, HALF=D // 2, BLOCK_T=bt, BLOCK_HQ=triton.next_power_of_2(HQ),
             BLOCK_HK=triton.next_power_of_2(HK), BLOCK_HALF=triton.next_power_of_2(D // 2),
-            num_warps=CONFIG["num_warps"],
+            num_warps=CONFIG["num_warps"], **extra,
         )
     return qo, ko
 
@@ -148,3 +200,12 @@ def rope(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate q[T, Hq, D] and k[T, Hk, D] by their token's position pos[T] (neox half rotation, base theta)."""
     return RopeFunction.apply(q, k, pos, theta)
+
+
+def rope_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, theta: float,
+               k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`rope(q, k, pos, theta)`, and in the same launch token t's rotated k and its v written into the caches
+    `[slots, Hk, len, D]` at `[slots[t], :, pos[t]]`: the rollout's KV-cache fill, without the two scatters per
+    layer a decode step would launch after the rope. The cache gets the returned k's values, bit for bit; no
+    gradient flows through the caches (the rollout runs without one)."""
+    return rope_apply(q, k, pos, theta, 1, cache=(v, k_cache, v_cache, slots))

@@ -1,0 +1,87 @@
+"""The rope that also fills the KV cache (`rope.rope_cache`, the unified backend's `rope_cache`): the same q and k
+as `rope`, and the cache rows a scatter of them would write, bit for bit, for decode steps (one token per slot)
+and packed prefills (many tokens per slot, slots out of order); cache entries no token names are left alone. A
+rope module without `rope_cache` (an implementation file) falls back to rope() and the scatters."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+import tik_kernels.ops.rope as R
+from tik_kernels.e2e.model import UnifiedBackend, _rope_then_scatter
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16)
+
+
+def _case(T: int, slots: list[int], pos: list[int], seed: int, fused_qkv: bool = True):
+    g = torch.Generator().manual_seed(seed)
+    HQ, HK, D = 4, 2, 16
+    qkv = torch.randn(T, (HQ + 2 * HK) * D, generator=g).to(torch.bfloat16)
+    if fused_qkv:  # strided views of one projection, as the model hands them over
+        q, k, v = qkv.split([HQ * D, HK * D, HK * D], dim=-1)
+        q, k, v = q.view(T, HQ, D), k.view(T, HK, D), v.view(T, HK, D)
+    else:
+        q, k, v = (torch.randn(T, h, D, generator=g).to(torch.bfloat16) for h in (HQ, HK, HK))
+    # NaN everywhere a token does not write: a write to a wrong place, or a missing one, shows
+    kc = torch.full((6, HK, 12, D), float("nan"), dtype=torch.bfloat16)
+    return q, k, v, torch.tensor(pos), torch.tensor(slots), kc, kc.clone()
+
+
+@pytest.mark.parametrize(("slots", "pos"), [
+    ([0, 1, 2, 3], [5, 0, 11, 7]),  # a decode step: slot b holds request b, each at its own position
+    ([2, 2, 2, 0, 0, 5, 5], [0, 1, 2, 0, 1, 0, 1]),  # a packed prefill: 3 sequences, slots out of order
+])
+@pytest.mark.parametrize("fused_qkv", [True, False])
+def test_rope_cache_is_rope_and_the_scatters(slots, pos, fused_qkv):
+    q, k, v, p, s, kc, vc = _case(len(slots), slots, pos, seed=len(slots), fused_qkv=fused_qkv)
+    kc2, vc2 = kc.clone(), vc.clone()
+    qo, ko = R.rope_cache(q, k, v, p, 1e6, kc, vc, s)
+    qr, kr = _rope_then_scatter(R.rope, q, k, v, p, 1e6, kc2, vc2, s)
+    for got, want in ((qo, qr), (ko, kr), (kc, kc2), (vc, vc2)):
+        assert torch.equal(_bits(got), _bits(want))
+    assert torch.equal(_bits(kc[s, :, p]), _bits(kr)) and torch.equal(_bits(vc[s, :, p]), _bits(v))
+    written = torch.zeros(kc.shape[0], kc.shape[2], dtype=torch.bool)
+    written[s, p] = True
+    assert kc.transpose(1, 2)[~written].isnan().all() and vc.transpose(1, 2)[~written].isnan().all()
+
+
+def test_backend_falls_back_without_rope_cache():
+    be = UnifiedBackend()
+    be.m = {**be.m, "rope": types.SimpleNamespace(rope=R.rope)}  # an implementation file with rope() only
+    q, k, v, p, s, kc, vc = _case(3, [0, 1, 2], [4, 1, 9], seed=3)
+    kc2, vc2 = kc.clone(), vc.clone()
+    got = be.rope_cache(q, k, v, p, 1e6, kc, vc, s)
+    want = R.rope_cache(q, k, v, p, 1e6, kc2, vc2, s)
+    for a, b in zip((*got, kc, vc), (*want, kc2, vc2), strict=True):
+        assert torch.equal(_bits(a), _bits(b))
+
+
+def test_bad_cache_is_one_clear_error():
+    q, k, v, p, s, kc, vc = _case(3, [0, 1, 2], [4, 1, 9], seed=4)
+    with pytest.raises(ValueError, match="rope_cache"):
+        R.rope_cache(q, k, v, p, 1e6, kc[:, :1], vc[:, :1], s)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("T", "per_slot"), [(1, 1), (64, 1), (4096, 512)], ids=["decode1", "decode64", "prefill"])
+def test_rope_cache_is_rope_and_the_scatters_on_gpu(T, per_slot):
+    """qwen3 heads (16 / 8 of 128) on the GPU: the launch that also fills the cache is another compilation of the
+    rotation; its q, k and cache rows are rope()'s bits."""
+    g = torch.Generator(device="cuda").manual_seed(T)
+    HQ, HK, D = 16, 8, 128
+    qkv = torch.randn(T, (HQ + 2 * HK) * D, generator=g, device="cuda").to(torch.bfloat16)
+    q, k, v = qkv.split([HQ * D, HK * D, HK * D], dim=-1)
+    q, k, v = q.view(T, HQ, D), k.view(T, HK, D), v.view(T, HK, D)
+    slots = torch.arange(T, device="cuda") // per_slot
+    pos = (torch.arange(T, device="cuda") % per_slot) + (0 if per_slot > 1 else 3000)
+    kc = torch.full((int(slots.max()) + 1, HK, 4096, D), float("nan"), dtype=torch.bfloat16, device="cuda")
+    vc, kc2, vc2 = kc.clone(), kc.clone(), kc.clone()
+    got = R.rope_cache(q, k, v, pos, 1e6, kc, vc, slots)
+    want = _rope_then_scatter(R.rope, q, k, v, pos, 1e6, kc2, vc2, slots)
+    for a, b in zip((*got, kc, vc), (*want, kc2, vc2), strict=True):
+        assert torch.equal(_bits(a), _bits(b))
