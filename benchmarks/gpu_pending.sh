@@ -44,6 +44,9 @@
 #                     and stock ($R/rollout_profile_h200_qwen3-1.7b.{json,log})
 #   decode_breakdown
 #                 #19 one qwen3-0.6b decode step call by call, stock and unified ($R/decode_breakdown_h200_*.md)
+#   decode_cuts   #19 the session-19 decode cuts (rope_cache, NARROW_PCT, the fused decode merge): the GPU tests they
+#                     added, one qwen3-0.6b decode step call by call with and without NARROW_PCT
+#                     ($R/decode_breakdown_h200_qwen3-0.6b_s19{,_narrow0}.md), then the whole step vs its floor
 #   attn_bwd      #16 the attention backward variants (the stored-dS root's knobs and budget, the dq kernel's path
 #                     and its knobs, fused dq) vs SDPA flash
 #   speed         #16 bench_speed: linear / decode / prefill / fwd+bwd / ops vs stock, bits-gated;
@@ -129,6 +132,14 @@ for p in "$@"; do
                 --backends unified stock --out "$R" --name rollout_profile_h200_qwen3-1.7b ;;
         decode_breakdown)
             part decode_breakdown 200 "$py" benchmarks/decode_breakdown.py --out "$R" ;;
+        decode_cuts)
+            part decode_cuts_tests 300 "$py" -m pytest -q -m gpu tests/e2e/test_rope_cache.py \
+                tests/kernels/test_attention.py -k "rope_cache or gpu_decode_every_position" \
+                tests/kernels/test_linear.py
+            part decode_breakdown_s19 200 "$py" benchmarks/decode_breakdown.py --out "$R" --backends unified --name _s19
+            part decode_breakdown_s19_narrow0 200 "$py" benchmarks/decode_breakdown.py --out "$R" --backends unified \
+                --set linear.NARROW_PCT=0 --name _s19_narrow0
+            part e2e_decode 300 "$py" benchmarks/bench_e2e.py --out "$R" --only decode ;;
         attn_bwd)
             part attn_bwd 400 "$py" benchmarks/bench_attn_bwd.py --out "$R" ;;
         speed)
@@ -137,6 +148,6 @@ for p in "$@"; do
             part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_h200
             part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown attn_bwd speed hf)" >&2 ;;
+            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts attn_bwd speed hf)" >&2 ;;
     esac
 done

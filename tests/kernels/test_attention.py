@@ -108,9 +108,12 @@ def test_folded_decode_passes_decode_checks_with_the_roots_bits(plan, root, tmp_
 
 #: every way decode may spread the chunks: chunks per program (2 and 3 end a program inside a sequence and
 #: leave programs past its end), no split, combine loading 1 or 2 chunk states per step, narrow head-dim slices
+#: (the default merges in the pair's last program, DECODE_FUSED_MAX_CHUNKS; 0 takes the combine kernel)
 SPLITS = {"per_prog=1": {}, "per_prog=2,combine=1x16": {"DECODE_CHUNKS_PER_PROG": 2, "COMBINE_CHUNKS": 1,
-                                                        "COMBINE_BLOCK_D": 16},
-          "per_prog=3": {"DECODE_CHUNKS_PER_PROG": 3}, "fold": {"DECODE_FOLD_GROUPS": 1}}
+                                                        "COMBINE_BLOCK_D": 16, "DECODE_FUSED_MAX_CHUNKS": 0},
+          "per_prog=2,fused": {"DECODE_CHUNKS_PER_PROG": 2, "COMBINE_CHUNKS": 1},
+          "per_prog=3": {"DECODE_CHUNKS_PER_PROG": 3}, "combine kernel": {"DECODE_FUSED_MAX_CHUNKS": 0},
+          "fold": {"DECODE_FOLD_GROUPS": 1}}
 
 
 @pytest.mark.parametrize("split", list(SPLITS))
@@ -136,6 +139,8 @@ def test_decode_every_position_equals_prefill(split, monkeypatch):
         out = attention_decode(q[0, :, lens.long() - 1].transpose(0, 1)[:, :, None].contiguous(), kc, vc, lens)
         want = full[0, :, lens.long() - 1].transpose(0, 1)
         assert torch.equal(out[:, :, 0].view(torch.int16), want.view(torch.int16)), (split, hq, hk)
+    # the fused merge leaves its arrival counters zero for the next launch
+    assert all(not c.any() for c in attn._DECODE_COUNTERS.values())
 
 
 def test_total_in_memory_keeps_prefill_and_gradient_bits(monkeypatch):
@@ -270,15 +275,13 @@ def test_merge_order_following_chunk_count_fails_decode_matches_prefill(plan, ro
 
 def test_tree_combine_fails_decode_matches_prefill(plan, root, tmp_path):
     """The combine merges chunk states pairwise, ((0 + 1) + (2 + 3)) + 4, instead of in one sequential order."""
-    src_loop = ("    for c0 in range(0, n_chunks, GROUP):\n"
-                "        # a chunk past the sequence's last loads as the empty state, "
-                "whose merge is the exact identity\n")
+    src_loop = "    for c0 in range(0, n_chunks, GROUP):\n"
     tree_loop = ("    for c0 in range(0, n_chunks, GROUP):\n"
                  "        m_p, l_p, acc_p = m_t, l_t, acc_t\n"
                  "        m_t = tl.full([BLOCK_G], float('-inf'), dtype=tl.float32)\n"
                  "        l_t = tl.zeros([BLOCK_G], dtype=tl.float32)\n"
                  "        acc_t = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)\n")
-    src_end = "    out = acc_t / l_t[:, None]\n    p_o = o_ptr + b * stride_ob"
+    src_end = "    return acc_t / l_t[:, None]\n"
     tree_end = ("        m_t, a_p, a_t = _merge(m_p, m_t)\n"
                 "        l_t = _merge_sum(l_p, a_p, l_t, a_t)\n"
                 "        acc_t = _merge_sum(acc_p, a_p[:, None], acc_t, a_t[:, None])\n" + src_end)
@@ -380,12 +383,16 @@ def test_root_passes_gpu_plan(root):
 @pytest.mark.gpu
 @pytest.mark.parametrize("split", [{}, {"DECODE_FOLD_GROUPS": 1}, {"DECODE_FOLD_GROUPS": 1 << 30},
                                    {"DECODE_FOLD_GROUPS": 1 << 30, "DECODE_CHUNKS_PER_PROG": 3},
-                                   {"DECODE_FOLD_GROUPS": 1 << 30, "COMBINE_CHUNKS": 2, "COMBINE_BLOCK_D": 128}],
+                                   {"DECODE_FOLD_GROUPS": 1 << 30, "COMBINE_CHUNKS": 2, "COMBINE_BLOCK_D": 128},
+                                   {"DECODE_FOLD_GROUPS": 1 << 30, "DECODE_FUSED_MAX_CHUNKS": 0},
+                                   {"DECODE_FOLD_GROUPS": 1 << 30, "DECODE_FUSED_MAX_CHUNKS": 0,
+                                    "DECODE_CHUNKS_PER_PROG": 2}],
                          ids=lambda v: ",".join(f"{k}={x}" for k, x in v.items()) or "default")
 def test_gpu_decode_every_position_equals_prefill(split, monkeypatch):
     """Real shapes (Hq=32, Hk=8, D=128, 2100 keys: five 512-key chunks, the last partial): one decode batch holds
-    every position of the sequence (a batch of 2100 folds by default; the other choices split it), each row
-    bitwise equal to the prefill row."""
+    every position of the sequence (a batch of 2100 folds by default; the other choices split it, the pair's last
+    program merging or, with DECODE_FUSED_MAX_CHUNKS 0, the combine kernel), each row bitwise equal to the prefill
+    row."""
     from tik_kernels.ops import attention as attn
 
     for key, value in split.items():

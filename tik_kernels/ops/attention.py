@@ -32,8 +32,9 @@ Where the tree is evaluated (free, changes no bits):
   share a KV head share its loads), walks blocks 0 ... its diagonal and merges at chunk boundaries itself;
 * decode (`attention_decode`): one query per sequence, so the chunks run in parallel: a program computes
   DECODE_CHUNKS_PER_PROG chunks for one (sequence, KV head) with the group's query heads as rows (the KV is read
-  once), writing each chunk's fp32 state to a workspace; a combine kernel merges them in chunk order and
-  normalizes. From DECODE_FOLD_GROUPS (sequence, KV head) pairs on, or when the cache holds a single chunk, there
+  once), writing each chunk's fp32 state to a workspace; the states are merged in chunk order and normalized by
+  a combine kernel or, with DECODE_FUSED_MAX_CHUNKS, by the last of the pair's programs to finish (an arrival
+  counter per pair, reset by that program: one launch instead of two, the same merge code). From DECODE_FOLD_GROUPS (sequence, KV head) pairs on, or when the cache holds a single chunk, there
   are enough programs without splitting: one program per pair walks every chunk and merges in-program, as
   prefill does, with no workspace and no second launch.
 
@@ -138,6 +139,9 @@ TUNABLES = {
     # decode: from this many (sequence, KV head) pairs on, no split: one program per pair merges in-program
     # (1073741824 = 2**30: never; written out, since the tuner reads TUNABLES as a literal)
     "DECODE_FOLD_GROUPS": (32, 64, 128, 256, 512, 1024, 2048, 1073741824),
+    # decode, split: up to this many chunks in the cache (its capacity), the last program of a (sequence, KV head)
+    # pair to finish merges the pair's chunk states itself; above it, and at 0, a combine kernel does
+    "DECODE_FUSED_MAX_CHUNKS": (0, 2, 4, 8, 16, 64, 1073741824),
     # combine: head-dim slice per program, chunk states loaded per step, warps
     "COMBINE_BLOCK_D": (16, 32, 64, 128),
     "COMBINE_CHUNKS": (2, 4, 8, 16),
@@ -196,6 +200,7 @@ CONFIG = {
     "COMBINE_BLOCK_D": 32,
     "COMBINE_CHUNKS": 8,
     "combine_num_warps": 1,
+    "DECODE_FUSED_MAX_CHUNKS": 8,
     "DQ_BLOCK_N": 64,
     "DKDV_BLOCK_M": 64,
     "DQ_BLOCK_M": 128,
@@ -431,6 +436,32 @@ def _attn_fwd_kernel(
 
 
 @triton.jit
+def _merge_chunk_states(wm_ptr, wl_ptr, w_base, a_base, stride_ac, n_chunks, m_row,
+                        BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr):
+    """Every chunk state of one (sequence, KV head), rows h (w_base, a_base: their offsets), merged in chunk order
+    0, 1, 2 ... and normalized: the fold prefill does at its chunk edges, with the same formula (`_merge`,
+    `_merge_sum`) and the same division. The one place a split decode's merge is written (the combine kernel and
+    the decode kernel's fused combine both call it). GROUP chunk states are loaded per step (their loads do not wait
+    for the merges); a chunk past the sequence's last loads as the empty state, whose merge is the exact identity.
+    .cg: states other programs of this launch wrote, never a stale L1 line."""
+    o_g = tl.arange(0, BLOCK_G)
+    m_t = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+    l_t = tl.zeros([BLOCK_G], dtype=tl.float32)
+    acc_t = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    for c0 in range(0, n_chunks, GROUP):
+        for i in tl.static_range(GROUP):
+            c = c0 + i
+            ok = m_row & ((o_g * 0 + c) < n_chunks)
+            m_c = tl.load(wm_ptr + w_base + c, mask=ok, other=float("-inf"), cache_modifier=".cg")
+            l_c = tl.load(wl_ptr + w_base + c, mask=ok, other=0.0, cache_modifier=".cg")
+            acc_c = tl.load(a_base + c * stride_ac, mask=ok[:, None], other=0.0, cache_modifier=".cg")
+            m_t, a_t, a_c = _merge(m_t, m_c)
+            l_t = _merge_sum(l_t, a_t, l_c, a_c)
+            acc_t = _merge_sum(acc_t, a_t[:, None], acc_c, a_c[:, None])
+    return acc_t / l_t[:, None]
+
+
+@triton.jit
 def _attn_decode_kernel(
     q_ptr,  # [B, Hq, 1, D]
     k_ptr,  # k cache [B, Hk, L, D]
@@ -440,6 +471,7 @@ def _attn_decode_kernel(
     wl_ptr,  # fp32 [B, Hq, NC]: each chunk's l
     wa_ptr,  # fp32 [B, Hq, NC, D]: each chunk's acc
     lens_ptr,  # [B] valid keys per sequence
+    cnt_ptr,  # int32 [B * Hk] arrivals per pair, zero between launches (FUSED only)
     stride_qb, stride_qh,
     stride_kb, stride_kh, stride_ks,
     stride_vb, stride_vh, stride_vs,
@@ -456,6 +488,8 @@ def _attn_decode_kernel(
     CHUNKS_PER_PROG: tl.constexpr,
     FOLD: tl.constexpr,  # True: this program walks every chunk and merges them itself
     UPCAST: tl.constexpr,
+    FUSED: tl.constexpr = False,  # split: the pair's last program to finish merges the chunk states
+    GROUP: tl.constexpr = 8,  # FUSED: chunk states loaded per merge step
 ):
     pid_bh = tl.program_id(0).to(tl.int64)  # (sequence, KV head) pairs on the grid's large axis
     pid_c = tl.program_id(1)
@@ -518,6 +552,19 @@ def _attn_decode_kernel(
         out = acc_t / tl.max(l_t, 1)[:, None]
         p_o = o_ptr + b * stride_ob + h[:, None] * stride_oh + o_d[None, :]
         tl.store(p_o, out.to(o_ptr.dtype.element_ty), mask=m_row[:, None])
+    elif FUSED:
+        # the pair's programs with work are those whose first chunk starts before the sequence ends (the others
+        # returned above); every thread's chunk states are written before one thread announces them
+        n_chunks = tl.cdiv(n_blocks, CHUNK)
+        tl.debug_barrier()
+        arrived = tl.atomic_add(cnt_ptr + pid_bh, 1)
+        if arrived == tl.cdiv(n_chunks, CHUNKS_PER_PROG) - 1:
+            out = _merge_chunk_states(wm_ptr, wl_ptr, b * stride_wb + h * stride_wh,
+                                      wa_ptr + b * stride_ab + h[:, None] * stride_ah + o_d[None, :], stride_ac,
+                                      n_chunks, m_row, BLOCK_M, D, GROUP)
+            p_o = o_ptr + b * stride_ob + h[:, None] * stride_oh + o_d[None, :]
+            tl.store(p_o, out.to(o_ptr.dtype.element_ty), mask=m_row[:, None])
+            tl.atomic_xchg(cnt_ptr + pid_bh, 0)
 
 
 @triton.jit
@@ -535,8 +582,8 @@ def _attn_decode_combine_kernel(
     CHUNK_KEYS: tl.constexpr,
     GROUP: tl.constexpr,  # chunk states loaded per step (their loads do not wait for the merges)
 ):
-    """Merge every chunk state of one (sequence, KV head) in chunk order 0, 1, 2 ..., then normalize: the
-    fold prefill does at its chunk edges, with the same formula (`_merge`, `_merge_sum`) and the same division."""
+    """One (sequence, KV head)'s chunk states merged and normalized (`_merge_chunk_states`), a BLOCK_D slice of the
+    head dim per program."""
     pid_bh = tl.program_id(0).to(tl.int64)
     pid_d = tl.program_id(1)
     b = pid_bh // n_kv_heads
@@ -547,23 +594,9 @@ def _attn_decode_combine_kernel(
     m_row = o_g < G
     h = kvh * G + o_g
     o_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
-    w_base = b * stride_wb + h * stride_wh
-    a_base = wa_ptr + b * stride_ab + h[:, None] * stride_ah + o_d[None, :]
-    m_t = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
-    l_t = tl.zeros([BLOCK_G], dtype=tl.float32)
-    acc_t = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
-    for c0 in range(0, n_chunks, GROUP):
-        # a chunk past the sequence's last loads as the empty state, whose merge is the exact identity
-        for i in tl.static_range(GROUP):
-            c = c0 + i
-            ok = m_row & ((o_g * 0 + c) < n_chunks)
-            m_c = tl.load(wm_ptr + w_base + c, mask=ok, other=float("-inf"))
-            l_c = tl.load(wl_ptr + w_base + c, mask=ok, other=0.0)
-            acc_c = tl.load(a_base + c * stride_ac, mask=ok[:, None], other=0.0)
-            m_t, a_t, a_c = _merge(m_t, m_c)
-            l_t = _merge_sum(l_t, a_t, l_c, a_c)
-            acc_t = _merge_sum(acc_t, a_t[:, None], acc_c, a_c[:, None])
-    out = acc_t / l_t[:, None]
+    out = _merge_chunk_states(wm_ptr, wl_ptr, b * stride_wb + h * stride_wh,
+                              wa_ptr + b * stride_ab + h[:, None] * stride_ah + o_d[None, :], stride_ac, n_chunks,
+                              m_row, BLOCK_G, BLOCK_D, GROUP)
     p_o = o_ptr + b * stride_ob + h[:, None] * stride_oh + o_d[None, :]
     tl.store(p_o, out.to(o_ptr.dtype.element_ty), mask=m_row[:, None])
 
@@ -1330,6 +1363,18 @@ def _bwd(q, k, v, o, lse, do, cu, n_seq, max_len, seq_len, scale, varlen):
     return dq, dk, dv
 
 
+_DECODE_COUNTERS: dict = {}
+
+
+def _decode_counters(device: torch.device, n: int) -> torch.Tensor:
+    """n zeroed int32 arrival counters on `device`, kept between calls (each fused decode leaves them zero); launches
+    that overlap on two streams of one device must not both use them."""
+    cnt = _DECODE_COUNTERS.get(device)
+    if cnt is None or cnt.numel() < n:
+        cnt = _DECODE_COUNTERS[device] = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+    return cnt
+
+
 def _decode(q, k_cache, v_cache, lens, scale):
     B, hq, _, d = q.shape
     cfg = _for_head_dim(_tiles(), d)
@@ -1344,6 +1389,8 @@ def _decode(q, k_cache, v_cache, lens, scale):
     # (sequence, KV head) pairs alone fill the GPU
     fold = n_chunks == 1 or B * hk >= cfg["DECODE_FOLD_GROUPS"]
     per_prog = cfg["DECODE_CHUNKS_PER_PROG"]
+    fused = not fold and n_chunks <= cfg.get("DECODE_FUSED_MAX_CHUNKS", 0)
+    cnt = _decode_counters(q.device, B * hk) if fused else lens
     if fold:
         wm = wl = wa = o  # unused
         grid = (B * hk, 1)
@@ -1353,14 +1400,14 @@ def _decode(q, k_cache, v_cache, lens, scale):
         wa = torch.empty((B, hq, n_chunks, d), dtype=torch.float32, device=q.device)
         grid = (B * hk, triton.cdiv(n_chunks, per_prog))
     _attn_decode_kernel[grid](
-        q, k_cache, v_cache, o, wm, wl, wa, lens,
+        q, k_cache, v_cache, o, wm, wl, wa, lens, cnt,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), o.stride(0), o.stride(1),
         wm.stride(0), wm.stride(1), wa.stride(0), wa.stride(1), wa.stride(2), hk, scale * _LOG2E,
         G=G, D=d, BLOCK_M=bm, BLOCK_N=bn, CHUNK=chunk, CHUNKS_PER_PROG=per_prog, FOLD=fold, UPCAST=INTERPRET,
-        **_launch_opts(cfg["decode_num_warps"], cfg["decode_num_stages"]),
+        FUSED=fused, GROUP=cfg["COMBINE_CHUNKS"], **_launch_opts(cfg["decode_num_warps"], cfg["decode_num_stages"]),
     )
-    if not fold:
+    if not fold and not fused:
         bd = min(cfg["COMBINE_BLOCK_D"], d)
         _attn_decode_combine_kernel[(B * hk, d // bd)](
             wm, wl, wa, o, lens, wm.stride(0), wm.stride(1), wa.stride(0), wa.stride(1), wa.stride(2),
