@@ -34,7 +34,8 @@ Where the tree is evaluated (free, changes no bits):
   DECODE_CHUNKS_PER_PROG chunks for one (sequence, KV head) with the group's query heads as rows (the KV is read
   once), writing each chunk's fp32 state to a workspace; the states are merged in chunk order and normalized by
   a combine kernel or, with DECODE_FUSED_MAX_CHUNKS, by the last of the pair's programs to finish (an arrival
-  counter per pair, reset by that program: one launch instead of two, the same merge code). From DECODE_FOLD_GROUPS (sequence, KV head) pairs on, or when the cache holds a single chunk, there
+  counter per pair, reset by that program: one launch instead of two, the same merge code). From
+  DECODE_FOLD_GROUPS (sequence, KV head) pairs on, or when the cache holds a single chunk, there
   are enough programs without splitting: one program per pair walks every chunk and merges in-program, as
   prefill does, with no workspace and no second launch.
 
