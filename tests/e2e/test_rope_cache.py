@@ -1,7 +1,13 @@
-"""The rope that also fills the KV cache (`rope.rope_cache`, the unified backend's `rope_cache`): the same q and k
-as `rope`, and the cache rows a scatter of them would write, bit for bit, for decode steps (one token per slot)
-and packed prefills (many tokens per slot, slots out of order); cache entries no token names are left alone. A
-rope module without `rope_cache` (an implementation file) falls back to rope() and the scatters."""
+"""The rollout's fused launches around attention, each bit for bit what the trainer's separate calls give:
+
+- the rope that also fills the KV cache (`rope.rope_cache`, the unified backend's `rope_cache`): the same q and k as
+  `rope`, and the cache rows a scatter of them would write, for decode steps (one token per slot) and packed prefills
+  (many tokens per slot, slots out of order); cache entries no token names are left alone. A rope module without
+  `rope_cache` (an implementation file) falls back to rope() and the scatters;
+- Qwen3's q and k norms in one launch (`rmsnorm.rmsnorm_pair`, the backend's `qk_norm`) where k's heads follow q's,
+  two rmsnorm() calls otherwise and whenever a gradient is needed.
+
+On the GPU the fused launches are other compilations of the same code: their tests there compare the bits."""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ import types
 import pytest
 import torch
 
+import tik_kernels.ops.rmsnorm as N
 import tik_kernels.ops.rope as R
 from tik_kernels.e2e.model import UnifiedBackend, _rope_then_scatter
 
@@ -84,4 +91,50 @@ def test_rope_cache_is_rope_and_the_scatters_on_gpu(T, per_slot):
     got = R.rope_cache(q, k, v, pos, 1e6, kc, vc, slots)
     want = _rope_then_scatter(R.rope, q, k, v, pos, 1e6, kc2, vc2, slots)
     for a, b in zip((*got, kc, vc), (*want, kc2, vc2), strict=True):
+        assert torch.equal(_bits(a), _bits(b))
+
+
+def _qk(T: int, seed: int, device: str = "cpu", hq: int = 4, hk: int = 2, d: int = 16):
+    g = torch.Generator(device=device).manual_seed(seed)
+    qkv = (torch.randn(T, (hq + 2 * hk) * d, generator=g, device=device) * 3).to(torch.bfloat16)
+    q, k = qkv[:, : hq * d].view(T, hq, d), qkv[:, hq * d : (hq + hk) * d].view(T, hk, d)
+    wq, wk = ((torch.randn(d, generator=g, device=device) + 1).to(torch.bfloat16) for _ in range(2))
+    return q, wq, k, wk
+
+
+@pytest.mark.parametrize("T", [1, 5, 17])
+def test_qk_norm_pair_is_two_rmsnorms(T):
+    q, wq, k, wk = _qk(T, seed=T)
+    assert N._follows(q, k)
+    got, want = N.rmsnorm_pair(q, wq, k, wk, 1e-6), (N.rmsnorm(q, wq, 1e-6), N.rmsnorm(k, wk, 1e-6))
+    for a, b in zip(got, want, strict=True):
+        assert a.shape == b.shape and torch.equal(_bits(a), _bits(b))
+    # k not right after q (separate tensors): two launches, the same bits
+    kc = k.clone()
+    assert not N._follows(q, kc)
+    assert all(torch.equal(_bits(a), _bits(b)) for a, b in zip(N.rmsnorm_pair(q, wq, kc, wk, 1e-6), want,
+                                                               strict=True))
+
+
+def test_backend_qk_norm_keeps_gradients():
+    """With a gradient needed the backend's qk_norm is two differentiable rmsnorm() calls (the pair has no
+    backward); without, the pair."""
+    be = UnifiedBackend()
+    q, wq, k, wk = _qk(6, seed=8)
+    wq.requires_grad_()
+    qn, kn = be.qk_norm(q, wq, k, wk, 1e-6)
+    assert qn.requires_grad
+    (qn.float().sum() + kn.float().sum()).backward()
+    assert wq.grad is not None
+    with torch.no_grad():
+        a = be.qk_norm(q, wq, k, wk, 1e-6)
+    assert all(torch.equal(_bits(x), _bits(y.detach())) for x, y in zip(a, (qn, kn), strict=True))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 64, 4096])
+def test_qk_norm_pair_is_two_rmsnorms_on_gpu(T):
+    q, wq, k, wk = _qk(T, seed=T, device="cuda", hq=16, hk=8, d=128)
+    got, want = N.rmsnorm_pair(q, wq, k, wk, 1e-6), (N.rmsnorm(q, wq, 1e-6), N.rmsnorm(k, wk, 1e-6))
+    for a, b in zip(got, want, strict=True):
         assert torch.equal(_bits(a), _bits(b))

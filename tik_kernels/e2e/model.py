@@ -276,6 +276,9 @@ class StockBackend:
     def rope_cache(self, q, k, v, pos, theta, k_cache, v_cache, slots):
         return _rope_then_scatter(self.rope, q, k, v, pos, theta, k_cache, v_cache, slots)
 
+    def qk_norm(self, q, wq, k, wk, eps):
+        return self.rmsnorm(q, wq, eps), self.rmsnorm(k, wk, eps)
+
     def attention_varlen(self, q, k, v, cu_seqlens, lens: list[int]):
         """Causal attention over packed sequences the way a trainer runs stock kernels: the sequences padded
         (at the right) into one [B, H, S_max, D] batch for SDPA's flash backend, the valid rows gathered back.
@@ -357,6 +360,14 @@ class UnifiedBackend:
 
     def add_rmsnorm(self, x, residual, w, eps):
         return self.m["add_rmsnorm"].add_rmsnorm(x, residual, w, eps)
+
+    def qk_norm(self, q, wq, k, wk, eps):
+        """Qwen3's q and k norms: the rmsnorm module's `rmsnorm_pair` (one launch, the same bits) where it has one
+        and no gradient is needed (the rollout), else two rmsnorm() calls (tests/e2e/test_rope_cache.py)."""
+        pair = getattr(self.m["rmsnorm"], "rmsnorm_pair", None)
+        if pair is not None and not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, wq, wk))):
+            return pair(q, wq, k, wk, eps)
+        return self.rmsnorm(q, wq, eps), self.rmsnorm(k, wk, eps)
 
     def linear(self, x, w):
         return self.m["linear"].linear(x, w)
@@ -453,8 +464,7 @@ def _qkv(cfg: ModelConfig, be, W, i: int, x: torch.Tensor, pos: torch.Tensor, fi
     q, k, v = be.linear(x, W[f"l{i}.wqkv"]).split([cfg.heads * D, cfg.kv_heads * D, cfg.kv_heads * D], dim=-1)
     q, k, v = q.view(T, cfg.heads, D), k.view(T, cfg.kv_heads, D), v.view(T, cfg.kv_heads, D)
     if cfg.qk_norm:
-        q = be.rmsnorm(q, W[f"l{i}.q_norm"], cfg.eps)
-        k = be.rmsnorm(k, W[f"l{i}.k_norm"], cfg.eps)
+        q, k = be.qk_norm(q, W[f"l{i}.q_norm"], k, W[f"l{i}.k_norm"], cfg.eps)
     if fill is None:
         q, k = be.rope(q, k, pos, cfg.rope_theta)
     else:

@@ -1405,8 +1405,9 @@ def _decode(q, k_cache, v_cache, lens, scale):
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), o.stride(0), o.stride(1),
         wm.stride(0), wm.stride(1), wa.stride(0), wa.stride(1), wa.stride(2), hk, scale * _LOG2E,
+        FUSED=fused, GROUP=cfg["COMBINE_CHUNKS"],
         G=G, D=d, BLOCK_M=bm, BLOCK_N=bn, CHUNK=chunk, CHUNKS_PER_PROG=per_prog, FOLD=fold, UPCAST=INTERPRET,
-        FUSED=fused, GROUP=cfg["COMBINE_CHUNKS"], **_launch_opts(cfg["decode_num_warps"], cfg["decode_num_stages"]),
+        **_launch_opts(cfg["decode_num_warps"], cfg["decode_num_stages"]),
     )
     if not fold and not fused:
         bd = min(cfg["COMBINE_BLOCK_D"], d)

@@ -50,6 +50,9 @@ def _rmsnorm_fwd_kernel(
     eps,
     BLOCK_R: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    w2_ptr=None,  # PAIR: the weight of the rows whose inner index is n_first or more
+    n_first=0,
+    PAIR: tl.constexpr = False,
 ):
     pid = tl.program_id(0).to(tl.int64)
     o_r = pid * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -63,7 +66,11 @@ def _rmsnorm_fwd_kernel(
     b_rstd = 1.0 / tl.sqrt(tl.sum(b_x * b_x, axis=1) / H + eps)  # [BR]
     # HF cast order: normalize in fp32, round to the activation dtype, then scale by w
     b_xn = round_to(b_x * b_rstd[:, None], y_ptr.dtype.element_ty).to(tl.float32)
-    b_y = b_xn * b_w[None, :]
+    if PAIR:
+        b_w2 = tl.load(w2_ptr + o_h, mask=m_h, other=0.0).to(tl.float32)
+        b_y = b_xn * tl.where(((o_r % n_inner) < n_first)[:, None], b_w[None, :], b_w2[None, :])
+    else:
+        b_y = b_xn * b_w[None, :]
     tl.store(y_ptr + o_r[:, None] * H + o_h[None, :], round_to(b_y, y_ptr.dtype.element_ty), mask=m)
     tl.store(rstd_ptr + o_r, b_rstd, mask=m_r)
 
@@ -182,3 +189,36 @@ class RMSNormFunction(torch.autograd.Function):
 def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """RMSNorm of x over its last dim with weight w: x[T, H] (hidden) or x[T, Hh, D] (per-head q/k norm)."""
     return RMSNormFunction.apply(x, w, eps)
+
+
+def _follows(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """k's heads start where q's end, row for row (q and k of one stacked qkv projection's output)."""
+    return (q.dim() == k.dim() == 3 and q.shape[0] == k.shape[0] and q.shape[2] == k.shape[2] and q.dtype == k.dtype
+            and (q.stride(0) == k.stride(0) or q.shape[0] == 1) and q.stride(1) == k.stride(1) == q.shape[2]
+            and q.stride(2) == k.stride(2) == 1
+            and k.data_ptr() == q.data_ptr() + q.shape[1] * q.stride(1) * q.element_size())
+
+
+@torch.no_grad()
+def rmsnorm_pair(q: torch.Tensor, wq: torch.Tensor, k: torch.Tensor, wk: torch.Tensor,
+                 eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(rmsnorm(q, wq, eps), rmsnorm(k, wk, eps))` bit for bit, in one launch where k's heads follow q's in memory
+    (Qwen3's q and k norms over one qkv projection's output: a decode step's two smallest launches), else two.
+    Every row goes through the same kernel, tile and warps as `rmsnorm`'s (they follow the width only), so its sum of
+    squares has the same tree; only which weight multiplies it is chosen per row. Not differentiable: the rollout's
+    forward; the trainer calls rmsnorm twice."""
+    H = q.shape[-1]
+    if wq.shape != (H,) or wk.shape != (k.shape[-1],):
+        raise ValueError(f"rmsnorm_pair: weights {tuple(wq.shape)} / {tuple(wk.shape)} do not match q / k")
+    if not _follows(q, k) or not q.shape[0] or wq.dtype != wk.dtype:
+        return rmsnorm(q, wq, eps), rmsnorm(k, wk, eps)
+    T, hq, hk = q.shape[0], q.shape[1], k.shape[1]
+    R = T * (hq + hk)
+    y = torch.empty((T, hq + hk, H), dtype=q.dtype, device=q.device)
+    rstd = torch.empty((R,), dtype=torch.float32, device=q.device)
+    block_r, block_h, num_warps = _tile(H)
+    _rmsnorm_fwd_kernel[(triton.cdiv(R, block_r),)](
+        q, wq, y, rstd, R, H, q.stride(0), hq + hk, q.stride(1), float(eps), BLOCK_R=block_r, BLOCK_H=block_h,
+        w2_ptr=wk, n_first=hq, PAIR=True, num_warps=num_warps,
+    )
+    return y[:, :hq], y[:, hq:]
