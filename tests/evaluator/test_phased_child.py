@@ -109,10 +109,13 @@ def test_a_child_that_hangs_after_its_probes_is_killed_with_a_reason(spawned, tm
 
 def test_a_malformed_first_reply_is_a_protocol_error(spawned, tmp_path):
     path = tmp_path / "lies.py"
+    # written whole, then renamed into place (as the real child does): the reply is well-formed JSON that lies;
+    # json.dump straight into result.json let the parent read it half written now and then (another protocol error)
     path.write_text("import json, os, time\n"
                     "out = os.path.join(os.environ['TMPDIR'], 'out')\n"
-                    "json.dump({'done': True, 'import_error': None, 'probes': 'all fine', 'tensors': []},\n"
-                    "          open(os.path.join(out, 'result.json'), 'w'))\n"
+                    "with open(os.path.join(out, 'result.tmp'), 'w') as f:\n"
+                    "    json.dump({'done': True, 'import_error': None, 'probes': 'all fine', 'tensors': []}, f)\n"
+                    "os.replace(os.path.join(out, 'result.tmp'), os.path.join(out, 'result.json'))\n"
                     "time.sleep(600)\n" + CORRECT)
     t0 = time.monotonic()
     rep = run(path)
