@@ -45,8 +45,9 @@
 #   decode_breakdown
 #                 #19 one qwen3-0.6b decode step call by call, stock and unified ($R/decode_breakdown_h200_*.md)
 #   decode_cuts   #19 the session-19 decode cuts (rope_cache, NARROW_PCT, the fused decode merge): the GPU tests they
-#                     added, one qwen3-0.6b decode step call by call with and without NARROW_PCT
-#                     ($R/decode_breakdown_h200_qwen3-0.6b_s19{,_narrow0}.md), then the whole step vs its floor
+#                     added, one qwen3-0.6b decode step call by call with NARROW_PCT 25 (the CONFIG's), 0 and 50
+#                     ($R/decode_breakdown_h200_qwen3-0.6b_s19{,_narrow0,_narrow50}.md), then the whole step vs
+#                     its floor
 #   attn_bwd      #16 the attention backward variants (the stored-dS root's knobs and budget, the dq kernel's path
 #                     and its knobs, fused dq) vs SDPA flash
 #   speed         #16 bench_speed: linear / decode / prefill / fwd+bwd / ops vs stock, bits-gated;
@@ -139,6 +140,8 @@ for p in "$@"; do
             part decode_breakdown_s19 200 "$py" benchmarks/decode_breakdown.py --out "$R" --backends unified --name _s19
             part decode_breakdown_s19_narrow0 200 "$py" benchmarks/decode_breakdown.py --out "$R" --backends unified \
                 --set linear.NARROW_PCT=0 --name _s19_narrow0
+            part decode_breakdown_s19_narrow50 200 "$py" benchmarks/decode_breakdown.py --out "$R" --backends unified \
+                --set linear.NARROW_PCT=50 --name _s19_narrow50
             part e2e_decode 300 "$py" benchmarks/bench_e2e.py --out "$R" --only decode ;;
         attn_bwd)
             part attn_bwd 400 "$py" benchmarks/bench_attn_bwd.py --out "$R" ;;
