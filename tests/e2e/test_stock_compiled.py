@@ -36,6 +36,17 @@ def test_compiled_stock_matches_eager_across_batch_sizes():
         for want, got in pairs:
             for w_, g_ in zip(*(x if isinstance(x, tuple) else (x,) for x in (want, got)), strict=True):
                 torch.testing.assert_close(g_.float(), w_.float(), rtol=1e-2, atol=1e-2)
+        # the rope that fills the KV cache: the same q, k and cache rows (layer views of one cache, as the model
+        # passes them: another offset per layer, one compilation)
+        caches = [torch.zeros(2, 2 * T, 2, 3 * T, 16, dtype=torch.bfloat16) for _ in range(4)]
+        slots, pos = torch.arange(T).flip(0), a["pos"]
+        for layer in (0, 1):
+            want = eager.rope_cache(a["q"], a["k"], a["k"] * 2, pos, 1e4, caches[0][layer], caches[1][layer], slots)
+            got = fused.rope_cache(a["q"], a["k"], a["k"] * 2, pos, 1e4, caches[2][layer], caches[3][layer], slots)
+            for w_, g_ in zip(want, got, strict=True):
+                torch.testing.assert_close(g_.float(), w_.float(), rtol=1e-2, atol=1e-2)
+        torch.testing.assert_close(caches[2].float(), caches[0].float(), rtol=1e-2, atol=1e-2)
+        assert torch.equal(caches[3], caches[1]) and caches[1].any()
         torch.manual_seed(seed)
         s_eager = eager.sample(a["hidden"], a["wv"], 1.0, None)
         torch.manual_seed(seed)

@@ -195,6 +195,12 @@ def _rope_then_scatter(rope, q, k, v, pos, theta, k_cache, v_cache, slots):
     return q, k
 
 
+def _stock_rope_cache(q, k, v, pos, theta, k_cache, v_cache, slots):
+    """The stock rope and the KV-cache fill as one composition (compiled: the rotation and both scatters in place,
+    one fused kernel where inductor manages, as an engine's reshape-and-cache kernel writes the cache)."""
+    return _rope_then_scatter(_stock_rope, q, k, v, pos, theta, k_cache, v_cache, slots)
+
+
 def _stock_logprob_rows(logits, targets, temperature):
     return (logits.float() / temperature).log_softmax(-1).gather(-1, targets[:, None].long())[:, 0]
 
@@ -212,7 +218,7 @@ def _stock_race(logits, temperature, noise):
 #: the pointwise and row-wise compositions a stock engine fuses with torch.compile (matmuls and attention stay
 #: cuBLAS and SDPA calls, outside the compiled regions)
 STOCK_FUSED = {"rmsnorm": _stock_rmsnorm, "add_rmsnorm": _stock_add_rmsnorm, "silu_mul": _stock_silu_mul,
-               "rope": _stock_rope, "logprob_rows": _stock_logprob_rows, "entropy_rows": _stock_entropy_rows,
+               "rope": _stock_rope, "rope_cache": _stock_rope_cache, "logprob_rows": _stock_logprob_rows, "entropy_rows": _stock_entropy_rows,
                "race": _stock_race}
 
 
@@ -274,7 +280,7 @@ class StockBackend:
         return self.fused["rope"](q, k, pos, theta)
 
     def rope_cache(self, q, k, v, pos, theta, k_cache, v_cache, slots):
-        return _rope_then_scatter(self.rope, q, k, v, pos, theta, k_cache, v_cache, slots)
+        return self.fused["rope_cache"](q, k, v, pos, theta, k_cache, v_cache, slots)
 
     def qk_norm(self, q, wq, k, wk, eps):
         return self.rmsnorm(q, wq, eps), self.rmsnorm(k, wk, eps)
