@@ -218,7 +218,8 @@ def _stock_race(logits, temperature, noise):
 #: the pointwise and row-wise compositions a stock engine fuses with torch.compile (matmuls and attention stay
 #: cuBLAS and SDPA calls, outside the compiled regions)
 STOCK_FUSED = {"rmsnorm": _stock_rmsnorm, "add_rmsnorm": _stock_add_rmsnorm, "silu_mul": _stock_silu_mul,
-               "rope": _stock_rope, "rope_cache": _stock_rope_cache, "logprob_rows": _stock_logprob_rows, "entropy_rows": _stock_entropy_rows,
+               "rope": _stock_rope, "rope_cache": _stock_rope_cache, "logprob_rows": _stock_logprob_rows,
+               "entropy_rows": _stock_entropy_rows,
                "race": _stock_race}
 
 
