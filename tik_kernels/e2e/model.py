@@ -305,10 +305,14 @@ class StockBackend:
 
     def attention_decode(self, q, k_cache, v_cache, lens, kv_len: int):
         """SDPA over the first `kv_len` (the longest active context, known on the host) cache entries, a key
-        mask for the shorter ones."""
+        mask for the shorter ones. GQA folded: the G query heads of a KV head go in as G query rows against that
+        head (`q.view(B, Hk, G, D)`), so every backend reads each KV head once instead of expanding it G times."""
+        B, hq, _, d = q.shape
+        hk = k_cache.shape[1]
         k_cache, v_cache = k_cache[:, :, :kv_len], v_cache[:, :, :kv_len]
         mask = (torch.arange(kv_len, device=q.device)[None, :] < lens[:, None])[:, None, None, :]
-        return F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask, enable_gqa=True)
+        o = F.scaled_dot_product_attention(q.reshape(B, hk, hq // hk, d), k_cache, v_cache, attn_mask=mask)
+        return o.reshape(B, hq, 1, d)
 
     def logprob(self, hidden, w, targets, temperature):
         return self.fused["logprob_rows"](F.linear(hidden, w), targets, temperature)
