@@ -44,8 +44,8 @@
 #                     and stock ($R/rollout_profile_h200_qwen3-1.7b.{json,log})
 #   decode_breakdown
 #                 #19 one qwen3-0.6b decode step call by call, stock and unified ($R/decode_breakdown_h200_*.md)
-#   decode_cuts   #19 the session-19 decode cuts (rope_cache, NARROW_PCT, the fused decode merge): the GPU tests they
-#                     added, one qwen3-0.6b decode step call by call with NARROW_PCT 25 (the CONFIG's), 0 and 50
+#   decode_cuts   #19 the session-19 decode cuts (rope_cache, qk_norm, NARROW_PCT, the fused decode merge; their GPU
+#                     tests are the suite's): one qwen3-0.6b decode step call by call with NARROW_PCT 25 (the CONFIG's), 0 and 50
 #                     ($R/decode_breakdown_h200_qwen3-0.6b_s19{,_narrow0,_narrow50}.md), then the whole step vs
 #                     its floor
 #   attn_bwd      #16 the attention backward variants (the stored-dS root's knobs and budget, the dq kernel's path
@@ -134,9 +134,6 @@ for p in "$@"; do
         decode_breakdown)
             part decode_breakdown 200 "$py" benchmarks/decode_breakdown.py --out "$R" ;;
         decode_cuts)
-            part decode_cuts_tests 300 "$py" -m pytest -q -m gpu tests/e2e/test_rope_cache.py \
-                tests/kernels/test_attention.py -k "rope_cache or gpu_decode_every_position" \
-                tests/kernels/test_linear.py
             part decode_breakdown_s19 200 "$py" benchmarks/decode_breakdown.py --out "$R" --backends unified --name _s19
             part decode_breakdown_s19_narrow0 200 "$py" benchmarks/decode_breakdown.py --out "$R" --backends unified \
                 --set linear.NARROW_PCT=0 --name _s19_narrow0
