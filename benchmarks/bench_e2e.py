@@ -25,6 +25,7 @@ graphs: step time over the floor, lower is better). `--summarize FILE` writes a 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import dataclasses
 import json
@@ -37,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import tik_kernels  # noqa: E402,F401
 from benchmarks import harness as H  # noqa: E402
 from tik_kernels.e2e.decode_bench import time_decode  # noqa: E402
-from tik_kernels.e2e.model import PRESETS, init_params, make_backend  # noqa: E402
+from tik_kernels.e2e.model import PRESETS, UnifiedBackend, init_params, make_backend  # noqa: E402
 from tik_kernels.e2e.profile import profile_layer  # noqa: E402
 from tik_kernels.e2e.run import E2EConfig, run_e2e, speedups  # noqa: E402
 
@@ -67,6 +68,29 @@ def throughput(args, out: Path) -> dict:
     return res
 
 
+#: `--decode-backends unified-s18`: the unified decode step as it was before session 19's cuts (separate rope,
+#: scatters and q / k norms; no NARROW_PCT; split decode merged by its combine kernel), same run, same bits
+S18_DECODE = {"linear": {"NARROW_PCT": 0}, "attention": {"DECODE_FUSED_MAX_CHUNKS": 0}}
+
+
+@contextlib.contextmanager
+def config_overrides(over: dict):
+    """Library operators' CONFIG values set for the block, then restored."""
+    import importlib
+
+    saved = []
+    try:
+        for op, kv in over.items():
+            cfg = importlib.import_module(f"tik_kernels.ops.{op}").CONFIG
+            for k, v in kv.items():
+                saved.append((cfg, k, cfg[k]))
+                cfg[k] = v
+        yield
+    finally:
+        for cfg, k, v in reversed(saved):
+            cfg[k] = v
+
+
 def decode(args) -> dict:
     """The engine's decode step vs the bandwidth floor: every backend, graphs and eager (graphs only on CUDA)."""
     res = {"preset": args.decode_preset, "layers": args.layers, "runs": []}
@@ -79,10 +103,15 @@ def decode(args) -> dict:
         for name in args.decode_backends:
             for graphs in ((True, False) if cuda else (False,)):
                 try:
-                    be = make_backend(name, stock_compiled=cuda and not args.stock_eager)
-                    r = time_decode(mc, be, batch=args.decode_batch, context=context, graphs=graphs,
-                                    device=args.device, reps=args.decode_reps if cuda else 1,
-                                    rounds=5 if cuda else 1, tbps=H.COPY_TBPS, params=params)
+                    if name == "unified-s18":
+                        be, over = UnifiedBackend(fused_launches=False), S18_DECODE
+                    else:
+                        be, over = make_backend(name, stock_compiled=cuda and not args.stock_eager), {}
+                    with config_overrides(over):  # a CUDA graph keeps the launches of its capture
+                        r = time_decode(mc, be, batch=args.decode_batch, context=context, graphs=graphs,
+                                        device=args.device, reps=args.decode_reps if cuda else 1,
+                                        rounds=5 if cuda else 1, tbps=H.COPY_TBPS, params=params)
+                    r["backend"] = name
                     r["stock_compiled"] = getattr(be, "compiled", None)
                 except RuntimeError as e:  # one failed contender does not lose the others' figures
                     r = {"backend": name, "graphs": graphs, "batch": args.decode_batch, "context": context,
@@ -283,7 +312,9 @@ def main() -> int:
     ap.add_argument("--decode-context", type=positive_int, nargs="+", default=[128, 256],
                     help="decode: every sequence's context length (default 128 256)")
     ap.add_argument("--decode-reps", type=positive_int, default=20)
-    ap.add_argument("--decode-backends", nargs="+", default=["stock", "unified"], choices=["stock", "unified"])
+    ap.add_argument("--decode-backends", nargs="+", default=["stock", "unified"],
+                    choices=["stock", "unified", "unified-s18"],
+                    help="decode: unified-s18 is the unified step without session 19's cuts (S18_DECODE)")
     ap.add_argument("--learn-steps", type=positive_int, default=120)
     ap.add_argument("--learn-preset", default="small", choices=list(PRESETS))
     ap.add_argument("--learn-modes", nargs="+", default=["A", "B"], choices=["A", "B", "C"])

@@ -47,7 +47,7 @@
 #   decode_cuts   #19 the session-19 decode cuts (rope_cache, qk_norm, NARROW_PCT, the fused decode merge; their GPU
 #                     tests are the suite's): one qwen3-0.6b decode step call by call with NARROW_PCT 25 (the CONFIG's), 0 and 50
 #                     ($R/decode_breakdown_h200_qwen3-0.6b_s19{,_narrow0,_narrow50}.md), then the whole step vs
-#                     its floor
+#                     its floor, stock, unified and unified-s18 (the step before the cuts) in one run
 #   attn_bwd      #16 the attention backward variants (the stored-dS root's knobs and budget, the dq kernel's path
 #                     and its knobs, fused dq) vs SDPA flash
 #   speed         #16 bench_speed: linear / decode / prefill / fwd+bwd / ops vs stock, bits-gated;
@@ -139,7 +139,8 @@ for p in "$@"; do
                 --set linear.NARROW_PCT=0 --name _s19_narrow0
             part decode_breakdown_s19_narrow50 200 "$py" benchmarks/decode_breakdown.py --out "$R" --backends unified \
                 --set linear.NARROW_PCT=50 --name _s19_narrow50
-            part e2e_decode 300 "$py" benchmarks/bench_e2e.py --out "$R" --only decode ;;
+            part e2e_decode_s19 400 "$py" benchmarks/bench_e2e.py --out "$R/e2e_decode_s19" --only decode \
+                --decode-backends stock unified unified-s18 ;;
         attn_bwd)
             part attn_bwd 400 "$py" benchmarks/bench_attn_bwd.py --out "$R" ;;
         speed)

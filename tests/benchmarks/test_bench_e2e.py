@@ -85,3 +85,16 @@ def test_summary_keys_only_from_full_depth_gpu_runs():
     assert bench_e2e.summary_keys("decode", dec, gpu) == {"e2e_decode_floor_ratio": 2.5,
                                                           "e2e_decode_floor_ratio_stock": 1.5}
     assert bench_e2e.summary_keys("decode", dec | {"preset": "qwen3-1.7b"}, gpu) == {}
+
+
+def test_config_overrides_are_restored():
+    """The unified-s18 decode contender sets library CONFIG values for its own capture only, even when it fails."""
+    import tik_kernels.ops.attention as A
+    import tik_kernels.ops.linear as L
+
+    before = (L.CONFIG["NARROW_PCT"], A.CONFIG["DECODE_FUSED_MAX_CHUNKS"])
+    with bench_e2e.config_overrides(bench_e2e.S18_DECODE):
+        assert (L.CONFIG["NARROW_PCT"], A.CONFIG["DECODE_FUSED_MAX_CHUNKS"]) == (0, 0)
+    with pytest.raises(RuntimeError), bench_e2e.config_overrides(bench_e2e.S18_DECODE):
+        raise RuntimeError("capture failed")
+    assert (L.CONFIG["NARROW_PCT"], A.CONFIG["DECODE_FUSED_MAX_CHUNKS"]) == before

@@ -344,7 +344,9 @@ class UnifiedBackend:
     #: attention_decode's launch depends on the cache's capacity only: one graph per batch bucket
     decode_reads_kv_len = False
 
-    def __init__(self, impl_files: dict[str, str | Path] | None = None):
+    def __init__(self, impl_files: dict[str, str | Path] | None = None, fused_launches: bool = True):
+        """`fused_launches=False`: the rollout's rope and KV-cache fill, and its q and k norms, as separate calls
+        (`rope_cache`, `qk_norm`; the same bits), to time what the fused launches save."""
         import importlib
 
         from tik_kernels.contract import load_module
@@ -360,6 +362,7 @@ class UnifiedBackend:
                 mods[op] = importlib.import_module(f"tik_kernels.ops.{op}")
                 self.sources[op] = f"tik_kernels.ops.{op}"
         self.m = mods
+        self.fused_launches = fused_launches
 
     def embedding(self, ids, table):
         return self.m["embedding"].embedding(ids, table)
@@ -375,7 +378,7 @@ class UnifiedBackend:
     def qk_norm(self, q, wq, k, wk, eps):
         """Qwen3's q and k norms: the rmsnorm module's `rmsnorm_pair` (one launch, the same bits) where it has one
         and no gradient is needed (the rollout), else two rmsnorm() calls (tests/e2e/test_rope_cache.py)."""
-        pair = getattr(self.m["rmsnorm"], "rmsnorm_pair", None)
+        pair = getattr(self.m["rmsnorm"], "rmsnorm_pair", None) if self.fused_launches else None
         if pair is not None and not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, wq, wk))):
             return pair(q, wq, k, wk, eps)
         return self.rmsnorm(q, wq, eps), self.rmsnorm(k, wk, eps)
@@ -392,7 +395,7 @@ class UnifiedBackend:
     def rope_cache(self, q, k, v, pos, theta, k_cache, v_cache, slots):
         """The rope module's `rope_cache` (the rope and the KV-cache fill in one launch) where it has one, else
         rope() and the two scatters; the same bits either way (tests/e2e/test_rope_cache.py)."""
-        fused = getattr(self.m["rope"], "rope_cache", None)
+        fused = getattr(self.m["rope"], "rope_cache", None) if self.fused_launches else None
         if fused is not None:
             return fused(q, k, v, pos, theta, k_cache, v_cache, slots)
         return _rope_then_scatter(self.rope, q, k, v, pos, theta, k_cache, v_cache, slots)
