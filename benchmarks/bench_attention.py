@@ -281,10 +281,11 @@ DECODE_VARIANTS = [
     {**_FOLD, "decode_num_warps": 4}, {"COMBINE_BLOCK_D": 16}, {"COMBINE_BLOCK_D": 64}, {"COMBINE_BLOCK_D": 128},
     {"COMBINE_CHUNKS": 4}, {"COMBINE_CHUNKS": 16}, {"combine_num_warps": 2}, {"combine_num_warps": 4},
     {"DECODE_FOLD_GROUPS": 256}, {"DECODE_FOLD_GROUPS": 1 << 30}, {"DECODE_BLOCK_M": 32},
+    {"DECODE_FUSED_MAX_CHUNKS": 0}, {"DECODE_FUSED_MAX_CHUNKS": 64},
 ]
 #: a short list: the split choice and the decode kernel's warps
 QUICK_VARIANTS = [{}, _FOLD, {"DECODE_CHUNKS_PER_PROG": 2}, {"decode_num_warps": 4}, {"decode_num_stages": 2},
-                  {"DECODE_FOLD_GROUPS": 1 << 30}]
+                  {"DECODE_FOLD_GROUPS": 1 << 30}, {"DECODE_FUSED_MAX_CHUNKS": 0}, {"DECODE_FUSED_MAX_CHUNKS": 64}]
 DECODE_TUNING_CELLS = ((1, 1024), (1, 8192), (1, 32768), (8, 8192), (32, 16384), (128, 4096))
 
 
