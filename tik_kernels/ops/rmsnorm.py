@@ -137,7 +137,9 @@ def _rows(x: torch.Tensor, H: int) -> tuple[torch.Tensor, int, tuple[int, int, i
     return x2, x2.shape[0], (x2.stride(0), 1, 0)
 
 
-def rmsnorm_fwd(x: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def rmsnorm_fwd(x: torch.Tensor, w: torch.Tensor, eps: float, w2: torch.Tensor | None = None,
+                n_first: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`w2` (`rmsnorm_pair`): the weight of x[..., h, :] for h >= n_first of a [T, Hh, H] x; w that of the others."""
     H = x.shape[-1]
     if w.shape != (H,):
         raise ValueError(f"rmsnorm: weight shape {tuple(w.shape)} != ({H},)")
@@ -147,7 +149,8 @@ def rmsnorm_fwd(x: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Ten
     block_r, block_h, num_warps = _tile(H)
     if R:
         _rmsnorm_fwd_kernel[(triton.cdiv(R, block_r),)](
-            x2, w, y, rstd, R, H, *addr, float(eps), BLOCK_R=block_r, BLOCK_H=block_h, num_warps=num_warps
+            x2, w, y, rstd, R, H, *addr, float(eps), BLOCK_R=block_r, BLOCK_H=block_h, num_warps=num_warps,
+            **({} if w2 is None else dict(w2_ptr=w2, n_first=n_first, PAIR=True)),
         )
     return y.view(x.shape), x2, rstd, addr
 
@@ -212,13 +215,8 @@ def rmsnorm_pair(q: torch.Tensor, wq: torch.Tensor, k: torch.Tensor, wk: torch.T
         raise ValueError(f"rmsnorm_pair: weights {tuple(wq.shape)} / {tuple(wk.shape)} do not match q / k")
     if not _follows(q, k) or not q.shape[0] or wq.dtype != wk.dtype:
         return rmsnorm(q, wq, eps), rmsnorm(k, wk, eps)
-    T, hq, hk = q.shape[0], q.shape[1], k.shape[1]
-    R = T * (hq + hk)
-    y = torch.empty((T, hq + hk, H), dtype=q.dtype, device=q.device)
-    rstd = torch.empty((R,), dtype=torch.float32, device=q.device)
-    block_r, block_h, num_warps = _tile(H)
-    _rmsnorm_fwd_kernel[(triton.cdiv(R, block_r),)](
-        q, wq, y, rstd, R, H, q.stride(0), hq + hk, q.stride(1), float(eps), BLOCK_R=block_r, BLOCK_H=block_h,
-        w2_ptr=wk, n_first=hq, PAIR=True, num_warps=num_warps,
-    )
+    hq = q.shape[1]
+    # q's and k's heads as one [T, Hq + Hk, H] view of the storage they share
+    qk = q.as_strided((q.shape[0], hq + k.shape[1], H), (q.stride(0), q.stride(1), 1))
+    y = rmsnorm_fwd(qk, wq, eps, w2=wk, n_first=hq)[0]
     return y[:, :hq], y[:, hq:]

@@ -128,14 +128,14 @@ def _rope_kernel(
     b_cos = tl.cos(b_r)
     b_sin = tl.sin(b_r) * SIGN
     _rotate_heads(q_ptr, qo_ptr, o_t, m_t, stride_qt, stride_qh, HQ, b_cos, b_sin, HALF, BLOCK_HQ, BLOCK_HALF)
+    o_c = o_t  # CACHE: each token's cache row offset (its slot and position)
     if CACHE:
         b_slot = tl.load(slot_ptr + o_t, mask=m_t, other=0).to(tl.int64)
         o_c = b_slot * stride_cs + b_ipos.to(tl.int64) * stride_cp  # [BT]
-        _rotate_heads(k_ptr, ko_ptr, o_t, m_t, stride_kt, stride_kh, HK, b_cos, b_sin, HALF, BLOCK_HK, BLOCK_HALF,
-                      kc_ptr, o_c, stride_ch, True)
+    _rotate_heads(k_ptr, ko_ptr, o_t, m_t, stride_kt, stride_kh, HK, b_cos, b_sin, HALF, BLOCK_HK, BLOCK_HALF,
+                  kc_ptr, o_c, stride_ch, CACHE)
+    if CACHE:
         _copy_heads(v_ptr, vc_ptr, o_t, m_t, o_c, stride_vt, stride_vh, stride_ch, HK, 2 * HALF, BLOCK_HK, BLOCK_D)
-    else:
-        _rotate_heads(k_ptr, ko_ptr, o_t, m_t, stride_kt, stride_kh, HK, b_cos, b_sin, HALF, BLOCK_HK, BLOCK_HALF)
 
 
 def _heads(x: torch.Tensor) -> torch.Tensor:
