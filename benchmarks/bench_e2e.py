@@ -25,7 +25,6 @@ graphs: step time over the floor, lower is better). `--summarize FILE` writes a 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import dataclasses
 import json
@@ -38,7 +37,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import tik_kernels  # noqa: E402,F401
 from benchmarks import harness as H  # noqa: E402
 from tik_kernels.e2e.decode_bench import time_decode  # noqa: E402
-from tik_kernels.e2e.model import PRESETS, UnifiedBackend, init_params, make_backend  # noqa: E402
+from tik_kernels.e2e.model import (  # noqa: E402
+    PDL_CONFIG,
+    PRESETS,
+    UnifiedBackend,
+    config_overrides,
+    init_params,
+    make_backend,
+)
 from tik_kernels.e2e.profile import profile_layer  # noqa: E402
 from tik_kernels.e2e.run import E2EConfig, run_e2e, speedups  # noqa: E402
 
@@ -71,24 +77,8 @@ def throughput(args, out: Path) -> dict:
 #: `--decode-backends unified-s18`: the unified decode step as it was before session 19's cuts (separate rope,
 #: scatters and q / k norms; no NARROW_PCT; split decode merged by its combine kernel), same run, same bits
 S18_DECODE = {"linear": {"NARROW_PCT": 0}, "attention": {"DECODE_FUSED_MAX_CHUNKS": 0}}
-
-
-@contextlib.contextmanager
-def config_overrides(over: dict):
-    """Library operators' CONFIG values set for the block, then restored."""
-    import importlib
-
-    saved = []
-    try:
-        for op, kv in over.items():
-            cfg = importlib.import_module(f"tik_kernels.ops.{op}").CONFIG
-            for k, v in kv.items():
-                saved.append((cfg, k, cfg[k]))
-                cfg[k] = v
-        yield
-    finally:
-        for cfg, k, v in reversed(saved):
-            cfg[k] = v
+#: `--decode-backends unified-pdl`: the unified step with its kernels launched with programmatic dependent launch
+#: (PDL_CONFIG), beside the same step without it, same run, same bits
 
 
 def decode(args) -> dict:
@@ -105,6 +95,8 @@ def decode(args) -> dict:
                 try:
                     if name == "unified-s18":
                         be, over = UnifiedBackend(fused_launches=False), S18_DECODE
+                    elif name == "unified-pdl":
+                        be, over = UnifiedBackend(), PDL_CONFIG
                     else:
                         be, over = make_backend(name, stock_compiled=cuda and not args.stock_eager), {}
                     with config_overrides(over):  # a CUDA graph keeps the launches of its capture
@@ -313,8 +305,9 @@ def main() -> int:
                     help="decode: every sequence's context length (default 128 256)")
     ap.add_argument("--decode-reps", type=positive_int, default=20)
     ap.add_argument("--decode-backends", nargs="+", default=["stock", "unified"],
-                    choices=["stock", "unified", "unified-s18"],
-                    help="decode: unified-s18 is the unified step without session 19's cuts (S18_DECODE)")
+                    choices=["stock", "unified", "unified-s18", "unified-pdl"],
+                    help="decode: unified-s18 is the unified step without session 19's cuts (S18_DECODE), "
+                         "unified-pdl with programmatic dependent launch (PDL_CONFIG)")
     ap.add_argument("--learn-steps", type=positive_int, default=120)
     ap.add_argument("--learn-preset", default="small", choices=list(PRESETS))
     ap.add_argument("--learn-modes", nargs="+", default=["A", "B"], choices=["A", "B", "C"])

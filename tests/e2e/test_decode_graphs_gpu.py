@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from tik_kernels.e2e.model import PRESETS, init_params, make_backend
+from tik_kernels.e2e.model import PDL_CONFIG, PRESETS, config_overrides, init_params, make_backend
 from tik_kernels.e2e.rollout import RolloutEngine
 from tik_kernels.e2e.run import E2EConfig, run_e2e
 from tik_kernels.e2e.task import make_requests
@@ -37,6 +37,30 @@ def test_graph_decode_equals_eager_decode_bitwise_unified():
     again = graph.generate(params, reqs)
     assert _bits(again) == _bits(want)
     assert graph.stats.graphs_captured == len(set(graph.stats.buckets))
+
+
+@pytest.mark.parametrize("preset, layers", [("small", 2), ("qwen3-0.6b", 2)])
+def test_pdl_graph_decode_equals_eager_decode_bitwise(preset, layers):
+    """With programmatic dependent launch every kernel of the decode step may start before the one before it ends and
+    waits for it in its first instruction: the replayed steps (PDL on, captured) give the eager steps' bits (PDL off),
+    under continuous batching, at a shape whose decode splits its attention (qwen3-0.6b: fused merge)."""
+    from tik_kernels.ops._common import pdl_capable
+
+    if not pdl_capable(torch.device("cuda")):
+        pytest.skip("programmatic dependent launch needs compute capability 9.0 and a Triton that has it")
+    mc = PRESETS[preset].with_layers(layers)
+    params = init_params(mc, 0, "cuda")
+    reqs = make_requests(mc.vocab, 6, 3, random.Random(2), prompt_len=(8, 200), answer_len=(4, 40))
+    kw = dict(max_slots=8, max_len=256, admit_per_step=3, device="cuda")
+    be = make_backend("unified")
+    want = RolloutEngine(mc, be, graphs=False, **kw).generate(params, reqs)
+    with config_overrides(PDL_CONFIG):
+        graph = RolloutEngine(mc, be, graphs=True, **kw)
+        got = graph.generate(params, reqs)
+        eager = RolloutEngine(mc, be, graphs=False, **kw).generate(params, reqs)
+    assert graph.stats.graphs_captured > 0
+    assert _bits(got) == _bits(want)
+    assert _bits(eager) == _bits(want)
 
 
 def test_stock_decode_graphs_run_per_batch_and_kv_bucket():

@@ -10,6 +10,8 @@ read the very same bf16 bits.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import math
 import sys
@@ -347,8 +349,6 @@ class UnifiedBackend:
     def __init__(self, impl_files: dict[str, str | Path] | None = None, fused_launches: bool = True):
         """`fused_launches=False`: the rollout's rope and KV-cache fill, and its q and k norms, as separate calls
         (`rope_cache`, `qk_norm`; the same bits), to time what the fused launches save."""
-        import importlib
-
         from tik_kernels.contract import load_module
 
         self.sources: dict[str, str] = {}
@@ -434,6 +434,29 @@ class UnifiedBackend:
             return fused(hidden, w, temperature, seeds)
         tok = self.sample(hidden, w, temperature, seeds)
         return tok, self.logprob(hidden, w, tok, temperature)
+
+
+#: the CONFIG values that launch a decode step's kernels with programmatic dependent launch (each operator's own PDL
+#: tunable, tik_kernels/ops/_common.py): a kernel's launch and start overlap the end of the kernel before it; no bits
+PDL_CONFIG = {"rmsnorm": {"PDL": 1}, "add_rmsnorm": {"PDL": 1}, "rope": {"PDL": 1}, "linear": {"PDL": 1},
+              "silu_mul": {"PDL": 1}, "attention": {"DECODE_PDL": 1}, "logprob": {"PDL": 1}}
+
+
+@contextlib.contextmanager
+def config_overrides(over: dict[str, dict], backend: UnifiedBackend | None = None):
+    """Operators' CONFIG values set for the block, then restored: the backend's modules, else the library's. A CUDA
+    graph keeps the launches of its capture, so a graph captured inside the block replays them after it too."""
+    saved = []
+    try:
+        for op, kv in over.items():
+            mod = backend.m[op] if backend is not None else importlib.import_module(f"tik_kernels.ops.{op}")
+            for k, v in kv.items():
+                saved.append((mod.CONFIG, k, mod.CONFIG[k]))
+                mod.CONFIG[k] = v
+        yield
+    finally:
+        for cfg, k, v in reversed(saved):
+            cfg[k] = v
 
 
 def make_backend(name: str, impl_files: dict[str, str | Path] | None = None, stock_compiled: bool = False):

@@ -21,14 +21,16 @@ import torch
 import triton
 import triton.language as tl
 
-from tik_kernels.ops._common import round_to
+from tik_kernels.ops._common import pdl_launch, pdl_start, round_to
 
 TUNABLES = {
     "TILE_ELEMS": (1024, 2048, 4096, 8192),
     "MAX_WARPS": (1, 2, 4, 8, 16),
     "BWD_ROWS": (32, 64, 128, 256),
+    "PDL": (0, 1),
 }
-CONFIG = {"TILE_ELEMS": 4096, "MAX_WARPS": 8, "BWD_ROWS": 128}
+#: PDL: the forward launched with programmatic dependent launch (ops/_common.py), no bit changes
+CONFIG = {"TILE_ELEMS": 4096, "MAX_WARPS": 8, "BWD_ROWS": 128, "PDL": 0}
 
 
 @triton.jit
@@ -46,7 +48,9 @@ def _add_rmsnorm_fwd_kernel(
     eps,
     BLOCK_R: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)
     pid = tl.program_id(0).to(tl.int64)
     o_r = pid * BLOCK_R + tl.arange(0, BLOCK_R)
     o_h = tl.arange(0, BLOCK_H)
@@ -138,7 +142,7 @@ def add_rmsnorm_fwd(x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, ep
     if R:
         _add_rmsnorm_fwd_kernel[(triton.cdiv(R, block_r),)](
             x2, r2, w, y, s, rstd, R, H, x2.stride(0), r2.stride(0), float(eps),
-            BLOCK_R=block_r, BLOCK_H=block_h, num_warps=num_warps,
+            BLOCK_R=block_r, BLOCK_H=block_h, num_warps=num_warps, **pdl_launch(CONFIG["PDL"], x.device),
         )
     return y, s, rstd
 

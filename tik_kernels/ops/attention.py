@@ -106,6 +106,7 @@ import triton
 import triton.language as tl
 
 from tik_kernels._runtime import INTERPRET
+from tik_kernels.ops._common import pdl_launch, pdl_start
 
 try:  # Triton >= 3.4: operands described for the tensor-memory accelerator (TMA)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -143,6 +144,8 @@ TUNABLES = {
     # decode, split: up to this many chunks in the cache (its capacity), the last program of a (sequence, KV head)
     # pair to finish merges the pair's chunk states itself; above it, and at 0, a combine kernel does
     "DECODE_FUSED_MAX_CHUNKS": (0, 2, 4, 8, 16, 64, 1073741824),
+    # decode: its kernels launched with programmatic dependent launch (ops/_common.py): who runs when, no bit changes
+    "DECODE_PDL": (0, 1),
     # combine: head-dim slice per program, chunk states loaded per step, warps
     "COMBINE_BLOCK_D": (16, 32, 64, 128),
     "COMBINE_CHUNKS": (2, 4, 8, 16),
@@ -202,6 +205,7 @@ CONFIG = {
     "COMBINE_CHUNKS": 8,
     "combine_num_warps": 1,
     "DECODE_FUSED_MAX_CHUNKS": 8,
+    "DECODE_PDL": 0,
     "DQ_BLOCK_N": 64,
     "DKDV_BLOCK_M": 64,
     "DQ_BLOCK_M": 128,
@@ -491,7 +495,9 @@ def _attn_decode_kernel(
     UPCAST: tl.constexpr,
     FUSED: tl.constexpr = False,  # split: the pair's last program to finish merges the chunk states
     GROUP: tl.constexpr = 8,  # FUSED: chunk states loaded per merge step
+    PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)
     pid_bh = tl.program_id(0).to(tl.int64)  # (sequence, KV head) pairs on the grid's large axis
     pid_c = tl.program_id(1)
     b = pid_bh // n_kv_heads
@@ -582,9 +588,11 @@ def _attn_decode_combine_kernel(
     BLOCK_D: tl.constexpr,
     CHUNK_KEYS: tl.constexpr,
     GROUP: tl.constexpr,  # chunk states loaded per step (their loads do not wait for the merges)
+    PDL: tl.constexpr = False,
 ):
     """One (sequence, KV head)'s chunk states merged and normalized (`_merge_chunk_states`), a BLOCK_D slice of the
     head dim per program."""
+    pdl_start(PDL)
     pid_bh = tl.program_id(0).to(tl.int64)
     pid_d = tl.program_id(1)
     b = pid_bh // n_kv_heads
@@ -1400,6 +1408,7 @@ def _decode(q, k_cache, v_cache, lens, scale):
         wl = torch.empty_like(wm)
         wa = torch.empty((B, hq, n_chunks, d), dtype=torch.float32, device=q.device)
         grid = (B * hk, triton.cdiv(n_chunks, per_prog))
+    pdl = pdl_launch(cfg.get("DECODE_PDL"), q.device)
     _attn_decode_kernel[grid](
         q, k_cache, v_cache, o, wm, wl, wa, lens, cnt,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -1408,6 +1417,7 @@ def _decode(q, k_cache, v_cache, lens, scale):
         FUSED=fused, GROUP=cfg["COMBINE_CHUNKS"],
         G=G, D=d, BLOCK_M=bm, BLOCK_N=bn, CHUNK=chunk, CHUNKS_PER_PROG=per_prog, FOLD=fold, UPCAST=INTERPRET,
         **_launch_opts(cfg["decode_num_warps"], cfg["decode_num_stages"]),
+        **pdl,
     )
     if not fold and not fused:
         bd = min(cfg["COMBINE_BLOCK_D"], d)
@@ -1415,7 +1425,7 @@ def _decode(q, k_cache, v_cache, lens, scale):
             wm, wl, wa, o, lens, wm.stride(0), wm.stride(1), wa.stride(0), wa.stride(1), wa.stride(2),
             o.stride(0), o.stride(1), hk,
             G=G, BLOCK_G=triton.next_power_of_2(G), BLOCK_D=bd, CHUNK_KEYS=bn * chunk, GROUP=cfg["COMBINE_CHUNKS"],
-            **_launch_opts(cfg["combine_num_warps"], 1),
+            **_launch_opts(cfg["combine_num_warps"], 1), **pdl,
         )
     return o
 

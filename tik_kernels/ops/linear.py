@@ -85,6 +85,7 @@ import triton
 import triton.language as tl
 
 from tik_kernels._runtime import DEFAULT_SMS, INTERPRET, sm_count
+from tik_kernels.ops._common import pdl_launch, pdl_start
 
 try:  # Triton >= 3.4: operands described for the tensor-memory accelerator (TMA)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -140,6 +141,7 @@ TUNABLES = {
     "MBIG_num_stages": (2, 3, 4, 5, 6),
     "MBIG_K_UNROLL": (1, 2, 4),
     "MBIG_SPLIT": (0, 1, 2, 4, 8),
+    "PDL": (0, 1),
 }
 
 #: chosen on the H200 by `benchmarks/sweep_linear.py --tma 1 --kchunk 2048` (best launch per bucket over the
@@ -192,6 +194,7 @@ CONFIG = {
     "MBIG_num_stages": 4,
     "MBIG_K_UNROLL": 1,
     "MBIG_SPLIT": 0,
+    "PDL": 0,
 }
 
 #: what the tuner checks a move against before spending an evaluation on it (the tuner's `fits`): each launch
@@ -262,7 +265,9 @@ def _linear_fwd_kernel(
     TMA: tl.constexpr = False,  # operands through the tensor-memory accelerator: same values, same dots
     A_T: tl.constexpr = False,  # a's storage is [K, M] (a is a transposed view), so its tiles come transposed
     B_T: tl.constexpr = False,  # b's storage is [K, N]
+    PDL: tl.constexpr = False,  # launched with programmatic dependent launch (ops/_common.py)
 ):
+    pdl_start(PDL)
     pid = tl.program_id(0)
     pid_c = tl.program_id(1)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -360,7 +365,9 @@ def _linear_combine_kernel(
     stride_cm,
     stride_cn,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)
     o = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     o_m, o_n = o // N, o % N
     m_o = o_m < M
@@ -497,17 +504,18 @@ def _matmul(
     if CONFIG["TMA"] if tma is None else tma:
         da, db = _tma_operand(a, BLOCK_M, BLOCK_K), _tma_operand(b, BLOCK_N, BLOCK_K)
     use_tma = da is not None and db is not None
+    pdl = pdl_launch(CONFIG.get("PDL"), a.device)
     _linear_fwd_kernel[(tiles, groups)](
         a, b, c, da[0] if use_tma else a, db[0] if use_tma else b, ws, cnt, M, N, K,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1), per_prog,
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, KCHUNK=KCHUNK, K_UNROLL=K_UNROLL, GROUP_M=GROUP_M,
         SPLIT=split, FUSED=bool(fuse), EVEN_K=K % (BLOCK_K * K_UNROLL) == 0, UPCAST=INTERPRET,
         TMA=use_tma, A_T=use_tma and da[1], B_T=use_tma and db[1],
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages, **pdl,
     )  # fmt: skip
     if split and not fuse:
         _linear_combine_kernel[(triton.cdiv(M * N, COMBINE_BLOCK),)](
-            ws, c, M, N, n_chunks, c.stride(0), c.stride(1), BLOCK=COMBINE_BLOCK, num_warps=4,
+            ws, c, M, N, n_chunks, c.stride(0), c.stride(1), BLOCK=COMBINE_BLOCK, num_warps=4, **pdl,
         )  # fmt: skip
     return c
 

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from tik_kernels._runtime import INTERPRET
-from tik_kernels.ops._common import round_to
+from tik_kernels.ops._common import pdl_launch, pdl_start, round_to
 from tik_kernels.ops.sample import _race_key, _race_merge, _race_scores, _race_step
 
 #: Triton's interpreter computes tl.dot on bf16 wrongly and truncates fp32 -> bf16 casts: fp32 there
@@ -46,7 +46,9 @@ TUNABLES = {
     "BWD_BLOCK_M": (64, 128),
     "BWD_BLOCK_N": (64, 128),
     "BWD_BLOCK_K": (32, 64),
+    "PDL": (0, 1),
 }
+#: PDL: sample_logprob's kernels launched with programmatic dependent launch (ops/_common.py), no bit changes
 CONFIG = {
     "BLOCK_T": 64,
     "BLOCK_V": 128,
@@ -58,6 +60,7 @@ CONFIG = {
     "BWD_BLOCK_M": 128,
     "BWD_BLOCK_N": 128,
     "BWD_BLOCK_K": 32,
+    "PDL": 0,
 }
 
 
@@ -393,7 +396,9 @@ def _sample_logprob_kernel(
     BLOCK_V: tl.constexpr,
     BLOCK_K: tl.constexpr,
     V_CHUNK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)
     pid_t = tl.program_id(0).to(tl.int64)
     pid_c = tl.program_id(1).to(tl.int64)
     o_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -438,7 +443,9 @@ def _sample_logprob_combine_kernel(
     T,
     NC,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)
     pid = tl.program_id(0).to(tl.int64)
     o_t = pid * BLOCK + tl.arange(0, BLOCK)
     m_t = o_t < T
@@ -492,13 +499,14 @@ def sample_logprob(hidden: torch.Tensor, w: torch.Tensor, temperature: float,
     out = torch.empty((T,), dtype=torch.float32, device=h2.device)
     if T > 0:
         cfg = CONFIG
+        pdl = pdl_launch(cfg.get("PDL"), h2.device)
         nc = triton.cdiv(V, cfg["V_CHUNK"])
         parts = [torch.empty((nc, T), dtype=dt, device=h2.device)
                  for dt in (torch.float32, torch.float32, torch.float32, torch.int64, torch.float32)]
         _sample_logprob_kernel[(triton.cdiv(T, cfg["BLOCK_T"]), nc)](
             h2, w2, s, *parts, T, V, H, h2.stride(0), w2.stride(0), float(temperature),
             BLOCK_T=cfg["BLOCK_T"], BLOCK_V=cfg["BLOCK_V"], BLOCK_K=cfg["BLOCK_K"], V_CHUNK=cfg["V_CHUNK"],
-            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl,
         )
-        _sample_logprob_combine_kernel[(triton.cdiv(T, 128),)](*parts, ids, out, T, nc, BLOCK=128)
+        _sample_logprob_combine_kernel[(triton.cdiv(T, 128),)](*parts, ids, out, T, nc, BLOCK=128, **pdl)
     return ids.reshape(lead), out.reshape(lead)

@@ -26,14 +26,16 @@ import torch
 import triton
 import triton.language as tl
 
-from tik_kernels.ops._common import round_to
+from tik_kernels.ops._common import pdl_launch, pdl_start, round_to
 
 TUNABLES = {
     "TILE_ELEMS": (1024, 2048, 4096, 8192),
     "MAX_WARPS": (1, 2, 4, 8, 16),
     "BWD_ROWS": (32, 64, 128, 256),
+    "PDL": (0, 1),
 }
-CONFIG = {"TILE_ELEMS": 4096, "MAX_WARPS": 8, "BWD_ROWS": 128}
+#: PDL: the forward launched with programmatic dependent launch (ops/_common.py), no bit changes
+CONFIG = {"TILE_ELEMS": 4096, "MAX_WARPS": 8, "BWD_ROWS": 128, "PDL": 0}
 
 
 @triton.jit
@@ -53,7 +55,9 @@ def _rmsnorm_fwd_kernel(
     w2_ptr=None,  # PAIR: the weight of the rows whose inner index is n_first or more
     n_first=0,
     PAIR: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)
     pid = tl.program_id(0).to(tl.int64)
     o_r = pid * BLOCK_R + tl.arange(0, BLOCK_R)
     o_h = tl.arange(0, BLOCK_H)
@@ -151,6 +155,7 @@ def rmsnorm_fwd(x: torch.Tensor, w: torch.Tensor, eps: float, w2: torch.Tensor |
         _rmsnorm_fwd_kernel[(triton.cdiv(R, block_r),)](
             x2, w, y, rstd, R, H, *addr, float(eps), BLOCK_R=block_r, BLOCK_H=block_h, num_warps=num_warps,
             **({} if w2 is None else dict(w2_ptr=w2, n_first=n_first, PAIR=True)),
+            **pdl_launch(CONFIG.get("PDL"), x.device),
         )
     return y.view(x.shape), x2, rstd, addr
 

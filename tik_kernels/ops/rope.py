@@ -23,13 +23,14 @@ import triton
 import triton.language as tl
 
 from tik_kernels._runtime import sm_count
-from tik_kernels.ops._common import round_to
+from tik_kernels.ops._common import pdl_launch, pdl_start, round_to
 
 #: elementwise: any BLOCK_T (tokens per program) gives the same bits
 #: FILL 1: BLOCK_T halves (down to 1) while the launch would have fewer programs than the GPU has SMs, so a decode
 #: step's few tokens still spread over the GPU (H200, qwen3-0.6b decode at 64 tokens: 8 programs took 5.2 us)
-TUNABLES = {"BLOCK_T": (1, 2, 4, 8, 16), "num_warps": (1, 2, 4, 8), "FILL": (0, 1)}
-CONFIG = {"BLOCK_T": 8, "num_warps": 4, "FILL": 1}
+#: PDL: the kernel launched with programmatic dependent launch (ops/_common.py), no bit changes
+TUNABLES = {"BLOCK_T": (1, 2, 4, 8, 16), "num_warps": (1, 2, 4, 8), "FILL": (0, 1), "PDL": (0, 1)}
+CONFIG = {"BLOCK_T": 8, "num_warps": 4, "FILL": 1, "PDL": 0}
 
 
 def _block_t(T: int, device: torch.device) -> int:
@@ -113,7 +114,9 @@ def _rope_kernel(
     stride_cp=0,
     CACHE: tl.constexpr = False,
     BLOCK_D: tl.constexpr = 1,
+    PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)
     pid = tl.program_id(0).to(tl.int64)
     o_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     m_t = o_t < T
@@ -171,7 +174,7 @@ def rope_apply(q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, theta: float
             q, k, pos.contiguous(), qo, ko, T, q.stride(0), q.stride(1), k.stride(0), k.stride(1), HQ, HK,
             math.log2(theta), SIGN=sign, HALF=D // 2, BLOCK_T=bt, BLOCK_HQ=triton.next_power_of_2(HQ),
             BLOCK_HK=triton.next_power_of_2(HK), BLOCK_HALF=triton.next_power_of_2(D // 2),
-            num_warps=CONFIG["num_warps"], **extra,
+            num_warps=CONFIG["num_warps"], **extra, **pdl_launch(CONFIG.get("PDL"), q.device),
         )
     return qo, ko
 

@@ -17,13 +17,14 @@ import triton
 import triton.language as tl
 
 from tik_kernels._runtime import sm_count
-from tik_kernels.ops._common import round_to
+from tik_kernels.ops._common import pdl_launch, pdl_start, round_to
 
 #: FILL 1: BLOCK_T halves (down to 1) while the launch would have fewer programs than the GPU has SMs, so a decode
-#: step's few tokens still spread over the GPU (H200, qwen3-0.6b decode, 64 x 3072: 48 programs took 4.6 us)
+#: step's few tokens still spread over the GPU (H200, qwen3-0.6b decode, 64 x 3072: 48 programs took 4.6 us).
+#: PDL: the forward launched with programmatic dependent launch (ops/_common.py), no bit changes
 TUNABLES = {"BLOCK_T": (1, 2, 4, 8), "BLOCK_F": (256, 512, 1024, 2048, 4096), "num_warps": (1, 2, 4, 8),
-            "FILL": (0, 1)}
-CONFIG = {"BLOCK_T": 4, "BLOCK_F": 1024, "num_warps": 4, "FILL": 1}
+            "FILL": (0, 1), "PDL": (0, 1)}
+CONFIG = {"BLOCK_T": 4, "BLOCK_F": 1024, "num_warps": 4, "FILL": 1, "PDL": 0}
 
 
 def _block_t(T: int, F: int, device: torch.device) -> int:
@@ -45,7 +46,9 @@ def _silu_mul_fwd_kernel(
     stride_x,
     BLOCK_T: tl.constexpr,
     BLOCK_F: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)
     o_t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     o_f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
     m = (o_t < T)[:, None] & (o_f < F)[None, :]
@@ -97,7 +100,7 @@ def silu_mul_fwd(x: torch.Tensor) -> torch.Tensor:
         bt = _block_t(T, F, x.device)
         grid = (triton.cdiv(T, bt), triton.cdiv(F, CONFIG["BLOCK_F"]))
         _silu_mul_fwd_kernel[grid](x2, y, T, F, x2.stride(0), BLOCK_T=bt, BLOCK_F=CONFIG["BLOCK_F"],
-                                   num_warps=CONFIG["num_warps"])
+                                   num_warps=CONFIG["num_warps"], **pdl_launch(CONFIG.get("PDL"), x.device))
     return y.view(*x.shape[:-1], F)
 
 

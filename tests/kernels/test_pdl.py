@@ -1,0 +1,58 @@
+"""Programmatic dependent launch (`PDL`, tik_kernels/ops/_common.py): a launch option each decode-step operator may
+take, never a bit change. The GPU's bits with it on are tests/e2e/test_decode_graphs_gpu.py's."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+from tik_kernels.e2e.model import PDL_CONFIG, config_overrides
+from tik_kernels.ops import _common
+
+
+def test_every_decode_operator_has_the_tunable_off_by_default():
+    for op, kv in PDL_CONFIG.items():
+        mod = importlib.import_module(f"tik_kernels.ops.{op}")
+        for key in kv:
+            assert mod.TUNABLES[key] == (0, 1), op
+            assert mod.CONFIG[key] == 0, op
+
+
+def test_no_pdl_without_a_hopper_gpu(monkeypatch):
+    assert _common.pdl_launch(1, torch.device("cpu")) == {}
+    assert _common.pdl_launch(0, torch.device("cpu")) == {}
+    monkeypatch.setattr(_common, "pdl_capable", lambda device: True)
+    assert _common.pdl_launch(1, torch.device("cpu")) == {"PDL": True, "launch_pdl": True}
+    assert _common.pdl_launch(0, torch.device("cpu")) == {}
+
+
+def test_config_overrides_are_restored_even_on_error():
+    lin = importlib.import_module("tik_kernels.ops.linear")
+    with pytest.raises(RuntimeError), config_overrides(PDL_CONFIG):
+        assert lin.CONFIG["PDL"] == 1
+        raise RuntimeError
+    assert lin.CONFIG["PDL"] == 0
+
+
+def test_a_pdl_launch_asks_for_the_option(monkeypatch):
+    """With PDL asked and the device able, the kernel gets PDL=True and Triton launch_pdl=True (here recorded, not run:
+    the interpreter has neither instruction)."""
+    lin = importlib.import_module("tik_kernels.ops.linear")
+    seen = {}
+
+    class Launch:
+        def __getitem__(self, grid):
+            def run(*args, **kwargs):
+                seen.update(kwargs)
+            return run
+
+    monkeypatch.setattr(lin, "pdl_launch", lambda on, device: {"PDL": True, "launch_pdl": True} if on else {})
+    monkeypatch.setattr(lin, "_linear_fwd_kernel", Launch())
+    x, w = torch.randn(4, 64, dtype=torch.bfloat16), torch.randn(32, 64, dtype=torch.bfloat16)
+    lin._matmul(x, w)
+    assert "launch_pdl" not in seen
+    with config_overrides({"linear": {"PDL": 1}}):
+        lin._matmul(x, w)
+    assert seen["launch_pdl"] is True and seen["PDL"] is True
