@@ -39,6 +39,7 @@ from benchmarks import harness as H  # noqa: E402
 from tik_kernels.e2e.decode_bench import time_decode  # noqa: E402
 from tik_kernels.e2e.model import (  # noqa: E402
     PDL_CONFIG,
+    PDL_PREFETCH_CONFIG,
     PRESETS,
     UnifiedBackend,
     config_overrides,
@@ -78,7 +79,8 @@ def throughput(args, out: Path) -> dict:
 #: scatters and q / k norms; no NARROW_PCT; split decode merged by its combine kernel), same run, same bits
 S18_DECODE = {"linear": {"NARROW_PCT": 0}, "attention": {"DECODE_FUSED_MAX_CHUNKS": 0}}
 #: `--decode-backends unified-pdl`: the unified step with its kernels launched with programmatic dependent launch
-#: (PDL_CONFIG), beside the same step without it, same run, same bits
+#: (PDL_CONFIG), beside the same step without it, same run, same bits; `unified-pdl-prefetch` with the linear's
+#: weights prefetched into L2 too (PDL_PREFETCH_CONFIG)
 
 
 def decode(args) -> dict:
@@ -97,6 +99,8 @@ def decode(args) -> dict:
                         be, over = UnifiedBackend(fused_launches=False), S18_DECODE
                     elif name == "unified-pdl":
                         be, over = UnifiedBackend(), PDL_CONFIG
+                    elif name == "unified-pdl-prefetch":
+                        be, over = UnifiedBackend(), PDL_PREFETCH_CONFIG
                     else:
                         be, over = make_backend(name, stock_compiled=cuda and not args.stock_eager), {}
                     with config_overrides(over):  # a CUDA graph keeps the launches of its capture
@@ -305,9 +309,10 @@ def main() -> int:
                     help="decode: every sequence's context length (default 128 256)")
     ap.add_argument("--decode-reps", type=positive_int, default=20)
     ap.add_argument("--decode-backends", nargs="+", default=["stock", "unified"],
-                    choices=["stock", "unified", "unified-s18", "unified-pdl"],
+                    choices=["stock", "unified", "unified-s18", "unified-pdl", "unified-pdl-prefetch"],
                     help="decode: unified-s18 is the unified step without session 19's cuts (S18_DECODE), "
-                         "unified-pdl with programmatic dependent launch (PDL_CONFIG)")
+                         "unified-pdl with programmatic dependent launch (PDL_CONFIG), unified-pdl-prefetch also "
+                         "with the linear's weights prefetched (PDL_PREFETCH_CONFIG)")
     ap.add_argument("--learn-steps", type=positive_int, default=120)
     ap.add_argument("--learn-preset", default="small", choices=list(PRESETS))
     ap.add_argument("--learn-modes", nargs="+", default=["A", "B"], choices=["A", "B", "C"])

@@ -8,7 +8,14 @@ import random
 import pytest
 import torch
 
-from tik_kernels.e2e.model import PDL_CONFIG, PRESETS, config_overrides, init_params, make_backend
+from tik_kernels.e2e.model import (
+    PDL_CONFIG,
+    PDL_PREFETCH_CONFIG,
+    PRESETS,
+    config_overrides,
+    init_params,
+    make_backend,
+)
 from tik_kernels.e2e.rollout import RolloutEngine
 from tik_kernels.e2e.run import E2EConfig, run_e2e
 from tik_kernels.e2e.task import make_requests
@@ -39,11 +46,13 @@ def test_graph_decode_equals_eager_decode_bitwise_unified():
     assert graph.stats.graphs_captured == len(set(graph.stats.buckets))
 
 
-@pytest.mark.parametrize("preset, layers", [("small", 2), ("qwen3-0.6b", 2)])
-def test_pdl_graph_decode_equals_eager_decode_bitwise(preset, layers):
+@pytest.mark.parametrize("preset, layers, over", [("small", 2, PDL_CONFIG), ("qwen3-0.6b", 2, PDL_CONFIG),
+                                                 ("qwen3-0.6b", 2, PDL_PREFETCH_CONFIG)])
+def test_pdl_graph_decode_equals_eager_decode_bitwise(preset, layers, over):
     """With programmatic dependent launch every kernel of the decode step may start before the one before it ends and
-    waits for it in its first instruction: the replayed steps (PDL on, captured) give the eager steps' bits (PDL off),
-    under continuous batching, at a shape whose decode splits its attention (qwen3-0.6b: fused merge)."""
+    waits for it in its first instruction (the linear's weight prefetch before it): the replayed steps (PDL on,
+    captured) give the eager steps' bits (PDL off), under continuous batching, at a shape whose decode splits its
+    attention (qwen3-0.6b: fused merge)."""
     from tik_kernels.ops._common import pdl_capable
 
     if not pdl_capable(torch.device("cuda")):
@@ -54,7 +63,7 @@ def test_pdl_graph_decode_equals_eager_decode_bitwise(preset, layers):
     kw = dict(max_slots=8, max_len=256, admit_per_step=3, device="cuda")
     be = make_backend("unified")
     want = RolloutEngine(mc, be, graphs=False, **kw).generate(params, reqs)
-    with config_overrides(PDL_CONFIG):
+    with config_overrides(over):
         graph = RolloutEngine(mc, be, graphs=True, **kw)
         got = graph.generate(params, reqs)
         eager = RolloutEngine(mc, be, graphs=False, **kw).generate(params, reqs)

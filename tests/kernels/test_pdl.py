@@ -8,12 +8,12 @@ import importlib
 import pytest
 import torch
 
-from tik_kernels.e2e.model import PDL_CONFIG, config_overrides
+from tik_kernels.e2e.model import PDL_CONFIG, PDL_PREFETCH_CONFIG, config_overrides
 from tik_kernels.ops import _common
 
 
 def test_every_decode_operator_has_the_tunable_off_by_default():
-    for op, kv in PDL_CONFIG.items():
+    for op, kv in PDL_PREFETCH_CONFIG.items():
         mod = importlib.import_module(f"tik_kernels.ops.{op}")
         for key in kv:
             assert mod.TUNABLES[key] == (0, 1), op
@@ -56,3 +56,12 @@ def test_a_pdl_launch_asks_for_the_option(monkeypatch):
     with config_overrides({"linear": {"PDL": 1}}):
         lin._matmul(x, w)
     assert seen["launch_pdl"] is True and seen["PDL"] is True
+
+
+def test_the_prefetch_stays_off_in_the_interpreter():
+    """PTX's prefetch has no interpreter counterpart: asked for on the CPU, the launch leaves it out."""
+    lin = importlib.import_module("tik_kernels.ops.linear")
+    x, w = torch.randn(4, 64, dtype=torch.bfloat16), torch.randn(32, 64, dtype=torch.bfloat16)
+    want = lin._matmul(x, w)
+    with config_overrides({"linear": {"PREFETCH": 1, "PDL": 1}}):
+        assert torch.equal(lin._matmul(x, w).view(torch.int16), want.view(torch.int16))

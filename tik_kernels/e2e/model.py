@@ -440,6 +440,8 @@ class UnifiedBackend:
 #: tunable, tik_kernels/ops/_common.py): a kernel's launch and start overlap the end of the kernel before it; no bits
 PDL_CONFIG = {"rmsnorm": {"PDL": 1}, "add_rmsnorm": {"PDL": 1}, "rope": {"PDL": 1}, "linear": {"PDL": 1},
               "silu_mul": {"PDL": 1}, "attention": {"DECODE_PDL": 1}, "logprob": {"PDL": 1}}
+#: and the linear's weight rows prefetched into L2 before its wait, while the kernel before it runs (linear PREFETCH)
+PDL_PREFETCH_CONFIG = {**PDL_CONFIG, "linear": {"PDL": 1, "PREFETCH": 1}}
 
 
 @contextlib.contextmanager

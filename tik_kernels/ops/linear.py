@@ -48,6 +48,11 @@ The parallelization (tunable per M bucket, none of it changes bits):
   down projections at M = 64 are 1024 wide, 16 tiles of 64 x 64, and with K = 2048 (one chunk) no split
   can add programs, so 16 SMs stream the weights (H200: 8.9 us against a 1.1 us floor,
   decode_breakdown_h200_qwen3-0.6b_fill.md). No Qwen3-8B cell has so few tiles at 25 %;
+- PDL: launched with programmatic dependent launch (tik_kernels/ops/_common.py): the launch and the programs' start
+  overlap the end of the kernel before; every program waits for it before it reads an operand;
+- PREFETCH: each program first asks for the weight rows it will read to be brought into L2 (PTX prefetch, a hint that
+  returns no value), and with PDL does so before that wait, while the kernel before still runs: a decode step's
+  weights are no kernel's output there, and the step's small kernels leave the memory bus idle at their ends;
 - TMA: operands read through tensor descriptors (Hopper's tensor-memory accelerator) instead of
   pointer tensors: the same values into the same dots, and no per-thread addresses, which leaves the
   registers for the running total beside the chunk accumulator (H200, 128x128 walking launch: 150
@@ -142,6 +147,7 @@ TUNABLES = {
     "MBIG_K_UNROLL": (1, 2, 4),
     "MBIG_SPLIT": (0, 1, 2, 4, 8),
     "PDL": (0, 1),
+    "PREFETCH": (0, 1),
 }
 
 #: chosen on the H200 by `benchmarks/sweep_linear.py --tma 1 --kchunk 2048` (best launch per bucket over the
@@ -195,6 +201,7 @@ CONFIG = {
     "MBIG_K_UNROLL": 1,
     "MBIG_SPLIT": 0,
     "PDL": 0,
+    "PREFETCH": 0,
 }
 
 #: what the tuner checks a move against before spending an evaluation on it (the tuner's `fits`): each launch
@@ -233,6 +240,13 @@ def _sum_chunks(ws_ptr, o_m, o_n, m_ws, M, N, n_chunks):
     return b_total
 
 
+@triton.jit
+def _prefetch_l2(ptrs):
+    """Ask for the line at each address to be brought into L2 (PTX prefetch.global.L2): a hint, no value read."""
+    tl.inline_asm_elementwise("mov.u32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
 @triton.jit(do_not_specialize=["M", "CHUNKS_PER_PROG"])
 def _linear_fwd_kernel(
     a_ptr,  # [M, K] rows to project (x, dy or dy.T), any strides
@@ -266,8 +280,8 @@ def _linear_fwd_kernel(
     A_T: tl.constexpr = False,  # a's storage is [K, M] (a is a transposed view), so its tiles come transposed
     B_T: tl.constexpr = False,  # b's storage is [K, N]
     PDL: tl.constexpr = False,  # launched with programmatic dependent launch (ops/_common.py)
+    PREFETCH: tl.constexpr = False,  # b's rows this program reads sent to L2 before the wait (b's unit stride is K)
 ):
-    pdl_start(PDL)
     pid = tl.program_id(0)
     pid_c = tl.program_id(1)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -290,6 +304,13 @@ def _linear_fwd_kernel(
     c_lo = pid_c * CHUNKS_PER_PROG
     c_hi = min(c_lo + CHUNKS_PER_PROG, n_chunks)
     k_lo = c_lo.to(tl.int64) * KCHUNK
+    if PREFETCH:
+        # before waiting for the kernel before this one: a decode step's weights are no kernel's output there, and
+        # a prefetch moves lines into L2 (where every load reads them coherently), it returns no value
+        for c_pf in range(c_lo, c_hi):
+            o_line = tl.minimum(c_pf.to(tl.int64) * KCHUNK + tl.arange(0, KCHUNK // 64) * 64, K - 1)  # 128-B lines
+            _prefetch_l2(b_ptr + o_bn[:, None] * stride_bn + o_line[None, :])
+    pdl_start(PDL)  # nothing above reads or writes memory (the prefetch aside)
     o_k0 = k_lo + o_k
     p_a = a_ptr + o_am[:, None] * stride_am + o_k0[None, :] * stride_ak  # [BM, BK]
     p_b = b_ptr + o_bn[None, :] * stride_bn + o_k0[:, None] * stride_bk  # [BK, BN]
@@ -505,13 +526,15 @@ def _matmul(
         da, db = _tma_operand(a, BLOCK_M, BLOCK_K), _tma_operand(b, BLOCK_N, BLOCK_K)
     use_tma = da is not None and db is not None
     pdl = pdl_launch(CONFIG.get("PDL"), a.device)
+    # the weight's lines into L2 first (on the GPU, where b's rows run along K: the forward's w)
+    prefetch = bool(CONFIG.get("PREFETCH")) and not INTERPRET and b.stride(1) == 1
     _linear_fwd_kernel[(tiles, groups)](
         a, b, c, da[0] if use_tma else a, db[0] if use_tma else b, ws, cnt, M, N, K,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1), per_prog,
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, KCHUNK=KCHUNK, K_UNROLL=K_UNROLL, GROUP_M=GROUP_M,
         SPLIT=split, FUSED=bool(fuse), EVEN_K=K % (BLOCK_K * K_UNROLL) == 0, UPCAST=INTERPRET,
         TMA=use_tma, A_T=use_tma and da[1], B_T=use_tma and db[1],
-        num_warps=num_warps, num_stages=num_stages, **pdl,
+        PREFETCH=prefetch, num_warps=num_warps, num_stages=num_stages, **pdl,
     )  # fmt: skip
     if split and not fuse:
         _linear_combine_kernel[(triton.cdiv(M * N, COMBINE_BLOCK),)](

@@ -1,0 +1,111 @@
+"""Whether a change left the decode step's kernels as the compiler makes them: sm_90 PTX, here against a git revision.
+
+    PYTHONPATH=. python benchmarks/ptx_unchanged.py [--rev f786862] [--out FILE]
+
+Compiles each listed kernel of this tree's operator files and of the same files at REV for sm_90 on this machine
+(no GPU needed: Triton's own ptxas) with the same constexprs, the launch options a change added left at their defaults
+(PDL and PREFETCH off), and compares the PTX instruction for instruction (source line markers, comments and debug
+sections dropped: they follow the file's line numbers). "identical" means the GPU runs the kernel it ran before; the
+PDL-on variants are compiled too and must hold griddepcontrol.wait (and, with PREFETCH, the prefetches before it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ["TRITON_INTERPRET"] = "0"  # compile, never interpret (before anything imports Triton)
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+F32, I32, I64 = "*fp32", "*i32", "*i64"
+#: (operator file, kernel, constexprs, argument types other than bf16 pointers and i32 scalars, compile options)
+CASES = [
+    ("rmsnorm", "_rmsnorm_fwd_kernel", dict(BLOCK_R=32, BLOCK_H=128, w2_ptr=None, n_first=0),
+     {"rstd_ptr": F32, "eps": "fp32"}, dict(num_warps=8)),
+    ("add_rmsnorm", "_add_rmsnorm_fwd_kernel", dict(BLOCK_R=4, BLOCK_H=1024), {"rstd_ptr": F32, "eps": "fp32"},
+     dict(num_warps=8)),
+    ("silu_mul", "_silu_mul_fwd_kernel", dict(BLOCK_T=1, BLOCK_F=1024), {}, dict(num_warps=4)),
+    ("rope", "_rope_kernel", dict(SIGN=1, HALF=64, BLOCK_T=1, BLOCK_HQ=16, BLOCK_HK=8, BLOCK_HALF=64, v_ptr=None,
+                                  slot_ptr=None, kc_ptr=None, vc_ptr=None, stride_vt=0, stride_vh=0, stride_cs=0,
+                                  stride_ch=0, stride_cp=0), {"log2_theta": "fp32", "pos_ptr": I64},
+     dict(num_warps=4)),
+    ("linear", "_linear_fwd_kernel", dict(BLOCK_M=64, BLOCK_N=16, BLOCK_K=64, KCHUNK=2048, K_UNROLL=1, GROUP_M=8,
+                                          SPLIT=True, FUSED=True, EVEN_K=True, UPCAST=False),
+     {"ws_ptr": F32, "cnt_ptr": I32}, dict(num_warps=4, num_stages=6)),
+    ("linear", "_linear_combine_kernel", dict(BLOCK=1024), {"ws_ptr": F32}, dict(num_warps=4)),
+    ("attention", "_attn_decode_kernel", dict(G=2, D=128, BLOCK_M=16, BLOCK_N=128, CHUNK=4, CHUNKS_PER_PROG=1,
+                                              FOLD=False, UPCAST=False, FUSED=True, GROUP=8),
+     {"wm_ptr": F32, "wl_ptr": F32, "wa_ptr": F32, "lens_ptr": I32, "cnt_ptr": I32, "qk_scale": "fp32"},
+     dict(num_warps=8, num_stages=3)),
+    ("attention", "_attn_decode_combine_kernel", dict(G=2, BLOCK_G=2, BLOCK_D=32, CHUNK_KEYS=512, GROUP=8),
+     {"wm_ptr": F32, "wl_ptr": F32, "wa_ptr": F32, "lens_ptr": I32}, dict(num_warps=1)),
+    ("logprob", "_sample_logprob_combine_kernel", dict(BLOCK=128),
+     {"m_part_ptr": F32, "s_part_ptr": F32, "best_part_ptr": F32, "idx_part_ptr": I64, "zb_part_ptr": F32,
+      "ids_ptr": I64, "out_ptr": F32}, dict(num_warps=4)),
+]
+
+
+def ptx(path: Path, kernel: str, const: dict, types: dict, opts: dict, extra: dict | None = None) -> str:
+    """The kernel's sm_90 PTX without line markers, comments and debug sections."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from tik_kernels.contract import load_module
+
+    fn = getattr(load_module(path, f"ptx_{abs(hash((str(path), kernel)))}"), kernel)
+    params = inspect.signature(fn.fn).parameters
+    c = {k: v for k, v in {**const, **(extra or {})}.items() if k in params}
+    sig = {}
+    for n, prm in params.items():
+        if n not in c and "constexpr" in str(prm.annotation) and prm.default is not inspect.Parameter.empty:
+            c[n] = prm.default  # a constexpr the change added: its default
+        if n in c:
+            sig[n] = "constexpr"
+        else:
+            sig[n] = types.get(n, "*bf16" if n.endswith(("_ptr", "_desc")) else "i32")
+    k = triton.compile(triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=c),
+                       target=GPUTarget("cuda", 90, 32), options={**opts, "launch_pdl": bool(c.get("PDL"))})
+    text = k.asm["ptx"]
+    text = text[: text.find(".section\t.debug")] if ".section\t.debug" in text else text
+    return "\n".join(line.split("//")[0].rstrip() for line in text.splitlines()
+                     if not line.strip().startswith((".loc", ".file", "//")))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rev", default="HEAD", help="the revision to compare against (default HEAD)")
+    ap.add_argument("--out", help="also write the report here")
+    args = ap.parse_args()
+    lines = [f"sm_90 PTX of this tree against {args.rev} (PDL / PREFETCH at their defaults), and the PDL variants"]
+    ok = True
+    with tempfile.TemporaryDirectory() as tmp:
+        for op, kernel, const, types, opts in CASES:
+            old = Path(tmp) / f"{op}.py"
+            if not old.exists():
+                old.write_text(subprocess.run(["git", "-C", str(ROOT), "show", f"{args.rev}:tik_kernels/ops/{op}.py"],
+                                              check=True, capture_output=True, text=True).stdout)
+            new = ROOT / "tik_kernels" / "ops" / f"{op}.py"
+            same = ptx(new, kernel, const, types, opts) == ptx(old, kernel, const, types, opts)
+            on = ptx(new, kernel, const, types, opts, {"PDL": True})
+            waits = on.count("griddepcontrol.wait")
+            line = f"{op:12s} {kernel:32s} off: {'identical' if same else 'DIFFERENT'}   PDL on: {waits} wait"
+            if kernel == "_linear_fwd_kernel":
+                pf = ptx(new, kernel, const, types, opts, {"PDL": True, "PREFETCH": True})
+                before = pf.find("prefetch.global.L2") < pf.find("griddepcontrol.wait")
+                line += f", PREFETCH: {pf.count('prefetch.global.L2')} prefetches, first before the wait: {before}"
+            ok &= same and waits == 1
+            lines.append(line)
+            print(line, flush=True)
+    if args.out:
+        Path(args.out).write_text("\n".join(lines) + "\n")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
