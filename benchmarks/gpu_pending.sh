@@ -48,6 +48,9 @@
 #                     tests are the suite's): one qwen3-0.6b decode step call by call with NARROW_PCT 25 (the CONFIG's), 0 and 50
 #                     ($R/decode_breakdown_h200_qwen3-0.6b_s19{,_narrow0,_narrow50}.md), then the whole step vs
 #                     its floor, stock, unified and unified-s18 (the step before the cuts) in one run
+#   pdl           #19 programmatic dependent launch and the linear's weight prefetch (off by default; their GPU test is
+#                     the suite's): the whole qwen3-0.6b decode step, stock, unified, unified-pdl and
+#                     unified-pdl-prefetch in one run ($R/e2e_decode_pdl/), then the step call by call with both on
 #   attn_bwd      #16 the attention backward variants (the stored-dS root's knobs and budget, the dq kernel's path
 #                     and its knobs, fused dq) vs SDPA flash
 #   speed         #16 bench_speed: linear / decode / prefill / fwd+bwd / ops vs stock, bits-gated;
@@ -141,6 +144,12 @@ for p in "$@"; do
                 --set linear.NARROW_PCT=50 --name _s19_narrow50
             part e2e_decode_s19 400 "$py" benchmarks/bench_e2e.py --out "$R/e2e_decode_s19" --only decode \
                 --decode-backends stock unified unified-s18 ;;
+        pdl)
+            part e2e_decode_pdl 420 "$py" benchmarks/bench_e2e.py --out "$R/e2e_decode_pdl" --only decode \
+                --decode-backends stock unified unified-pdl unified-pdl-prefetch
+            part decode_breakdown_pdl 200 "$py" benchmarks/decode_breakdown.py --out "$R" --backends unified \
+                --set rmsnorm.PDL=1 --set add_rmsnorm.PDL=1 --set rope.PDL=1 --set linear.PDL=1 --set silu_mul.PDL=1 \
+                --set attention.DECODE_PDL=1 --set logprob.PDL=1 --set linear.PREFETCH=1 --name _pdl_prefetch ;;
         attn_bwd)
             part attn_bwd 400 "$py" benchmarks/bench_attn_bwd.py --out "$R" ;;
         speed)
@@ -149,6 +158,6 @@ for p in "$@"; do
             part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_h200
             part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts attn_bwd speed hf)" >&2 ;;
+            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl attn_bwd speed hf)" >&2 ;;
     esac
 done
