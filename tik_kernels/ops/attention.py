@@ -136,6 +136,12 @@ TUNABLES = {
     "DECODE_BLOCK_M": (16, 32, 64),
     "decode_num_warps": (2, 4, 8),
     "decode_num_stages": (1, 2, 3, 4),
+    # decode over a cache of at most DECODE_SHORT_KEYS keys (a rollout's short contexts: each program walks a block or
+    # two, so it has nothing to pipeline and one 8-warp, 3-stage program fills an SM's shared memory alone) launches
+    # with these warps and stages instead; 0: never
+    "DECODE_SHORT_KEYS": (0, 256, 512, 1024),
+    "decode_short_num_warps": (2, 4, 8),
+    "decode_short_num_stages": (1, 2, 3),
     # decode: chunks one split program computes (each chunk's state is written on its own)
     "DECODE_CHUNKS_PER_PROG": (1, 2, 4, 8),
     # decode: from this many (sequence, KV head) pairs on, no split: one program per pair merges in-program
@@ -206,6 +212,11 @@ CONFIG = {
     "combine_num_warps": 1,
     "DECODE_FUSED_MAX_CHUNKS": 8,
     "DECODE_PDL": 0,
+    # H200, qwen3-0.6b decode, B = 64, a 256-key cache: 4 warps, 1 stage 23.6 us a layer against 26.6 with the
+    # long-context launch (8, 3); decode_breakdown_h200_qwen3-0.6b_att_w4s1.md, _fill.md
+    "DECODE_SHORT_KEYS": 512,
+    "decode_short_num_warps": 4,
+    "decode_short_num_stages": 1,
     "DQ_BLOCK_N": 64,
     "DKDV_BLOCK_M": 64,
     "DQ_BLOCK_M": 128,
@@ -1386,8 +1397,12 @@ def _decode_counters(device: torch.device, n: int) -> torch.Tensor:
 
 def _decode(q, k_cache, v_cache, lens, scale):
     B, hq, _, d = q.shape
-    cfg = _for_head_dim(_tiles(), d)
     hk, cap = k_cache.shape[1], k_cache.shape[2]
+    cfg = _tiles()
+    if cap <= cfg.get("DECODE_SHORT_KEYS", 0):
+        cfg = {**cfg, "decode_num_warps": cfg["decode_short_num_warps"],
+               "decode_num_stages": cfg["decode_short_num_stages"]}
+    cfg = _for_head_dim(cfg, d)
     G = hq // hk
     bm = max(cfg["DECODE_BLOCK_M"], triton.next_power_of_2(G))
     bn, chunk = cfg["BLOCK_N"], cfg["CHUNK_BLOCKS"]
