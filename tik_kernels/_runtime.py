@@ -225,8 +225,249 @@ def _fast_interpreter_types() -> None:
     it._get_np_dtype, it._convert_float = get_np_dtype, convert_float
 
 
+def _fast_frontend_types() -> None:
+    """Triton's language front end made cheaper per operation where the interpreter spends most of its time.
+
+    In the interpreter every `tl` operation of every program goes through the front end's Python: each result is a
+    new `tl.tensor` whose `block_type` is rebuilt from its shape (the shape unwrapped element by element, checked,
+    turned into a Triton `tuple` whose `tuple_type` is built from a `constexpr_type` per element, then named), and
+    each tensor turns the shape into a second Triton tuple of `constexpr`s with its own `tuple_type`; comparing two
+    block types normalizes a copy of the other's shape tuple, and every `dtype ==` and shape unwrap passes values
+    through `_unwrap_if_constexpr`'s chain of `isinstance` tests. In the attention root's CPU probes that was about
+    half of the time (some 400,000 tensors and 270,000 block types), the numpy compute being a small part. Here:
+
+    - `block_type(element_ty, shape)` with a `list` or Triton `tuple` of plain ints takes what depends on the shape
+      alone (its `tuple_type`, element count and printed form) from the first block type built with that shape, which
+      Triton's own constructor built and checked; each block type still gets its own shape tuple (the same ints, the
+      same kind of `tuple_type`), its element type and name as Triton makes them. Any other shape takes Triton's path.
+    - `tensor(handle, type)` takes its shape tuple's `constexpr`s, their `tuple_type` and its `numel` from the first
+      tensor of that block shape (the shape's ints are the key; `constexpr`s are never changed after they are made,
+      so sharing them is sharing equal immutable values); a new Triton tuple per tensor, as Triton makes.
+    - `block_type == block_type` compares the two shapes' int lists directly (`constexpr` of the comparison, as
+      Triton's tuple comparison returns), after the same element-type comparison.
+    - `_unwrap_if_constexpr` returns a value of an exact type that none of its branches unwraps (int, float, bool,
+      None, str, a tensor, a dtype) at once, and a `constexpr`'s value at once; anything else goes to Triton's.
+    - `broadcast_impl_value` of two block tensors of the same shape returns them, as Triton's does after finding
+      that neither shape changes (its comparison of the shapes as Triton tuples was most of its cost).
+
+    Each fast path returns what Triton's path returns for that input (the same values, the same types by `==`); the
+    kernels' results are the same bits (`tests/kernels/test_interpreter_patches.py` runs a kernel with and without
+    them and checks the types made against Triton's). Installed only when the classes still have the shapes this
+    relies on (Triton 3.9's), else Triton is left alone."""
+    import builtins
+    import inspect
+
+    from triton.language import core, semantic
+
+    block_type, tensor, ttuple = core.block_type, core.tensor, core.tuple
+    constexpr, dtype = core.constexpr, core.dtype
+    if getattr(block_type.__init__, "_tik_fast", False):
+        return
+    try:
+        sources = {name: inspect.getsource(fn) for name, fn in (
+            ("block", block_type.__init__), ("block_eq", block_type.__eq__), ("tensor", tensor.__init__),
+            ("tuple", ttuple.__init__), ("unwrap", core._unwrap_if_constexpr),
+            ("broadcast", semantic.TritonSemantic.broadcast_impl_value),
+            ("cast", semantic.TritonSemantic.cast), ("dtype_eq", dtype.__eq__),
+            ("binary", semantic.TritonSemantic.binary_op_type_checking_impl),
+            ("computation", semantic.TritonSemantic.computation_type_impl))}
+    except (AttributeError, OSError, TypeError):
+        return
+    expected = {
+        "block": ("self.shape = tuple(_unwrap_shape(shape))", "self.numel = validate_block_shape(self.shape)",
+                  "self.name = f'<{self.shape}, {self.element_ty}>'"),
+        "block_eq": ("return self.element_ty == other.element_ty and self.shape == other.shape",),
+        "tensor": ("self.numel = constexpr(math.prod(self.shape))", "self.dtype = type.scalar",
+                   "self.shape = tuple([constexpr(s) for s in self.shape])"),
+        "tuple": ("self.type = _type_for_tuple_values(self.values)",),
+        "unwrap": ("return o.value if isinstance(o, constexpr) else o",),
+        "broadcast": ("if lhs_shape != ret_shape:", "if rhs_shape != ret_shape:"),
+        "cast": ("def cast(self, input: TensorTy, dst_ty: tl.dtype, fp_downcast_rounding: Optional[str] = None)",
+                 "if src_sca_ty == dst_sca_ty:\n            return input"),
+        "dtype_eq": ("return self.name == other.name",),
+        "binary": ("ret_sca_ty = self.computation_type_impl(lhs_sca_ty, lhs_is_scalar, rhs_sca_ty, rhs_is_scalar, "
+                   "div_or_mod)", "lhs, rhs = self.broadcast_impl_value(lhs, rhs)"),
+        "computation": ("if div_or_mod and (a_ty.is_floating() or b_ty.is_floating()):\n            return tl.float32",
+                        "return a_ty if a_ty == b_ty else tl.float16", "return self.integer_promote_impl(a_ty, b_ty)"),
+    }
+    if any(line not in sources[k] for k, lines in expected.items() for line in lines):
+        return
+    leaves = (int, float, bool, type(None), str, tensor, dtype, block_type, core.pointer_type)
+    if any(issubclass(t, (list, builtins.tuple, ttuple, constexpr)) for t in leaves):
+        return
+
+    block_init, block_eq, tensor_init = block_type.__init__, block_type.__eq__, tensor.__init__
+    unwrap, broadcast = core._unwrap_if_constexpr, semantic.TritonSemantic.broadcast_impl_value
+    cast, binary_types = semantic.TritonSemantic.cast, semantic.TritonSemantic.binary_op_type_checking_impl
+    int_kinds = frozenset((int,) * n for n in range(1, 9))
+    shapes: dict = {}  # shape ints -> (tuple_type, numel, printed shape), from Triton's own block_type
+    tensor_shapes: dict = {}  # shape ints -> (constexprs, their tuple_type, numel constexpr), from Triton's tensor
+
+    def fast_block_init(self, element_ty, shape):
+        kind = type(shape)
+        values = shape if kind is list else shape.values if kind is ttuple else None
+        key = builtins.tuple(values) if values is not None else None
+        if key is None or builtins.tuple(map(type, key)) not in int_kinds:  # ints only: 16.0 == 16 is no shape
+            return block_init(self, element_ty, shape)
+        found = shapes.get(key)
+        if found is None:
+            block_init(self, element_ty, shape)  # Triton's checks; raises for a shape it refuses, caching nothing
+            shapes[key] = (self.shape.type, self.numel, str(self.shape))
+            return
+        types, numel, printed = found
+        self.element_ty = element_ty
+        self.shape = ttuple(list(key), types)
+        self.numel = numel
+        self.name = f'<{printed}, {element_ty}>'
+
+    def fast_block_eq(self, other):
+        if type(self) is not block_type or type(other) is not block_type:
+            return block_eq(self, other)
+        return self.element_ty == other.element_ty and constexpr(self.shape.values == other.shape.values)
+
+    def fast_tensor_init(self, handle, type):
+        if type.is_block():
+            shape = type.shape
+            if builtins.type(shape) is not ttuple:
+                return tensor_init(self, handle, type)
+            key = builtins.tuple(shape.values)
+        else:
+            key = ()
+        found = tensor_shapes.get(key)
+        if found is None:
+            tensor_init(self, handle, type)
+            tensor_shapes[key] = (builtins.tuple(self.shape.values), self.shape.type, self.numel)
+            return
+        values, types, numel = found
+        self.handle = handle
+        self.numel = numel
+        self.type = type
+        self.dtype = type.scalar
+        self.shape = ttuple(list(values), types)
+
+    def fast_unwrap(o):
+        kind = type(o)
+        if kind is constexpr:
+            return o.value
+        if kind in leaf_set:
+            return o
+        return unwrap(o)
+
+    leaf_set = frozenset(leaves)
+
+    def fast_broadcast(self, lhs, rhs):
+        lhs_ty, rhs_ty = lhs.type, rhs.type
+        if (type(lhs_ty) is block_type and type(rhs_ty) is block_type and type(lhs_ty.shape) is ttuple
+                and type(rhs_ty.shape) is ttuple):
+            lhs_shape, rhs_shape = lhs_ty.shape.values, rhs_ty.shape.values
+            if lhs_shape == rhs_shape:
+                return lhs, rhs
+            if len(lhs_shape) != len(rhs_shape):
+                return broadcast(self, lhs, rhs)
+            # Triton's loop over equal ranks, on the shapes' ints
+            ret_shape = []
+            for left, right in zip(lhs_shape, rhs_shape, strict=True):
+                if left == 1:
+                    ret_shape.append(right)
+                elif right == 1 or right == left:
+                    ret_shape.append(left)
+                else:
+                    return broadcast(self, lhs, rhs)  # Triton's error
+            if lhs_shape != ret_shape:
+                lhs = self.make_tensor(self.builder.create_broadcast(lhs.handle, ret_shape),
+                                       block_type(lhs_ty.scalar, ret_shape))
+            if rhs_shape != ret_shape:
+                rhs = self.make_tensor(self.builder.create_broadcast(rhs.handle, ret_shape),
+                                       block_type(rhs_ty.scalar, ret_shape))
+            return lhs, rhs
+        if not lhs_ty.is_block() and not rhs_ty.is_block():
+            return lhs, rhs  # (scalar, scalar): Triton returns them
+        return broadcast(self, lhs, rhs)
+
+    def fast_binary_types(self, lhs, rhs, allow_lhs_ptr=False, allow_rhs_ptr=False, arithmetic_check=True,
+                          div_or_mod=False):
+        # two tensors of one plain arithmetic dtype and one shape: Triton's computation type is that dtype (every rule
+        # of `computation_type_impl` gives it back, but a div or mod of floats, which goes to Triton's), both casts
+        # return their input, the broadcast returns both; so Triton returns the pair unchanged
+        if type(lhs) is tensor and type(rhs) is tensor and arithmetic_check and not div_or_mod:
+            lhs_ty, rhs_ty = lhs.type, rhs.type
+            a, b = lhs.dtype, rhs.dtype
+            if (type(a) is dtype and type(b) is dtype and a.name == b.name and (a.is_floating() or a.is_int())
+                    and ((type(lhs_ty) is block_type and type(rhs_ty) is block_type and type(lhs_ty.shape) is ttuple
+                          and type(rhs_ty.shape) is ttuple and lhs_ty.shape.values == rhs_ty.shape.values)
+                         or (not lhs_ty.is_block() and not rhs_ty.is_block()))):
+                return lhs, rhs
+        return binary_types(self, lhs, rhs, allow_lhs_ptr, allow_rhs_ptr, arithmetic_check, div_or_mod)
+
+    def fast_cast(self, input, dst_ty, fp_downcast_rounding=None):
+        src, dst = input.type.scalar, dst_ty.scalar
+        if type(src) is dtype and type(dst) is dtype and src.name == dst.name:
+            return input  # Triton's `src_sca_ty == dst_sca_ty` (names, for plain dtypes): the input unchanged
+        return cast(self, input, dst_ty, fp_downcast_rounding)
+
+    for fn, original in ((fast_block_init, block_init), (fast_block_eq, block_eq), (fast_tensor_init, tensor_init),
+                         (fast_unwrap, unwrap), (fast_broadcast, broadcast), (fast_cast, cast),
+                         (fast_binary_types, binary_types)):
+        fn._tik_fast = True
+        fn.__wrapped_original__ = original
+    block_type.__init__, block_type.__eq__, tensor.__init__ = fast_block_init, fast_block_eq, fast_tensor_init
+    semantic.TritonSemantic.broadcast_impl_value, semantic.TritonSemantic.cast = fast_broadcast, fast_cast
+    semantic.TritonSemantic.binary_op_type_checking_impl = fast_binary_types
+    import sys
+    for name, module in list(sys.modules.items()):  # every module that imported Triton's function by name
+        if name.startswith("triton.") and getattr(module, "_unwrap_if_constexpr", None) is unwrap:
+            module._unwrap_if_constexpr = fast_unwrap
+
+
+def _direct_builtin_calls() -> None:
+    """Call a patched `tl` builtin with one Python frame less and no copy of its keyword arguments.
+
+    A launch replaces each builtin of the language modules (`tl.load`, `tensor.__add__`, ...) with a lambda that
+    copies its keyword arguments without `_semantic` and calls the builtin with `_semantic=interpreter_semantic`; the
+    builtin is `triton.language.core.builtin`'s wrapper, which only checks that `_semantic` was given and calls the
+    function. The attention root's CPU probes made some 350,000 such calls. Here the replacement sets `_semantic` in
+    its own keyword dict (a fresh one at every call, as Python makes it) and, for a member that is exactly that wrapper
+    (same code object), calls the wrapped function directly: the wrapper's check always passes there, so the call
+    and its result are the same. Installed only when Triton's `_patch_attr` and `builtin` still have that shape."""
+    import inspect
+
+    from triton.language import core
+    from triton.runtime import interpreter as it
+
+    patch_attr = getattr(it, "_patch_attr", None)
+    if patch_attr is None or getattr(patch_attr, "_tik_fast", False):
+        return
+    try:
+        body, wrapper_body = inspect.getsource(patch_attr), inspect.getsource(core.builtin)
+    except (OSError, TypeError):
+        return
+    if ('if k != "_semantic"}, _semantic=interpreter_semantic))' not in body
+            or "scope.set_attr(obj, name, new_member)" not in body
+            or 'if "_semantic" not in kwargs or kwargs["_semantic"] is None:' not in wrapper_body
+            or "return fn(*args, **kwargs)" not in wrapper_body):
+        return
+    wrapper_code = core.builtin(lambda *a, **k: None).__code__
+
+    def fast_patch_attr(obj, name, member, builder, scope):
+        target = member
+        if getattr(member, "__code__", None) is wrapper_code and callable(getattr(member, "__wrapped__", None)):
+            target = member.__wrapped__
+
+        def new_member(*args, member=target, **kwargs):
+            kwargs["_semantic"] = it.interpreter_semantic
+            return member(*args, **kwargs)
+
+        scope.set_attr(obj, name, new_member)
+
+    fast_patch_attr._tik_fast = True
+    fast_patch_attr.__wrapped_original__ = patch_attr
+    it._patch_attr = fast_patch_attr
+
+
 if INTERPRET:
     _order_defined_interpreter_dot()
     _helpers_without_repatching()
     _no_discarded_overflow_checks()
     _fast_interpreter_types()
+    _fast_frontend_types()
+    _direct_builtin_calls()

@@ -130,3 +130,109 @@ def test_np_dtype_lookup_matches_tritons():
     for _ in range(2):  # the second time from what the first kept
         for t in types:
             assert fast(t) == slow(t), t
+
+
+def _tritons_front_end(monkeypatch) -> None:
+    """Put Triton's own front end back for the rest of a test (the patches keep Triton's functions)."""
+    import sys
+
+    from triton.language import core, semantic
+    from triton.runtime import interpreter as it
+
+    for owner, name in ((core.block_type, "__init__"), (core.block_type, "__eq__"), (core.tensor, "__init__"),
+                        (semantic.TritonSemantic, "broadcast_impl_value"), (semantic.TritonSemantic, "cast"),
+                        (semantic.TritonSemantic, "binary_op_type_checking_impl")):
+        fast = getattr(owner, name)
+        assert getattr(fast, "_tik_fast", False), f"{owner.__name__}.{name}: the patch is not installed"
+        monkeypatch.setattr(owner, name, fast.__wrapped_original__)
+    unwrap = core._unwrap_if_constexpr
+    assert getattr(unwrap, "_tik_fast", False)
+    for mod_name, module in list(sys.modules.items()):
+        if mod_name.startswith("triton.") and getattr(module, "_unwrap_if_constexpr", None) is unwrap:
+            monkeypatch.setattr(module, "_unwrap_if_constexpr", unwrap.__wrapped_original__)
+    assert getattr(it._patch_attr, "_tik_fast", False)
+    monkeypatch.setattr(it, "_patch_attr", it._patch_attr.__wrapped_original__)
+
+
+@triton.jit
+def _shapes_kernel(x_ptr, b_ptr, i_ptr, y_ptr, z_ptr, w_ptr, n, scale, M: tl.constexpr, N: tl.constexpr):
+    rows = tl.arange(0, M)
+    cols = tl.arange(0, N)
+    mask = (rows[:, None] < n) & (cols[None, :] < N)  # [M, 1] with [1, N]: both broadcast
+    offs = rows[:, None] * N + cols[None, :]
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)  # fp32 [M, N]
+    b = tl.load(b_ptr + offs, mask=mask, other=0.0)  # bf16 [M, N]
+    i = tl.load(i_ptr + offs, mask=mask, other=0)  # int32 [M, N]
+    row = tl.sum(x, axis=1)  # [M]
+    y = x * b + row[:, None] - 1.5  # fp32 with bf16 (a cast), [M, N] with [M, 1], with a scalar
+    y = y / (tl.abs(x) + 1.0) + (i % 7).to(tl.float32) * scale  # a div; an int mod; fp32 with a scalar argument
+    bb = b * b + b  # bf16 with bf16 stays bf16
+    ii = i * 3 + i // 2 - (i >> 1)  # int32 arithmetic with scalars and with itself
+    tl.store(y_ptr + offs, y, mask=mask)
+    tl.store(z_ptr + offs, bb, mask=mask)
+    tl.store(w_ptr + offs, ii + tl.where(x > 0, 1, -1), mask=mask)
+    acc = tl.zeros((M, N), dtype=tl.float32) + tl.dot(x, tl.trans(x)) * 0.5  # a dot on the way (M == N)
+    tl.store(y_ptr + M * N + offs, acc + y, mask=mask)
+
+
+def _run_shapes(x, b, i):
+    y = torch.empty(2 * 16 * 16, dtype=torch.float32)
+    z = torch.empty(16 * 16, dtype=torch.bfloat16)
+    w = torch.empty(16 * 16, dtype=torch.int32)
+    _shapes_kernel[(1,)](x, b, i, y, z, w, 13, 0.25, M=16, N=16)
+    return y, z, w
+
+
+def test_fast_front_end_gives_tritons_bits(monkeypatch):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(256, generator=g)
+    x[::17] = float("nan")
+    x[5], x[6], x[7] = float("inf"), -0.0, 1e-40  # inf, a negative zero, a subnormal
+    b = torch.randn(256, generator=g).to(torch.bfloat16)
+    i = torch.randint(-1000, 1000, (256,), generator=g, dtype=torch.int32)
+    fast = _run_shapes(x, b, i)
+    _tritons_front_end(monkeypatch)
+    slow = _run_shapes(x, b, i)
+    for f, s in zip(fast, slow, strict=True):
+        assert f.dtype == s.dtype
+        assert torch.equal(f.view(torch.uint8), s.view(torch.uint8))
+
+
+def test_fast_block_and_tensor_types_match_tritons():
+    from triton.language import core
+
+    block, tensor = core.block_type, core.tensor
+    shapes = [[16], [1, 32], [4, 8, 2], [1], [2, 1, 1, 4]]
+    for dt in (tl.float32, tl.bfloat16, tl.int1, tl.pointer_type(tl.float16)):
+        for shape in shapes:
+            for given in (list(shape), core.tuple(list(shape)), [tl.constexpr(s) for s in shape]):
+                for _ in range(2):  # the second time from what the first kept
+                    fast = block(dt, given)
+                    slow = block.__new__(block)
+                    block.__init__.__wrapped_original__(slow, dt, given)
+                    assert fast == slow and slow == fast
+                    assert type(fast.shape) is type(slow.shape) and fast.shape.values == slow.shape.values
+                    assert fast.shape.type == slow.shape.type and fast.numel == slow.numel
+                    assert fast.name == slow.name and str(fast) == str(slow) and fast.element_ty == slow.element_ty
+                    for ty in (fast, dt):
+                        ft, st = tensor(None, ty), tensor.__new__(tensor)
+                        tensor.__init__.__wrapped_original__(st, None, ty)
+                        assert ft.shape.values == st.shape.values and ft.shape.type == st.shape.type
+                        assert [type(v) for v in ft.shape] == [type(v) for v in st.shape]
+                        assert ft.numel == st.numel and ft.type == st.type and ft.dtype == st.dtype
+        assert block(dt, [4, 8]) != block(dt, [8, 4]) and block(dt, [4, 8]) != block(tl.float64, [4, 8])
+        assert not (block(dt, [4, 8]) == block(dt, [4, 8, 1]))
+    for bad in ([16.0], [3], [0], [16.0, 2]):  # Triton's refusals, with or without a kept shape of equal value
+        with pytest.raises((TypeError, ValueError)):
+            block(tl.float32, bad)
+
+
+def test_fast_unwrap_matches_tritons():
+    from triton.language import core
+
+    fast, slow = core._unwrap_if_constexpr, core._unwrap_if_constexpr.__wrapped_original__
+    values = [1, 2.5, True, None, "s", tl.float32, tl.pointer_type(tl.int8), tl.constexpr(4), tl.constexpr(tl.int32),
+              [tl.constexpr(1), 2], (tl.constexpr(3), 4), core.tuple([tl.constexpr(5), 6])]
+    for v in values:
+        f, s = fast(v), slow(v)
+        assert type(f) is type(s) and (f == s if not isinstance(f, core.tuple) else f.values == s.values), v
