@@ -334,6 +334,11 @@ def test_a_starting_worker_reaps_what_a_killed_evaluator_left(tmp_path, monkeypa
     stale = tmp / f"tik-eval-{dead.pid}.1-left"
     (stale / "scratch").mkdir(parents=True)
     leftover = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", str(stale / "spec.json")])
+    # until the child has exec'd, its /proc cmdline is still this process's (a loaded machine takes a while)
+    deadline = time.monotonic() + 20
+    while str(stale) not in Path(f"/proc/{leftover.pid}/cmdline").read_bytes().decode(errors="replace"):
+        assert time.monotonic() < deadline, "the leftover process never showed its command line"
+        time.sleep(0.01)
     try:
         s = run_search(ws, ops=["rmsnorm"], proposer="tuner", budget=0, device="cpu")
         assert leftover.wait(10) == -signal.SIGKILL and not stale.exists()
