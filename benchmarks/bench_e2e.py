@@ -76,8 +76,9 @@ def throughput(args, out: Path) -> dict:
 
 
 #: `--decode-backends unified-s18`: the unified decode step as it was before session 19's cuts (separate rope,
-#: scatters and q / k norms; no NARROW_PCT; split decode merged by its combine kernel), same run, same bits
-S18_DECODE = {"linear": {"NARROW_PCT": 0}, "attention": {"DECODE_FUSED_MAX_CHUNKS": 0}}
+#: scatters and q / k norms; no NARROW_PCT; split decode merged by its combine kernel) and session 20's short-cache
+#: decode launch, same run, same bits
+S18_DECODE = {"linear": {"NARROW_PCT": 0}, "attention": {"DECODE_FUSED_MAX_CHUNKS": 0, "DECODE_SHORT_KEYS": 0}}
 #: `--decode-backends unified-pdl`: the unified step with its kernels launched with programmatic dependent launch
 #: (PDL_CONFIG), beside the same step without it, same run, same bits; `unified-pdl-prefetch` with the linear's
 #: weights prefetched into L2 too (PDL_PREFETCH_CONFIG)
