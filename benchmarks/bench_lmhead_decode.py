@@ -11,7 +11,6 @@ medians; the floor is the weight's bytes at the copy bandwidth.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -35,6 +34,11 @@ VARIANTS = {
     "slp V_CHUNK=1024 (tree)": {"V_CHUNK": 1024},
     "slp V_CHUNK=2048 (tree)": {"V_CHUNK": 2048},
     "slp BLOCK_T=16 V_CHUNK=2048 (tree)": {"BLOCK_T": 16, "V_CHUNK": 2048},
+    "slp warps=4 stages=4": {"num_warps": 4, "num_stages": 4},
+    "slp warps=4 stages=2": {"num_warps": 4, "num_stages": 2},
+    "slp warps=4 BLOCK_T=32": {"num_warps": 4, "BLOCK_T": 32},
+    "slp warps=4 BLOCK_V=64 (tree)": {"num_warps": 4, "BLOCK_V": 64},
+    "slp BLOCK_V=64 (tree)": {"BLOCK_V": 64},
 }
 
 
@@ -67,6 +71,8 @@ def main() -> int:
     contenders = {name: variant(over) for name, over in VARIANTS.items()}
     contenders["logprob alone"] = lambda h, w, seeds, ids: LP.logprob(h, w, ids, 1.0)
     contenders["sample alone"] = lambda h, w, seeds, ids: SA.sample(h, w, 1.0, seeds)
+    contenders["sample, then logprob of its token"] = lambda h, w, seeds, ids: LP.logprob(
+        h, w, SA.sample(h, w, 1.0, seeds), 1.0)
     contenders["stock (cuBLAS logits, log_softmax, gumbel argmax)"] = stock
     res = H.compare(contenders, (h, w, seeds, ids), rounds=args.rounds if dev == "cuda" else 1,
                     nbytes=w.numel() * 2)
