@@ -38,7 +38,7 @@ import tik_kernels  # noqa: E402,F401
 from benchmarks import harness as H  # noqa: E402
 from tik_kernels.e2e.decode_bench import time_decode  # noqa: E402
 from tik_kernels.e2e.model import (  # noqa: E402
-    PDL_CONFIG,
+    NO_PDL_CONFIG,
     PDL_PREFETCH_CONFIG,
     PRESETS,
     UnifiedBackend,
@@ -75,13 +75,21 @@ def throughput(args, out: Path) -> dict:
     return res
 
 
-#: `--decode-backends unified-s18`: the unified decode step as it was before session 19's cuts (separate rope,
-#: scatters and q / k norms; no NARROW_PCT; split decode merged by its combine kernel) and session 20's short-cache
-#: decode launch, same run, same bits
-S18_DECODE = {"linear": {"NARROW_PCT": 0}, "attention": {"DECODE_FUSED_MAX_CHUNKS": 0, "DECODE_SHORT_KEYS": 0}}
-#: `--decode-backends unified-pdl`: the unified step with its kernels launched with programmatic dependent launch
-#: (PDL_CONFIG), beside the same step without it, same run, same bits; `unified-pdl-prefetch` with the linear's
-#: weights prefetched into L2 too (PDL_PREFETCH_CONFIG)
+#: `--decode-backends`, beside `stock` and `unified` (each in the same run, with the same bits):
+#: `unified-s18` the unified decode step as it was before sessions 19 and 20 (separate rope, scatters and q / k norms;
+#: no NARROW_PCT; split decode merged by its combine kernel; the long-context decode launch at every length; no
+#: programmatic dependent launch; the token and its log-prob from sample_logprob's one pass);
+#: `unified-nopdl` today's step without programmatic dependent launch; `unified-pdl-prefetch` with the linear's weight
+#: prefetch too; `unified-fused-lmhead` with sample_logprob's one pass instead of sample then logprob
+S18_DECODE = {"linear": {"NARROW_PCT": 0, "PDL": 0},
+              "attention": {"DECODE_FUSED_MAX_CHUNKS": 0, "DECODE_SHORT_KEYS": 0, "DECODE_PDL": 0},
+              **{op: kv for op, kv in NO_PDL_CONFIG.items() if op not in ("linear", "attention")}}
+DECODE_VARIANTS = {
+    "unified-s18": (dict(fused_launches=False, fused_lmhead=True), S18_DECODE),
+    "unified-nopdl": ({}, NO_PDL_CONFIG),
+    "unified-pdl-prefetch": ({}, PDL_PREFETCH_CONFIG),
+    "unified-fused-lmhead": (dict(fused_lmhead=True), {}),
+}
 
 
 def decode(args) -> dict:
@@ -96,12 +104,9 @@ def decode(args) -> dict:
         for name in args.decode_backends:
             for graphs in ((True, False) if cuda else (False,)):
                 try:
-                    if name == "unified-s18":
-                        be, over = UnifiedBackend(fused_launches=False), S18_DECODE
-                    elif name == "unified-pdl":
-                        be, over = UnifiedBackend(), PDL_CONFIG
-                    elif name == "unified-pdl-prefetch":
-                        be, over = UnifiedBackend(), PDL_PREFETCH_CONFIG
+                    if name in DECODE_VARIANTS:
+                        kw, over = DECODE_VARIANTS[name]
+                        be = UnifiedBackend(**kw)
                     else:
                         be, over = make_backend(name, stock_compiled=cuda and not args.stock_eager), {}
                     with config_overrides(over):  # a CUDA graph keeps the launches of its capture
@@ -310,10 +315,9 @@ def main() -> int:
                     help="decode: every sequence's context length (default 128 256)")
     ap.add_argument("--decode-reps", type=positive_int, default=20)
     ap.add_argument("--decode-backends", nargs="+", default=["stock", "unified"],
-                    choices=["stock", "unified", "unified-s18", "unified-pdl", "unified-pdl-prefetch"],
-                    help="decode: unified-s18 is the unified step without session 19's cuts (S18_DECODE), "
-                         "unified-pdl with programmatic dependent launch (PDL_CONFIG), unified-pdl-prefetch also "
-                         "with the linear's weights prefetched (PDL_PREFETCH_CONFIG)")
+                    choices=["stock", "unified", *DECODE_VARIANTS],
+                    help="decode: the unified step's variants are DECODE_VARIANTS (unified-s18: before sessions 19 "
+                         "and 20's cuts)")
     ap.add_argument("--learn-steps", type=positive_int, default=120)
     ap.add_argument("--learn-preset", default="small", choices=list(PRESETS))
     ap.add_argument("--learn-modes", nargs="+", default=["A", "B"], choices=["A", "B", "C"])
@@ -357,7 +361,8 @@ def main() -> int:
     env = H.environment()
     doc = {"gpu": env["gpu"], "torch": torch.__version__, "triton": env["triton"], "env": env,
            "command": H.command_line()}
-    prefix = "e2e_h200" if args.device == "cuda" else "e2e_cpu"
+    card = H.card_tag(args.device)
+    prefix = f"e2e_{card}"
     full = args.only == parts
     # the multi-seed learning run has a name of its own: the single-seed run's file stays what the README cites
     label = {"learning": "learning_seeds"}
@@ -370,7 +375,7 @@ def main() -> int:
         if part in args.only:
             doc[part] = fn()
             H.write_json(args.out / name, doc)  # after every part: a cut run keeps its part
-            keys = summary_keys(part, doc[part], args)
+            keys = summary_keys(part, doc[part], args) if card == "h200" else {}  # the H200's file
             if keys:
                 H.update_summary(args.out / "summary_h200.json", keys, source=str(args.out / name))
     return 0

@@ -87,7 +87,8 @@ def main() -> int:
     for name, c in doc["contenders"].items():
         med = c.get("median_us")
         print(f"{name:52s} {med if med is None else round(med, 1)!s:>8} us"
-              + (f"  x{med / base:.3f} of sample_logprob" if med and base else "") + (f"  {c['error']}" if "error" in c else ""))
+              + (f"  x{med / base:.3f} of sample_logprob" if med and base else "")
+              + (f"  {c['error']}" if "error" in c else ""))
     print(f"floor (weight at {H.COPY_TBPS} TB/s): {doc['floor_us']:.1f} us")
     return 0
 

@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {r['op']:16s} x{r['count']:<3d} {r['shapes']}  us {r['us']}  floor {r['floor_us']:.2f}",
                   flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"decode_breakdown_{'h200' if args.device == 'cuda' else 'cpu'}_{args.preset}{args.name}"
+    stem = f"decode_breakdown_{H.card_tag(args.device)}_{args.preset}{args.name}"
     (args.out / f"{stem}.json").write_text(json.dumps(doc, indent=1, default=str))
     write_md(doc, args.out / f"{stem}.md")
     print(f"wrote {args.out / stem}.json and .md", flush=True)

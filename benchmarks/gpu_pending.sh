@@ -48,9 +48,9 @@
 #                     tests are the suite's): one qwen3-0.6b decode step call by call with NARROW_PCT 25 (the CONFIG's), 0 and 50
 #                     ($R/decode_breakdown_h200_qwen3-0.6b_s19{,_narrow0,_narrow50}.md), then the whole step vs
 #                     its floor, stock, unified and unified-s18 (the step before the cuts) in one run
-#   pdl           #19 programmatic dependent launch and the linear's weight prefetch (off by default; their GPU test is
-#                     the suite's): the whole qwen3-0.6b decode step, stock, unified, unified-pdl and
-#                     unified-pdl-prefetch in one run ($R/e2e_decode_pdl/), then the step call by call with both on
+#   pdl           #19 the decode step's launch variants (programmatic dependent launch, on by default; the linear's
+#                     weight prefetch; the one-pass lm_head) against the step before sessions 19 and 20, in one run
+#                     ($R/e2e_decode_pdl/), then the step call by call without PDL, and stock beside unified
 #   attn_bwd      #16 the attention backward variants (the stored-dS root's knobs and budget, the dq kernel's path
 #                     and its knobs, fused dq) vs SDPA flash
 #   speed         #16 bench_speed: linear / decode / prefill / fwd+bwd / ops vs stock, bits-gated;
@@ -146,10 +146,12 @@ for p in "$@"; do
                 --decode-backends stock unified unified-s18 ;;
         pdl)
             part e2e_decode_pdl 420 "$py" benchmarks/bench_e2e.py --out "$R/e2e_decode_pdl" --only decode \
-                --decode-backends stock unified unified-pdl unified-pdl-prefetch
-            part decode_breakdown_pdl 200 "$py" benchmarks/decode_breakdown.py --out "$R" --backends unified \
-                --set rmsnorm.PDL=1 --set add_rmsnorm.PDL=1 --set rope.PDL=1 --set linear.PDL=1 --set silu_mul.PDL=1 \
-                --set attention.DECODE_PDL=1 --set logprob.PDL=1 --set linear.PREFETCH=1 --name _pdl_prefetch ;;
+                --decode-backends stock unified unified-s18 unified-nopdl unified-pdl-prefetch unified-fused-lmhead
+            part decode_breakdown_nopdl 200 "$py" benchmarks/decode_breakdown.py --out "$R" --backends unified \
+                --set rmsnorm.PDL=0 --set add_rmsnorm.PDL=0 --set rope.PDL=0 --set linear.PDL=0 --set silu_mul.PDL=0 \
+                --set attention.DECODE_PDL=0 --set logprob.PDL=0 --name _nopdl
+            part decode_breakdown_stock 200 "$py" benchmarks/decode_breakdown.py --out "$R" --backends stock unified \
+                --name _stock_unified ;;
         attn_bwd)
             part attn_bwd 400 "$py" benchmarks/bench_attn_bwd.py --out "$R" ;;
         speed)

@@ -26,6 +26,7 @@ import math
 import os
 import platform
 import random
+import re
 import shlex
 import subprocess
 import sys
@@ -376,6 +377,15 @@ def command_line(argv: Sequence[str] | None = None) -> str:
     except ValueError:
         pass
     return "PYTHONPATH=. python " + shlex.join([script, *argv[1:]])
+
+
+def card_tag(device: str) -> str:
+    """A results file's name for the machine: 'cpu', or the GPU's model in lower case ('h200', 'h100'), so a run
+    on one card never takes another card's file name (summary_h200.json is the H200's alone)."""
+    if not str(device).startswith("cuda") or not torch.cuda.is_available():
+        return "cpu"
+    m = re.search(r"\b([A-Z]+\d{2,4})\b", torch.cuda.get_device_name())
+    return m[1].lower() if m else "gpu"
 
 
 def environment(device: str | None = None) -> dict:

@@ -32,7 +32,7 @@ def test_replay_search_on_rmsnorm_with_the_real_evaluator(tmp_path, capsys):
         source = ws.source(good["id"])
     from tik_tui.agent.base import module_literal
 
-    assert module_literal(source, "CONFIG") == {"TILE_ELEMS": 2048, "MAX_WARPS": 8, "BWD_ROWS": 128, "PDL": 0}
+    assert module_literal(source, "CONFIG") == {"TILE_ELEMS": 2048, "MAX_WARPS": 8, "BWD_ROWS": 128, "PDL": 1}
     assert main(["-w", str(w), "export", "rmsnorm", "--to", str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "rmsnorm.py").read_text() == source
     capsys.readouterr()

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tik_kernels.e2e.model import (
+    NO_PDL_CONFIG,
     PDL_CONFIG,
     PDL_PREFETCH_CONFIG,
     PRESETS,
@@ -62,7 +63,8 @@ def test_pdl_graph_decode_equals_eager_decode_bitwise(preset, layers, over):
     reqs = make_requests(mc.vocab, 6, 3, random.Random(2), prompt_len=(8, 200), answer_len=(4, 40))
     kw = dict(max_slots=8, max_len=256, admit_per_step=3, device="cuda")
     be = make_backend("unified")
-    want = RolloutEngine(mc, be, graphs=False, **kw).generate(params, reqs)
+    with config_overrides(NO_PDL_CONFIG):
+        want = RolloutEngine(mc, be, graphs=False, **kw).generate(params, reqs)
     with config_overrides(over):
         graph = RolloutEngine(mc, be, graphs=True, **kw)
         got = graph.generate(params, reqs)

@@ -8,16 +8,16 @@ import importlib
 import pytest
 import torch
 
-from tik_kernels.e2e.model import PDL_CONFIG, PDL_PREFETCH_CONFIG, config_overrides
+from tik_kernels.e2e.model import NO_PDL_CONFIG, PDL_PREFETCH_CONFIG, config_overrides
 from tik_kernels.ops import _common
 
 
-def test_every_decode_operator_has_the_tunable_off_by_default():
+def test_every_decode_operator_launches_with_pdl_by_default_and_without_the_prefetch():
     for op, kv in PDL_PREFETCH_CONFIG.items():
         mod = importlib.import_module(f"tik_kernels.ops.{op}")
         for key in kv:
             assert mod.TUNABLES[key] == (0, 1), op
-            assert mod.CONFIG[key] == 0, op
+            assert mod.CONFIG[key] == (0 if key == "PREFETCH" else 1), (op, key)
 
 
 def test_no_pdl_without_a_hopper_gpu(monkeypatch):
@@ -30,10 +30,10 @@ def test_no_pdl_without_a_hopper_gpu(monkeypatch):
 
 def test_config_overrides_are_restored_even_on_error():
     lin = importlib.import_module("tik_kernels.ops.linear")
-    with pytest.raises(RuntimeError), config_overrides(PDL_CONFIG):
-        assert lin.CONFIG["PDL"] == 1
+    with pytest.raises(RuntimeError), config_overrides(NO_PDL_CONFIG):
+        assert lin.CONFIG["PDL"] == 0
         raise RuntimeError
-    assert lin.CONFIG["PDL"] == 0
+    assert lin.CONFIG["PDL"] == 1
 
 
 def test_a_pdl_launch_asks_for_the_option(monkeypatch):
@@ -51,10 +51,10 @@ def test_a_pdl_launch_asks_for_the_option(monkeypatch):
     monkeypatch.setattr(lin, "pdl_launch", lambda on, device: {"PDL": True, "launch_pdl": True} if on else {})
     monkeypatch.setattr(lin, "_linear_fwd_kernel", Launch())
     x, w = torch.randn(4, 64, dtype=torch.bfloat16), torch.randn(32, 64, dtype=torch.bfloat16)
-    lin._matmul(x, w)
-    assert "launch_pdl" not in seen
-    with config_overrides({"linear": {"PDL": 1}}):
+    with config_overrides({"linear": {"PDL": 0}}):
         lin._matmul(x, w)
+    assert "launch_pdl" not in seen
+    lin._matmul(x, w)
     assert seen["launch_pdl"] is True and seen["PDL"] is True
 
 

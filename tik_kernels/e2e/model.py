@@ -346,9 +346,13 @@ class UnifiedBackend:
     #: attention_decode's launch depends on the cache's capacity only: one graph per batch bucket
     decode_reads_kv_len = False
 
-    def __init__(self, impl_files: dict[str, str | Path] | None = None, fused_launches: bool = True):
+    def __init__(self, impl_files: dict[str, str | Path] | None = None, fused_launches: bool = True,
+                 fused_lmhead: bool = False):
         """`fused_launches=False`: the rollout's rope and KV-cache fill, and its q and k norms, as separate calls
-        (`rope_cache`, `qk_norm`; the same bits), to time what the fused launches save."""
+        (`rope_cache`, `qk_norm`; the same bits), to time what the fused launches save. `fused_lmhead`: the token
+        and its log-prob from the logprob module's one-pass `sample_logprob` instead of `sample` then `logprob`
+        (the same bits; off: at a decode batch of 64 on the H100 the one pass took 459 us against 355 us for the two
+        calls, results/lmhead_decode_h100.json)."""
         from tik_kernels.contract import load_module
 
         self.sources: dict[str, str] = {}
@@ -362,7 +366,7 @@ class UnifiedBackend:
                 mods[op] = importlib.import_module(f"tik_kernels.ops.{op}")
                 self.sources[op] = f"tik_kernels.ops.{op}"
         self.m = mods
-        self.fused_launches = fused_launches
+        self.fused_launches, self.fused_lmhead = fused_launches, fused_lmhead
 
     def embedding(self, ids, table):
         return self.m["embedding"].embedding(ids, table)
@@ -424,10 +428,10 @@ class UnifiedBackend:
         return self.m["sample"].sample(hidden, w, temperature, seeds)
 
     def sample_logprob(self, hidden, w, temperature, seeds):
-        """sample() and logprob() of its token: one pass over the lm_head where the logprob module has
-        `sample_logprob` and the sampler reads the same logits (the same BLOCK_K: the same K-sequential dot),
+        """sample() and logprob() of its token: with `fused_lmhead`, one pass over the lm_head where the logprob module
+        has `sample_logprob` and the sampler reads the same logits (the same BLOCK_K: the same K-sequential dot),
         else the two calls. The same bits either way (tests/kernels/test_sample_logprob.py)."""
-        fused = getattr(self.m["logprob"], "sample_logprob", None)
+        fused = getattr(self.m["logprob"], "sample_logprob", None) if self.fused_lmhead else None
         same_logits = (getattr(self.m["sample"], "CONFIG", {}).get("BLOCK_K")
                        == getattr(self.m["logprob"], "CONFIG", {}).get("BLOCK_K"))
         if fused is not None and same_logits and temperature > 0:
@@ -437,10 +441,13 @@ class UnifiedBackend:
 
 
 #: the CONFIG values that launch a decode step's kernels with programmatic dependent launch (each operator's own PDL
-#: tunable, tik_kernels/ops/_common.py): a kernel's launch and start overlap the end of the kernel before it; no bits
+#: tunable, tik_kernels/ops/_common.py; the roots' default): a kernel's launch and start overlap the end of the kernel
+#: before it; no bits. NO_PDL_CONFIG: the same kernels launched without it (to time what it saves)
 PDL_CONFIG = {"rmsnorm": {"PDL": 1}, "add_rmsnorm": {"PDL": 1}, "rope": {"PDL": 1}, "linear": {"PDL": 1},
               "silu_mul": {"PDL": 1}, "attention": {"DECODE_PDL": 1}, "logprob": {"PDL": 1}}
-#: and the linear's weight rows prefetched into L2 before its wait, while the kernel before it runs (linear PREFETCH)
+NO_PDL_CONFIG = {op: dict.fromkeys(kv, 0) for op, kv in PDL_CONFIG.items()}
+#: and the linear's weight rows prefetched into L2 before its wait, while the kernel before it runs (linear PREFETCH;
+#: off by default: slower on the H100, e2e_h100_decode_s20.json)
 PDL_PREFETCH_CONFIG = {**PDL_CONFIG, "linear": {"PDL": 1, "PREFETCH": 1}}
 
 

@@ -211,7 +211,7 @@ CONFIG = {
     "COMBINE_CHUNKS": 8,
     "combine_num_warps": 1,
     "DECODE_FUSED_MAX_CHUNKS": 8,
-    "DECODE_PDL": 0,
+    "DECODE_PDL": 1,
     # H200, qwen3-0.6b decode, B = 64, a 256-key cache: 4 warps, 1 stage 23.6 us a layer against 26.6 with the
     # long-context launch (8, 3); decode_breakdown_h200_qwen3-0.6b_att_w4s1.md, _fill.md
     "DECODE_SHORT_KEYS": 512,

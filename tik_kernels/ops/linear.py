@@ -150,6 +150,9 @@ TUNABLES = {
     "PREFETCH": (0, 1),
 }
 
+#: PDL 1, PREFETCH 0: the qwen3-0.6b decode step on an H100 (bench_e2e.py --only decode, same run): 2.39 ms -> 2.28 ms
+#: with programmatic dependent launch in every decode kernel, 2.40 ms with the prefetch as well
+#: (benchmarks/results/e2e_h100_decode_s20.json; per call: decode_breakdown_h100_qwen3-0.6b_s20*.md).
 #: chosen on the H200 by `benchmarks/sweep_linear.py --tma 1 --kchunk 2048` (best launch per bucket over the
 #: Qwen3-8B projections and lm_head, benchmarks/results/linear_sweep_h200_k2048/sweep.md); KCHUNK 2048 beat 1024
 #: there (1.098x vs 1.129x cuBLAS geomean, the same candidates, linear_sweep_h200_k1024/sweep.md)
@@ -200,7 +203,7 @@ CONFIG = {
     "MBIG_num_stages": 4,
     "MBIG_K_UNROLL": 1,
     "MBIG_SPLIT": 0,
-    "PDL": 0,
+    "PDL": 1,
     "PREFETCH": 0,
 }
 

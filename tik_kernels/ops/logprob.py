@@ -60,7 +60,7 @@ CONFIG = {
     "BWD_BLOCK_M": 128,
     "BWD_BLOCK_N": 128,
     "BWD_BLOCK_K": 32,
-    "PDL": 0,
+    "PDL": 1,
 }
 
 

@@ -30,7 +30,7 @@ from tik_kernels.ops._common import pdl_launch, pdl_start, round_to
 #: step's few tokens still spread over the GPU (H200, qwen3-0.6b decode at 64 tokens: 8 programs took 5.2 us)
 #: PDL: the kernel launched with programmatic dependent launch (ops/_common.py), no bit changes
 TUNABLES = {"BLOCK_T": (1, 2, 4, 8, 16), "num_warps": (1, 2, 4, 8), "FILL": (0, 1), "PDL": (0, 1)}
-CONFIG = {"BLOCK_T": 8, "num_warps": 4, "FILL": 1, "PDL": 0}
+CONFIG = {"BLOCK_T": 8, "num_warps": 4, "FILL": 1, "PDL": 1}
 
 
 def _block_t(T: int, device: torch.device) -> int:

@@ -24,7 +24,7 @@ from tik_kernels.ops._common import pdl_launch, pdl_start, round_to
 #: PDL: the forward launched with programmatic dependent launch (ops/_common.py), no bit changes
 TUNABLES = {"BLOCK_T": (1, 2, 4, 8), "BLOCK_F": (256, 512, 1024, 2048, 4096), "num_warps": (1, 2, 4, 8),
             "FILL": (0, 1), "PDL": (0, 1)}
-CONFIG = {"BLOCK_T": 4, "BLOCK_F": 1024, "num_warps": 4, "FILL": 1, "PDL": 0}
+CONFIG = {"BLOCK_T": 4, "BLOCK_F": 1024, "num_warps": 4, "FILL": 1, "PDL": 1}
 
 
 def _block_t(T: int, F: int, device: torch.device) -> int:
