@@ -41,6 +41,7 @@ from tik_kernels.e2e.model import (  # noqa: E402
     NO_PDL_CONFIG,
     PDL_PREFETCH_CONFIG,
     PRESETS,
+    StockBackend,
     UnifiedBackend,
     config_overrides,
     init_params,
@@ -104,7 +105,10 @@ def decode(args) -> dict:
         for name in args.decode_backends:
             for graphs in ((True, False) if cuda else (False,)):
                 try:
-                    if name in DECODE_VARIANTS:
+                    if name == "stock-s19":
+                        be, over = StockBackend(compiled=cuda and not args.stock_eager, fill_in_compiled=True,
+                                                fold_gqa=True), {}
+                    elif name in DECODE_VARIANTS:
                         kw, over = DECODE_VARIANTS[name]
                         be = UnifiedBackend(**kw)
                     else:
@@ -315,9 +319,10 @@ def main() -> int:
                     help="decode: every sequence's context length (default 128 256)")
     ap.add_argument("--decode-reps", type=positive_int, default=20)
     ap.add_argument("--decode-backends", nargs="+", default=["stock", "unified"],
-                    choices=["stock", "unified", *DECODE_VARIANTS],
+                    choices=["stock", "stock-s19", "unified", *DECODE_VARIANTS],
                     help="decode: the unified step's variants are DECODE_VARIANTS (unified-s18: before sessions 19 "
-                         "and 20's cuts)")
+                         "and 20's cuts); stock-s19 is mode A with session 19's cache fill in its compiled rope and "
+                         "its folded GQA attention")
     ap.add_argument("--learn-steps", type=positive_int, default=120)
     ap.add_argument("--learn-preset", default="small", choices=list(PRESETS))
     ap.add_argument("--learn-modes", nargs="+", default=["A", "B"], choices=["A", "B", "C"])

@@ -146,7 +146,7 @@ for p in "$@"; do
                 --decode-backends stock unified unified-s18 ;;
         pdl)
             part e2e_decode_pdl 420 "$py" benchmarks/bench_e2e.py --out "$R/e2e_decode_pdl" --only decode \
-                --decode-backends stock unified unified-s18 unified-nopdl unified-pdl-prefetch unified-fused-lmhead
+                --decode-backends stock stock-s19 unified unified-s18 unified-nopdl unified-pdl-prefetch unified-fused-lmhead
             part decode_breakdown_nopdl 200 "$py" benchmarks/decode_breakdown.py --out "$R" --backends unified \
                 --set rmsnorm.PDL=0 --set add_rmsnorm.PDL=0 --set rope.PDL=0 --set linear.PDL=0 --set silu_mul.PDL=0 \
                 --set attention.DECODE_PDL=0 --set logprob.PDL=0 --name _nopdl

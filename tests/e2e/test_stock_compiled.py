@@ -37,7 +37,8 @@ def test_compiled_stock_matches_eager_across_batch_sizes():
             for w_, g_ in zip(*(x if isinstance(x, tuple) else (x,) for x in (want, got)), strict=True):
                 torch.testing.assert_close(g_.float(), w_.float(), rtol=1e-2, atol=1e-2)
         # the rope that fills the KV cache: the same q, k and cache rows (layer views of one cache, as the model
-        # passes them: another offset per layer, one compilation)
+        # passes them: another offset per layer, one compilation), the fill inside the compiled rope
+        fused.fill_in_compiled = True
         caches = [torch.zeros(2, 2 * T, 2, 3 * T, 16, dtype=torch.bfloat16) for _ in range(4)]
         slots, pos = torch.arange(T).flip(0), a["pos"]
         for layer in (0, 1):

@@ -256,8 +256,16 @@ class StockBackend:
     #: attention_decode reads only the first kv_len cache entries (so a graph is captured per KV-length bucket)
     decode_reads_kv_len = True
 
-    def __init__(self, compiled: bool = False, compile_backend: str = "inductor"):
+    def __init__(self, compiled: bool = False, compile_backend: str = "inductor", fill_in_compiled: bool = False,
+                 fold_gqa: bool = False):
+        """`fill_in_compiled`: the KV-cache fill inside the compiled rope (`STOCK_FUSED["rope_cache"]`) instead of the
+        compiled rope then two scatters; `fold_gqa`: decode attention with each KV head's query heads folded into
+        query rows instead of `enable_gqa`. Both off: mode A as last measured on the H200 (2.87 ms a qwen3-0.6b
+        decode step, e2e_h200_decode_full.json); with both on (session 19) the step took 7.82 ms on an H100
+        (e2e_h100_decode_s20.json), not yet explained, so they stay options until timed beside it
+        (`bench_e2e.py --decode-backends stock stock-s19`)."""
         self.compiled = compiled
+        self.fill_in_compiled, self.fold_gqa = fill_in_compiled, fold_gqa
         self.fused = {n: (_Fused(n, f, compile_backend) if compiled else f) for n, f in STOCK_FUSED.items()}
 
     def compile_errors(self) -> dict[str, str]:
@@ -283,7 +291,9 @@ class StockBackend:
         return self.fused["rope"](q, k, pos, theta)
 
     def rope_cache(self, q, k, v, pos, theta, k_cache, v_cache, slots):
-        return self.fused["rope_cache"](q, k, v, pos, theta, k_cache, v_cache, slots)
+        if self.fill_in_compiled:
+            return self.fused["rope_cache"](q, k, v, pos, theta, k_cache, v_cache, slots)
+        return _rope_then_scatter(self.rope, q, k, v, pos, theta, k_cache, v_cache, slots)
 
     def qk_norm(self, q, wq, k, wk, eps):
         return self.rmsnorm(q, wq, eps), self.rmsnorm(k, wk, eps)
@@ -307,12 +317,14 @@ class StockBackend:
 
     def attention_decode(self, q, k_cache, v_cache, lens, kv_len: int):
         """SDPA over the first `kv_len` (the longest active context, known on the host) cache entries, a key
-        mask for the shorter ones. GQA folded: the G query heads of a KV head go in as G query rows against that
-        head (`q.view(B, Hk, G, D)`), so every backend reads each KV head once instead of expanding it G times."""
+        mask for the shorter ones. With `fold_gqa` the G query heads of a KV head go in as G query rows against that
+        head (`q.view(B, Hk, G, D)`), else `enable_gqa`."""
         B, hq, _, d = q.shape
         hk = k_cache.shape[1]
         k_cache, v_cache = k_cache[:, :, :kv_len], v_cache[:, :, :kv_len]
         mask = (torch.arange(kv_len, device=q.device)[None, :] < lens[:, None])[:, None, None, :]
+        if not self.fold_gqa:
+            return F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask, enable_gqa=True)
         o = F.scaled_dot_product_attention(q.reshape(B, hk, hq // hk, d), k_cache, v_cache, attn_mask=mask)
         return o.reshape(B, hq, 1, d)
 
