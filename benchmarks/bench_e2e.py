@@ -81,15 +81,17 @@ def throughput(args, out: Path) -> dict:
 #: no NARROW_PCT; split decode merged by its combine kernel; the long-context decode launch at every length; no
 #: programmatic dependent launch; the token and its log-prob from sample_logprob's one pass);
 #: `unified-nopdl` today's step without programmatic dependent launch; `unified-pdl-prefetch` with the linear's weight
-#: prefetch too; `unified-fused-lmhead` with sample_logprob's one pass instead of sample then logprob
-S18_DECODE = {"linear": {"NARROW_PCT": 0, "PDL": 0},
-              "attention": {"DECODE_FUSED_MAX_CHUNKS": 0, "DECODE_SHORT_KEYS": 0, "DECODE_PDL": 0},
-              **{op: kv for op, kv in NO_PDL_CONFIG.items() if op not in ("linear", "attention")}}
+#: prefetch too; `unified-fused-lmhead` with sample_logprob's one pass instead of sample then logprob;
+#: `stock-s19` mode A with session 19's cache fill inside its compiled rope and its folded-GQA attention.
+#: Each: (the backend, given whether stock compositions are compiled; the CONFIG overrides of its run)
+S18_CUTS = {"linear": {"NARROW_PCT": 0}, "attention": {"DECODE_FUSED_MAX_CHUNKS": 0, "DECODE_SHORT_KEYS": 0}}
+S18_DECODE = {op: {**kv, **S18_CUTS.get(op, {})} for op, kv in NO_PDL_CONFIG.items()}
 DECODE_VARIANTS = {
-    "unified-s18": (dict(fused_launches=False, fused_lmhead=True), S18_DECODE),
-    "unified-nopdl": ({}, NO_PDL_CONFIG),
-    "unified-pdl-prefetch": ({}, PDL_PREFETCH_CONFIG),
-    "unified-fused-lmhead": (dict(fused_lmhead=True), {}),
+    "stock-s19": (lambda compiled: StockBackend(compiled=compiled, fill_in_compiled=True, fold_gqa=True), {}),
+    "unified-s18": (lambda _: UnifiedBackend(fused_launches=False, fused_lmhead=True), S18_DECODE),
+    "unified-nopdl": (lambda _: UnifiedBackend(), NO_PDL_CONFIG),
+    "unified-pdl-prefetch": (lambda _: UnifiedBackend(), PDL_PREFETCH_CONFIG),
+    "unified-fused-lmhead": (lambda _: UnifiedBackend(fused_lmhead=True), {}),
 }
 
 
@@ -105,14 +107,12 @@ def decode(args) -> dict:
         for name in args.decode_backends:
             for graphs in ((True, False) if cuda else (False,)):
                 try:
-                    if name == "stock-s19":
-                        be, over = StockBackend(compiled=cuda and not args.stock_eager, fill_in_compiled=True,
-                                                fold_gqa=True), {}
-                    elif name in DECODE_VARIANTS:
-                        kw, over = DECODE_VARIANTS[name]
-                        be = UnifiedBackend(**kw)
+                    compiled = cuda and not args.stock_eager
+                    if name in DECODE_VARIANTS:
+                        make, over = DECODE_VARIANTS[name]
+                        be = make(compiled)
                     else:
-                        be, over = make_backend(name, stock_compiled=cuda and not args.stock_eager), {}
+                        be, over = make_backend(name, stock_compiled=compiled), {}
                     with config_overrides(over):  # a CUDA graph keeps the launches of its capture
                         r = time_decode(mc, be, batch=args.decode_batch, context=context, graphs=graphs,
                                         device=args.device, reps=args.decode_reps if cuda else 1,
@@ -319,10 +319,9 @@ def main() -> int:
                     help="decode: every sequence's context length (default 128 256)")
     ap.add_argument("--decode-reps", type=positive_int, default=20)
     ap.add_argument("--decode-backends", nargs="+", default=["stock", "unified"],
-                    choices=["stock", "stock-s19", "unified", *DECODE_VARIANTS],
-                    help="decode: the unified step's variants are DECODE_VARIANTS (unified-s18: before sessions 19 "
-                         "and 20's cuts); stock-s19 is mode A with session 19's cache fill in its compiled rope and "
-                         "its folded GQA attention")
+                    choices=["stock", "unified", *DECODE_VARIANTS],
+                    help="decode: beside stock and unified, the variants of DECODE_VARIANTS (unified-s18: the "
+                         "unified step before sessions 19 and 20's cuts; stock-s19: mode A with session 19's changes)")
     ap.add_argument("--learn-steps", type=positive_int, default=120)
     ap.add_argument("--learn-preset", default="small", choices=list(PRESETS))
     ap.add_argument("--learn-modes", nargs="+", default=["A", "B"], choices=["A", "B", "C"])
