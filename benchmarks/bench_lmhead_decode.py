@@ -43,11 +43,13 @@ VARIANTS = {
 
 
 def main() -> int:
+    from tik_tui.cli.common import positive_int
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--vocab", type=int, default=151936)
-    ap.add_argument("--hidden", type=int, default=1024)
-    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--tokens", type=positive_int, default=64)
+    ap.add_argument("--vocab", type=positive_int, default=151936)
+    ap.add_argument("--hidden", type=positive_int, default=1024)
+    ap.add_argument("--rounds", type=positive_int, default=9)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
