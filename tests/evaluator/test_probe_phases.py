@@ -106,6 +106,7 @@ def test_a_plan_dropped_from_the_process_takes_its_inputs_file_with_it():
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_timing  # timed evaluations: beside part 1's parallel workers the integrity check (rightly) fails them
 def test_on_the_gpu_a_spare_has_warmed_triton_before_its_candidate_arrives(monkeypatch):
     """A pre-started CUDA child has paid Triton's once-per-process costs (`child.warm_triton`): the candidate taken
     by it finds Triton's version key computed already."""
