@@ -82,12 +82,14 @@ def throughput(args, out: Path) -> dict:
 #: programmatic dependent launch; the token and its log-prob from sample_logprob's one pass);
 #: `unified-nopdl` today's step without programmatic dependent launch; `unified-pdl-prefetch` with the linear's weight
 #: prefetch too; `unified-fused-lmhead` with sample_logprob's one pass instead of sample then logprob;
-#: `stock-s19` mode A with session 19's cache fill inside its compiled rope and its folded-GQA attention.
+#: `stock-s19` mode A with session 19's cache fill inside its compiled rope and its folded-GQA attention;
+#: `stock-dynamic` mode A with its compositions compiled for symbolic shapes from the first call (as until session 21).
 #: Each: (the backend, given whether stock compositions are compiled; the CONFIG overrides of its run)
 S18_CUTS = {"linear": {"NARROW_PCT": 0}, "attention": {"DECODE_FUSED_MAX_CHUNKS": 0, "DECODE_SHORT_KEYS": 0}}
 S18_DECODE = {op: {**kv, **S18_CUTS.get(op, {})} for op, kv in NO_PDL_CONFIG.items()}
 DECODE_VARIANTS = {
     "stock-s19": (lambda compiled: StockBackend(compiled=compiled, fill_in_compiled=True, fold_gqa=True), {}),
+    "stock-dynamic": (lambda compiled: StockBackend(compiled=compiled, compile_dynamic=True), {}),
     "unified-s18": (lambda _: UnifiedBackend(fused_launches=False, fused_lmhead=True), S18_DECODE),
     "unified-nopdl": (lambda _: UnifiedBackend(), NO_PDL_CONFIG),
     "unified-pdl-prefetch": (lambda _: UnifiedBackend(), PDL_PREFETCH_CONFIG),

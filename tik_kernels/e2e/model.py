@@ -226,13 +226,13 @@ STOCK_FUSED = {"rmsnorm": _stock_rmsnorm, "add_rmsnorm": _stock_add_rmsnorm, "si
 
 
 class _Fused:
-    """One stock composition through torch.compile (dynamic shapes: one compilation for every batch and length),
-    falling back to the eager composition for good, with a line on stderr, the first time compiling or running
-    the compiled code fails (`error` says why)."""
+    """One stock composition through torch.compile (`dynamic` as torch.compile takes it), falling back to the eager
+    composition for good, with a line on stderr, the first time compiling or running the compiled code fails
+    (`error` says why)."""
 
-    def __init__(self, name: str, fn, backend: str):
+    def __init__(self, name: str, fn, backend: str, dynamic: bool | None = None):
         self.name, self.fn, self.error = name, fn, None
-        self.compiled = torch.compile(fn, dynamic=True, backend=backend)
+        self.compiled = torch.compile(fn, dynamic=dynamic, backend=backend)
 
     def __call__(self, *args):
         if self.error is None:
@@ -257,16 +257,25 @@ class StockBackend:
     decode_reads_kv_len = True
 
     def __init__(self, compiled: bool = False, compile_backend: str = "inductor", fill_in_compiled: bool = False,
-                 fold_gqa: bool = False):
+                 fold_gqa: bool = False, compile_dynamic: bool | None = None):
         """`fill_in_compiled`: the KV-cache fill inside the compiled rope (`STOCK_FUSED["rope_cache"]`) instead of the
         compiled rope then two scatters; `fold_gqa`: decode attention with each KV head's query heads folded into
         query rows instead of `enable_gqa`. Both off: mode A as last measured on the H200 (2.87 ms a qwen3-0.6b
         decode step, e2e_h200_decode_full.json); with both on (session 19) the step took 7.82 ms on an H100
         (e2e_h100_decode_s20.json), not yet explained, so they stay options until timed beside it
-        (`bench_e2e.py --decode-backends stock stock-s19`)."""
+        (`bench_e2e.py --decode-backends stock stock-s19`).
+
+        `compile_dynamic` is torch.compile's `dynamic`. None (torch's automatic dynamic shapes): a composition's first
+        shape is compiled as it is and a dimension seen to change is made symbolic at the next compilation, so the
+        batch and length dimensions go symbolic after the second shape while the widths (hidden size, vocabulary)
+        stay constants inductor plans its reductions for. True: every dimension symbolic from the first call, one
+        compilation (the default until session 21: then the lm_head's rows, the sampler's race and log-softmax over
+        64 x 151936 logits, took 4.9 ms of a 7.7 ms qwen3-0.6b decode step on an H100,
+        decode_breakdown_h100_qwen3-0.6b_s21_stock_unified.md; `bench_e2e.py --decode-backends stock-dynamic`)."""
         self.compiled = compiled
         self.fill_in_compiled, self.fold_gqa = fill_in_compiled, fold_gqa
-        self.fused = {n: (_Fused(n, f, compile_backend) if compiled else f) for n, f in STOCK_FUSED.items()}
+        self.fused = {n: (_Fused(n, f, compile_backend, compile_dynamic) if compiled else f)
+                      for n, f in STOCK_FUSED.items()}
 
     def compile_errors(self) -> dict[str, str]:
         """The compositions that fell back to eager, and why."""
