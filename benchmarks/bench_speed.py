@@ -25,8 +25,9 @@ of M alone; decode: member 0 alone, and equal to the matching row of prefill; pr
 alone, the first half of the sequence alone; fwdbwd: gradients twice, the last member alone). A cell
 whose check fails is reported RED with no ratio, and its section's summary figures are withheld.
 
-Writes speed_h200[_<only>][_quick].{json,md} under --out and, for a full run of a section, that
-section's keys in <out>/summary_h200.json (ratios TIK / stock, lower is better).
+Writes speed_<card>[_<only>][_quick].{json,md} under --out (card: h200, h100, ... as benchmarks/harness.py's
+card_tag names the GPU) and, for a full run of a section on an H200, that section's keys in
+<out>/summary_h200.json (ratios TIK / stock, lower is better).
 """
 
 from __future__ import annotations
@@ -424,10 +425,11 @@ def markdown(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def out_name(args) -> str:
+def out_name(args, card: str = "h200") -> str:
+    """speed_<card>[_<only>...][_quick][_impl]: the card's own file (harness.card_tag), never another card's."""
     if args.smoke:
         return "speed_smoke"
-    name = "speed_h200"
+    name = f"speed_{card}"
     if args.only:
         name += "_" + "_".join(args.only)
     if args.quick:
@@ -450,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=420.0, help="later cells are skipped past this (seconds)")
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs: time eager calls with events")
     ap.add_argument("--summary", type=Path, default=None,
-                    help="summary file to update (default <out>/summary_h200.json for a full GPU run, none otherwise)")
+                    help="summary file to update (default: <out>/summary_h200.json after a full run on an H200)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     device = tik_kernels.DEVICE
@@ -462,10 +464,15 @@ def main(argv: list[str] | None = None) -> int:
     shapes = Shapes("smoke" if args.smoke else "quick" if args.quick else "full")
     bench = Bench(args, mods, shapes, device)
     sections = [s for s in SECTIONS if not args.only or s in args.only]
+    card = H.card_tag(device)
     summary_path = args.summary
-    if summary_path is None and not (args.smoke or args.quick or args.impl):
+    if summary_path is None and not (args.smoke or args.quick or args.impl) and card == "h200":
         summary_path = args.out / "summary_h200.json"
-    name = out_name(args)
+    if summary_path is not None and summary_path.name == "summary_h200.json" and card != "h200" and not args.smoke:
+        print(f"bench_speed: {summary_path} holds H200 figures and this is an {card}; give another --summary",
+              file=sys.stderr)
+        return 2
+    name = out_name(args, card)
     command = H.command_line([__file__] + (sys.argv[1:] if argv is None else list(argv)))
     doc = {"command": command, "env": H.environment(),
            "impl": {op: str(getattr(m, "__file__", m.__name__)) for op, m in mods.items()},

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import bench_speed
+from benchmarks import harness as H
 
 ROOT = Path(__file__).resolve().parents[2]
 SUMMARY_KEYS = {"linear_geomean", "linear_worst", "linear_m_le_16_geomean", "decode_geomean", "decode_worst",
@@ -113,10 +114,23 @@ def test_section_summary_withholds_on_failed_cells():
 @pytest.mark.gpu
 @pytest.mark.gpu_timing
 def test_quick_on_gpu_replays_graphs(tmp_path):
-    """On the H200: the quick cells of linear and decode pass the bits gate and every timed row replayed graphs."""
+    """On the GPU: the quick cells of linear and decode pass the bits gate and every timed row replayed graphs; the
+    file carries the card's name."""
     rc = bench_speed.main(["--quick", "--only", "linear", "--only", "decode", "--rounds", "3", "--out", str(tmp_path)])
-    doc = json.loads((tmp_path / "speed_h200_linear_decode_quick.json").read_text())
+    doc = json.loads((tmp_path / f"speed_{H.card_tag('cuda')}_linear_decode_quick.json").read_text())
     rows = [r for rs in doc["sections"].values() for r in rs if "skipped" not in r]
     assert rc == 0 and rows and all(r["gate_green"] and r["graph"] and r["ratio"] > 0 for r in rows), rows
     assert all(not r["timing"]["below_l2_factor"] for r in rows)
     assert not (tmp_path / "summary_h200.json").exists()  # --quick never writes the summary
+
+
+def test_result_files_carry_the_cards_name_and_only_an_h200_writes_its_summary(tmp_path, monkeypatch, capsys):
+    ns = type("A", (), {"smoke": False, "only": ["linear"], "quick": False, "impl": []})()
+    assert bench_speed.out_name(ns, "h100") == "speed_h100_linear"
+    assert bench_speed.out_name(ns, "h200") == "speed_h200_linear"
+    monkeypatch.setattr(bench_speed.tik_kernels, "DEVICE", "cuda")
+    monkeypatch.setattr(bench_speed.H, "card_tag", lambda device: "h100")
+    summary = tmp_path / "summary_h200.json"
+    rc = bench_speed.main(["--only", "linear", "--out", str(tmp_path), "--summary", str(summary)])
+    assert rc == 2 and "H200 figures" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
