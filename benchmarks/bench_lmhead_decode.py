@@ -20,25 +20,40 @@ import torch  # noqa: E402
 
 import tik_kernels  # noqa: E402,F401
 from benchmarks import harness as H  # noqa: E402
-from tik_kernels.e2e.model import config_overrides  # noqa: E402
+from tik_kernels.e2e.model import StockBackend, config_overrides  # noqa: E402
 from tik_kernels.ops import logprob as LP  # noqa: E402
 from tik_kernels.ops import sample as SA  # noqa: E402
 
+#: name -> (the call, {operator: CONFIG overrides}). The call: "slp" sample_logprob's one pass, "sample", "logprob",
+#: "both" sample then logprob of its token. The sampler's token is an argmax with ties to the lowest index, the same
+#: whatever the order its chunks and tiles are merged in, so sample's V_CHUNK and BLOCK_V only launch it (no bits);
+#: logprob's (and sample_logprob's) set the log-sum-exp's tree: "(tree)" marks a variant that would change its bits
 VARIANTS = {
-    "sample_logprob": {},
-    "slp BLOCK_T=32": {"BLOCK_T": 32},
-    "slp BLOCK_T=16": {"BLOCK_T": 16},
-    "slp warps=4": {"num_warps": 4},
-    "slp stages=2": {"num_stages": 2},
-    "slp stages=4": {"num_stages": 4},
-    "slp V_CHUNK=1024 (tree)": {"V_CHUNK": 1024},
-    "slp V_CHUNK=2048 (tree)": {"V_CHUNK": 2048},
-    "slp BLOCK_T=16 V_CHUNK=2048 (tree)": {"BLOCK_T": 16, "V_CHUNK": 2048},
-    "slp warps=4 stages=4": {"num_warps": 4, "num_stages": 4},
-    "slp warps=4 stages=2": {"num_warps": 4, "num_stages": 2},
-    "slp warps=4 BLOCK_T=32": {"num_warps": 4, "BLOCK_T": 32},
-    "slp warps=4 BLOCK_V=64 (tree)": {"num_warps": 4, "BLOCK_V": 64},
-    "slp BLOCK_V=64 (tree)": {"BLOCK_V": 64},
+    "sample_logprob": ("slp", {}),
+    "slp warps=4": ("slp", {"logprob": {"num_warps": 4}}),
+    "slp V_CHUNK=2048 (tree)": ("slp", {"logprob": {"V_CHUNK": 2048}}),
+    "slp warps=4 V_CHUNK=2048 (tree)": ("slp", {"logprob": {"num_warps": 4, "V_CHUNK": 2048}}),
+    "slp warps=4 BLOCK_V=64 V_CHUNK=2048 (tree)": ("slp", {"logprob": {"num_warps": 4, "BLOCK_V": 64,
+                                                                        "V_CHUNK": 2048}}),
+    "sample alone": ("sample", {}),
+    "sample V_CHUNK=1024": ("sample", {"sample": {"V_CHUNK": 1024}}),
+    "sample V_CHUNK=2048": ("sample", {"sample": {"V_CHUNK": 2048}}),
+    "sample V_CHUNK=4096": ("sample", {"sample": {"V_CHUNK": 4096}}),
+    "sample warps=4": ("sample", {"sample": {"num_warps": 4}}),
+    "sample warps=4 V_CHUNK=2048": ("sample", {"sample": {"num_warps": 4, "V_CHUNK": 2048}}),
+    "sample BLOCK_V=256 V_CHUNK=2048": ("sample", {"sample": {"BLOCK_V": 256, "V_CHUNK": 2048}}),
+    "sample stages=4 V_CHUNK=2048": ("sample", {"sample": {"num_stages": 4, "V_CHUNK": 2048}}),
+    "sample BLOCK_T=32 V_CHUNK=2048": ("sample", {"sample": {"BLOCK_T": 32, "V_CHUNK": 2048}}),
+    "logprob alone": ("logprob", {}),
+    "logprob warps=4": ("logprob", {"logprob": {"num_warps": 4}}),
+    "logprob stages=4": ("logprob", {"logprob": {"num_stages": 4}}),
+    "logprob V_CHUNK=1024 (tree)": ("logprob", {"logprob": {"V_CHUNK": 1024}}),
+    "logprob V_CHUNK=2048 (tree)": ("logprob", {"logprob": {"V_CHUNK": 2048}}),
+    "logprob V_CHUNK=4096 (tree)": ("logprob", {"logprob": {"V_CHUNK": 4096}}),
+    "logprob warps=4 V_CHUNK=2048 (tree)": ("logprob", {"logprob": {"num_warps": 4, "V_CHUNK": 2048}}),
+    "logprob BLOCK_V=256 V_CHUNK=2048 (tree)": ("logprob", {"logprob": {"BLOCK_V": 256, "V_CHUNK": 2048}}),
+    "sample, then logprob of its token": ("both", {}),
+    "both V_CHUNK=2048 (logprob's tree)": ("both", {"sample": {"V_CHUNK": 2048}, "logprob": {"V_CHUNK": 2048}}),
 }
 
 
@@ -59,10 +74,16 @@ def main() -> int:
     seeds = torch.arange(args.tokens, device=dev, dtype=torch.int64) * 7919 + 1
     ids = torch.randint(0, args.vocab, (args.tokens,), device=dev, generator=g)
 
-    def variant(over):
+    def variant(call, over):
         def run(h, w, seeds, ids):
-            with config_overrides({"logprob": over}):
-                return LP.sample_logprob(h, w, 1.0, seeds)
+            with config_overrides(over):
+                if call == "slp":
+                    return LP.sample_logprob(h, w, 1.0, seeds)
+                if call == "sample":
+                    return SA.sample(h, w, 1.0, seeds)
+                if call == "logprob":
+                    return LP.logprob(h, w, ids, 1.0)
+                return LP.logprob(h, w, SA.sample(h, w, 1.0, seeds), 1.0)
         return run
 
     def stock(h, w, seeds, ids):
@@ -70,12 +91,18 @@ def main() -> int:
         tok = torch.argmax(z - torch.log(-torch.log(torch.rand_like(z))), dim=-1)
         return tok, torch.gather(torch.log_softmax(z, -1), 1, tok[:, None])[:, 0]
 
-    contenders = {name: variant(over) for name, over in VARIANTS.items()}
-    contenders["logprob alone"] = lambda h, w, seeds, ids: LP.logprob(h, w, ids, 1.0)
-    contenders["sample alone"] = lambda h, w, seeds, ids: SA.sample(h, w, 1.0, seeds)
-    contenders["sample, then logprob of its token"] = lambda h, w, seeds, ids: LP.logprob(
-        h, w, SA.sample(h, w, 1.0, seeds), 1.0)
+    contenders = {name: variant(call, over) for name, (call, over) in VARIANTS.items()}
     contenders["stock (cuBLAS logits, log_softmax, gumbel argmax)"] = stock
+    # mode A's own lm_head (tik_kernels/e2e/model.py StockBackend.sample_logprob), eager and through torch.compile:
+    # with automatic dynamic shapes (compiled first at half the batch, then at this one: the batch goes symbolic, the
+    # vocabulary stays a constant, as in the decode engine's buckets) and with every dimension symbolic
+    stocks = {"mode A eager": StockBackend()}
+    if dev == "cuda":
+        stocks |= {"mode A compiled": StockBackend(compiled=True),
+                   "mode A compiled, all dims symbolic": StockBackend(compiled=True, compile_dynamic=True)}
+    for name, be in stocks.items():
+        be.sample_logprob(h[: max(1, args.tokens // 2)], w, 1.0, seeds[: max(1, args.tokens // 2)])
+        contenders[name] = lambda h, w, seeds, ids, be=be: be.sample_logprob(h, w, 1.0, seeds)
     res = H.compare(contenders, (h, w, seeds, ids), rounds=args.rounds if dev == "cuda" else 1,
                     nbytes=w.numel() * 2)
     out = Path(args.out)
@@ -84,7 +111,7 @@ def main() -> int:
            "hidden": args.hidden, "floor_us": w.numel() * 2 / (H.COPY_TBPS * 1e12) * 1e6, **res}
     for c in doc["contenders"].values():
         c.pop("samples_us", None)
-    H.write_json(out / "lmhead_decode.json", doc)
+    H.write_json(out / f"lmhead_decode_{H.card_tag(dev)}.json", doc)
     base = doc["contenders"]["sample_logprob"].get("median_us")
     for name, c in doc["contenders"].items():
         med = c.get("median_us")

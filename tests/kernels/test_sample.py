@@ -150,3 +150,24 @@ def test_gpu_plan_passes_on_cuda():
     for r in results:
         print(f"{'PASS' if r.passed else 'FAIL'} {r.name}: {r.detail}")
     assert results and not _failed(results), _failed(results)
+
+
+@pytest.mark.parametrize("launch", [{"V_CHUNK": 16, "BLOCK_V": 16}, {"V_CHUNK": 32, "BLOCK_V": 32},
+                                    {"V_CHUNK": 160, "BLOCK_V": 32}, {"V_CHUNK": 64, "BLOCK_V": 16, "BLOCK_T": 32}])
+def test_chunks_and_tiles_only_launch_the_race(tmp_path, launch):
+    """The token is an argmax with ties to the lowest index, which no merge order changes: V_CHUNK and BLOCK_V are the
+    sampler's parallelization (benchmarks/bench_lmhead_decode.py times them), not its bits. Ties planted: duplicated
+    weight rows make equal logits, and greedy draws must take the lowest of them in every launch."""
+    gen = torch.Generator().manual_seed(3)
+    T, H, V = 20, 32, 150
+    hidden = torch.randn(T, H, generator=gen).to(torch.bfloat16)
+    w = torch.randn(V, H, generator=gen).to(torch.bfloat16)
+    w[[17, 49, 120]] = w[[90, 90, 90]] * 3  # one row repeated across chunks and tiles: exact ties, likely the max
+    seeds = torch.arange(T, dtype=torch.int64) * 31 + 7
+    mod = _planted(tmp_path, config={**SMALL, **launch})
+    for tau in (0.0, 0.7, 1.3):
+        want = root.sample(hidden, w, tau, seeds)
+        got = mod.sample(hidden, w, tau, seeds)
+        assert torch.equal(got, want), (tau, launch)
+    greedy = root.sample(hidden, w, 0.0, seeds)
+    assert (greedy == 17).any()  # the planted tie decided some rows, towards the lowest index
