@@ -42,6 +42,9 @@ class Staged:
     def __init__(self, device: str):
         self.device = device
         self._masters: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(host tensor) -> (host, device copy)
+        #: the inputs of the call being prepared that are to be written late (`late`), (master, poisoned copy) pairs;
+        #: None where no kernel can start before the one before it ends (no PDL here: the CPU, older GPUs)
+        self.pending: list[tuple[torch.Tensor, torch.Tensor]] | None = [] if _pdl_here(device) else None
 
     def master(self, v: torch.Tensor) -> torch.Tensor:
         hit = self._masters.get(id(v))
@@ -53,22 +56,49 @@ class Staged:
     def drop(self) -> None:
         self._masters.clear()
 
-    def copy(self, v: torch.Tensor) -> torch.Tensor:
-        return self.master(v).clone()  # strides as the master's, which are as `v.to(device, copy=True)` makes them
+    def copy(self, v: torch.Tensor, late: bool = False) -> torch.Tensor:
+        """A fresh device copy of `v` (strides as the master's, which are as `v.to(device, copy=True)` makes them).
+        `late` where PDL exists: a poisoned tensor whose values the next `write_pending` writes late (`late`)."""
+        master = self.master(v)
+        if late and self.pending is not None:
+            from tik_kernels.contract import late as L
+
+            if L.lateable(master):
+                t = L.poisoned_like(master)
+                self.pending.append((master, t))
+                return t
+        return master.clone()
+
+    def write_pending(self) -> None:
+        """The late inputs of the call about to be made, written late on the current stream (`late.write_late`)."""
+        if self.pending:
+            from tik_kernels.contract import late as L
+
+            pairs, self.pending = self.pending, []
+            L.write_late(pairs)
+
+
+def _pdl_here(device: str) -> bool:
+    if not str(device).startswith("cuda"):
+        return False
+    from tik_kernels.ops._common import pdl_capable
+
+    return pdl_capable(torch.device(device))
 
 
 def _to_device(v: Any, device: str, requires_grad: bool = False, values: bool = True,
-               staged: Staged | None = None) -> Any:
+               staged: Staged | None = None, late: bool = False) -> Any:
     """A device copy of a tensor argument (others as they are). values=False: a floating-point tensor is allocated
     with the shape, dtype and strides its copy would have, but not copied (`call_probe`'s dry run: a copy keeps the
     strides of a dense tensor and makes any other contiguous, and so does `empty_like`; the dry run must ask Triton
     for the specialisations the real call will); integer tensors are always copied (host code may size grids from
-    them). `staged`: copied from its device master instead of from the host."""
+    them). `staged`: copied from its device master instead of from the host; `late` with it: written late, just
+    before the call (`Staged.copy`)."""
     if isinstance(v, torch.Tensor):
         if not values and v.is_floating_point():
             t = torch.empty_like(v, device=device)
         elif staged is not None:
-            t = staged.copy(v)
+            t = staged.copy(v, late=late)
         else:
             t = v.detach().to(device, copy=True)
         if requires_grad:
@@ -84,12 +114,18 @@ def call_probe(module: ModuleType, probe: Probe, device: str, values: bool = Tru
     the call raises. values=False is a dry run for what the call launches, not what it computes: floating-point
     inputs (and gradients in) are uninitialised tensors of the same shape, strides and dtype, not copies
     (`evaluator.ahead`: 1.9 GB of linear's probes not moved again). `staged`: the copies are made on the device
-    from `Staged` masters (`Staged`)."""
+    from `Staged` masters (`Staged`), and where PDL exists written late, so a kernel that reads its inputs before its
+    dependency wait computes from poison (`tik_kernels/contract/late.py`)."""
     fn = getattr(module, probe.entry, None)
     if not callable(fn):
         raise LookupError(f"entry point {probe.entry}() missing")
-    args = tuple(_to_device(a, device, i in probe.grad_args, values, staged) for i, a in enumerate(probe.args))
-    kwargs = {k: _to_device(v, device, values=values, staged=staged) for k, v in probe.kwargs.items()}
+    late = values and staged is not None
+    if late and staged.pending:
+        staged.pending = []  # pairs left by a call that failed before its writers ran: their copies are gone
+    args = tuple(_to_device(a, device, i in probe.grad_args, values, staged, late) for i, a in enumerate(probe.args))
+    kwargs = {k: _to_device(v, device, values=values, staged=staged, late=late) for k, v in probe.kwargs.items()}
+    if late:
+        staged.write_pending()  # the inputs' values arrive while a PDL kernel of the call may already run
     with torch.set_grad_enabled(bool(probe.grad_args)):
         outs = flatten_outputs(fn(*args, **kwargs))
         if probe.grad_args:

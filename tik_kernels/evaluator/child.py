@@ -325,7 +325,8 @@ def warm_device(device: str) -> None:
     (CUPTI and the profiler's own start, the graph machinery, cuBLAS's handle and workspace), paid by a pre-started
     child before its candidate exists, on a few microseconds of work of its own. On the H200 the per-cell profiles
     took ~2.2 s of every evaluation whether the op had 39 cells or 48, which is a once-per-process cost, not a
-    per-cell one. The same for every candidate; a failure here only means the candidate's child pays it later."""
+    per-cell one. Also the kernel that writes the probes' inputs late where PDL exists (`tik_kernels/contract/late.py`).
+    The same for every candidate; a failure here only means the candidate's child pays it later."""
     import torch
 
     try:
@@ -343,6 +344,13 @@ def warm_device(device: str) -> None:
             y = x + 1
         graph.replay()
         torch.cuda.synchronize()
+        from tik_kernels.contract import Staged
+
+        if Staged(device).pending is not None:  # the late inputs' writer kernel, compiled and loaded (contract/late.py)
+            from tik_kernels.contract import late
+
+            late.write_late([(x.view(-1), late.poisoned_like(x.view(-1)))], spin=1)
+            torch.cuda.synchronize()
         del graph, y, x
         torch.cuda.empty_cache()
     except Exception:  # a head start only
