@@ -27,6 +27,24 @@ DEFAULT_SMS = 132
 _SMS: dict = {}
 
 
+_PDL_DEVICES: dict = {}
+
+
+def pdl_capable(device: torch.device) -> bool:
+    """Programmatic dependent launch works here: a CUDA device of compute capability 9.0 or more (Hopper) and a Triton
+    that has the launch option and both instructions; never in the interpreter (tik_kernels/ops/_common.py: the
+    operators' PDL launch; tik_kernels/contract/late.py: the probes' late inputs)."""
+    if INTERPRET or device.type != "cuda":
+        return False
+    if device not in _PDL_DEVICES:
+        import triton.language as tl
+
+        cuda = getattr(getattr(tl, "extra", None), "cuda", None)
+        _PDL_DEVICES[device] = (torch.cuda.get_device_capability(device)[0] >= 9
+                                and hasattr(cuda, "gdc_wait") and hasattr(cuda, "gdc_launch_dependents"))
+    return _PDL_DEVICES[device]
+
+
 def sm_count(device: torch.device) -> int:
     """Streaming multiprocessors of `device` (read once per device); DEFAULT_SMS off the GPU."""
     if device.type != "cuda":

@@ -81,7 +81,7 @@ class Staged:
 def _pdl_here(device: str) -> bool:
     if not str(device).startswith("cuda"):
         return False
-    from tik_kernels.ops._common import pdl_capable
+    from tik_kernels._runtime import pdl_capable
 
     return pdl_capable(torch.device(device))
 

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tik_kernels._runtime import INTERPRET
+from tik_kernels._runtime import INTERPRET, pdl_capable  # noqa: F401 (pdl_capable: the operators' import)
 
 #: Triton's interpreter truncates fp32 -> bf16 casts (the GPU rounds to nearest even): round by hand there
 _INTERPRET = tl.constexpr(INTERPRET)
@@ -45,21 +45,6 @@ def pdl_start(PDL: tl.constexpr):
     if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-
-
-_PDL_DEVICES: dict = {}
-
-
-def pdl_capable(device: torch.device) -> bool:
-    """Programmatic dependent launch works here: a CUDA device of compute capability 9.0 or more (Hopper) and a Triton
-    that has the launch option and both instructions; never in the interpreter."""
-    if INTERPRET or device.type != "cuda":
-        return False
-    if device not in _PDL_DEVICES:
-        cuda = getattr(getattr(tl, "extra", None), "cuda", None)
-        _PDL_DEVICES[device] = (torch.cuda.get_device_capability(device)[0] >= 9
-                                and hasattr(cuda, "gdc_wait") and hasattr(cuda, "gdc_launch_dependents"))
-    return _PDL_DEVICES[device]
 
 
 def pdl_launch(on, device: torch.device) -> dict:
