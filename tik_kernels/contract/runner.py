@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from tik_kernels.contract import late as L
 from tik_kernels.contract.model import CheckResult, Plan, Probe, ProbeResult, Results
 
 
@@ -61,8 +62,6 @@ class Staged:
         `late` where PDL exists: a poisoned tensor whose values the next `write_pending` writes late (`late`)."""
         master = self.master(v)
         if late and self.pending is not None:
-            from tik_kernels.contract import late as L
-
             if L.lateable(master):
                 t = L.poisoned_like(master)
                 self.pending.append((master, t))
@@ -72,8 +71,6 @@ class Staged:
     def write_pending(self) -> None:
         """The late inputs of the call about to be made, written late on the current stream (`late.write_late`)."""
         if self.pending:
-            from tik_kernels.contract import late as L
-
             pairs, self.pending = self.pending, []
             L.write_late(pairs)
 
