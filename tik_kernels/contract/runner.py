@@ -45,7 +45,8 @@ class Staged:
         self._masters: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(host tensor) -> (host, device copy)
         #: the inputs of the call being prepared that are to be written late (`late`), (master, poisoned copy) pairs;
         #: None where no kernel can start before the one before it ends (no PDL here: the CPU, older GPUs)
-        self.pending: list[tuple[torch.Tensor, torch.Tensor]] | None = [] if _pdl_here(device) else None
+        self.pending: list[tuple[torch.Tensor, torch.Tensor]] | None = (
+            [] if L.enabled() and _pdl_here(device) else None)
 
     def master(self, v: torch.Tensor) -> torch.Tensor:
         hit = self._masters.get(id(v))
@@ -68,11 +69,11 @@ class Staged:
                 return t
         return master.clone()
 
-    def write_pending(self) -> None:
-        """The late inputs of the call about to be made, written late on the current stream (`late.write_late`)."""
-        if self.pending:
-            pairs, self.pending = self.pending, []
-            L.write_late(pairs)
+    def write_pending(self):
+        """The late inputs of the call about to be made, written late on the current stream (`late.write_late`);
+        returns their release, to call once the call has returned."""
+        pairs, self.pending = self.pending or [], ([] if self.pending is not None else None)
+        return L.write_late(pairs)
 
 
 def _pdl_here(device: str) -> bool:
@@ -121,10 +122,14 @@ def call_probe(module: ModuleType, probe: Probe, device: str, values: bool = Tru
         staged.pending = []  # pairs left by a call that failed before its writers ran: their copies are gone
     args = tuple(_to_device(a, device, i in probe.grad_args, values, staged, late) for i, a in enumerate(probe.args))
     kwargs = {k: _to_device(v, device, values=values, staged=staged, late=late) for k, v in probe.kwargs.items()}
-    if late:
-        staged.write_pending()  # the inputs' values arrive while a PDL kernel of the call may already run
+    release = staged.write_pending() if late else None  # the values arrive once the call has launched its kernels
     with torch.set_grad_enabled(bool(probe.grad_args)):
-        outs = flatten_outputs(fn(*args, **kwargs))
+        try:
+            outs = fn(*args, **kwargs)
+        finally:
+            if release is not None:
+                release()
+        outs = flatten_outputs(outs)
         if probe.grad_args:
             gos = probe.grad_outputs or tuple(torch.ones_like(o) for o in outs)
             pairs = [(o, g) for o, g in zip(outs, gos, strict=False) if g is not None and o.requires_grad]

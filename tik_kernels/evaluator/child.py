@@ -325,7 +325,7 @@ def warm_device(device: str) -> None:
     (CUPTI and the profiler's own start, the graph machinery, cuBLAS's handle and workspace), paid by a pre-started
     child before its candidate exists, on a few microseconds of work of its own. On the H200 the per-cell profiles
     took ~2.2 s of every evaluation whether the op had 39 cells or 48, which is a once-per-process cost, not a
-    per-cell one. Also the kernel that writes the probes' inputs late where PDL exists (`tik_kernels/contract/late.py`).
+    per-cell one. Also the kernel that writes the probes' inputs late where that is on (`tik_kernels/contract/late.py`).
     The same for every candidate; a failure here only means the candidate's child pays it later."""
     import torch
 
@@ -349,7 +349,7 @@ def warm_device(device: str) -> None:
         if Staged(device).pending is not None:  # the late inputs' writer kernel, compiled and loaded (contract/late.py)
             from tik_kernels.contract import late
 
-            late.write_late([(x.view(-1), late.poisoned_like(x.view(-1)))], spin=1)
+            late.write_late([(x.view(-1), late.poisoned_like(x.view(-1)))])()  # written, released at once
             torch.cuda.synchronize()
         del graph, y, x
         torch.cuda.empty_cache()
