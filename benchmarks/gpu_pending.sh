@@ -51,6 +51,11 @@
 #   pdl           #19 the decode step's launch variants (programmatic dependent launch, on by default; the linear's
 #                     weight prefetch; the one-pass lm_head) against the step before sessions 19 and 20, in one run
 #                     ($R/e2e_decode_pdl/), then the step call by call without PDL, and stock beside unified
+#   stock_decode  #19 mode A's decode step, compiled with automatic dynamic shapes (now) and with every dimension
+#                     symbolic (stock-dynamic), beside unified ($R/e2e_decode_stock/), its lm_head alone
+#                     ($R/lmhead_decode_<card>.json), and the step call by call (why did its lm_head take 4.9 ms there?)
+#   late          #18 the probes' late inputs (TIK_LATE_INPUTS=1, tik_kernels/contract/late.py): the planted early
+#                     reader must fail and every evaluator GPU test pass with them on ($R/pytest_gpu_late*.log)
 #   attn_bwd      #16 the attention backward variants (the stored-dS root's knobs and budget, the dq kernel's path
 #                     and its knobs, fused dq) vs SDPA flash
 #   speed         #16 bench_speed: linear / decode / prefill / fwd+bwd / ops vs stock, bits-gated;
@@ -152,6 +157,17 @@ for p in "$@"; do
                 --set attention.DECODE_PDL=0 --set logprob.PDL=0 --name _nopdl
             part decode_breakdown_stock 200 "$py" benchmarks/decode_breakdown.py --out "$R" --backends stock unified \
                 --name _stock_unified ;;
+        stock_decode)
+            part e2e_decode_stock 300 "$py" benchmarks/bench_e2e.py --out "$R/e2e_decode_stock" --only decode \
+                --decode-backends stock stock-dynamic unified
+            part lmhead_decode 150 "$py" benchmarks/bench_lmhead_decode.py --out "$R"
+            part decode_breakdown_stock 200 "$py" benchmarks/decode_breakdown.py --out "$R" --backends stock \
+                --name _stock_auto ;;
+        late)
+            part pytest_gpu_late 120 env TIK_LATE_INPUTS=1 "$py" -m pytest -q -m gpu tests/evaluator/test_late_inputs.py
+            part pytest_gpu_late_evaluator 300 env TIK_LATE_INPUTS=1 "$py" -m pytest -q -m "gpu and not gpu_timing" \
+                tests/evaluator
+            part pytest_gpu_late_timing 300 env TIK_LATE_INPUTS=1 "$py" -m pytest -q -m gpu_timing tests/evaluator ;;
         attn_bwd)
             part attn_bwd 400 "$py" benchmarks/bench_attn_bwd.py --out "$R" ;;
         speed)
@@ -160,6 +176,6 @@ for p in "$@"; do
             part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_h200
             part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl attn_bwd speed hf)" >&2 ;;
+            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode late attn_bwd speed hf)" >&2 ;;
     esac
 done
