@@ -27,9 +27,13 @@ from tik_kernels.ops import sample as SA  # noqa: E402
 #: name -> (the call, {operator: CONFIG overrides}). The call: "slp" sample_logprob's one pass, "sample", "logprob",
 #: "both" sample then logprob of its token. The sampler's token is an argmax with ties to the lowest index, the same
 #: whatever the order its chunks and tiles are merged in, so sample's V_CHUNK and BLOCK_V only launch it (no bits);
-#: logprob's (and sample_logprob's) set the log-sum-exp's tree: "(tree)" marks a variant that would change its bits
+#: logprob's (and sample_logprob's) set the log-sum-exp's tree: "(tree)" marks a variant that would change its bits.
+#: CHUNKS (chunks one program walks in turn) launches either without moving a bit
 VARIANTS = {
     "sample_logprob": ("slp", {}),
+    "slp CHUNKS=2": ("slp", {"logprob": {"CHUNKS": 2}}),
+    "slp CHUNKS=4": ("slp", {"logprob": {"CHUNKS": 4}}),
+    "slp warps=4 CHUNKS=4": ("slp", {"logprob": {"num_warps": 4, "CHUNKS": 4}}),
     "slp warps=4": ("slp", {"logprob": {"num_warps": 4}}),
     "slp V_CHUNK=2048 (tree)": ("slp", {"logprob": {"V_CHUNK": 2048}}),
     "slp warps=4 V_CHUNK=2048 (tree)": ("slp", {"logprob": {"num_warps": 4, "V_CHUNK": 2048}}),
@@ -40,6 +44,8 @@ VARIANTS = {
     "sample V_CHUNK=2048": ("sample", {"sample": {"V_CHUNK": 2048}}),
     "sample V_CHUNK=4096": ("sample", {"sample": {"V_CHUNK": 4096}}),
     "sample warps=4": ("sample", {"sample": {"num_warps": 4}}),
+    "sample CHUNKS=2": ("sample", {"sample": {"CHUNKS": 2}}),
+    "sample V_CHUNK=512 CHUNKS=2": ("sample", {"sample": {"V_CHUNK": 512, "CHUNKS": 2}}),
     "sample warps=4 V_CHUNK=2048": ("sample", {"sample": {"num_warps": 4, "V_CHUNK": 2048}}),
     "sample BLOCK_V=256 V_CHUNK=2048": ("sample", {"sample": {"BLOCK_V": 256, "V_CHUNK": 2048}}),
     "sample stages=4 V_CHUNK=2048": ("sample", {"sample": {"num_stages": 4, "V_CHUNK": 2048}}),
@@ -47,6 +53,8 @@ VARIANTS = {
     "logprob alone": ("logprob", {}),
     "logprob warps=4": ("logprob", {"logprob": {"num_warps": 4}}),
     "logprob stages=4": ("logprob", {"logprob": {"num_stages": 4}}),
+    "logprob CHUNKS=2": ("logprob", {"logprob": {"CHUNKS": 2}}),
+    "logprob CHUNKS=4": ("logprob", {"logprob": {"CHUNKS": 4}}),
     "logprob V_CHUNK=1024 (tree)": ("logprob", {"logprob": {"V_CHUNK": 1024}}),
     "logprob V_CHUNK=2048 (tree)": ("logprob", {"logprob": {"V_CHUNK": 2048}}),
     "logprob V_CHUNK=4096 (tree)": ("logprob", {"logprob": {"V_CHUNK": 4096}}),

@@ -95,3 +95,27 @@ def test_gpu_same_token_and_bits_at_qwen3_shapes():
                 want = sample_root.sample(h, w, tau, seeds)
                 assert torch.equal(ids, want), (H, T, tau)
                 assert torch.equal(_bits(lp), _bits(lp_root.logprob(h, w, want, tau))), (H, T, tau)
+
+
+@pytest.mark.parametrize("chunks", [2, 3, 4])
+def test_chunks_per_program_only_launch_the_lm_head_kernels(monkeypatch, chunks):
+    """CHUNKS (V chunks one program walks in turn, each from a fresh state into its own slot) moves no bit of
+    logprob, sample or sample_logprob: 13 chunks of 16 entries (the last partial), so no CHUNKS divides them and the
+    last program has chunks past the end (which must store nothing)."""
+    small = {"BLOCK_T": 16, "BLOCK_V": 16, "BLOCK_K": 16, "V_CHUNK": 16}
+    gen = torch.Generator().manual_seed(5)
+    T, H, V = 20, 32, 200
+    h, w = hidden_and_weight(T, H, V, gen)
+    seeds = torch.randint(0, 2**62, (T,), generator=gen)
+    targets = torch.randint(0, V, (T,), generator=gen)
+    monkeypatch.setattr(lp_root, "CONFIG", {**lp_root.CONFIG, **small})
+    monkeypatch.setattr(sample_root, "CONFIG", {**sample_root.CONFIG, **small})
+    want = (lp_root.logprob(h, w, targets, 0.8), sample_root.sample(h, w, 0.8, seeds),
+            *lp_root.sample_logprob(h, w, 0.8, seeds))
+    monkeypatch.setattr(lp_root, "CONFIG", {**lp_root.CONFIG, "CHUNKS": chunks})
+    monkeypatch.setattr(sample_root, "CONFIG", {**sample_root.CONFIG, "CHUNKS": chunks})
+    got = (lp_root.logprob(h, w, targets, 0.8), sample_root.sample(h, w, 0.8, seeds),
+           *lp_root.sample_logprob(h, w, 0.8, seeds))
+    assert torch.equal(_bits(got[0]), _bits(want[0])) and torch.equal(got[1], want[1])
+    assert torch.equal(got[2], want[2]) and torch.equal(_bits(got[3]), _bits(want[3]))
+    assert torch.equal(got[2], want[1])  # and the one pass still draws the sampler's token

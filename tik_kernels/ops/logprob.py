@@ -9,7 +9,8 @@ computes the logits of its BLOCK_T tokens over one chunk of V_CHUNK vocabulary e
 [BLOCK_T, BLOCK_V] tile at a time, each tile a K-sequential `tl.dot` over H in BLOCK_K steps
 (no split-K), divided by the temperature in fp32; it keeps an online (max, Σexp) per token over
 the tiles in increasing v. A second kernel merges the V_CHUNK partials of each token in
-increasing chunk order. So the reduction order of every token is fixed by (V, H, CONFIG) alone:
+increasing chunk order (CHUNKS, how many chunks one program walks in turn, only launches it). So the reduction
+order of every token is fixed by (V, H, CONFIG) alone:
 the same whatever T, the token's slot in its block, or which other tokens share the call.
 Masked rows load zeros and their results are never stored.
 
@@ -47,8 +48,12 @@ TUNABLES = {
     "BWD_BLOCK_N": (64, 128),
     "BWD_BLOCK_K": (32, 64),
     "PDL": (0, 1),
+    "CHUNKS": (1, 2, 4),
 }
-#: PDL: sample_logprob's kernels launched with programmatic dependent launch (ops/_common.py), no bit changes
+#: PDL: sample_logprob's kernels launched with programmatic dependent launch (ops/_common.py), no bit changes.
+#: CHUNKS: V chunks walked by one program of the forward and of sample_logprob, one after another, each from a fresh
+#: state and stored in its own slot: who computes a chunk, never its sum (the tree is V_CHUNK's and BLOCK_V's), so no
+#: bit changes; fewer, longer programs where the per-program cost shows (benchmarks/bench_lmhead_decode.py)
 CONFIG = {
     "BLOCK_T": 64,
     "BLOCK_V": 128,
@@ -61,6 +66,7 @@ CONFIG = {
     "BWD_BLOCK_N": 128,
     "BWD_BLOCK_K": 32,
     "PDL": 1,
+    "CHUNKS": 1,
 }
 
 
@@ -96,29 +102,11 @@ def _lse_merge(b_m, b_s, c_m, c_s):
 
 
 @triton.jit
-def _logprob_fwd_kernel(
-    h_ptr,  # [T, H] hidden (row stride stride_h, unit column stride)
-    w_ptr,  # [V, H] lm_head weight (row stride stride_w)
-    tgt_ptr,  # [T] int64 target ids
-    m_part_ptr,  # [NC, T] fp32 running max of each V chunk
-    s_part_ptr,  # [NC, T] fp32 Σ exp(z - max) of each V chunk
-    zt_ptr,  # [T] fp32 the target's logit, written by the chunk that holds it
-    T,
-    V,
-    H,
-    stride_h,
-    stride_w,
-    temperature,
-    BLOCK_T: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    V_CHUNK: tl.constexpr,
-):
-    pid_t = tl.program_id(0).to(tl.int64)
-    pid_c = tl.program_id(1).to(tl.int64)
-    o_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
-    m_t = o_t < T
-    b_tgt = tl.load(tgt_ptr + o_t, mask=m_t, other=-1)
+def _logprob_chunk(h_ptr, w_ptr, m_part_ptr, s_part_ptr, zt_ptr, o_t, m_t, b_tgt, pid_c, NC, T, V, H, stride_h,
+                   stride_w, temperature, BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+                   V_CHUNK: tl.constexpr):
+    """V chunk `pid_c` of a token block: its (max, Σ exp(z - max)) from a fresh state and, where it holds a token's
+    target, that target's logit, stored at the chunk's slot. A chunk past the last (pid_c >= NC) stores nothing."""
     b_m = tl.full([BLOCK_T], float("-inf"), dtype=tl.float32)
     b_s = tl.zeros([BLOCK_T], dtype=tl.float32)
     b_zt = tl.zeros([BLOCK_T], dtype=tl.float32)
@@ -134,10 +122,46 @@ def _logprob_fwd_kernel(
         b_m, b_s = _lse_step(b_m, b_s, b_z)
         # one entry at most matches: a sum of it and exact zeros is exact
         b_zt += tl.sum(tl.where(o_v[None, :] == b_tgt[:, None], b_z, 0.0), axis=1)
-    tl.store(m_part_ptr + pid_c * T + o_t, b_m, mask=m_t)
-    tl.store(s_part_ptr + pid_c * T + o_t, b_s, mask=m_t)
+    m_c = m_t & (o_t < tl.where(pid_c < NC, T, 0))  # no row of a chunk past the last
+    tl.store(m_part_ptr + pid_c * T + o_t, b_m, mask=m_c)
+    tl.store(s_part_ptr + pid_c * T + o_t, b_s, mask=m_c)
     in_chunk = (b_tgt >= v_start) & (b_tgt < v_end)
-    tl.store(zt_ptr + o_t, b_zt, mask=m_t & in_chunk)
+    tl.store(zt_ptr + o_t, b_zt, mask=m_c & in_chunk)
+
+
+@triton.jit
+def _logprob_fwd_kernel(
+    h_ptr,  # [T, H] hidden (row stride stride_h, unit column stride)
+    w_ptr,  # [V, H] lm_head weight (row stride stride_w)
+    tgt_ptr,  # [T] int64 target ids
+    m_part_ptr,  # [NC, T] fp32 running max of each V chunk
+    s_part_ptr,  # [NC, T] fp32 Σ exp(z - max) of each V chunk
+    zt_ptr,  # [T] fp32 the target's logit, written by the chunk that holds it
+    T,
+    V,
+    H,
+    stride_h,
+    stride_w,
+    temperature,
+    NC,
+    BLOCK_T: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    V_CHUNK: tl.constexpr,
+    CHUNKS: tl.constexpr = 1,  # V chunks per program, each from a fresh state: who computes a chunk, not its sum
+):
+    pid_t = tl.program_id(0).to(tl.int64)
+    pid_g = tl.program_id(1).to(tl.int64)
+    o_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    m_t = o_t < T
+    b_tgt = tl.load(tgt_ptr + o_t, mask=m_t, other=-1)
+    if CHUNKS == 1:
+        _logprob_chunk(h_ptr, w_ptr, m_part_ptr, s_part_ptr, zt_ptr, o_t, m_t, b_tgt, pid_g, NC, T, V, H, stride_h,
+                       stride_w, temperature, BLOCK_T, BLOCK_V, BLOCK_K, V_CHUNK)
+    else:
+        for j in range(CHUNKS):
+            _logprob_chunk(h_ptr, w_ptr, m_part_ptr, s_part_ptr, zt_ptr, o_t, m_t, b_tgt, pid_g * CHUNKS + j, NC, T,
+                           V, H, stride_h, stride_w, temperature, BLOCK_T, BLOCK_V, BLOCK_K, V_CHUNK)
 
 
 @triton.jit
@@ -297,10 +321,11 @@ def logprob_fwd(hidden: torch.Tensor, w: torch.Tensor, targets: torch.Tensor,
     m_part = torch.empty((n_chunks, T), dtype=torch.float32, device=hidden.device)
     s_part = torch.empty((n_chunks, T), dtype=torch.float32, device=hidden.device)
     z_tgt = torch.full((T,), float("-inf"), dtype=torch.float32, device=hidden.device)
-    _logprob_fwd_kernel[(triton.cdiv(T, cfg["BLOCK_T"]), n_chunks)](
+    chunks = cfg.get("CHUNKS", 1)
+    _logprob_fwd_kernel[(triton.cdiv(T, cfg["BLOCK_T"]), triton.cdiv(n_chunks, chunks))](
         hidden, w, targets, m_part, s_part, z_tgt, T, V, H, hidden.stride(0), w.stride(0), float(temperature),
-        BLOCK_T=cfg["BLOCK_T"], BLOCK_V=cfg["BLOCK_V"], BLOCK_K=cfg["BLOCK_K"], V_CHUNK=cfg["V_CHUNK"],
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        n_chunks, BLOCK_T=cfg["BLOCK_T"], BLOCK_V=cfg["BLOCK_V"], BLOCK_K=cfg["BLOCK_K"], V_CHUNK=cfg["V_CHUNK"],
+        CHUNKS=chunks, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     _logprob_combine_kernel[(triton.cdiv(T, 128),)](m_part, s_part, z_tgt, out, lse, T, n_chunks, BLOCK=128)
     return out, lse
@@ -377,34 +402,11 @@ def logprob(hidden: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, temper
 
 
 @triton.jit
-def _sample_logprob_kernel(
-    h_ptr,  # [T, H] hidden
-    w_ptr,  # [V, H] lm_head weight
-    seed_ptr,  # [T] int64 sampling seeds
-    m_part_ptr,  # [NC, T] fp32 running max of each V chunk (as _logprob_fwd_kernel)
-    s_part_ptr,  # [NC, T] fp32 Σ exp(z - max) of each V chunk (as _logprob_fwd_kernel)
-    best_part_ptr,  # [NC, T] fp32 best Gumbel score of each V chunk (as sample's kernel)
-    idx_part_ptr,  # [NC, T] int64 its index
-    zb_part_ptr,  # [NC, T] fp32 its logit
-    T,
-    V,
-    H,
-    stride_h,
-    stride_w,
-    temperature,
-    BLOCK_T: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    V_CHUNK: tl.constexpr,
-    PDL: tl.constexpr = False,
-):
-    pdl_start(PDL)
-    pid_t = tl.program_id(0).to(tl.int64)
-    pid_c = tl.program_id(1).to(tl.int64)
-    o_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
-    m_t = o_t < T
-    b_seed = tl.load(seed_ptr + o_t, mask=m_t, other=0)
-    b_key = _race_key(b_seed)  # [BT]
+def _sample_logprob_chunk(h_ptr, w_ptr, m_part_ptr, s_part_ptr, best_part_ptr, idx_part_ptr, zb_part_ptr, o_t, m_t,
+                          b_key, pid_c, NC, T, V, H, stride_h, stride_w, temperature, BLOCK_T: tl.constexpr,
+                          BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, V_CHUNK: tl.constexpr):
+    """V chunk `pid_c` of a token block from a fresh state: logprob's (max, Σexp) and the race's (best, index, its
+    logit), stored at the chunk's slot; a chunk past the last (pid_c >= NC) stores nothing."""
     b_m = tl.full([BLOCK_T], float("-inf"), dtype=tl.float32)
     b_s = tl.zeros([BLOCK_T], dtype=tl.float32)
     b_best = tl.full([BLOCK_T], float("-inf"), dtype=tl.float32)
@@ -424,11 +426,54 @@ def _sample_logprob_kernel(
         # the winner's logit: one entry matches, a sum of it and exact zeros is exact (as the target's in logprob)
         b_tile_z = tl.sum(tl.where(o_v[None, :] == b_tile_idx[:, None], b_z, 0.0), axis=1)
         b_zb = tl.where(b_take, b_tile_z, b_zb)
-    tl.store(m_part_ptr + pid_c * T + o_t, b_m, mask=m_t)
-    tl.store(s_part_ptr + pid_c * T + o_t, b_s, mask=m_t)
-    tl.store(best_part_ptr + pid_c * T + o_t, b_best, mask=m_t)
-    tl.store(idx_part_ptr + pid_c * T + o_t, b_idx, mask=m_t)
-    tl.store(zb_part_ptr + pid_c * T + o_t, b_zb, mask=m_t)
+    m_c = m_t & (o_t < tl.where(pid_c < NC, T, 0))  # no row of a chunk past the last
+    tl.store(m_part_ptr + pid_c * T + o_t, b_m, mask=m_c)
+    tl.store(s_part_ptr + pid_c * T + o_t, b_s, mask=m_c)
+    tl.store(best_part_ptr + pid_c * T + o_t, b_best, mask=m_c)
+    tl.store(idx_part_ptr + pid_c * T + o_t, b_idx, mask=m_c)
+    tl.store(zb_part_ptr + pid_c * T + o_t, b_zb, mask=m_c)
+
+
+@triton.jit
+def _sample_logprob_kernel(
+    h_ptr,  # [T, H] hidden
+    w_ptr,  # [V, H] lm_head weight
+    seed_ptr,  # [T] int64 sampling seeds
+    m_part_ptr,  # [NC, T] fp32 running max of each V chunk (as _logprob_fwd_kernel)
+    s_part_ptr,  # [NC, T] fp32 Σ exp(z - max) of each V chunk (as _logprob_fwd_kernel)
+    best_part_ptr,  # [NC, T] fp32 best Gumbel score of each V chunk (as sample's kernel)
+    idx_part_ptr,  # [NC, T] int64 its index
+    zb_part_ptr,  # [NC, T] fp32 its logit
+    T,
+    V,
+    H,
+    stride_h,
+    stride_w,
+    temperature,
+    NC,
+    BLOCK_T: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    V_CHUNK: tl.constexpr,
+    PDL: tl.constexpr = False,
+    CHUNKS: tl.constexpr = 1,  # V chunks per program, each from a fresh state (as _logprob_fwd_kernel)
+):
+    pdl_start(PDL)
+    pid_t = tl.program_id(0).to(tl.int64)
+    pid_g = tl.program_id(1).to(tl.int64)
+    o_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    m_t = o_t < T
+    b_seed = tl.load(seed_ptr + o_t, mask=m_t, other=0)
+    b_key = _race_key(b_seed)  # [BT]
+    if CHUNKS == 1:
+        _sample_logprob_chunk(h_ptr, w_ptr, m_part_ptr, s_part_ptr, best_part_ptr, idx_part_ptr, zb_part_ptr, o_t,
+                              m_t, b_key, pid_g, NC, T, V, H, stride_h, stride_w, temperature, BLOCK_T, BLOCK_V,
+                              BLOCK_K, V_CHUNK)
+    else:
+        for j in range(CHUNKS):
+            _sample_logprob_chunk(h_ptr, w_ptr, m_part_ptr, s_part_ptr, best_part_ptr, idx_part_ptr, zb_part_ptr,
+                                  o_t, m_t, b_key, pid_g * CHUNKS + j, NC, T, V, H, stride_h, stride_w, temperature,
+                                  BLOCK_T, BLOCK_V, BLOCK_K, V_CHUNK)
 
 
 @triton.jit
@@ -503,10 +548,11 @@ def sample_logprob(hidden: torch.Tensor, w: torch.Tensor, temperature: float,
         nc = triton.cdiv(V, cfg["V_CHUNK"])
         parts = [torch.empty((nc, T), dtype=dt, device=h2.device)
                  for dt in (torch.float32, torch.float32, torch.float32, torch.int64, torch.float32)]
-        _sample_logprob_kernel[(triton.cdiv(T, cfg["BLOCK_T"]), nc)](
-            h2, w2, s, *parts, T, V, H, h2.stride(0), w2.stride(0), float(temperature),
+        chunks = cfg.get("CHUNKS", 1)
+        _sample_logprob_kernel[(triton.cdiv(T, cfg["BLOCK_T"]), triton.cdiv(nc, chunks))](
+            h2, w2, s, *parts, T, V, H, h2.stride(0), w2.stride(0), float(temperature), nc,
             BLOCK_T=cfg["BLOCK_T"], BLOCK_V=cfg["BLOCK_V"], BLOCK_K=cfg["BLOCK_K"], V_CHUNK=cfg["V_CHUNK"],
-            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl,
+            CHUNKS=chunks, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl,
         )
         _sample_logprob_combine_kernel[(triton.cdiv(T, 128),)](*parts, ids, out, T, nc, BLOCK=128, **pdl)
     return ids.reshape(lead), out.reshape(lead)

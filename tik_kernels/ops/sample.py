@@ -34,11 +34,13 @@ TUNABLES = {
     "V_CHUNK": (256, 512, 1024, 2048, 4096),
     "num_warps": (4, 8),
     "num_stages": (2, 3, 4),
+    "CHUNKS": (1, 2, 4),
 }
 #: V_CHUNK 1024 (was 512): the token is an argmax with ties to the lowest index, the same under any chunking, so this
 #: moves no bits; at a decode batch of 64 over qwen3's 151936-entry lm_head on an H100, 167 us against 191 (2048: 221,
 #: 4096: 391; benchmarks/bench_lmhead_decode.py, results/lmhead_decode_h100_s21.json)
-CONFIG = {"BLOCK_T": 64, "BLOCK_V": 128, "BLOCK_K": 64, "V_CHUNK": 1024, "num_warps": 8, "num_stages": 3}
+#: CHUNKS: V chunks one program walks in turn (each stored in its own slot): fewer, longer programs, the same token
+CONFIG = {"BLOCK_T": 64, "BLOCK_V": 128, "BLOCK_K": 64, "V_CHUNK": 1024, "num_warps": 8, "num_stages": 3, "CHUNKS": 1}
 
 
 @triton.jit
@@ -106,6 +108,27 @@ def _race_merge(b_best, b_idx, c_best, c_idx):
 
 
 @triton.jit
+def _sample_chunk(h_ptr, w_ptr, best_part_ptr, idx_part_ptr, o_t, m_t, b_key, pid_c, NC, T, V, H, stride_h, stride_w,
+                  temperature, GREEDY: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr,
+                  BLOCK_K: tl.constexpr, V_CHUNK: tl.constexpr):
+    """V chunk `pid_c` of a token block: its (best score, index) from a fresh state, stored at the chunk's slot; a
+    chunk past the last (pid_c >= NC) stores nothing."""
+    b_best = tl.full([BLOCK_T], float("-inf"), dtype=tl.float32)
+    b_idx = tl.full([BLOCK_T], V, dtype=tl.int64)
+    v_start = pid_c * V_CHUNK
+    v_end = tl.minimum(v_start + V_CHUNK, V)
+    for v0 in range(v_start, v_end, BLOCK_V):
+        o_v = v0 + tl.arange(0, BLOCK_V)
+        m_v = o_v < v_end
+        b_z = _logits_tile(h_ptr, w_ptr, o_t, m_t, o_v, m_v, H, stride_h, stride_w, temperature,
+                           BLOCK_T, BLOCK_V, BLOCK_K)
+        b_best, b_idx, _, _ = _race_step(b_best, b_idx, _race_scores(b_z, o_v, m_v, b_key, GREEDY), v0)
+    m_c = m_t & (o_t < tl.where(pid_c < NC, T, 0))  # no row of a chunk past the last
+    tl.store(best_part_ptr + pid_c * T + o_t, b_best, mask=m_c)
+    tl.store(idx_part_ptr + pid_c * T + o_t, b_idx, mask=m_c)
+
+
+@triton.jit
 def _sample_fwd_kernel(
     h_ptr,  # [T, H] hidden (row stride stride_h, unit column stride)
     w_ptr,  # [V, H] lm_head weight (row stride stride_w)
@@ -118,30 +141,27 @@ def _sample_fwd_kernel(
     stride_h,
     stride_w,
     temperature,
+    NC,
     GREEDY: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_K: tl.constexpr,
     V_CHUNK: tl.constexpr,
+    CHUNKS: tl.constexpr = 1,  # V chunks per program, one after another: who computes a chunk, not its result
 ):
     pid_t = tl.program_id(0).to(tl.int64)
-    pid_c = tl.program_id(1).to(tl.int64)
+    pid_g = tl.program_id(1).to(tl.int64)
     o_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     m_t = o_t < T
     b_seed = tl.load(seed_ptr + o_t, mask=m_t, other=0)
     b_key = _race_key(b_seed)  # [BT]
-    b_best = tl.full([BLOCK_T], float("-inf"), dtype=tl.float32)
-    b_idx = tl.full([BLOCK_T], V, dtype=tl.int64)
-    v_start = pid_c * V_CHUNK
-    v_end = tl.minimum(v_start + V_CHUNK, V)
-    for v0 in range(v_start, v_end, BLOCK_V):
-        o_v = v0 + tl.arange(0, BLOCK_V)
-        m_v = o_v < v_end
-        b_z = _logits_tile(h_ptr, w_ptr, o_t, m_t, o_v, m_v, H, stride_h, stride_w, temperature,
-                           BLOCK_T, BLOCK_V, BLOCK_K)
-        b_best, b_idx, _, _ = _race_step(b_best, b_idx, _race_scores(b_z, o_v, m_v, b_key, GREEDY), v0)
-    tl.store(best_part_ptr + pid_c * T + o_t, b_best, mask=m_t)
-    tl.store(idx_part_ptr + pid_c * T + o_t, b_idx, mask=m_t)
+    if CHUNKS == 1:
+        _sample_chunk(h_ptr, w_ptr, best_part_ptr, idx_part_ptr, o_t, m_t, b_key, pid_g, NC, T, V, H, stride_h,
+                      stride_w, temperature, GREEDY, BLOCK_T, BLOCK_V, BLOCK_K, V_CHUNK)
+    else:
+        for j in range(CHUNKS):
+            _sample_chunk(h_ptr, w_ptr, best_part_ptr, idx_part_ptr, o_t, m_t, b_key, pid_g * CHUNKS + j, NC, T, V,
+                          H, stride_h, stride_w, temperature, GREEDY, BLOCK_T, BLOCK_V, BLOCK_K, V_CHUNK)
 
 
 @triton.jit
@@ -181,10 +201,11 @@ def sample_fwd(hidden: torch.Tensor, w: torch.Tensor, temperature: float, seeds:
     best = torch.empty((n_chunks, T), dtype=torch.float32, device=hidden.device)
     idx = torch.empty((n_chunks, T), dtype=torch.int64, device=hidden.device)
     greedy = temperature == 0
-    _sample_fwd_kernel[(triton.cdiv(T, cfg["BLOCK_T"]), n_chunks)](
+    chunks = cfg.get("CHUNKS", 1)
+    _sample_fwd_kernel[(triton.cdiv(T, cfg["BLOCK_T"]), triton.cdiv(n_chunks, chunks))](
         hidden, w, seeds, best, idx, T, V, H, hidden.stride(0), w.stride(0), 1.0 if greedy else float(temperature),
-        GREEDY=greedy, BLOCK_T=cfg["BLOCK_T"], BLOCK_V=cfg["BLOCK_V"], BLOCK_K=cfg["BLOCK_K"],
-        V_CHUNK=cfg["V_CHUNK"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        n_chunks, GREEDY=greedy, BLOCK_T=cfg["BLOCK_T"], BLOCK_V=cfg["BLOCK_V"], BLOCK_K=cfg["BLOCK_K"],
+        V_CHUNK=cfg["V_CHUNK"], CHUNKS=chunks, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     _sample_combine_kernel[(triton.cdiv(T, 128),)](best, idx, out, T, n_chunks, BLOCK=128)
     return out
