@@ -1,0 +1,75 @@
+"""The lm_head kernels (logprob's forward, sample_logprob's pass, sample's forward) compiled for sm_90 on this machine
+(no GPU: Triton's own ptxas), a revision's against this tree's, and this tree's with CHUNKS 2 and 4: PTX registers
+declared, local-memory stores (spills) and shared memory per kernel. The check that a launch choice compiles and
+spills nothing before a GPU times it.
+
+    python benchmarks/lmhead_ptx_offline.py [REV] > benchmarks/results/lmhead_ptx_offline.txt
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ["TRITON_INTERPRET"] = "0"  # compile, never interpret (before anything imports Triton)
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+F32, I64 = "*fp32", "*i64"
+LSE = {"m_part_ptr": F32, "s_part_ptr": F32, "temperature": "fp32"}
+RACE = {"seed_ptr": I64, "best_part_ptr": F32, "idx_part_ptr": I64, "temperature": "fp32"}
+TILE = dict(BLOCK_T=64, BLOCK_V=128, BLOCK_K=64)
+#: (operator file, kernel, constexprs, argument types other than bf16 pointers and i32 scalars)
+CASES = [
+    ("logprob", "_logprob_fwd_kernel", dict(TILE, V_CHUNK=512), {**LSE, "tgt_ptr": I64, "zt_ptr": F32}),
+    ("logprob", "_sample_logprob_kernel", dict(TILE, V_CHUNK=512), {**LSE, **RACE, "zb_part_ptr": F32}),
+    ("sample", "_sample_fwd_kernel", dict(TILE, GREEDY=False, V_CHUNK=1024), RACE),
+]
+
+
+def compiled(path: Path, kernel: str, const: dict, types: dict):
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from tik_kernels.contract import load_module
+
+    fn = getattr(load_module(path, f"ptx_{abs(hash((str(path), kernel, str(const))))}"), kernel)
+    params = inspect.signature(fn.fn).parameters
+    c = {k: v for k, v in const.items() if k in params}
+    sig = {}
+    for n, prm in params.items():
+        if n not in c and "constexpr" in str(prm.annotation) and prm.default is not inspect.Parameter.empty:
+            c[n] = prm.default  # a constexpr the revision lacks or the case leaves at its default
+        sig[n] = "constexpr" if n in c else types.get(n, "*bf16" if n.endswith("_ptr") else "i32")
+    return triton.compile(triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=c),
+                          target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 3}), params
+
+
+def main() -> int:
+    rev = sys.argv[1] if len(sys.argv) > 1 else "HEAD"
+    print(f"sm_90, num_warps 8, num_stages 3; {rev} against this tree")
+    with tempfile.TemporaryDirectory() as tmp:
+        for op, kernel, const, types in CASES:
+            old = Path(tmp) / f"{op}.py"
+            old.write_text(subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:tik_kernels/ops/{op}.py"],
+                                          check=True, capture_output=True, text=True).stdout)
+            new = ROOT / "tik_kernels" / "ops" / f"{op}.py"
+            for label, path, extra in ((rev, old, {}), ("this tree", new, {}), ("CHUNKS=2", new, {"CHUNKS": 2}),
+                                       ("CHUNKS=4", new, {"CHUNKS": 4})):
+                k, params = compiled(path, kernel, {**const, **extra}, types)
+                if extra and not set(extra) <= set(params):
+                    continue
+                ptx = k.asm["ptx"]
+                regs = sum(int(n) for n in re.findall(r"\.reg \.\w+\s+%\w+<(\d+)>", ptx))
+                print(f"{op:8s} {kernel:24s} {label:10s} PTX registers declared {regs:5d}, "
+                      f"st.local {ptx.count('st.local')}, shared {k.metadata.shared} B")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
