@@ -138,3 +138,66 @@ def test_qk_norm_pair_is_two_rmsnorms_on_gpu(T):
     got, want = N.rmsnorm_pair(q, wq, k, wk, 1e-6), (N.rmsnorm(q, wq, 1e-6), N.rmsnorm(k, wk, 1e-6))
     for a, b in zip(got, want, strict=True):
         assert torch.equal(_bits(a), _bits(b))
+
+
+def _qk_rope_case(T: int, seed: int, device: str = "cpu", hq: int = 4, hk: int = 2, d: int = 16, per_slot: int = 1):
+    """q, k, v as strided views of one stacked projection (as the model hands them over), norms' weights, positions,
+    slots and NaN-filled caches."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    qkv = (torch.randn(T, (hq + 2 * hk) * d, generator=g, device=device) * 3).to(torch.bfloat16)
+    q, k, v = qkv.split([hq * d, hk * d, hk * d], dim=-1)
+    q, k, v = q.view(T, hq, d), k.view(T, hk, d), v.view(T, hk, d)
+    wq, wk = ((torch.randn(d, generator=g, device=device) + 1).to(torch.bfloat16) for _ in range(2))
+    slots = torch.arange(T, device=device) // per_slot
+    pos = (torch.arange(T, device=device) % per_slot) + (0 if per_slot > 1 else 37) + torch.arange(T, device=device) % 3
+    kc = torch.full((int(slots.max()) + 1, hk, int(pos.max()) + 5, d), float("nan"), dtype=torch.bfloat16,
+                    device=device)
+    return q, wq, k, wk, v, pos, slots, kc
+
+
+def _check_qk_rope(case) -> None:
+    q, wq, k, wk, v, pos, slots, kc = case
+    vc, kc2, vc2 = kc.clone(), kc.clone(), kc.clone()
+    got = N.rmsnorm_pair_rope_cache(q, wq, k, wk, 1e-6, v, pos, 1e6, kc, vc, slots)
+    assert got is not None
+    want = R.rope_cache(*N.rmsnorm_pair(q, wq, k, wk, 1e-6), v, pos, 1e6, kc2, vc2, slots)
+    for a, b in zip((*got, kc, vc), (*want, kc2, vc2), strict=True):
+        assert a.shape == b.shape and a.is_contiguous() == b.is_contiguous()
+        assert torch.equal(_bits(a), _bits(b))
+
+
+@pytest.mark.parametrize(("T", "per_slot"), [(1, 1), (5, 1), (9, 3)])
+def test_qk_norm_rope_cache_is_the_pair_then_rope_cache(T, per_slot):
+    """One launch (`rmsnorm_pair_rope_cache`): the q / k norms, the rope and the cache fill give the bits of the
+    norm pair then rope_cache, cache rows no token names left as they were (NaN)."""
+    _check_qk_rope(_qk_rope_case(T, seed=T, per_slot=per_slot))
+
+
+def test_qk_norm_rope_cache_declines_what_it_cannot_fuse_and_the_backend_then_makes_two_calls():
+    q, wq, k, wk, v, pos, slots, kc = _qk_rope_case(4, seed=2)
+    vc = kc.clone()
+    assert N.rmsnorm_pair_rope_cache(q, wq, k.clone(), wk, 1e-6, v, pos, 1e6, kc, vc, slots) is None  # k apart
+    assert N.rmsnorm_pair_rope_cache(q, wq, k, wk, 1e-6, v, pos, 1e6, kc[:, :1], vc[:, :1], slots) is None
+    assert torch.isnan(kc).all()  # nothing written
+    for fused in (False, True):
+        be = UnifiedBackend(fused_qk_rope=fused)
+        kc1, vc1 = kc.clone(), kc.clone()
+        got = be.qk_norm_rope_cache(q, wq, k.clone(), wk, 1e-6, v, pos, 1e6, kc1, vc1, slots)
+        kc2, vc2 = kc.clone(), kc.clone()
+        want = R.rope_cache(*N.rmsnorm_pair(q, wq, k.clone(), wk, 1e-6), v, pos, 1e6, kc2, vc2, slots)
+        assert all(torch.equal(_bits(a), _bits(b)) for a, b in zip((*got, kc1, vc1), (*want, kc2, vc2), strict=True))
+    # a rope module that is not the library's: its own rope_cache, never the repeated arithmetic
+    be = UnifiedBackend(fused_qk_rope=True)
+    be.sources["rope"] = "/some/candidate/rope.py"
+    calls = []
+    be.m = {**be.m, "rope": types.SimpleNamespace(rope_cache=lambda *a: calls.append(a) or (a[0], a[1]))}
+    be.qk_norm_rope_cache(q, wq, k, wk, 1e-6, v, pos, 1e6, kc.clone(), kc.clone(), slots)
+    assert len(calls) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("T", "per_slot"), [(1, 1), (64, 1), (4096, 512)], ids=["decode1", "decode64", "prefill"])
+def test_qk_norm_rope_cache_is_the_pair_then_rope_cache_on_gpu(T, per_slot):
+    """qwen3 heads (16 / 8 of 128) on the GPU: the one launch repeats rope's arithmetic in another kernel, so only the
+    GPU's compilation can show the bits agree."""
+    _check_qk_rope(_qk_rope_case(T, seed=T, device="cuda", hq=16, hk=8, d=128, per_slot=per_slot))

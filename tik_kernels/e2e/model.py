@@ -368,12 +368,15 @@ class UnifiedBackend:
     decode_reads_kv_len = False
 
     def __init__(self, impl_files: dict[str, str | Path] | None = None, fused_launches: bool = True,
-                 fused_lmhead: bool = False):
+                 fused_lmhead: bool = False, fused_qk_rope: bool = False):
         """`fused_launches=False`: the rollout's rope and KV-cache fill, and its q and k norms, as separate calls
         (`rope_cache`, `qk_norm`; the same bits), to time what the fused launches save. `fused_lmhead`: the token
         and its log-prob from the logprob module's one-pass `sample_logprob` instead of `sample` then `logprob`
         (the same bits; off: at a decode batch of 64 on the H100 the one pass took 459 us against 355 us for the two
-        calls, results/lmhead_decode_h100.json)."""
+        calls, results/lmhead_decode_h100.json). `fused_qk_rope`: the rollout's q / k norms, rope and KV-cache fill
+        in one launch (the rmsnorm module's `rmsnorm_pair_rope_cache`, where the rope module is the library's, whose
+        arithmetic it repeats) instead of two; off until it has been timed and its bits compared on a GPU
+        (`bench_e2e.py --decode-backends unified unified-qk-rope`, tests/e2e/test_rope_cache.py)."""
         from tik_kernels.contract import load_module
 
         self.sources: dict[str, str] = {}
@@ -387,7 +390,7 @@ class UnifiedBackend:
                 mods[op] = importlib.import_module(f"tik_kernels.ops.{op}")
                 self.sources[op] = f"tik_kernels.ops.{op}"
         self.m = mods
-        self.fused_launches, self.fused_lmhead = fused_launches, fused_lmhead
+        self.fused_launches, self.fused_lmhead, self.fused_qk_rope = fused_launches, fused_lmhead, fused_qk_rope
 
     def embedding(self, ids, table):
         return self.m["embedding"].embedding(ids, table)
@@ -424,6 +427,19 @@ class UnifiedBackend:
         if fused is not None:
             return fused(q, k, v, pos, theta, k_cache, v_cache, slots)
         return _rope_then_scatter(self.rope, q, k, v, pos, theta, k_cache, v_cache, slots)
+
+    def qk_norm_rope_cache(self, q, wq, k, wk, eps, v, pos, theta, k_cache, v_cache, slots):
+        """qk_norm(), then rope_cache(): in one launch with `fused_qk_rope` where the rmsnorm module has
+        `rmsnorm_pair_rope_cache`, the rope module is the library's and no gradient is needed; the same bits either
+        way (tests/e2e/test_rope_cache.py)."""
+        fused = (getattr(self.m["rmsnorm"], "rmsnorm_pair_rope_cache", None)
+                 if self.fused_qk_rope and self.sources["rope"] == "tik_kernels.ops.rope" else None)
+        if fused is not None and not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, wq, wk))):
+            out = fused(q, wq, k, wk, eps, v, pos, theta, k_cache, v_cache, slots)
+            if out is not None:
+                return out
+        q, k = self.qk_norm(q, wq, k, wk, eps)
+        return self.rope_cache(q, k, v, pos, theta, k_cache, v_cache, slots)
 
     def attention_varlen(self, q, k, v, cu_seqlens, lens: list[int]):
         mod = self.m["attention"]
@@ -530,6 +546,9 @@ def _qkv(cfg: ModelConfig, be, W, i: int, x: torch.Tensor, pos: torch.Tensor, fi
     T, D = x.shape[0], cfg.head_dim
     q, k, v = be.linear(x, W[f"l{i}.wqkv"]).split([cfg.heads * D, cfg.kv_heads * D, cfg.kv_heads * D], dim=-1)
     q, k, v = q.view(T, cfg.heads, D), k.view(T, cfg.kv_heads, D), v.view(T, cfg.kv_heads, D)
+    if cfg.qk_norm and fill is not None and getattr(be, "fused_qk_rope", False):  # one launch (UnifiedBackend)
+        return (*be.qk_norm_rope_cache(q, W[f"l{i}.q_norm"], k, W[f"l{i}.k_norm"], cfg.eps, v, pos, cfg.rope_theta,
+                                       *fill), v)
     if cfg.qk_norm:
         q, k = be.qk_norm(q, W[f"l{i}.q_norm"], k, W[f"l{i}.k_norm"], cfg.eps)
     if fill is None:

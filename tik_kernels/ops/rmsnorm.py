@@ -22,6 +22,8 @@ deterministic on rerun, not batch-invariant (it is a sum over the batch).
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -56,6 +58,25 @@ def _rmsnorm_fwd_kernel(
     n_first=0,
     PAIR: tl.constexpr = False,
     PDL: tl.constexpr = False,
+    # ROPE (with PAIR; `rmsnorm_pair_rope_cache`): then the rows rotated as tik_kernels/ops/rope.py rotates them,
+    # q rows (inner index < n_first) into qo, k rows into ko and the key cache, and each k row's v row into the value
+    # cache, at [slot[t], head, pos[t]]
+    pos_ptr=None,  # [T] integer positions
+    qo_ptr=None,  # [T, n_first, H] output q, contiguous
+    ko_ptr=None,  # [T, n_inner - n_first, H] output k, contiguous
+    v_ptr=None,  # [T, n_inner - n_first, H] values (strides stride_vt, stride_vh; unit stride over H)
+    slot_ptr=None,  # [T] each token's cache slot
+    kc_ptr=None,  # key cache (strides stride_cs, stride_ch, stride_cp; unit stride over H)
+    vc_ptr=None,  # value cache, the key cache's strides
+    log2_theta=0.0,
+    stride_vt=0,
+    stride_vh=0,
+    stride_cs=0,
+    stride_ch=0,
+    stride_cp=0,
+    ROPE: tl.constexpr = False,
+    HALF: tl.constexpr = 1,  # H // 2
+    BLOCK_HALF: tl.constexpr = 1,
 ):
     pdl_start(PDL)
     pid = tl.program_id(0).to(tl.int64)
@@ -77,6 +98,61 @@ def _rmsnorm_fwd_kernel(
         b_y = b_xn * b_w[None, :]
     tl.store(y_ptr + o_r[:, None] * H + o_h[None, :], round_to(b_y, y_ptr.dtype.element_ty), mask=m)
     tl.store(rstd_ptr + o_r, b_rstd, mask=m_r)
+    if ROPE:
+        tl.debug_barrier()  # the rows just stored (the normed values, rounded) visible to every thread of the program
+        _rope_rows(y_ptr, o_r, m_r, n_inner, n_first, H, pos_ptr, qo_ptr, ko_ptr, v_ptr, slot_ptr, kc_ptr, vc_ptr,
+                   log2_theta, stride_vt, stride_vh, stride_cs, stride_ch, stride_cp, HALF, BLOCK_H, BLOCK_HALF)
+
+
+@triton.jit
+def _rope_rows(y_ptr, o_r, m_r, n_inner, n_first, H, pos_ptr, qo_ptr, ko_ptr, v_ptr, slot_ptr, kc_ptr, vc_ptr,
+               log2_theta, stride_vt, stride_vh, stride_cs, stride_ch, stride_cp, HALF: tl.constexpr,
+               BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    """Rows of the normed [T, n_inner, H] output `y` (row r: token r // n_inner, head r % n_inner) rotated by their
+    token's position, written out and into the caches (`rmsnorm_pair_rope_cache`). Every operation below is the one
+    `tik_kernels/ops/rope.py` applies (`_rope_kernel`, `_rotate_heads`), in the same order on the same values: the
+    angle from the position and log2 theta, the two-constant reduction to [-pi, pi], cos and sin, the rotation,
+    one rounding; the tests compare the bits with rope's on the GPU."""
+    o_i = tl.arange(0, BLOCK_HALF)
+    m_i = o_i < HALF
+    t = o_r // n_inner
+    h = o_r % n_inner
+    is_q = h < n_first
+    hk = tl.where(is_q, 0, h - n_first)
+    b_ipos = tl.load(pos_ptr + t, mask=m_r, other=0)
+    b_pos = b_ipos.to(tl.float32)  # [BR]
+    b_inv = tl.exp2(-(o_i.to(tl.float32) * 2.0 / (2 * HALF)) * log2_theta)  # [BHALF]
+    b_ang = b_pos[:, None] * b_inv[None, :]  # [BR, BHALF]
+    b_k = tl.floor(b_ang * 0.15915494309189535 + 0.5)
+    b_rr = (b_ang - b_k * 6.28125) - b_k * 0.0019353071795864769
+    b_c = tl.cos(b_rr)
+    b_s = tl.sin(b_rr) * 1
+    m = m_r[:, None] & m_i[None, :]
+    o_y = o_r[:, None] * H + o_i[None, :]
+    b_x1 = tl.load(y_ptr + o_y, mask=m, other=0.0).to(tl.float32)
+    b_x2 = tl.load(y_ptr + o_y + HALF, mask=m, other=0.0).to(tl.float32)
+    b_y1 = b_x1 * b_c - b_x2 * b_s
+    b_y2 = b_x2 * b_c + b_x1 * b_s
+    b_y1 = round_to(b_y1, qo_ptr.dtype.element_ty)
+    b_y2 = round_to(b_y2, qo_ptr.dtype.element_ty)
+    n_k = n_inner - n_first
+    m_q = m & is_q[:, None]
+    o_q = (t * n_first + h)[:, None] * H + o_i[None, :]
+    tl.store(qo_ptr + o_q, b_y1, mask=m_q)
+    tl.store(qo_ptr + o_q + HALF, b_y2, mask=m_q)
+    m_k = m & (~is_q)[:, None]
+    o_k = (t * n_k + hk)[:, None] * H + o_i[None, :]
+    tl.store(ko_ptr + o_k, b_y1, mask=m_k)
+    tl.store(ko_ptr + o_k + HALF, b_y2, mask=m_k)
+    # the cache rows: the same rounded values at (slot, head, position), and the value row beside them
+    b_slot = tl.load(slot_ptr + t, mask=m_r, other=0).to(tl.int64)
+    o_c = b_slot * stride_cs + hk.to(tl.int64) * stride_ch + b_ipos.to(tl.int64) * stride_cp  # [BR]
+    tl.store(kc_ptr + o_c[:, None] + o_i[None, :], b_y1, mask=m_k)
+    tl.store(kc_ptr + o_c[:, None] + o_i[None, :] + HALF, b_y2, mask=m_k)
+    o_d = tl.arange(0, BLOCK_H)
+    m_v = (m_r & ~is_q)[:, None] & (o_d < H)[None, :]
+    b_v = tl.load(v_ptr + (t * stride_vt + hk * stride_vh)[:, None] + o_d[None, :], mask=m_v)
+    tl.store(vc_ptr + o_c[:, None] + o_d[None, :], b_v, mask=m_v)
 
 
 @triton.jit
@@ -225,3 +301,40 @@ def rmsnorm_pair(q: torch.Tensor, wq: torch.Tensor, k: torch.Tensor, wk: torch.T
     qk = q.as_strided((q.shape[0], hq + k.shape[1], H), (q.stride(0), q.stride(1), 1))
     y = rmsnorm_fwd(qk, wq, eps, w2=wk, n_first=hq)[0]
     return y[:, :hq], y[:, hq:]
+
+
+@torch.no_grad()
+def rmsnorm_pair_rope_cache(q: torch.Tensor, wq: torch.Tensor, k: torch.Tensor, wk: torch.Tensor, eps: float,
+                            v: torch.Tensor, pos: torch.Tensor, theta: float, k_cache: torch.Tensor,
+                            v_cache: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """`rope.rope_cache(*rmsnorm_pair(q, wq, k, wk, eps), v, pos, theta, k_cache, v_cache, slots)` bit for bit, the
+    rope being the library's (tik_kernels/ops/rope.py), in one launch: the rollout's q / k norms, rope and KV-cache
+    fill, two launches a layer before. Each program normalizes its rows as `rmsnorm_pair` does (the same kernel, tile
+    and warps), stores them, and then rotates the rows it stored with rope's arithmetic, written again here
+    (`_rope_rows`). None where it does not apply (k's heads not right after q's in one buffer, a width rope cannot
+    take, caches that do not match): the caller makes the two calls. Not differentiable: the rollout's forward."""
+    H = q.shape[-1]
+    if (wq.shape != (H,) or wk.shape != (k.shape[-1],) or not _follows(q, k) or not q.shape[0] or H % 2
+            or wq.dtype != wk.dtype or v.dim() != 3 or v.shape != k.shape or v.stride(-1) != 1
+            or k_cache.dim() != 4 or k_cache.shape != v_cache.shape or k_cache.stride() != v_cache.stride()
+            or k_cache.shape[1] != k.shape[1] or k_cache.shape[3] != H or k_cache.stride(3) != 1
+            or k_cache.dtype != k.dtype or v_cache.dtype != v.dtype or pos.shape != (q.shape[0],)
+            or slots.shape != (q.shape[0],)):
+        return None
+    T, hq, hk = q.shape[0], q.shape[1], k.shape[1]
+    qk = q.as_strided((T, hq + hk, H), (q.stride(0), q.stride(1), 1))
+    x2, R, addr = _rows(qk, H)
+    y = torch.empty((R, H), dtype=q.dtype, device=q.device)
+    rstd = torch.empty((R,), dtype=torch.float32, device=q.device)
+    qo = torch.empty((T, hq, H), dtype=q.dtype, device=q.device)
+    ko = torch.empty((T, hk, H), dtype=k.dtype, device=k.device)
+    block_r, block_h, num_warps = _tile(H)
+    _rmsnorm_fwd_kernel[(triton.cdiv(R, block_r),)](
+        x2, wq, y, rstd, R, H, *addr, float(eps), BLOCK_R=block_r, BLOCK_H=block_h, num_warps=num_warps,
+        w2_ptr=wk, n_first=hq, PAIR=True, pos_ptr=pos.contiguous(), qo_ptr=qo, ko_ptr=ko, v_ptr=v,
+        slot_ptr=slots.contiguous(), kc_ptr=k_cache, vc_ptr=v_cache, log2_theta=math.log2(theta),
+        stride_vt=v.stride(0), stride_vh=v.stride(1), stride_cs=k_cache.stride(0), stride_ch=k_cache.stride(1),
+        stride_cp=k_cache.stride(2), ROPE=True, HALF=H // 2, BLOCK_HALF=triton.next_power_of_2(H // 2),
+        **pdl_launch(CONFIG.get("PDL"), q.device),
+    )
+    return qo, ko
