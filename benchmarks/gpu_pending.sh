@@ -54,6 +54,9 @@
 #   stock_decode  #19 mode A's decode step, compiled with automatic dynamic shapes (now) and with every dimension
 #                     symbolic (stock-dynamic), beside unified ($R/e2e_decode_stock/), its lm_head alone
 #                     ($R/lmhead_decode_<card>.json), and the step call by call (why did its lm_head take 4.9 ms there?)
+#   qk_rope       #19 the one-launch q / k norms + rope + cache fill (UnifiedBackend(fused_qk_rope=True)) and the lm_head
+#                     kernels' CHUNKS: their GPU bit tests, then the decode step with and without the one launch
+#                     ($R/e2e_decode_qk_rope/); turn fused_qk_rope on by default if both hold
 #   late          #18 the probes' late inputs (TIK_LATE_INPUTS=1, tik_kernels/contract/late.py): the planted early
 #                     reader must fail and every evaluator GPU test pass with them on ($R/pytest_gpu_late*.log)
 #   attn_bwd      #16 the attention backward variants (the stored-dS root's knobs and budget, the dq kernel's path
@@ -163,6 +166,11 @@ for p in "$@"; do
             part lmhead_decode 150 "$py" benchmarks/bench_lmhead_decode.py --out "$R"
             part decode_breakdown_stock 200 "$py" benchmarks/decode_breakdown.py --out "$R" --backends stock \
                 --name _stock_auto ;;
+        qk_rope)
+            part pytest_gpu_qk_rope 300 "$py" -m pytest -q -m gpu tests/e2e/test_rope_cache.py \
+                tests/kernels/test_sample_logprob.py tests/kernels/test_sample.py tests/kernels/test_logprob.py
+            part e2e_decode_qk_rope 300 "$py" benchmarks/bench_e2e.py --out "$R/e2e_decode_qk_rope" --only decode \
+                --decode-backends unified unified-qk-rope ;;
         late)
             part pytest_gpu_late 120 env TIK_LATE_INPUTS=1 "$py" -m pytest -q -m gpu tests/evaluator/test_late_inputs.py
             part pytest_gpu_late_evaluator 300 env TIK_LATE_INPUTS=1 "$py" -m pytest -q -m "gpu and not gpu_timing" \
@@ -176,6 +184,6 @@ for p in "$@"; do
             part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_h200
             part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode late attn_bwd speed hf)" >&2 ;;
+            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope late attn_bwd speed hf)" >&2 ;;
     esac
 done
