@@ -70,8 +70,34 @@ def record_step(mc, be, W, cache, batch: int, context: int, temperature: float =
     return rec.calls
 
 
+def top_kernels(fn, args: tuple, n: int, calls: int = 3, device: str = "cuda") -> list[dict]:
+    """The `n` kernels (CUDA) or ops (CPU) that took the most time over `calls` calls of fn(*args), under
+    torch.profiler: [{"name", "us_per_call", "count"}], most time first. What a call's time is made of, where the
+    call's own time is a surprise (mode A's lm_head: 4.9 ms inside the decode step, 0.3 ms timed alone)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device == "cuda"
+    with torch.no_grad():
+        fn(*args)  # compiled and warm before the profiled calls
+        if cuda:
+            torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+            for _ in range(calls):
+                fn(*args)
+            if cuda:
+                torch.cuda.synchronize()
+    want = DeviceType.CUDA if cuda else DeviceType.CPU
+    per: dict[str, list[float]] = {}
+    for e in prof.events():
+        if e.device_type == want and (cuda or e.cpu_parent is None):  # kernels; on the CPU, top-level ops
+            per.setdefault(e.name, []).append(e.time_range.elapsed_us())
+    rows = [{"name": k[:120], "us_per_call": sum(v) / calls, "count": len(v) / calls} for k, v in per.items()]
+    return sorted(rows, key=lambda r: -r["us_per_call"])[:n]
+
+
 def breakdown(mc, backend_name: str, batch: int, context: int, device: str, rounds: int, params,
-              stock_compiled: bool = False) -> dict:
+              stock_compiled: bool = False, kernels: int = 0) -> dict:
     be = make_backend(backend_name, stock_compiled=stock_compiled)
     W = bf16_weights(params, grad=False)
     cache = KVCache(mc, batch, context, device)
@@ -104,6 +130,8 @@ def breakdown(mc, backend_name: str, batch: int, context: int, device: str, roun
             g["error"] = r.get("error")
         else:
             us = None
+        if kernels:
+            g["kernels"] = top_kernels(fn, args, kernels, device=device)
         floor_us = nbytes / (H.COPY_TBPS * 1e12) * 1e6
         rows.append(g | {"bytes": nbytes, "floor_us": floor_us, "us": us,
                          "total_us": us * g["count"] if us is not None else None,
@@ -134,6 +162,15 @@ def write_md(doc: dict, path: Path) -> None:
             of = "-" if r["over_floor"] is None else f"{r['over_floor']:.1f}"
             lines.append(f"| {r['op']} | {r['shapes']} | {r['count']} | {us} | {tot} | {r['floor_us']:.2f} | {of} |")
         lines.append("")
+        profiled = [r for r in b["rows"] if r.get("kernels")]
+        if profiled:
+            lines += ["What each call runs (torch.profiler, `--kernels`: the kernels that took the most time, µs per "
+                      "call, eager calls):", ""]
+            for r in profiled:
+                lines.append(f"- {r['op']} {r['shapes']}: " + "; ".join(
+                    f"`{k['name'][:80]}` {k['us_per_call']:.1f} µs" + (f" ×{k['count']:g}" if k["count"] != 1 else "")
+                    for k in r["kernels"]))
+            lines.append("")
     path.write_text("\n".join(lines))
 
 
@@ -174,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="launch tunable of a library root for this run, e.g. attention.decode_num_stages=1 "
                          "(repeatable; only keys that change no bits make a fair comparison)")
     ap.add_argument("--name", default="", help="suffix of the output files (to keep runs with --set apart)")
+    ap.add_argument("--kernels", type=int, default=0, metavar="N",
+                    help="also profile each distinct call and list the N kernels that took the most time")
     ap.add_argument("--stock-eager", action="store_true",
                     help="the stock backend's norms, rope and softmax rows as eager chains (default on cuda: compiled)")
     args = ap.parse_args(argv)
@@ -195,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.backends:
         # the stock backend as mode A runs it on CUDA (its compositions through torch.compile) unless --stock-eager
         compiled = args.device == "cuda" and not args.stock_eager
-        b = breakdown(mc, name, args.batch, args.context, args.device, args.rounds, params, stock_compiled=compiled)
+        b = breakdown(mc, name, args.batch, args.context, args.device, args.rounds, params, stock_compiled=compiled,
+                      kernels=args.kernels)
         b["stock_compiled"] = compiled if name == "stock" else None
         if args.device == "cuda":
             step = time_decode(mc, make_backend(name, stock_compiled=compiled), batch=args.batch, context=args.context,

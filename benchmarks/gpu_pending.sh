@@ -164,8 +164,8 @@ for p in "$@"; do
             part e2e_decode_stock 300 "$py" benchmarks/bench_e2e.py --out "$R/e2e_decode_stock" --only decode \
                 --decode-backends stock stock-dynamic unified
             part lmhead_decode 150 "$py" benchmarks/bench_lmhead_decode.py --out "$R"
-            part decode_breakdown_stock 200 "$py" benchmarks/decode_breakdown.py --out "$R" --backends stock \
-                --name _stock_auto ;;
+            part decode_breakdown_stock 240 "$py" benchmarks/decode_breakdown.py --out "$R" --backends stock \
+                --name _stock_auto --kernels 6 ;;
         qk_rope)
             part pytest_gpu_qk_rope 300 "$py" -m pytest -q -m gpu tests/e2e/test_rope_cache.py \
                 tests/kernels/test_sample_logprob.py tests/kernels/test_sample.py tests/kernels/test_logprob.py

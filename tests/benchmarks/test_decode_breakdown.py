@@ -56,3 +56,27 @@ def test_overrides_set_a_roots_config_and_refuse_unknown_keys(monkeypatch):
     for bad in ("attention.no_such_key=1", "nosuchop.x=1", "attention.decode_num_stages=two", "nodot=1"):
         with pytest.raises(ValueError):
             DB.apply_overrides([bad])
+
+
+def test_top_kernels_names_what_a_call_spends_its_time_on():
+    """`--kernels`: the profiler's view of one call (on the CPU its top-level ops; on a GPU its kernels)."""
+    import torch
+
+    x, w = torch.randn(64, 256), torch.randn(512, 256)
+
+    def call(x, w):
+        return torch.nn.functional.linear(x, w).softmax(-1).argmax(-1)
+
+    rows = DB.top_kernels(call, (x, w), 5, calls=2, device="cpu")
+    names = [r["name"] for r in rows]
+    assert rows and any("linear" in n or "addmm" in n or "mm" in n for n in names), names
+    assert all(r["us_per_call"] >= 0 and r["count"] > 0 for r in rows)
+    assert [r["us_per_call"] for r in rows] == sorted((r["us_per_call"] for r in rows), reverse=True)
+
+
+def test_kernels_flag_lists_them_in_the_report(tmp_path):
+    assert DB.main(["--device", "cpu", "--preset", "tiny", "--batch", "2", "--context", "8", "--out",
+                    str(tmp_path), "--backends", "stock", "--kernels", "3", "--name", "_k"]) == 0
+    doc = json.loads((tmp_path / "decode_breakdown_cpu_tiny_k.json").read_text())
+    assert all(r.get("kernels") for r in doc["backends"][0]["rows"])
+    assert "What each call runs" in (tmp_path / "decode_breakdown_cpu_tiny_k.md").read_text()
