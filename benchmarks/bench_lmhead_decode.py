@@ -111,6 +111,15 @@ def main() -> int:
     for name, be in stocks.items():
         be.sample_logprob(h[: max(1, args.tokens // 2)], w, 1.0, seeds[: max(1, args.tokens // 2)])
         contenders[name] = lambda h, w, seeds, ids, be=be: be.sample_logprob(h, w, 1.0, seeds)
+    if dev == "cuda":
+        # as decode_breakdown first meets it: compiled at this very batch, under no_grad (where mode A's lm_head took
+        # 4.9 ms of the step on an H100, decode_breakdown_h100_qwen3-0.6b_s21_stock_unified.md)
+        for name, dyn in (("mode A compiled, first at this batch under no_grad", None),
+                          ("mode A compiled, all dims symbolic, first at this batch under no_grad", True)):
+            be = StockBackend(compiled=True, compile_dynamic=dyn)
+            with torch.no_grad():
+                be.sample_logprob(h, w, 1.0, seeds)
+            contenders[name] = lambda h, w, seeds, ids, be=be: be.sample_logprob(h, w, 1.0, seeds)
     res = H.compare(contenders, (h, w, seeds, ids), rounds=args.rounds if dev == "cuda" else 1,
                     nbytes=w.numel() * 2)
     out = Path(args.out)
