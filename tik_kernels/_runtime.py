@@ -482,8 +482,33 @@ def _direct_builtin_calls() -> None:
     it._patch_attr = fast_patch_attr
 
 
+def _bool_splats() -> None:
+    """Triton's interpreter broadcasts a scalar comparison (`pid < n`, a bool) into the dtype of the values it compared
+    (`np.full(..., dtype=int64)`), so a mask made of a block and such a scalar, `(o < T) & (pid < n)`, reached
+    `tl.store` as integers and was refused ("mask has unsupported dtype", Triton 3.6 and 3.9), while the GPU compiles
+    it. A candidate using that idiom failed on the CPU only. Here a bool broadcasts as a bool."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter as it
+
+    original = it.InterpreterBuilder.create_splat
+    if getattr(original, "_tik_bool_splat", False):
+        return
+
+    def create_splat(self, ret_ty, arg):
+        data = arg.data
+        if getattr(data, "dtype", None) != np.bool_:
+            return original(self, ret_ty, arg)
+        value = data[0] if isinstance(arg.dtype, tl.block_type) or np.ndim(data) else data
+        return it.TensorHandle(np.full(ret_ty.shape, value, dtype=np.bool_), tl.int1)
+
+    create_splat._tik_bool_splat = True
+    it.InterpreterBuilder.create_splat = create_splat
+
+
 if INTERPRET:
     _order_defined_interpreter_dot()
+    _bool_splats()
     _helpers_without_repatching()
     _no_discarded_overflow_checks()
     _fast_interpreter_types()

@@ -236,3 +236,23 @@ def test_fast_unwrap_matches_tritons():
     for v in values:
         f, s = fast(v), slow(v)
         assert type(f) is type(s) and (f == s if not isinstance(f, core.tuple) else f.values == s.values), v
+
+
+@triton.jit
+def _chunk_masked(x_ptr, y_ptr, T, NC, BLOCK: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    o = tl.arange(0, BLOCK)
+    m = (o < T) & (pid < NC)  # a block mask and a scalar one: what the GPU compiles, and Triton's interpreter refused
+    x = tl.load(x_ptr + pid * BLOCK + o, mask=m, other=-1.0)
+    tl.store(y_ptr + pid * BLOCK + o, x * 2.0, mask=m)
+
+
+def test_a_mask_of_a_block_and_a_scalar_comparison_works_as_on_the_gpu():
+    """`(o < T) & (pid < NC)`: Triton's interpreter broadcast the scalar's bool into the compared values' int64 and
+    tl.load / tl.store then refused the mask ("mask has unsupported dtype"); a bool now broadcasts as a bool, so the
+    program past NC touches nothing and the others their first T entries."""
+    x = torch.arange(12, dtype=torch.float32)
+    y = torch.full((12,), 7.0)
+    _chunk_masked[(3,)](x, y, 3, 2, BLOCK=4)
+    want = torch.tensor([0, 2, 4, 7, 8, 10, 12, 7, 7, 7, 7, 7], dtype=torch.float32)
+    assert torch.equal(y, want)

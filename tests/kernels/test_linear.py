@@ -241,10 +241,14 @@ def test_merge_order_following_the_split_is_caught(tmp_path, chunk_plan):
 
 
 def test_pairwise_combine_is_caught(tmp_path, chunk_plan):
-    """A tree combine ((s0 + s1) + (s2 + s3)): deterministic, accurate, and not the walk's order."""
-    pairs = _merge("""    for c in range(0, n_chunks, 2):
-        b_lo = tl.load(ws_ptr + (c * M + o_m) * N + o_n, mask=m_ws, other=0.0)
-        b_hi = tl.load(ws_ptr + ((c + 1) * M + o_m) * N + o_n, mask=m_ws & (c + 1 < n_chunks), other=0.0)
+    """A tree combine, the chunk sums added in pairs from the last: (s1 + s2) + s0 at the plan's three chunks;
+    deterministic, accurate, and not the walk's order. (Pairs from the first, (s0 + s1) + s2, are the walk's own
+    order at three chunks: until session 21 this test planted those, and passed only because Triton's interpreter
+    refused the pair's mask, `m_ws & (c + 1 < n_chunks)`, which tik_kernels._runtime now lets through.)"""
+    pairs = _merge("""    for j in range(0, n_chunks, 2):
+        c = n_chunks - 1 - j
+        b_hi = tl.load(ws_ptr + (c * M + o_m) * N + o_n, mask=m_ws, other=0.0)
+        b_lo = tl.load(ws_ptr + ((c - 1) * M + o_m) * N + o_n, mask=m_ws & (c >= 1), other=0.0)
         b_total = b_total + (b_lo + b_hi)
 """)
     results = run_plan(chunk_plan, _variant(tmp_path, "pairwise", edits=(pairs, WALK_M64)))
