@@ -485,7 +485,7 @@ def _direct_builtin_calls() -> None:
 def _bool_splats() -> None:
     """Triton's interpreter broadcasts a scalar comparison (`pid < n`, a bool) into the dtype of the values it compared
     (`np.full(..., dtype=int64)`), so a mask made of a block and such a scalar, `(o < T) & (pid < n)`, reached
-    `tl.store` as integers and was refused ("mask has unsupported dtype", Triton 3.6 and 3.9), while the GPU compiles
+    `tl.store` as integers and was refused ("mask has unsupported dtype", Triton 3.9 here), while the GPU compiles
     it. A candidate using that idiom failed on the CPU only. Here a bool broadcasts as a bool."""
     import numpy as np
     import triton.language as tl
