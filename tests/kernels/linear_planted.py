@@ -45,6 +45,13 @@ def failed(results, requirement: str | None = None) -> list:
     return [r for r in results if not r.passed and (requirement is None or r.requirement == requirement)]
 
 
+def crashed(results) -> list:
+    """Checks that failed because a probe of the candidate raised: a planted variant meant to compute wrong bits must
+    run, or a check "catches" it for the wrong reason (session 21: a planted combine passed only because Triton's
+    interpreter refused its mask)."""
+    return [r for r in results if not r.passed and "probe" in (r.detail or "") and "failed:" in (r.detail or "")]
+
+
 def variant(root_src: str, tmp_path: Path, name: str, old: str | None = None, new: str | None = None,
             append: str = "", edits: tuple = ()):
     """`root_src` with `old -> new` and `edits` applied (each must match exactly once) and `append` added."""

@@ -22,6 +22,7 @@ from linear_planted import (
     strided_and_batched_inputs,
     variant,
 )
+from linear_planted import crashed as _crashed
 from linear_planted import failed as _failed
 
 import tik_kernels.ops.linear as L
@@ -224,6 +225,7 @@ def test_chunk_size_following_t_is_caught(tmp_path, chunk_plan):
     results = run_plan(chunk_plan, mod)
     bad = [r.name for r in _failed(results, "batch_invariance")]
     assert any("[T=1]" in n or "[T=3]" in n for n in bad), bad
+    assert not _crashed(results)
 
 
 def test_merge_order_following_the_split_is_caught(tmp_path, chunk_plan):
@@ -236,6 +238,7 @@ def test_merge_order_following_the_split_is_caught(tmp_path, chunk_plan):
     results = run_plan(chunk_plan, mod)
     bad = [r.name for r in _failed(results, "batch_invariance")]
     assert any("[T=1]" in n or "[T=3]" in n for n in bad), bad
+    assert not _crashed(results)
     # the root with the same CONFIG passes: the walk and the split are one tree
     assert not _failed(run_plan(chunk_plan, _variant(tmp_path, "walk_m64", edits=(WALK_M64,))))
 
@@ -254,7 +257,7 @@ def test_pairwise_combine_is_caught(tmp_path, chunk_plan):
     results = run_plan(chunk_plan, _variant(tmp_path, "pairwise", edits=(pairs, WALK_M64)))
     bad = [r.name for r in _failed(results, "batch_invariance")]
     assert any("[T=1]" in n or "[T=3]" in n for n in bad), bad
-    assert not _failed(results, "determinism")
+    assert not _failed(results, "determinism") and not _crashed(results)
 
 
 @pytest.mark.parametrize("T,N,K", [(1, 16, 16), (3, 48, 40), (13, 33, 64)], ids=["T1", "T3-K40", "T13-N33"])
