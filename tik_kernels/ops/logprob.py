@@ -122,7 +122,7 @@ def _logprob_chunk(h_ptr, w_ptr, m_part_ptr, s_part_ptr, zt_ptr, o_t, m_t, b_tgt
         b_m, b_s = _lse_step(b_m, b_s, b_z)
         # one entry at most matches: a sum of it and exact zeros is exact
         b_zt += tl.sum(tl.where(o_v[None, :] == b_tgt[:, None], b_z, 0.0), axis=1)
-    m_c = m_t & (o_t < tl.where(pid_c < NC, T, 0))  # no row of a chunk past the last
+    m_c = m_t & (pid_c < NC)  # a chunk past the last stores nothing
     tl.store(m_part_ptr + pid_c * T + o_t, b_m, mask=m_c)
     tl.store(s_part_ptr + pid_c * T + o_t, b_s, mask=m_c)
     in_chunk = (b_tgt >= v_start) & (b_tgt < v_end)
@@ -426,7 +426,7 @@ def _sample_logprob_chunk(h_ptr, w_ptr, m_part_ptr, s_part_ptr, best_part_ptr, i
         # the winner's logit: one entry matches, a sum of it and exact zeros is exact (as the target's in logprob)
         b_tile_z = tl.sum(tl.where(o_v[None, :] == b_tile_idx[:, None], b_z, 0.0), axis=1)
         b_zb = tl.where(b_take, b_tile_z, b_zb)
-    m_c = m_t & (o_t < tl.where(pid_c < NC, T, 0))  # no row of a chunk past the last
+    m_c = m_t & (pid_c < NC)  # a chunk past the last stores nothing
     tl.store(m_part_ptr + pid_c * T + o_t, b_m, mask=m_c)
     tl.store(s_part_ptr + pid_c * T + o_t, b_s, mask=m_c)
     tl.store(best_part_ptr + pid_c * T + o_t, b_best, mask=m_c)

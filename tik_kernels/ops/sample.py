@@ -123,7 +123,7 @@ def _sample_chunk(h_ptr, w_ptr, best_part_ptr, idx_part_ptr, o_t, m_t, b_key, pi
         b_z = _logits_tile(h_ptr, w_ptr, o_t, m_t, o_v, m_v, H, stride_h, stride_w, temperature,
                            BLOCK_T, BLOCK_V, BLOCK_K)
         b_best, b_idx, _, _ = _race_step(b_best, b_idx, _race_scores(b_z, o_v, m_v, b_key, GREEDY), v0)
-    m_c = m_t & (o_t < tl.where(pid_c < NC, T, 0))  # no row of a chunk past the last
+    m_c = m_t & (pid_c < NC)  # a chunk past the last stores nothing
     tl.store(best_part_ptr + pid_c * T + o_t, b_best, mask=m_c)
     tl.store(idx_part_ptr + pid_c * T + o_t, b_idx, mask=m_c)
 
