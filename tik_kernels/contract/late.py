@@ -104,6 +104,7 @@ def write_late(pairs: list[tuple[torch.Tensor, torch.Tensor]], hold_polls: int =
     def release() -> None:
         with torch.cuda.stream(side):
             word.fill_(1)
-        torch.cuda.current_stream(device).wait_stream(side)  # the word outlives the writers that poll it
+        word.record_stream(side)  # its memory is not handed out again before the side stream's store has run
+        torch.cuda.current_stream(device).wait_stream(side)  # and the call's stream goes on after that store
 
     return release
