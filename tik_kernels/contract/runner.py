@@ -60,7 +60,8 @@ class Staged:
 
     def copy(self, v: torch.Tensor, late: bool = False) -> torch.Tensor:
         """A fresh device copy of `v` (strides as the master's, which are as `v.to(device, copy=True)` makes them).
-        `late` where PDL exists: a poisoned tensor whose values the next `write_pending` writes late (`late`)."""
+        `late`, where PDL exists and late inputs are on (`late.enabled`): a poisoned tensor whose values the next
+        `write_pending` writes late (`late`)."""
         master = self.master(v)
         if late and self.pending is not None:
             if L.lateable(master):
@@ -112,8 +113,8 @@ def call_probe(module: ModuleType, probe: Probe, device: str, values: bool = Tru
     the call raises. values=False is a dry run for what the call launches, not what it computes: floating-point
     inputs (and gradients in) are uninitialised tensors of the same shape, strides and dtype, not copies
     (`evaluator.ahead`: 1.9 GB of linear's probes not moved again). `staged`: the copies are made on the device
-    from `Staged` masters (`Staged`), and where PDL exists written late, so a kernel that reads its inputs before its
-    dependency wait computes from poison (`tik_kernels/contract/late.py`)."""
+    from `Staged` masters (`Staged`), and, where PDL exists and `TIK_LATE_INPUTS=1`, written late, so a kernel that
+    reads its inputs before its dependency wait computes from poison (`tik_kernels/contract/late.py`)."""
     fn = getattr(module, probe.entry, None)
     if not callable(fn):
         raise LookupError(f"entry point {probe.entry}() missing")
