@@ -269,9 +269,10 @@ class StockBackend:
         shape is compiled as it is and a dimension seen to change is made symbolic at the next compilation, so the
         batch and length dimensions go symbolic after the second shape while the widths (hidden size, vocabulary)
         stay constants inductor plans its reductions for. True: every dimension symbolic from the first call, one
-        compilation (the default until session 21: then the lm_head's rows, the sampler's race and log-softmax over
-        64 x 151936 logits, took 4.9 ms of a 7.7 ms qwen3-0.6b decode step on an H100,
-        decode_breakdown_h100_qwen3-0.6b_s21_stock_unified.md; `bench_e2e.py --decode-backends stock-dynamic`)."""
+        compilation (the default until session 21; `bench_e2e.py --decode-backends stock-dynamic`). Timed alone on an
+        H100, mode A's lm_head at a decode batch of 64 took 365 us with True and 297 us with None
+        (lmhead_decode_h100_s21.json); inside the decode step it took 4.9 ms (with True), which neither explains
+        (decode_breakdown_h100_qwen3-0.6b_s21_stock_unified.md)."""
         self.compiled = compiled
         self.fill_in_compiled, self.fold_gqa = fill_in_compiled, fold_gqa
         self.fused = {n: (_Fused(n, f, compile_backend, compile_dynamic) if compiled else f)
