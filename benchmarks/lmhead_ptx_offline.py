@@ -1,7 +1,7 @@
 """The lm_head kernels (logprob's forward, sample_logprob's pass, sample's forward) compiled for sm_90 on this machine
 (no GPU: Triton's own ptxas), a revision's against this tree's, and this tree's with CHUNKS 2 and 4: PTX registers
-declared, local-memory stores (spills) and shared memory per kernel. The check that a launch choice compiles and
-spills nothing before a GPU times it.
+declared, local-memory stores and shared memory per kernel: that a launch choice compiles, and keeps its values out
+of local memory in the PTX, before a GPU times it (ptxas's own spills show only where the cubin is loaded, on a GPU).
 
     python benchmarks/lmhead_ptx_offline.py [REV] > benchmarks/results/lmhead_ptx_offline.txt
 """
