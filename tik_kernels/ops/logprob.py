@@ -155,13 +155,9 @@ def _logprob_fwd_kernel(
     o_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     m_t = o_t < T
     b_tgt = tl.load(tgt_ptr + o_t, mask=m_t, other=-1)
-    if CHUNKS == 1:
-        _logprob_chunk(h_ptr, w_ptr, m_part_ptr, s_part_ptr, zt_ptr, o_t, m_t, b_tgt, pid_g, NC, T, V, H, stride_h,
-                       stride_w, temperature, BLOCK_T, BLOCK_V, BLOCK_K, V_CHUNK)
-    else:
-        for j in range(CHUNKS):
-            _logprob_chunk(h_ptr, w_ptr, m_part_ptr, s_part_ptr, zt_ptr, o_t, m_t, b_tgt, pid_g * CHUNKS + j, NC, T,
-                           V, H, stride_h, stride_w, temperature, BLOCK_T, BLOCK_V, BLOCK_K, V_CHUNK)
+    for j in range(CHUNKS):
+        _logprob_chunk(h_ptr, w_ptr, m_part_ptr, s_part_ptr, zt_ptr, o_t, m_t, b_tgt, pid_g * CHUNKS + j, NC, T,
+                       V, H, stride_h, stride_w, temperature, BLOCK_T, BLOCK_V, BLOCK_K, V_CHUNK)
 
 
 @triton.jit
@@ -465,15 +461,10 @@ def _sample_logprob_kernel(
     m_t = o_t < T
     b_seed = tl.load(seed_ptr + o_t, mask=m_t, other=0)
     b_key = _race_key(b_seed)  # [BT]
-    if CHUNKS == 1:
-        _sample_logprob_chunk(h_ptr, w_ptr, m_part_ptr, s_part_ptr, best_part_ptr, idx_part_ptr, zb_part_ptr, o_t,
-                              m_t, b_key, pid_g, NC, T, V, H, stride_h, stride_w, temperature, BLOCK_T, BLOCK_V,
-                              BLOCK_K, V_CHUNK)
-    else:
-        for j in range(CHUNKS):
-            _sample_logprob_chunk(h_ptr, w_ptr, m_part_ptr, s_part_ptr, best_part_ptr, idx_part_ptr, zb_part_ptr,
-                                  o_t, m_t, b_key, pid_g * CHUNKS + j, NC, T, V, H, stride_h, stride_w, temperature,
-                                  BLOCK_T, BLOCK_V, BLOCK_K, V_CHUNK)
+    for j in range(CHUNKS):
+        _sample_logprob_chunk(h_ptr, w_ptr, m_part_ptr, s_part_ptr, best_part_ptr, idx_part_ptr, zb_part_ptr,
+                              o_t, m_t, b_key, pid_g * CHUNKS + j, NC, T, V, H, stride_h, stride_w, temperature,
+                              BLOCK_T, BLOCK_V, BLOCK_K, V_CHUNK)
 
 
 @triton.jit

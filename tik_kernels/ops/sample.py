@@ -155,13 +155,9 @@ def _sample_fwd_kernel(
     m_t = o_t < T
     b_seed = tl.load(seed_ptr + o_t, mask=m_t, other=0)
     b_key = _race_key(b_seed)  # [BT]
-    if CHUNKS == 1:
-        _sample_chunk(h_ptr, w_ptr, best_part_ptr, idx_part_ptr, o_t, m_t, b_key, pid_g, NC, T, V, H, stride_h,
-                      stride_w, temperature, GREEDY, BLOCK_T, BLOCK_V, BLOCK_K, V_CHUNK)
-    else:
-        for j in range(CHUNKS):
-            _sample_chunk(h_ptr, w_ptr, best_part_ptr, idx_part_ptr, o_t, m_t, b_key, pid_g * CHUNKS + j, NC, T, V,
-                          H, stride_h, stride_w, temperature, GREEDY, BLOCK_T, BLOCK_V, BLOCK_K, V_CHUNK)
+    for j in range(CHUNKS):
+        _sample_chunk(h_ptr, w_ptr, best_part_ptr, idx_part_ptr, o_t, m_t, b_key, pid_g * CHUNKS + j, NC, T, V,
+                      H, stride_h, stride_w, temperature, GREEDY, BLOCK_T, BLOCK_V, BLOCK_K, V_CHUNK)
 
 
 @triton.jit
