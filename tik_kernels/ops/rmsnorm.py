@@ -218,8 +218,9 @@ def _rows(x: torch.Tensor, H: int) -> tuple[torch.Tensor, int, tuple[int, int, i
 
 
 def rmsnorm_fwd(x: torch.Tensor, w: torch.Tensor, eps: float, w2: torch.Tensor | None = None,
-                n_first: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`w2` (`rmsnorm_pair`): the weight of x[..., h, :] for h >= n_first of a [T, Hh, H] x; w that of the others."""
+                n_first: int = 0, rope: dict | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`w2` (`rmsnorm_pair`): the weight of x[..., h, :] for h >= n_first of a [T, Hh, H] x; w that of the others.
+    `rope` (with `w2`; `rmsnorm_pair_rope_cache`): the kernel's ROPE arguments, the rotation after the norm."""
     H = x.shape[-1]
     if w.shape != (H,):
         raise ValueError(f"rmsnorm: weight shape {tuple(w.shape)} != ({H},)")
@@ -230,7 +231,7 @@ def rmsnorm_fwd(x: torch.Tensor, w: torch.Tensor, eps: float, w2: torch.Tensor |
     if R:
         _rmsnorm_fwd_kernel[(triton.cdiv(R, block_r),)](
             x2, w, y, rstd, R, H, *addr, float(eps), BLOCK_R=block_r, BLOCK_H=block_h, num_warps=num_warps,
-            **({} if w2 is None else dict(w2_ptr=w2, n_first=n_first, PAIR=True)),
+            **({} if w2 is None else dict(w2_ptr=w2, n_first=n_first, PAIR=True)), **(rope or {}),
             **pdl_launch(CONFIG.get("PDL"), x.device),
         )
     return y.view(x.shape), x2, rstd, addr
@@ -323,18 +324,11 @@ def rmsnorm_pair_rope_cache(q: torch.Tensor, wq: torch.Tensor, k: torch.Tensor, 
         return None
     T, hq, hk = q.shape[0], q.shape[1], k.shape[1]
     qk = q.as_strided((T, hq + hk, H), (q.stride(0), q.stride(1), 1))
-    x2, R, addr = _rows(qk, H)
-    y = torch.empty((R, H), dtype=q.dtype, device=q.device)
-    rstd = torch.empty((R,), dtype=torch.float32, device=q.device)
     qo = torch.empty((T, hq, H), dtype=q.dtype, device=q.device)
     ko = torch.empty((T, hk, H), dtype=k.dtype, device=k.device)
-    block_r, block_h, num_warps = _tile(H)
-    _rmsnorm_fwd_kernel[(triton.cdiv(R, block_r),)](
-        x2, wq, y, rstd, R, H, *addr, float(eps), BLOCK_R=block_r, BLOCK_H=block_h, num_warps=num_warps,
-        w2_ptr=wk, n_first=hq, PAIR=True, pos_ptr=pos.contiguous(), qo_ptr=qo, ko_ptr=ko, v_ptr=v,
-        slot_ptr=slots.contiguous(), kc_ptr=k_cache, vc_ptr=v_cache, log2_theta=math.log2(theta),
-        stride_vt=v.stride(0), stride_vh=v.stride(1), stride_cs=k_cache.stride(0), stride_ch=k_cache.stride(1),
-        stride_cp=k_cache.stride(2), ROPE=True, HALF=H // 2, BLOCK_HALF=triton.next_power_of_2(H // 2),
-        **pdl_launch(CONFIG.get("PDL"), q.device),
-    )
+    rmsnorm_fwd(qk, wq, eps, w2=wk, n_first=hq, rope=dict(
+        pos_ptr=pos.contiguous(), qo_ptr=qo, ko_ptr=ko, v_ptr=v, slot_ptr=slots.contiguous(), kc_ptr=k_cache,
+        vc_ptr=v_cache, log2_theta=math.log2(theta), stride_vt=v.stride(0), stride_vh=v.stride(1),
+        stride_cs=k_cache.stride(0), stride_ch=k_cache.stride(1), stride_cp=k_cache.stride(2), ROPE=True, HALF=H // 2,
+        BLOCK_HALF=triton.next_power_of_2(H // 2)))
     return qo, ko
