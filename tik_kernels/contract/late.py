@@ -33,6 +33,8 @@ the one before it has finished; and it is off unless `TIK_LATE_INPUTS=1` until t
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -49,10 +51,14 @@ POISON = 0xFF
 ENV = "TIK_LATE_INPUTS"
 
 
-def enabled() -> bool:
-    import os
+def active(device: str) -> bool:
+    """Probes on `device` get their inputs late: `TIK_LATE_INPUTS=1` and a device with PDL (elsewhere no kernel can
+    start before the one before it has finished)."""
+    if os.environ.get(ENV) != "1" or not str(device).startswith("cuda"):
+        return False
+    from tik_kernels._runtime import pdl_capable
 
-    return os.environ.get(ENV) == "1"
+    return pdl_capable(torch.device(device))
 
 
 @triton.jit

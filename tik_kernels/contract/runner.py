@@ -43,10 +43,9 @@ class Staged:
     def __init__(self, device: str):
         self.device = device
         self._masters: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(host tensor) -> (host, device copy)
-        #: the inputs of the call being prepared that are to be written late (`late`), (master, poisoned copy) pairs;
-        #: None where no kernel can start before the one before it ends (no PDL here: the CPU, older GPUs)
-        self.pending: list[tuple[torch.Tensor, torch.Tensor]] | None = (
-            [] if L.enabled() and _pdl_here(device) else None)
+        #: the inputs of the call being prepared that are to be written late, (master, poisoned copy) pairs; None
+        #: where probes get no late inputs (`late.active`)
+        self.pending: list[tuple[torch.Tensor, torch.Tensor]] | None = [] if L.active(device) else None
 
     def master(self, v: torch.Tensor) -> torch.Tensor:
         hit = self._masters.get(id(v))
@@ -60,8 +59,8 @@ class Staged:
 
     def copy(self, v: torch.Tensor, late: bool = False) -> torch.Tensor:
         """A fresh device copy of `v` (strides as the master's, which are as `v.to(device, copy=True)` makes them).
-        `late`, where PDL exists and late inputs are on (`late.enabled`): a poisoned tensor whose values the next
-        `write_pending` writes late (`late`)."""
+        `late`, where late inputs are on (`late.active`): a poisoned tensor whose values the next `write_pending`
+        writes late."""
         master = self.master(v)
         if late and self.pending is not None:
             if L.lateable(master):
@@ -75,14 +74,6 @@ class Staged:
         returns their release, to call once the call has returned."""
         pairs, self.pending = self.pending or [], ([] if self.pending is not None else None)
         return L.write_late(pairs)
-
-
-def _pdl_here(device: str) -> bool:
-    if not str(device).startswith("cuda"):
-        return False
-    from tik_kernels._runtime import pdl_capable
-
-    return pdl_capable(torch.device(device))
 
 
 def _to_device(v: Any, device: str, requires_grad: bool = False, values: bool = True,

@@ -344,11 +344,9 @@ def warm_device(device: str) -> None:
             y = x + 1
         graph.replay()
         torch.cuda.synchronize()
-        from tik_kernels.contract import Staged
+        from tik_kernels.contract import late
 
-        if Staged(device).pending is not None:  # the late inputs' writer kernel, compiled and loaded (contract/late.py)
-            from tik_kernels.contract import late
-
+        if late.active(device):  # the late inputs' writer kernel, compiled and loaded
             late.write_late([(x.view(-1), late.poisoned_like(x.view(-1)))])()  # written, released at once
             torch.cuda.synchronize()
         del graph, y, x
