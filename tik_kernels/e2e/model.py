@@ -361,6 +361,11 @@ class StockBackend:
         return self.fused["race"](logits, temperature, noise)
 
 
+def _needs_grad(*tensors: torch.Tensor) -> bool:
+    """A gradient will flow through a call on these: the rollout's one-launch forms (no backward) are out."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
 class UnifiedBackend:
     """TIK's operators, from the library (`tik_kernels.ops.*`) or from given implementation files."""
 
@@ -408,7 +413,7 @@ class UnifiedBackend:
         """Qwen3's q and k norms: the rmsnorm module's `rmsnorm_pair` (one launch, the same bits) where it has one
         and no gradient is needed (the rollout), else two rmsnorm() calls (tests/e2e/test_rope_cache.py)."""
         pair = getattr(self.m["rmsnorm"], "rmsnorm_pair", None) if self.fused_launches else None
-        if pair is not None and not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, wq, wk))):
+        if pair is not None and not _needs_grad(q, k, wq, wk):
             return pair(q, wq, k, wk, eps)
         return self.rmsnorm(q, wq, eps), self.rmsnorm(k, wk, eps)
 
@@ -435,7 +440,7 @@ class UnifiedBackend:
         way (tests/e2e/test_rope_cache.py)."""
         fused = (getattr(self.m["rmsnorm"], "rmsnorm_pair_rope_cache", None)
                  if self.fused_qk_rope and self.sources["rope"] == "tik_kernels.ops.rope" else None)
-        if fused is not None and not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, wq, wk))):
+        if fused is not None and not _needs_grad(q, k, wq, wk):
             out = fused(q, wq, k, wk, eps, v, pos, theta, k_cache, v_cache, slots)
             if out is not None:
                 return out
