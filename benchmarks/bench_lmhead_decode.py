@@ -40,7 +40,7 @@ VARIANTS = {
     "slp warps=4 BLOCK_V=64 V_CHUNK=2048 (tree)": ("slp", {"logprob": {"num_warps": 4, "BLOCK_V": 64,
                                                                         "V_CHUNK": 2048}}),
     "sample alone": ("sample", {}),
-    "sample V_CHUNK=1024": ("sample", {"sample": {"V_CHUNK": 1024}}),
+    "sample V_CHUNK=512 (its CONFIG until session 21)": ("sample", {"sample": {"V_CHUNK": 512}}),
     "sample V_CHUNK=2048": ("sample", {"sample": {"V_CHUNK": 2048}}),
     "sample V_CHUNK=4096": ("sample", {"sample": {"V_CHUNK": 4096}}),
     "sample warps=4": ("sample", {"sample": {"num_warps": 4}}),
