@@ -198,6 +198,8 @@ def apply_overrides(specs: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from tik_tui.cli.common import nonneg_int
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--preset", default="qwen3-0.6b", choices=list(PRESETS))
@@ -211,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="launch tunable of a library root for this run, e.g. attention.decode_num_stages=1 "
                          "(repeatable; only keys that change no bits make a fair comparison)")
     ap.add_argument("--name", default="", help="suffix of the output files (to keep runs with --set apart)")
-    ap.add_argument("--kernels", type=int, default=0, metavar="N",
+    ap.add_argument("--kernels", type=nonneg_int, default=0, metavar="N",
                     help="also profile each distinct call and list the N kernels that took the most time")
     ap.add_argument("--stock-eager", action="store_true",
                     help="the stock backend's norms, rope and softmax rows as eager chains (default on cuda: compiled)")

@@ -80,3 +80,9 @@ def test_kernels_flag_lists_them_in_the_report(tmp_path):
     doc = json.loads((tmp_path / "decode_breakdown_cpu_tiny_k.json").read_text())
     assert all(r.get("kernels") for r in doc["backends"][0]["rows"])
     assert "What each call runs" in (tmp_path / "decode_breakdown_cpu_tiny_k.md").read_text()
+
+
+def test_a_negative_kernel_count_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        DB.main(["--kernels", "-1", "--device", "cpu"])
+    assert e.value.code == 2 and "--kernels" in capsys.readouterr().err
