@@ -128,7 +128,7 @@ def decode(args) -> dict:
                          "error": H.one_line(e)}
                 res["runs"].append(r)
                 print(json.dumps({k: r[k] for k in ("backend", "graphs", "batch", "context", "step_ms", "floor_ms",
-                                                    "step_over_floor", "error") if k in r}
+                                                    "step_over_floor", "overlap_over_floor", "error") if k in r}
                                  | ({"replay_over_floor": r["replay_over_floor"]} if "replay_over_floor" in r else {})),
                       flush=True)
     return res

@@ -4,15 +4,18 @@
         --out benchmarks/results --name rollout_profile_h200
 
 The engine and batch are `bench_e2e.py --only throughput`'s (8 prompts x 8, prompts of 32-192 tokens, answers of
-16-96, 64 slots). Two warm-up rollouts capture every decode bucket the batch meets; the third is timed with the
-engine's parts wrapped in timers that synchronize the device before and after each part (the engine waits on the
-device at the end of every step anyway, to read the sampled tokens). Parts:
-- decode_replay: the decode step's graph replay, synchronized before and after (its launch and device time);
-- decode_host: the rest of `decode` (staging the step's inputs, the read-back);
-- prefill: admitting requests (packed prefill forward, sample, log-prob, read-back);
-- loop_host: everything else in `generate` (bookkeeping per token, retiring, KV compaction);
-and the device-busy time of the whole rollout from torch.profiler's kernel records, so what the host adds shows
-as wall minus busy. Then the cProfile of a fourth rollout (host functions by own time).
+16-96, 64 slots). Two warm-up rollouts capture every decode bucket the batch meets. Then:
+- the wall time of a rollout with the host running ahead of the device (`overlap`, the engine's default) and with
+  every step read back before the next (`overlap=False`, the loop before it), interleaved over `--rounds` rounds,
+  medians, and their ratio;
+- the device-busy time of one rollout from torch.profiler's kernel records, so what the host adds shows as wall
+  minus busy;
+- one rollout with the engine's parts wrapped in timers that synchronize the device before and after each part
+  (so nothing overlaps there): decode_replay, the decode step's graph replay (its launch and device time);
+  decode_host, the rest of a step's launch (staging its inputs); prefill_forward, the packed prefill forward;
+  loop_host_and_rest, everything else (sampling after a prefill, bookkeeping, retiring, KV compaction, the
+  read-back);
+- the cProfile of one more rollout (host functions by own time).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import io
 import json
 import pstats
 import random
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -55,7 +59,7 @@ class Parts:
 
 def instrument(engine: RolloutEngine, parts: Parts):
     """Wrap the engine's parts in synchronized timers; returns an undo function."""
-    orig_decode, orig_fp = engine.decode, rollout_mod.forward_packed
+    orig_launch, orig_fp = engine._launch, rollout_mod.forward_packed
     replay_s = [0.0]  # the replay time of the decode step in progress
 
     def wrap(g) -> None:
@@ -70,14 +74,14 @@ def instrument(engine: RolloutEngine, parts: Parts):
 
         g.replay = rep
 
-    def decode(ids, positions, seeds):
+    def launch(n, positions, seeds):
         _sync()
         t = time.perf_counter()
         for g in engine._graphs.values():
             if not hasattr(g, "_tik_orig"):
                 wrap(g)
         replay_s[0] = 0.0
-        out = orig_decode(ids, positions, seeds)
+        out = orig_launch(n, positions, seeds)
         _sync()
         dt = time.perf_counter() - t
         parts.add("decode_replay", replay_s[0])
@@ -92,11 +96,11 @@ def instrument(engine: RolloutEngine, parts: Parts):
         parts.add("prefill_forward", time.perf_counter() - t)
         return h
 
-    engine.decode = decode
+    engine._launch = launch
     rollout_mod.forward_packed = forward_packed
 
     def undo():
-        engine.decode = orig_decode
+        del engine._launch  # the class's method again
         rollout_mod.forward_packed = orig_fp
         for g in engine._graphs.values():
             if hasattr(g, "_tik_orig"):
@@ -122,13 +126,22 @@ def profile_backend(name: str, args, mc, params) -> dict:
     _sync()
     cap0 = engine.stats.capture_s
     steps0, pre0 = engine.stats.decode_steps, engine.stats.prefills
-    # plain wall time first: no timers, no profiler
-    t = time.perf_counter()
-    comps = engine.generate(params, batch)
-    _sync()
-    plain = time.perf_counter() - t
-    steps = engine.stats.decode_steps - steps0
-    prefills = engine.stats.prefills - pre0
+    # plain wall time first, no timers, no profiler: the host ahead of the device, and waiting for every step
+    walls: dict[bool, list[float]] = {True: [], False: []}
+    bits: dict[bool, list] = {}
+    for r in range(args.rounds):
+        for overlap in (r % 2 == 0, r % 2 == 1):  # who goes first alternates
+            engine.overlap = overlap
+            t = time.perf_counter()
+            comps = engine.generate(params, batch)
+            _sync()
+            walls[overlap].append(time.perf_counter() - t)
+            bits[overlap] = [(c.tokens, c.old_logprobs().view(torch.int32).tolist()) for c in comps]
+    engine.overlap = True
+    steps = (engine.stats.decode_steps - steps0) // (2 * args.rounds)
+    prefills = (engine.stats.prefills - pre0) // (2 * args.rounds)
+    same = bits[True] == bits[False]
+    plain, plain_sync = statistics.median(walls[True]), statistics.median(walls[False])
     # device-busy time of one rollout (kernel records)
     from torch.profiler import ProfilerActivity, profile
 
@@ -175,6 +188,8 @@ def profile_backend(name: str, args, mc, params) -> dict:
     res = {
         "backend": name, "tokens": tokens, "decode_steps": steps, "prefills": prefills,
         "wall_s": plain, "ms_per_decode_step": plain / max(1, steps) * 1e3,
+        "wall_s_no_overlap": plain_sync, "overlap_speedup": plain_sync / plain, "rounds": args.rounds,
+        "walls_s": {"overlap": walls[True], "no_overlap": walls[False]}, "overlap_same_bits": same,
         "device_busy_s_union": union / 1e6, "device_busy_s_sum": busy_us / 1e6,
         "timed_wall_s": wall_parts, "parts_s": parts.s, "parts_n": parts.n,
         "capture_s_in_timed": engine.stats.capture_s - cap0,
@@ -197,6 +212,7 @@ def main() -> int:
     ap.add_argument("--prompt-len", type=int, nargs=2, default=[32, 192])
     ap.add_argument("--answer-len", type=int, nargs=2, default=[16, 96])
     ap.add_argument("--slots", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=5, help="rollouts timed with and without overlap, interleaved")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--name", default="rollout_profile_h200")
     args = ap.parse_args()

@@ -92,6 +92,52 @@ def test_prefill_token_budget_admits_and_keeps_the_bits(setup):
         RolloutEngine(mc, be, max_slots=4, max_len=12, prefill_tokens=0)
 
 
+def _reads(monkeypatch) -> list:
+    """Count the engine's read-backs: every device-to-host read of a result goes through `Tensor.tolist`."""
+    calls = []
+    real = torch.Tensor.tolist
+
+    def tolist(self):
+        calls.append(tuple(self.shape))
+        return real(self)
+
+    monkeypatch.setattr(torch.Tensor, "tolist", tolist)
+    return calls
+
+
+@pytest.mark.parametrize("buckets", [None, (4,)])
+def test_the_host_reads_back_once_and_the_bits_are_those_of_reading_every_step(setup, monkeypatch, buckets):
+    """With `overlap` (the default) the loop never waits for a step: the next step's token ids come from the
+    device, and every token and log-prob is read back once, at the end. Reading every step back before the next
+    (`overlap=False`, the loop as it was) gives the same tokens and log-prob bits, with slots moving and
+    requests of one token that end at their prefill."""
+    mc, be, params, exact, ref = setup
+    reqs = _requests() + [Request([4, 4, 8], 1, seed=4), Request([9], 3, seed=5)]
+    kw = dict(max_slots=4, max_len=12, admit_per_step=3, graphs=False, buckets=buckets)
+    step = RolloutEngine(mc, be, overlap=False, **kw)
+    reads = _reads(monkeypatch)
+    want = step.generate(params, reqs)
+    per_step = len(reads)
+    reads.clear()
+    eng = RolloutEngine(mc, be, **kw)
+    got = eng.generate(params, reqs)
+    assert _same(got, want) and _same(got[:3], ref)
+    assert [len(c.tokens) for c in got] == [2, 4, 4, 1, 3] == [c.made for c in got]
+    assert len(reads) == 2  # the tokens, the log-probs: once
+    assert per_step >= 2 * (step.stats.decode_steps + step.stats.prefills)
+    assert eng.stats.decode_steps == step.stats.decode_steps
+
+
+def test_a_token_id_left_behind_by_a_slot_move_is_caught(setup, monkeypatch):
+    """The next step's ids are the device's last sampled tokens, by slot: a move that takes the request's cache but
+    leaves its token behind changes what the request that moved generates."""
+    mc, be, params, exact, ref = setup
+    monkeypatch.setattr(RolloutEngine, "_move_slot", lambda self, src, dst: self.cache.move(src, dst))
+    broken = RolloutEngine(mc, be, max_slots=4, max_len=12, admit_per_step=3, graphs=False, buckets=(4,))
+    out = broken.generate(params, _requests())
+    assert out[0].tokens == ref[0].tokens and not _same(out, ref)
+
+
 def test_a_slot_move_left_out_is_caught(setup, monkeypatch):
     """The check above has teeth: an engine that forgets to move a request's cache with it differs."""
     mc, be, params, exact, ref = setup

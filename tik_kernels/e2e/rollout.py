@@ -12,10 +12,21 @@ costs one graph launch instead of hundreds of kernel launches from Python; with 
 the same padded step runs eagerly (the CPU tests check the bookkeeping that way). Padding rows
 sit in free slots (>= n) at position 0: what they write there is overwritten by the prefill of
 the request that next takes the slot, and nothing reads it before.
+
+The host never waits for a step (`overlap`, on by default). What the loop decides between steps (who joins,
+who leaves, positions, seeds) follows from token counts alone: a request ends after `max_new` tokens. So
+the sampled tokens stay on the device: a step's token ids are the last step's sampled tokens, by slot
+(`_tok`, moved with its slot when requests leave, written by a prefill for those that join), and each step's
+tokens and log-probs are queued as device copies that the host reads back once, at the end of `generate`.
+The host then prepares and launches step t+1 (and a prefill's hundreds of launches) while the device still
+runs step t, up to `LEAD` steps ahead. With `overlap=False` it reads every step back before the next (what
+the loop did before, kept as the baseline `benchmarks/rollout_profile.py` times it against); the bits are
+the same either way: the same kernels on the same inputs in the same order.
 """
 
 from __future__ import annotations
 
+import itertools
 import sys
 import time
 from collections import deque
@@ -41,6 +52,8 @@ class Completion:
     logprobs: list[float] = field(default_factory=list)
     #: the fp32 log-probs as tensors, bit-exact (floats above are for display)
     logprob_bits: list[torch.Tensor] = field(default_factory=list)
+    #: tokens sampled so far, read back or not (`RolloutEngine.generate` fills `tokens` at the end)
+    made: int = 0
 
     def old_logprobs(self) -> torch.Tensor:
         return torch.cat(self.logprob_bits)
@@ -138,7 +151,7 @@ class RolloutEngine:
     def __init__(self, cfg: ModelConfig, backend, *, max_slots: int = 16, max_len: int = 256,
                  admit_per_step: int | None = None, prefill_tokens: int = 8192, temperature: float = 1.0,
                  device: str = "cpu", graphs: bool | None = None, buckets: tuple[int, ...] | list[int] | None = None,
-                 on_token=None):
+                 on_token=None, overlap: bool = True):
         self.cfg, self.be, self.device = cfg, backend, device
         self.max_slots, self.max_len, self.temperature = max_slots, max_len, temperature
         self.admit_per_step = admit_per_step or max_slots
@@ -155,14 +168,17 @@ class RolloutEngine:
         self.cache = KVCache(cfg, max_slots, max_len, device)
         self.stats = RolloutStats()
         self.on_token = on_token
+        self.overlap = overlap
+        self._cuda = torch.device(device).type == "cuda"
         # static decode buffers: their addresses are baked into the captured graphs
         self.W: dict[str, torch.Tensor] | None = None
         self._inp = torch.zeros(3, max_slots, dtype=torch.int64, device=device)  # ids, positions, seeds
-        self._stage = torch.zeros(3, max_slots, dtype=torch.int64, pin_memory=self.graphs)
+        # the sampled tokens and their log-probs, by slot: a step's results, and (tokens) the next step's ids
         self._tok = torch.zeros(max_slots, dtype=torch.int64, device=device)
         self._lp = torch.zeros(max_slots, dtype=torch.float32, device=device)
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self._pool = None
+        self._lead: deque = deque()  # an event per step in flight (CUDA), oldest first
 
     # ------------------------------------------------------------------ decode step
 
@@ -214,18 +230,22 @@ class RolloutEngine:
         self.stats.capture_s += time.perf_counter() - t
         return g
 
-    def decode(self, ids: list[int], positions: list[int], seeds: list[int]) -> tuple[list[int], torch.Tensor]:
-        """One decode step for the requests in slots 0..n-1: their sampled tokens (host) and log-probs (device)."""
-        n = len(ids)
+    def _launch(self, n: int, positions: list[int], seeds: list[int]) -> None:
+        """Queue the decode step of the requests in slots 0..n-1, their token ids the tokens in `_tok[:n]`
+        (device), its results into `_tok` / `_lp`; returns without waiting for the device."""
         b = pick_bucket(n, self.buckets)
         kv = self._kv_len(max(positions) + 1)
-        pad = [0] * (b - n)
-        self._stage[0, :b] = torch.tensor(ids + pad)
-        self._stage[1, :b] = torch.tensor(positions + pad)
-        self._stage[2, :b] = torch.tensor(seeds + pad)
-        # the whole staging buffer: a column slice is strided, and a strided pinned source is copied through a
-        # pageable temporary; the rows past b are not read by a step of b rows
-        self._inp.copy_(self._stage, non_blocking=True)
+        pad = [0] * (self.max_slots - n)
+        # positions and seeds from the host, whole rows (one contiguous copy; a fresh pinned tensor each step, which
+        # the caching host allocator keeps until its copy has run), the ids from the device; rows past b are not
+        # read by a step of b rows
+        stage = torch.tensor([positions + pad, seeds + pad], dtype=torch.int64)
+        if self._cuda:
+            stage = stage.pin_memory()
+        self._inp[1:].copy_(stage, non_blocking=True)
+        self._inp[0, :n].copy_(self._tok[:n])
+        if b > n:
+            self._inp[0, n:b].zero_()
         g = self._graphs.get((b, kv)) if self.graphs else None
         if self.graphs and g is None:
             try:
@@ -241,7 +261,31 @@ class RolloutEngine:
             self._step(b, kv)
         self.stats.batch_sizes.append(n)
         self.stats.buckets.append(b)
-        # one read-back per step: the engine needs the tokens on the host to retire requests
+
+    def _move_slot(self, src: int, dst: int) -> None:
+        """A request moves from slot `src` to `dst` (`SlotTable.release`): its KV cache, and its last sampled token,
+        the id of its next step."""
+        self.cache.move(src, dst)
+        self._tok[dst] = self._tok[src]
+
+    def _bound_lead(self) -> None:
+        """Let the host run at most LEAD steps ahead of the device (the progress it reports stays near the truth,
+        and the queue of launches stays short)."""
+        if not self._cuda:
+            return
+        ev = torch.cuda.Event()
+        ev.record()
+        self._lead.append(ev)
+        while len(self._lead) > LEAD:
+            self._lead.popleft().synchronize()
+
+    def decode(self, ids: list[int], positions: list[int], seeds: list[int]) -> tuple[list[int], torch.Tensor]:
+        """One decode step for the requests in slots 0..n-1, waited for: their sampled tokens (host) and
+        log-probs (device). What one step of `generate` costs with `overlap=False` (`decode_bench`)."""
+        n = len(ids)
+        src = torch.tensor(ids, dtype=torch.int64)
+        self._tok[:n].copy_(src.pin_memory() if self._cuda else src, non_blocking=True)
+        self._launch(n, positions, seeds)
         lp = self._lp[:n].clone()
         return self._tok[:n].tolist(), lp
 
@@ -257,16 +301,18 @@ class RolloutEngine:
         waiting = deque(Completion(r) for r in requests)
         slots = SlotTable(self.max_slots)  # slots.holders[j]: the Completion in cache slot j
         done: list[Completion] = []
+        # what the device produced, not read back yet: (tokens, log-probs, the completions they belong to)
+        pending: list[tuple[torch.Tensor, torch.Tensor, list[Completion]]] = []
         made = 0
 
-        def record(comps: list[Completion], toks: list[int], lp: torch.Tensor) -> None:
+        def produced(comps: list[Completion], tok: torch.Tensor, lp: torch.Tensor) -> None:
             nonlocal made
-            lp_h = lp.tolist()
-            for j, c in enumerate(comps):
-                c.tokens.append(toks[j])
-                c.logprob_bits.append(lp[j : j + 1])
-                c.logprobs.append(lp_h[j])
+            pending.append((tok, lp, comps))
+            for c in comps:
+                c.made += 1
             made += len(comps)
+            if not self.overlap:
+                read_back(pending)
             if self.on_token:
                 self.on_token(made)
 
@@ -274,11 +320,11 @@ class RolloutEngine:
             j = 0
             while j < len(slots):
                 c = slots.holders[j]
-                if len(c.tokens) >= c.request.max_new:
+                if c.made >= c.request.max_new:
                     done.append(c)
                     move = slots.release(j)
                     if move:
-                        self.cache.move(*move)
+                        self._move_slot(*move)
                 else:
                     j += 1
 
@@ -289,26 +335,60 @@ class RolloutEngine:
                 budget -= len(waiting[0].request.prompt)
                 joining.append(waiting.popleft())
             if joining:
-                taken = [slots.admit(c) for c in joining]
+                taken = [slots.admit(c) for c in joining]  # consecutive: slots are taken from len(slots) on
                 lens = [len(c.request.prompt) for c in joining]
                 ids = to_device([t for c in joining for t in c.request.prompt], self.device)
-                cu = to_device([0, *torch.tensor(lens).cumsum(0).tolist()], self.device, torch.int32)
+                cu = to_device([0, *itertools.accumulate(lens)], self.device, torch.int32)
                 hidden = forward_packed(cfg, be, W, ids, cu, self.cache, taken, lens)
                 last = hidden.index_select(0, (cu[1:] - 1).long())
                 pos = [n - 1 for n in lens]
                 seeds = to_device(token_seeds([c.request.seed for c in joining], pos), self.device)
                 tok, lp = be.sample_logprob(last, W["lm_head"], self.temperature, seeds)
-                record(joining, tok.tolist(), lp)
+                assert taken == list(range(taken[0], taken[0] + len(taken)))
+                self._tok[taken[0]:taken[-1] + 1] = tok
+                produced(joining, tok.clone(), lp.clone())
                 self.stats.prefills += 1
                 retire()
             if not len(slots):
                 continue
-            active = slots.holders
-            positions = [len(c.request.prompt) + len(c.tokens) - 1 for c in active]
-            toks, lp = self.decode([c.tokens[-1] for c in active], positions,
-                                   token_seeds([c.request.seed for c in active], positions))
-            record(list(active), toks, lp)
+            active = list(slots.holders)
+            positions = [len(c.request.prompt) + c.made - 1 for c in active]
+            self._launch(len(active), positions, token_seeds([c.request.seed for c in active], positions))
+            produced(active, self._tok[:len(active)].clone(), self._lp[:len(active)].clone())
             self.stats.decode_steps += 1
+            self._bound_lead()
             retire()
+        read_back(pending)
+        self._lead.clear()
         order = {id(r): i for i, r in enumerate(requests)}
         return sorted(done, key=lambda c: order[id(c.request)])
+
+
+#: how many decode steps the host may queue ahead of the device (`RolloutEngine._bound_lead`)
+LEAD = 4
+
+
+def read_back(pending: list[tuple[torch.Tensor, torch.Tensor, list[Completion]]]) -> None:
+    """Append the queued results to their completions, in the order they were produced, and empty the queue: one
+    read-back of every token and log-prob (it waits for the device), one gather of each completion's log-probs."""
+    if not pending:
+        return
+    toks = torch.cat([t for t, _, _ in pending]).tolist()
+    lps = torch.cat([lp for _, lp, _ in pending])
+    lps_host = lps.tolist()
+    where: dict[int, list[int]] = {}  # a completion's rows of `lps`, in order
+    comps: dict[int, Completion] = {}
+    i = 0
+    for _, _, cs in pending:
+        for c in cs:
+            c.tokens.append(toks[i])
+            c.logprobs.append(lps_host[i])
+            where.setdefault(id(c), []).append(i)
+            comps[id(c)] = c
+            i += 1
+    order = [r for rows in where.values() for r in rows]
+    bits = lps.index_select(0, torch.tensor(order, dtype=torch.int64).to(lps.device)).split(
+        [len(rows) for rows in where.values()])
+    for key, part in zip(where, bits, strict=True):
+        comps[key].logprob_bits.append(part)
+    pending.clear()
