@@ -57,6 +57,9 @@
 #   qk_rope       #19 the one-launch q / k norms + rope + cache fill (UnifiedBackend(fused_qk_rope=True)) and the lm_head
 #                     kernels' CHUNKS: their GPU bit tests, then the decode step with and without the one launch
 #                     ($R/e2e_decode_qk_rope/); turn fused_qk_rope on by default if both hold
+#   overlap       #19 the rollout loop with the host ahead of the device (RolloutEngine(overlap=True)): the GPU test of
+#                     its bits (graphs vs eager), then one qwen3-1.7b rollout timed with and without it
+#                     ($R/rollout_profile_<card>_qwen3-1.7b_overlap.{json,log})
 #   late          #18 the probes' late inputs (TIK_LATE_INPUTS=1, tik_kernels/contract/late.py): the planted early
 #                     reader must fail and every evaluator GPU test pass with them on ($R/pytest_gpu_late*.log)
 #   attn_bwd      #16 the attention backward variants (the stored-dS root's knobs and budget, the dq kernel's path
@@ -69,6 +72,8 @@
 # carry GitPython, gitdb and smmap as wheels where they are missing).
 set -u
 R=${R:-benchmarks/results}
+# the card, for the names of the files a part writes whose name says it (h200, h100)
+CARD=$("${PYTHON:-python3}" -c "import torch; n = torch.cuda.get_device_name(); print('h200' if 'H200' in n else 'h100' if 'H100' in n else 'gpu')" 2>/dev/null || echo cpu)
 mkdir -p "$R"
 export PYTHONPATH=${PYTHONPATH:-}:. PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
@@ -171,6 +176,10 @@ for p in "$@"; do
                 tests/kernels/test_sample_logprob.py tests/kernels/test_sample.py tests/kernels/test_logprob.py
             part e2e_decode_qk_rope 300 "$py" benchmarks/bench_e2e.py --out "$R/e2e_decode_qk_rope" --only decode \
                 --decode-backends unified unified-qk-rope ;;
+        overlap)
+            part pytest_gpu_rollout 240 "$py" -m pytest -q -m gpu tests/e2e/test_decode_graphs_gpu.py
+            part "rollout_profile_${CARD}_qwen3-1.7b_overlap" 300 "$py" benchmarks/rollout_profile.py \
+                --preset qwen3-1.7b --backends unified --rounds 3 --out "$R" --name "rollout_profile_${CARD}_qwen3-1.7b_overlap" ;;
         late)
             part pytest_gpu_late 120 env TIK_LATE_INPUTS=1 "$py" -m pytest -q -m gpu tests/evaluator/test_late_inputs.py
             part pytest_gpu_late_evaluator 300 env TIK_LATE_INPUTS=1 "$py" -m pytest -q -m "gpu and not gpu_timing" \
@@ -184,6 +193,6 @@ for p in "$@"; do
             part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_h200
             part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope late attn_bwd speed hf)" >&2 ;;
+            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap late attn_bwd speed hf)" >&2 ;;
     esac
 done
