@@ -84,7 +84,8 @@ def throughput(args, out: Path) -> dict:
 #: prefetch too; `unified-fused-lmhead` with sample_logprob's one pass instead of sample then logprob;
 #: `stock-s19` mode A with session 19's cache fill inside its compiled rope and its folded-GQA attention;
 #: `stock-dynamic` mode A with its compositions compiled for symbolic shapes from the first call (as until session 21);
-#: `unified-qk-rope` with the q / k norms, rope and cache fill in one launch (`UnifiedBackend(fused_qk_rope=True)`).
+#: `unified-qk-rope` with the q / k norms, rope and cache fill in one launch (`UnifiedBackend(fused_qk_rope=True)`, the
+#: default since session 22: the same as `unified`); `unified-two-qk-launches` with them in two (as until then).
 #: Each: (the backend, given whether stock compositions are compiled; the CONFIG overrides of its run)
 S18_CUTS = {"linear": {"NARROW_PCT": 0}, "attention": {"DECODE_FUSED_MAX_CHUNKS": 0, "DECODE_SHORT_KEYS": 0}}
 S18_DECODE = {op: {**kv, **S18_CUTS.get(op, {})} for op, kv in NO_PDL_CONFIG.items()}
@@ -96,6 +97,7 @@ DECODE_VARIANTS = {
     "unified-pdl-prefetch": (lambda _: UnifiedBackend(), PDL_PREFETCH_CONFIG),
     "unified-fused-lmhead": (lambda _: UnifiedBackend(fused_lmhead=True), {}),
     "unified-qk-rope": (lambda _: UnifiedBackend(fused_qk_rope=True), {}),
+    "unified-two-qk-launches": (lambda _: UnifiedBackend(fused_qk_rope=False), {}),
 }
 
 

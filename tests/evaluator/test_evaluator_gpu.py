@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 from evaluator_fixtures import FIX, tiny
 
+from tik_kernels.contract import late
 from tik_kernels.contracts import all_contracts
 from tik_kernels.evaluator import evaluate
 
@@ -59,6 +60,10 @@ def test_timing_cheat_caught_on_gpu(name, check, reason):
     if name == "side_stream_large" and "cuda_graph_replay" in bad:
         # H200: its 0.5 ms of side-stream work is still running when the replay check reads a fresh call's output,
         # so that check rejects it first ("replay ... differs from a fresh call"); rejected either way, reason kept
+        return
+    if name == "lazy_gpu" and late.active("cuda") and any("differ" in d for d in bad.values()):
+        # with late inputs every probe's call finds the stream busy (the writers hold until it has returned), so the
+        # lazy candidate returns a stale output there and the probes' checks reject it before its timing
         return
     assert check in bad and reason in bad[check], rep.failure
 

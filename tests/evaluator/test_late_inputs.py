@@ -34,7 +34,7 @@ def test_on_the_cpu_every_input_is_poisoned_then_written_by_the_writers_released
     monkeypatch.setattr(L, "lateable", lambda master: master.is_contiguous() and master.numel() > 0)
     monkeypatch.setattr(L, "write_late", writer)
     staged = Staged("cpu")
-    staged.pending = []  # as where PDL exists and TIK_LATE_INPUTS=1
+    staged.pending = []  # as where PDL exists (late inputs on)
 
     class Mod:
         def f(self, x, w, *, b):
@@ -68,6 +68,21 @@ def test_on_the_cpu_every_input_is_poisoned_then_written_by_the_writers_released
 def test_on_the_cpu_nothing_is_written_late(monkeypatch):
     monkeypatch.setenv(L.ENV, "1")
     assert Staged("cpu").pending is None  # no PDL: no kernel starts before the one before it ends
+
+
+def test_late_inputs_are_on_unless_turned_off(monkeypatch):
+    """On by default where PDL exists; TIK_LATE_INPUTS=0 turns them off (the GPU is stood in for here)."""
+    from tik_kernels import _runtime
+
+    monkeypatch.setattr(_runtime, "pdl_capable", lambda device: True)
+    monkeypatch.delenv(L.ENV, raising=False)
+    assert L.active("cuda") and L.active("cuda:1") and not L.active("cpu")
+    monkeypatch.setenv(L.ENV, "0")
+    assert not L.active("cuda")
+    monkeypatch.setenv(L.ENV, "1")
+    assert L.active("cuda")
+    monkeypatch.setattr(_runtime, "pdl_capable", lambda device: False)
+    assert not L.active("cuda")  # no PDL: nothing can start early, nothing to write late
 
 
 @pytest.mark.gpu

@@ -27,8 +27,11 @@ instead of to a guess of the host's speed. The writers run on few programs (`PRO
 for an early-launched kernel. It is a race set up for a mistaken kernel to lose, not a proof: nor is it proof against
 a candidate that rewrites this harness from inside its own process (the limit `evaluator.child.guard_imports`
 states). Nothing here runs without PDL (the CPU, the interpreter, pre-Hopper GPUs): there no kernel can start before
-the one before it has finished; and it is off unless `TIK_LATE_INPUTS=1` until the GPU tests
-(tests/evaluator/test_late_inputs.py) have shown it catches the planted early reader and keeps every root verified.
+the one before it has finished. On by default since session 22, where the GPU tests showed it works (an H100,
+benchmarks/results/pytest_gpu_h100_s22_late*.log): the planted early reader fails, the one that waits passes, every
+library root stays verified and every other evaluator GPU test passes with it, except that the lazy candidate
+(`fixtures/lazy_gpu.py`, which returns a stale output whenever the stream is busy at its call) is now caught by the
+probes, whose calls always find the writers holding, before its timing can be. `TIK_LATE_INPUTS=0` turns it off.
 """
 
 from __future__ import annotations
@@ -47,14 +50,14 @@ HOLD_POLLS = 4000
 BLOCK = 8192
 #: the poison an input holds until its writer copies it in: every byte 0xFF
 POISON = 0xFF
-#: the switch: late inputs only where TIK_LATE_INPUTS=1 (not yet shown to work on a GPU, the module's docstring)
+#: the switch: late inputs unless TIK_LATE_INPUTS=0
 ENV = "TIK_LATE_INPUTS"
 
 
 def active(device: str) -> bool:
-    """Probes on `device` get their inputs late: `TIK_LATE_INPUTS=1` and a device with PDL (elsewhere no kernel can
-    start before the one before it has finished)."""
-    if os.environ.get(ENV) != "1" or not str(device).startswith("cuda"):
+    """Probes on `device` get their inputs late: a device with PDL (elsewhere no kernel can start before the one
+    before it has finished), unless `TIK_LATE_INPUTS=0`."""
+    if os.environ.get(ENV, "1") == "0" or not str(device).startswith("cuda"):
         return False
     from tik_kernels._runtime import pdl_capable
 

@@ -104,7 +104,7 @@ def call_probe(module: ModuleType, probe: Probe, device: str, values: bool = Tru
     the call raises. values=False is a dry run for what the call launches, not what it computes: floating-point
     inputs (and gradients in) are uninitialised tensors of the same shape, strides and dtype, not copies
     (`evaluator.ahead`: 1.9 GB of linear's probes not moved again). `staged`: the copies are made on the device
-    from `Staged` masters (`Staged`), and, where PDL exists and `TIK_LATE_INPUTS=1`, written late, so a kernel that
+    from `Staged` masters (`Staged`), and, where PDL exists (unless `TIK_LATE_INPUTS=0`), written late, so a kernel that
     reads its inputs before its dependency wait computes from poison (`tik_kernels/contract/late.py`)."""
     fn = getattr(module, probe.entry, None)
     if not callable(fn):

@@ -210,7 +210,9 @@ class RolloutEngine:
     def _capture(self, b: int, kv: int) -> torch.cuda.CUDAGraph:
         """Capture the step at (b, kv) with the current inputs. A decode step is idempotent (it writes the k/v of
         its tokens, then reads them), so the warm-up runs that precede the capture (Triton compiles, cuBLAS
-        workspaces) change nothing the replay would not."""
+        workspaces) change nothing the replay would not. The steps queued before it are waited for first: their
+        device time is rollout, not the capture's (`capture_s`, which `run_mode` leaves out of a step's time)."""
+        torch.cuda.synchronize()
         t = time.perf_counter()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
