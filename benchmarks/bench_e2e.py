@@ -54,7 +54,8 @@ from tik_kernels.e2e.run import E2EConfig, run_e2e, speedups  # noqa: E402
 def throughput(args, out: Path) -> dict:
     res = {}
     for preset in args.shapes:
-        cfg = E2EConfig(preset=preset, layers=args.layers, steps=args.steps, warmup=1, prompts=args.prompts,
+        cfg = E2EConfig(preset=preset, modes=tuple(args.modes), layers=args.layers, steps=args.steps, warmup=1,
+                        prompts=args.prompts,
                         group=args.group, prompt_len=(32, 192), answer_len=(16, 96), max_slots=args.max_slots,
                         ppo_epochs=args.ppo_epochs, minibatches=args.minibatches, device=args.device,
                         graphs=False if args.eager_decode else None,
@@ -316,6 +317,8 @@ def main() -> int:
                     help="throughput, learning: passes over each rollout batch")
     ap.add_argument("--minibatches", type=positive_int, default=E2EConfig.minibatches,
                     help="throughput, learning: updates per pass, each on a minibatch of whole sequences")
+    ap.add_argument("--modes", nargs="+", default=list(E2EConfig.modes), choices=["A", "B", "C"],
+                    help="throughput: the modes run, in this order (B/C needs B and C, B/A B and A)")
     ap.add_argument("--eager-decode", action="store_true", help="throughput: no CUDA graphs in the rollout")
     ap.add_argument("--stock-eager", action="store_true",
                     help="mode A / the stock decode step without torch.compile of its norms, rope and softmax rows")
