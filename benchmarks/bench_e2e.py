@@ -58,7 +58,7 @@ def throughput(args, out: Path) -> dict:
                         prompts=args.prompts,
                         group=args.group, prompt_len=(32, 192), answer_len=(16, 96), max_slots=args.max_slots,
                         ppo_epochs=args.ppo_epochs, minibatches=args.minibatches, device=args.device,
-                        graphs=False if args.eager_decode else None,
+                        graphs=False if args.eager_decode else None, reward=args.reward,
                         stock_compiled=False if args.stock_eager else None)
         # one throw-away step of every mode first: the first mode run in a process paid the process's
         # one-time costs (cuBLAS/SDPA initialisation, Triton compiles) inside its measured steps
@@ -319,6 +319,9 @@ def main() -> int:
                     help="throughput, learning: updates per pass, each on a minibatch of whole sequences")
     ap.add_argument("--modes", nargs="+", default=list(E2EConfig.modes), choices=["A", "B", "C"],
                     help="throughput: the modes run, in this order (B/C needs B and C, B/A B and A)")
+    ap.add_argument("--reward", default="parity", choices=["parity", "copy"],
+                    help="throughput: the reward (parity: signal from step one, so every update moves the policy; "
+                         "copy: the learning task, whose reward a random model at a real vocabulary never earns)")
     ap.add_argument("--eager-decode", action="store_true", help="throughput: no CUDA graphs in the rollout")
     ap.add_argument("--stock-eager", action="store_true",
                     help="mode A / the stock decode step without torch.compile of its norms, rope and softmax rows")

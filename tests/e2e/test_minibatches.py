@@ -53,3 +53,20 @@ def test_mode_a_checks_every_token_of_every_minibatch():
     a = run_e2e(_config(modes=("A",), ppo_epochs=1, minibatches=3, seed=3))["modes"]["A"]
     assert a["tokens"] == 15 and a["minibatches"] == 3
     assert a["equal_tokens"] < a["tokens"]
+
+
+def test_the_parity_reward_gives_every_group_a_signal_so_the_updates_move_the_policy():
+    """The throughput benchmark's reward (`reward="parity"`): a random policy earns ~1/2 of it, so the rewards of a
+    group differ, the advantages are not all 0 and the second minibatch's ratio has moved, at a seed where the copy
+    task's rewards are all 0 and nothing moves."""
+    from tik_kernels.e2e.task import rewards
+
+    copy = run_e2e(_config(modes=("B",), ppo_epochs=1, minibatches=2, seed=0))["modes"]["B"]
+    assert max(copy["rewards"]) == 0.0 and copy["ratio_max_dev"] == 0.0
+    parity = run_e2e(_config(modes=("B",), ppo_epochs=1, minibatches=2, seed=0, reward="parity"))["modes"]["B"]
+    assert 0.0 < parity["rewards"][0] < 1.0 and parity["ratio_max_dev"] > 0.0
+    assert parity["equal_tokens"] == parity["tokens"]
+    c = _comps([2])[0]
+    assert rewards([c], "parity").tolist() == [0.5] and rewards([c]).tolist() == [0.0]
+    with pytest.raises(ValueError, match="unknown reward"):
+        rewards([c], "likes")

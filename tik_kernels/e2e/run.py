@@ -49,6 +49,9 @@ class E2EConfig:
     minibatches: int = 1
     #: weight of the KL(policy || initial policy) term; 0 = none (then no reference forward is run)
     kl_coef: float = 0.0
+    #: the reward (`task.rewards`): "copy" (the task a small model learns from scratch), "parity" (signal from step
+    #: one at any vocabulary: the throughput benchmark's, so its updates move the policy)
+    reward: str = "copy"
     seed: int = 0
     device: str | None = None
     checkpoint: str | None = None
@@ -160,7 +163,7 @@ def run_mode(mode: str, cfg: E2EConfig, mc: ModelConfig, params0: dict, device: 
         if recompute:
             report(n_packed, done=True)
         phase("train")
-        r = rewards(comps).to(device)
+        r = rewards(comps, cfg.reward).to(device)
         adv = group_advantages(r, torch.tensor([c.request.group for c in comps], device=device))
         ref = None
         if cfg.kl_coef:

@@ -27,6 +27,17 @@ def make_requests(vocab: int, n_prompts: int, group: int, rng: random.Random, *,
     return reqs
 
 
-def rewards(completions: list[Completion]) -> torch.Tensor:
-    r = [sum(t == c.request.prompt[-1] for t in c.tokens) / max(1, len(c.tokens)) for c in completions]
+def rewards(completions: list[Completion], kind: str = "copy") -> torch.Tensor:
+    """`copy`: the task above. `parity`: the fraction of answer tokens with an even id, a reward with signal from
+    the first step at any vocabulary (a random policy earns ~1/2, so a group's rewards differ and every update
+    moves the policy). At a real model's vocabulary a random policy almost never repeats the token (~1/151,936 a
+    token), so every reward of a throughput run is 0, every advantage 0 and every update leaves the policy as it
+    was: the same compute, but the ratio stays 1. The throughput benchmark takes `parity`, so its updates are real."""
+    if kind not in REWARDS:
+        raise ValueError(f"unknown reward {kind!r} (one of {', '.join(REWARDS)})")
+    r = [sum(REWARDS[kind](t, c) for t in c.tokens) / max(1, len(c.tokens)) for c in completions]
     return torch.tensor(r, dtype=torch.float32)
+
+
+#: per answer token: did it earn the reward
+REWARDS = {"copy": lambda t, c: t == c.request.prompt[-1], "parity": lambda t, c: t % 2 == 0}
