@@ -86,7 +86,10 @@ def throughput(args, out: Path) -> dict:
 #: `stock-s19` mode A with session 19's cache fill inside its compiled rope and its folded-GQA attention;
 #: `stock-dynamic` mode A with its compositions compiled for symbolic shapes from the first call (as until session 21);
 #: `unified-qk-rope` with the q / k norms, rope and cache fill in one launch (`UnifiedBackend(fused_qk_rope=True)`, the
-#: default since session 22: the same as `unified`); `unified-two-qk-launches` with them in two (as until then).
+#: default since session 22: the same as `unified`); `unified-two-qk-launches` with them in two (as until then);
+#: `unified-narrow512`, `unified-narrow1024` with linear's narrow-output rule on (a weight of at most 2048 rows
+#: reduces K in chunks of 512 / 1024: new bits for the o and down projections of qwen3-0.6b and 1.7b;
+#: tik_kernels/ops/linear.py).
 #: Each: (the backend, given whether stock compositions are compiled; the CONFIG overrides of its run)
 S18_CUTS = {"linear": {"NARROW_PCT": 0}, "attention": {"DECODE_FUSED_MAX_CHUNKS": 0, "DECODE_SHORT_KEYS": 0}}
 S18_DECODE = {op: {**kv, **S18_CUTS.get(op, {})} for op, kv in NO_PDL_CONFIG.items()}
@@ -99,6 +102,8 @@ DECODE_VARIANTS = {
     "unified-fused-lmhead": (lambda _: UnifiedBackend(fused_lmhead=True), {}),
     "unified-qk-rope": (lambda _: UnifiedBackend(fused_qk_rope=True), {}),
     "unified-two-qk-launches": (lambda _: UnifiedBackend(fused_qk_rope=False), {}),
+    "unified-narrow512": (lambda _: UnifiedBackend(), {"linear": {"NARROW_N": 2048, "NARROW_KCHUNK": 512}}),
+    "unified-narrow1024": (lambda _: UnifiedBackend(), {"linear": {"NARROW_N": 2048, "NARROW_KCHUNK": 1024}}),
 }
 
 

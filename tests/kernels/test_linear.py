@@ -179,6 +179,40 @@ def test_every_split_gives_the_tree_s_bits():
     assert not L._COUNTERS[x.device].any()
 
 
+def test_a_narrow_output_s_chunks_follow_its_width_never_the_tokens(monkeypatch):
+    """NARROW_N / NARROW_KCHUNK (off in the root): an output of at most NARROW_N columns reduces K in chunks of
+    NARROW_KCHUNK, for every T and every split, with the same tree as KCHUNK's (fresh chunk sums added left to right);
+    a wider output keeps KCHUNK's chunks; the gradients follow the same rule, deterministic, dx rows invariant."""
+    monkeypatch.setitem(L.CONFIG, "NARROW_KCHUNK", 128)
+    monkeypatch.setitem(L.CONFIG, "NARROW_N", 24)
+    assert [L._kchunk(n) for n in (1, 24, 25, 4096)] == [128, 128, L.CONFIG["KCHUNK"], L.CONFIG["KCHUNK"]]
+    N, K = 24, 3 * 128 + 40  # four narrow chunks, the last partial; one KCHUNK chunk
+    x, w = _cancelling(N, K)(17, torch.Generator().manual_seed(11))
+    tree = _tree_fp32(x, w, 128, L.CONFIG["BLOCK_K"])
+    assert not same_bits(tree, _tree_fp32(x, w, L.CONFIG["KCHUNK"], L.CONFIG["BLOCK_K"]))  # the chunks show
+    runs = {"walk": L._matmul(x, w, torch.float32, tile=(16, 32, 4, 2, 2, 0))}
+    for per_prog in (1, 3):
+        for fused in (True, False):
+            runs[f"{per_prog}/{fused}"] = L._matmul(x, w, torch.float32, tile=(16, 16, 4, 3, 1, 0),
+                                                    chunks_per_prog=per_prog, fused=fused)
+    for name, y in runs.items():
+        assert same_bits(y, tree), name
+    full = L.linear(x, w)
+    for T in (1, 2, 16):
+        assert same_bits(L.linear(x[-T:], w), full[-T:]), T
+    # one column more: KCHUNK's tree (K < KCHUNK: one chunk)
+    w2 = torch.cat([w, w[:1]])
+    assert same_bits(L._matmul(x, w2, torch.float32)[:, :N], _tree_fp32(x, w, L.CONFIG["KCHUNK"], L.CONFIG["BLOCK_K"]))
+
+    def grads():
+        xg, wg = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+        L.linear(xg, wg).backward(torch.ones(x.shape[0], N, dtype=torch.bfloat16))
+        return xg.grad, wg.grad
+
+    (dx, dw), (dx2, dw2) = grads(), grads()
+    assert same_bits(dx, dx2) and same_bits(dw, dw2)
+
+
 def test_rows_equal_in_a_bigger_batch():
     """K = KCHUNK + 40 (two chunks, a partial one): rows of T = 1 … 17 (both sides of the M16 / M64 edge) as in
     T = 24."""
@@ -220,8 +254,7 @@ WALK_M64 = ('"M64_SPLIT": 2,', '"M64_SPLIT": 0,')
 
 
 def test_chunk_size_following_t_is_caught(tmp_path, chunk_plan):
-    mod = _variant(tmp_path, "chunk_by_t", 'KCHUNK = CONFIG["KCHUNK"]',
-                   'KCHUNK = CONFIG["KCHUNK"] // (2 if M <= 4 else 1)')
+    mod = _variant(tmp_path, "chunk_by_t", "KCHUNK = _kchunk(N)", "KCHUNK = _kchunk(N) // (2 if M <= 4 else 1)")
     results = run_plan(chunk_plan, mod)
     bad = [r.name for r in _failed(results, "batch_invariance")]
     assert any("[T=1]" in n or "[T=3]" in n for n in bad), bad

@@ -278,5 +278,5 @@ CONTRACT = Contract(
     build_plan=build_plan,
     cells=cells,
     bench_case=bench_case,
-    frozen_tunables=frozenset({"BLOCK_K", "KCHUNK"}),
+    frozen_tunables=frozenset({"BLOCK_K", "KCHUNK", "NARROW_N", "NARROW_KCHUNK"}),
 )

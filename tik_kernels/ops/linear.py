@@ -7,12 +7,23 @@ KCHUNK = 2048 (the last one partial when K is no multiple of it; the masked tail
 zeros). Each chunk is summed K-sequentially from a fresh fp32 accumulator: one tl.dot per BLOCK_K
 slice, k = chunk start, + BLOCK_K, ... in order. The chunk sums are then added left to right in
 fp32, total = ((0 + s_0) + s_1) + ... + s_{n-1}, and the total is rounded to the output dtype
-once. Nothing in that tree depends on M, N, the tile or the launch: KCHUNK and BLOCK_K are
-constants, never functions of the shape. 2048 divides every K of the Qwen3 / Llama-3 projections
-(4096, 12288, 14336) and of their backward (N = 4096 ... 28672), so only the tokens of dw end on a
-partial chunk; it gives 2 chunks at K = 4096 (with narrow tiles, enough programs for decode, see
-below) and costs a large-M program one wait for its MMAs in flight per 32 BLOCK_K steps. Timed
-against 1024 on the H200 with each one's best launches, 2048 was faster at 31 of 35 cells.
+once. Nothing in that tree depends on M, the tile or the launch: KCHUNK and BLOCK_K are
+constants, never functions of the token count. 2048 divides every K of the Qwen3 / Llama-3
+projections (4096, 12288, 14336) and of their backward (N = 4096 ... 28672), so only the tokens of
+dw end on a partial chunk; it gives 2 chunks at K = 4096 (with narrow tiles, enough programs for
+decode, see below) and costs a large-M program one wait for its MMAs in flight per 32 BLOCK_K steps.
+Timed against 1024 on the H200 with each one's best launches, 2048 was faster at 31 of 35 cells.
+
+One rule may give a narrow output other chunks, off in this root (NARROW_N 0; frozen as KCHUNK): a
+product with at most NARROW_N output columns (a weight of at most that many rows: a small model's o
+and down projections) cuts K into chunks of NARROW_KCHUNK instead (`_kchunk`). N is the weight's side
+of the product, the same for every batch, so the tree still never follows the tokens: a decode step
+and the trainer's forward reduce such a weight the same way. It is for decode: a 1024-wide output
+over K = 2048 is one chunk of 32 sequential BLOCK_K steps in each of a few dozen programs, a chain of
+latency no split can shorten (H100: qwen3-0.6b's o projection 8.0 us at M = 64 against a 1.1 us
+floor, its down projection 9.7 us); chunks of 512 give the same output four times the programs, each
+a quarter of the chain. Turning it on re-bases the root's bits for such weights; `gpu_pending.sh
+narrow` times it first.
 
 The parallelization (tunable per M bucket, none of it changes bits):
 - the output tile (BLOCK_M, BLOCK_N), num_warps, num_stages, K_UNROLL (BLOCK_K slices loaded
@@ -148,6 +159,8 @@ TUNABLES = {
     "MBIG_SPLIT": (0, 1, 2, 4, 8),
     "PDL": (0, 1),
     "PREFETCH": (0, 1),
+    "NARROW_N": (0, 1024, 2048, 4096),
+    "NARROW_KCHUNK": (256, 512, 1024, 2048),
 }
 
 #: PDL 1, PREFETCH 0: the qwen3-0.6b decode step on an H100 (bench_e2e.py --only decode, same run): 2.39 ms -> 2.28 ms
@@ -205,6 +218,9 @@ CONFIG = {
     "MBIG_SPLIT": 0,
     "PDL": 1,
     "PREFETCH": 0,
+    # the tree's narrow-output rule (frozen, as KCHUNK): off
+    "NARROW_N": 0,
+    "NARROW_KCHUNK": 512,
 }
 
 #: what the tuner checks a move against before spending an evaluation on it (the tuner's `fits`): each launch
@@ -476,6 +492,15 @@ def _tma_operand(t: torch.Tensor, block_rows: int, block_k: int):
     return None
 
 
+def _kchunk(N: int) -> int:
+    """The chunk size of a product with N output columns, N the weight's side (its rows in the forward, its
+    columns for dx, the input's width for dw), never the token count: NARROW_KCHUNK for an output of at most
+    NARROW_N columns, KCHUNK otherwise."""
+    if N <= CONFIG.get("NARROW_N", 0):
+        return CONFIG["NARROW_KCHUNK"]
+    return CONFIG["KCHUNK"]
+
+
 def _chunks_per_program(tiles: int, n_chunks: int, split: int, sms: int) -> int:
     """Fewest consecutive chunks per program that give `tiles` × groups ≥ split × sms programs; all if split = 0."""
     if split == 0 or n_chunks == 1:
@@ -512,7 +537,7 @@ def _matmul(
     sms = sm_count(a.device)
     BLOCK_M, BLOCK_N, num_warps, num_stages, K_UNROLL, SPLIT = tile or _tile(M, N, sms)
     BLOCK_K = block_k or CONFIG["BLOCK_K"]
-    KCHUNK = CONFIG["KCHUNK"]
+    KCHUNK = _kchunk(N)
     if KCHUNK % (BLOCK_K * K_UNROLL):
         raise ValueError(f"linear: KCHUNK {KCHUNK} is no multiple of BLOCK_K {BLOCK_K} x K_UNROLL {K_UNROLL}")
     n_chunks = triton.cdiv(K, KCHUNK)
