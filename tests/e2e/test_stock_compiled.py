@@ -105,3 +105,33 @@ def test_compiled_stock_keeps_widths_static_and_compiles_each_composition_at_mos
     assert len(widths) == len(graphs) and all(type(v) is int and v == 100 for v in widths), graphs  # not a SymInt
     assert not isinstance(graphs[-1][0][0], int), graphs  # and the batch dimension symbolic in the last
     assert be.compile_errors() == {}
+
+
+def test_the_decode_key_mask_is_built_once_a_step_and_gives_the_same_bits(monkeypatch):
+    """Every layer of a decode step gets the step's one `lens` tensor: the stock backend builds its key mask at the
+    first layer's call and reuses it, for the same outputs as a mask built at every call; a later step's `lens` (a
+    new tensor, even with equal values) gets its own mask."""
+    from tik_kernels.e2e import model as M
+
+    cfg = M.PRESETS["tiny"]
+    W = M.bf16_weights(M.init_params(cfg, 0), grad=False)
+    built = []
+    real = M._key_mask
+    monkeypatch.setattr(M, "_key_mask", lambda lens, kv_len: built.append(kv_len) or real(lens, kv_len))
+
+    def step(be):
+        cache = M.KVCache(cfg, 3, 16, "cpu")
+        g = torch.Generator().manual_seed(1)
+        cache.k.normal_(generator=g)
+        cache.v.normal_(generator=g)
+        ids, pos = torch.tensor([5, 9, 2]), torch.tensor([3, 7, 0])
+        return M.forward_decode(cfg, be, W, ids, pos, cache, kv_len=8)
+
+    memo = StockBackend()
+    once = step(memo)
+    assert built == [8]  # one mask for all the layers
+    step(memo)
+    assert built == [8, 8]  # the next step's lens is a new tensor: its own mask
+    monkeypatch.setattr(StockBackend, "_decode_mask", lambda self, lens, kv_len: real(lens, kv_len))
+    every = step(StockBackend())
+    assert torch.equal(once.view(torch.int16), every.view(torch.int16)) and cfg.layers > 1

@@ -203,6 +203,11 @@ def _stock_rope_cache(q, k, v, pos, theta, k_cache, v_cache, slots):
     return _rope_then_scatter(_stock_rope, q, k, v, pos, theta, k_cache, v_cache, slots)
 
 
+def _key_mask(lens, kv_len: int):
+    """[B, 1, 1, kv_len] bool: key j is valid for sequence b while j < lens[b]."""
+    return (torch.arange(kv_len, device=lens.device)[None, :] < lens[:, None])[:, None, None, :]
+
+
 def _stock_logprob_rows(logits, targets, temperature):
     return (logits.float() / temperature).log_softmax(-1).gather(-1, targets[:, None].long())[:, 0]
 
@@ -275,6 +280,7 @@ class StockBackend:
         (decode_breakdown_h100_qwen3-0.6b_s21_stock_unified.md)."""
         self.compiled = compiled
         self.fill_in_compiled, self.fold_gqa = fill_in_compiled, fold_gqa
+        self._mask_memo: tuple | None = None  # (lens, kv_len, mask) of the step in progress (`_decode_mask`)
         self.fused = {n: (_Fused(n, f, compile_backend, compile_dynamic) if compiled else f)
                       for n, f in STOCK_FUSED.items()}
 
@@ -332,11 +338,24 @@ class StockBackend:
         B, hq, _, d = q.shape
         hk = k_cache.shape[1]
         k_cache, v_cache = k_cache[:, :, :kv_len], v_cache[:, :, :kv_len]
-        mask = (torch.arange(kv_len, device=q.device)[None, :] < lens[:, None])[:, None, None, :]
+        mask = self._decode_mask(lens, kv_len)
         if not self.fold_gqa:
             return F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask, enable_gqa=True)
         o = F.scaled_dot_product_attention(q.reshape(B, hk, hq // hk, d), k_cache, v_cache, attn_mask=mask)
         return o.reshape(B, hq, 1, d)
+
+    def _decode_mask(self, lens, kv_len: int):
+        """The key mask of a decode step, built once a step as an engine builds its attention metadata once: every
+        layer's call gets the step's one `lens` tensor (`forward_decode`), so the mask of the first layer's call is
+        the others' too (it was four small kernels a layer, ~10 us of a qwen3-0.6b layer's 41 on the H100,
+        decode_breakdown_h100_qwen3-0.6b_s22_stock_auto.md). The memo holds that `lens` itself, so a later step's,
+        a new tensor, is never taken for it; nothing writes into a step's `lens`."""
+        memo = self._mask_memo
+        if memo is not None and memo[0] is lens and memo[1] == kv_len:
+            return memo[2]
+        mask = _key_mask(lens, kv_len)
+        self._mask_memo = (lens, kv_len, mask)
+        return mask
 
     def logprob(self, hidden, w, targets, temperature):
         return self.fused["logprob_rows"](F.linear(hidden, w), targets, temperature)
