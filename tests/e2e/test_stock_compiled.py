@@ -5,6 +5,7 @@ the aot_eager backend (dynamo and AOTAutograd trace the same graphs; inductor's 
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tik_kernels.e2e.model import StockBackend
@@ -135,3 +136,26 @@ def test_the_decode_key_mask_is_built_once_a_step_and_gives_the_same_bits(monkey
     monkeypatch.setattr(StockBackend, "_decode_mask", lambda self, lens, kv_len: real(lens, kv_len))
     every = step(StockBackend())
     assert torch.equal(once.view(torch.int16), every.view(torch.int16)) and cfg.layers > 1
+
+
+@pytest.mark.parametrize("decode", [True, False], ids=["decode", "prefill"])
+def test_the_row_copy_cache_fill_writes_what_the_indexed_assignment_writes(decode):
+    """`StockBackend(fill_rows=True)`: rope, then each token's k and v rows copied into the flattened cache at
+    indices built once a step; the same cache and outputs as `k_cache[slots, :, pos] = k`, in a decode step (slots
+    0..B-1) and a packed prefill (several tokens per slot, slots in any order)."""
+    from tik_kernels.e2e import model as M
+
+    cfg = M.PRESETS["tiny"]
+    W = M.bf16_weights(M.init_params(cfg, 0), grad=False)
+    outs = []
+    for be in (StockBackend(), StockBackend(fill_rows=True)):
+        cache = M.KVCache(cfg, 4, 16, "cpu")
+        if decode:
+            h = M.forward_decode(cfg, be, W, torch.tensor([5, 9, 2]), torch.tensor([3, 7, 0]), cache, kv_len=8)
+        else:
+            lens = [3, 5]
+            ids = torch.tensor([4, 8, 1, 7, 7, 3, 9, 2])
+            h = M.forward_packed(cfg, be, W, ids, torch.tensor([0, 3, 8], dtype=torch.int32), cache, [2, 0], lens)
+        outs.append((h, cache.k.clone(), cache.v.clone()))
+    (h0, k0, v0), (h1, k1, v1) = outs
+    assert k0.abs().sum() > 0 and torch.equal(k0, k1) and torch.equal(v0, v1) and torch.equal(h0, h1)

@@ -262,9 +262,13 @@ class StockBackend:
     decode_reads_kv_len = True
 
     def __init__(self, compiled: bool = False, compile_backend: str = "inductor", fill_in_compiled: bool = False,
-                 fold_gqa: bool = False, compile_dynamic: bool | None = None):
+                 fold_gqa: bool = False, compile_dynamic: bool | None = None, fill_rows: bool = False):
         """`fill_in_compiled`: the KV-cache fill inside the compiled rope (`STOCK_FUSED["rope_cache"]`) instead of the
-        compiled rope then two scatters; `fold_gqa`: decode attention with each KV head's query heads folded into
+        compiled rope then two scatters; `fill_rows`: the two scatters as row copies into the flattened cache
+        (`index_copy_` of each token's [Hk, D] rows at indices built once a step) instead of advanced-index
+        assignment (`k_cache[slots, :, pos] = k`, a generic indexing kernel: 7.4 us a call at a decode batch of 64 on
+        the H100, two a layer, decode_breakdown_h100_qwen3-0.6b_s22_stock_auto.md); the same cache either way;
+        `fold_gqa`: decode attention with each KV head's query heads folded into
         query rows instead of `enable_gqa`. Both off: mode A as last measured on the H200 (2.87 ms a qwen3-0.6b
         decode step, e2e_h200_decode_full.json); with both on (session 19) the step took 7.82 ms on an H100
         (e2e_h100_decode_s20.json), not yet explained, so they stay options until timed beside it
@@ -281,6 +285,8 @@ class StockBackend:
         self.compiled = compiled
         self.fill_in_compiled, self.fold_gqa = fill_in_compiled, fold_gqa
         self._mask_memo: tuple | None = None  # (lens, kv_len, mask) of the step in progress (`_decode_mask`)
+        self.fill_rows = fill_rows
+        self._rows_memo: tuple | None = None  # (slots, pos, cache shape, indices) of the step in progress
         self.fused = {n: (_Fused(n, f, compile_backend, compile_dynamic) if compiled else f)
                       for n, f in STOCK_FUSED.items()}
 
@@ -309,7 +315,26 @@ class StockBackend:
     def rope_cache(self, q, k, v, pos, theta, k_cache, v_cache, slots):
         if self.fill_in_compiled:
             return self.fused["rope_cache"](q, k, v, pos, theta, k_cache, v_cache, slots)
+        if self.fill_rows:
+            q, k = self.rope(q, k, pos, theta)
+            idx = self._cache_rows(slots, pos, k_cache)
+            k_cache.view(-1, k_cache.shape[-1]).index_copy_(0, idx, k.reshape(-1, k.shape[-1]))
+            v_cache.view(-1, v_cache.shape[-1]).index_copy_(0, idx, v.reshape(-1, v.shape[-1]))
+            return q, k
         return _rope_then_scatter(self.rope, q, k, v, pos, theta, k_cache, v_cache, slots)
+
+    def _cache_rows(self, slots, pos, cache):
+        """The rows of a [slots, Hk, len, D] cache, flattened to [slots * Hk * len, D], that token t's [Hk, D] k (or v)
+        goes to: ((slots[t] * Hk + h) * len + pos[t]) for h = 0 … Hk-1. Built once a step, as `_decode_mask`: every
+        layer's call gets the step's one `slots` and `pos` (the cache's shape is the same in every layer)."""
+        memo = self._rows_memo
+        if memo is not None and memo[0] is slots and memo[1] is pos and memo[2] == cache.shape:
+            return memo[3]
+        _, hk, length, _ = cache.shape
+        heads = torch.arange(hk, device=cache.device)
+        idx = ((slots.long()[:, None] * hk + heads) * length + pos.long()[:, None]).reshape(-1)
+        self._rows_memo = (slots, pos, cache.shape, idx)
+        return idx
 
     def qk_norm(self, q, wq, k, wk, eps):
         return self.rmsnorm(q, wq, eps), self.rmsnorm(k, wk, eps)
