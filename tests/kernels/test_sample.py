@@ -171,3 +171,24 @@ def test_chunks_and_tiles_only_launch_the_race(tmp_path, launch):
         assert torch.equal(got, want), (tau, launch)
     greedy = root.sample(hidden, w, 0.0, seeds)
     assert (greedy == 17).any()  # the planted tie decided some rows, towards the lowest index
+
+
+@pytest.mark.parametrize("waves,sms", [(1, 3), (2, 3), (3, 7), (1, 132)])
+def test_chunks_sized_for_whole_waves_draw_the_same_tokens(tmp_path, monkeypatch, waves, sms):
+    """V_WAVES sizes the chunks from the SM count (whole BLOCK_V tiles, programs within `waves` waves) instead of
+    V_CHUNK: a launch choice, the same tokens, ties planted as above."""
+    from tik_kernels import _runtime
+
+    monkeypatch.setattr(_runtime, "DEFAULT_SMS", sms)  # the CPU's stand-in SM count
+    gen = torch.Generator().manual_seed(4)
+    T, H, V = 20, 32, 150
+    hidden = torch.randn(T, H, generator=gen).to(torch.bfloat16)
+    w = torch.randn(V, H, generator=gen).to(torch.bfloat16)
+    w[[17, 49, 120]] = w[[90, 90, 90]] * 3
+    seeds = torch.arange(T, dtype=torch.int64) * 31 + 7
+    mod = _planted(tmp_path, config={**SMALL, "V_WAVES": waves})
+    blocks = -(-T // SMALL["BLOCK_T"])
+    chunk = mod._v_chunk(V, T, torch.device("cpu"))
+    assert chunk % SMALL["BLOCK_V"] == 0 and blocks * -(-V // chunk) <= max(blocks, waves * sms)
+    for tau in (0.0, 0.7):
+        assert torch.equal(mod.sample(hidden, w, tau, seeds), root.sample(hidden, w, tau, seeds)), (tau, chunk)

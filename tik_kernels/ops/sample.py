@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tik_kernels._runtime import INTERPRET
+from tik_kernels._runtime import INTERPRET, sm_count
 
 #: Triton's interpreter computes tl.dot on bf16 wrongly: fp32 operands there
 _INTERPRET = tl.constexpr(INTERPRET)
@@ -35,12 +35,19 @@ TUNABLES = {
     "num_warps": (4, 8),
     "num_stages": (2, 3, 4),
     "CHUNKS": (1, 2, 4),
+    "V_WAVES": (0, 1, 2, 3, 4),
 }
 #: V_CHUNK 1024 (was 512): the token is an argmax with ties to the lowest index, the same under any chunking, so this
 #: moves no bits; at a decode batch of 64 over qwen3's 151936-entry lm_head on an H100, 167 us against 191 (2048: 221,
 #: 4096: 391; benchmarks/bench_lmhead_decode.py, results/lmhead_decode_h100_s21.json)
 #: CHUNKS: V chunks one program walks in turn (each stored in its own slot): fewer, longer programs, the same token
-CONFIG = {"BLOCK_T": 64, "BLOCK_V": 128, "BLOCK_K": 64, "V_CHUNK": 1024, "num_warps": 8, "num_stages": 3, "CHUNKS": 1}
+#: V_WAVES: w > 0 sizes the V chunks for whole waves instead of V_CHUNK: the fewest BLOCK_V tiles a chunk that give at
+#: most w x (number of SMs) programs over the launch's token blocks (qwen3's 151936 entries on 132 SMs, one token
+#: block: chunks of 1152, 132 programs, against V_CHUNK 1024's 149, a second wave of 17). The token is the same: a
+#: chunk is whole BLOCK_V tiles, whose logits are the same code, and the race's order does not matter. Off (0) until
+#: timed (`bench_lmhead_decode.py`'s "sample V_WAVES" rows)
+CONFIG = {"BLOCK_T": 64, "BLOCK_V": 128, "BLOCK_K": 64, "V_CHUNK": 1024, "num_warps": 8, "num_stages": 3, "CHUNKS": 1,
+          "V_WAVES": 0}
 
 
 @triton.jit
@@ -186,6 +193,16 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
+def _v_chunk(V: int, T: int, device: torch.device) -> int:
+    """The vocabulary entries a program scans: V_CHUNK, or with V_WAVES > 0 the fewest whole BLOCK_V tiles that keep
+    the programs (token blocks x chunks, before CHUNKS) within V_WAVES waves of the device's SMs."""
+    waves, block_v = CONFIG.get("V_WAVES", 0), CONFIG["BLOCK_V"]
+    if not waves:
+        return CONFIG["V_CHUNK"]
+    per_block = max(1, waves * sm_count(device) // triton.cdiv(T, CONFIG["BLOCK_T"]))
+    return triton.cdiv(triton.cdiv(V, per_block), block_v) * block_v
+
+
 def sample_fwd(hidden: torch.Tensor, w: torch.Tensor, temperature: float, seeds: torch.Tensor) -> torch.Tensor:
     T, H = hidden.shape
     V = w.shape[0]
@@ -193,7 +210,8 @@ def sample_fwd(hidden: torch.Tensor, w: torch.Tensor, temperature: float, seeds:
     out = torch.empty((T,), dtype=torch.int64, device=hidden.device)
     if T == 0:
         return out
-    n_chunks = triton.cdiv(V, cfg["V_CHUNK"])
+    v_chunk = _v_chunk(V, T, hidden.device)
+    n_chunks = triton.cdiv(V, v_chunk)
     best = torch.empty((n_chunks, T), dtype=torch.float32, device=hidden.device)
     idx = torch.empty((n_chunks, T), dtype=torch.int64, device=hidden.device)
     greedy = temperature == 0
@@ -201,7 +219,7 @@ def sample_fwd(hidden: torch.Tensor, w: torch.Tensor, temperature: float, seeds:
     _sample_fwd_kernel[(triton.cdiv(T, cfg["BLOCK_T"]), triton.cdiv(n_chunks, chunks))](
         hidden, w, seeds, best, idx, T, V, H, hidden.stride(0), w.stride(0), 1.0 if greedy else float(temperature),
         n_chunks, GREEDY=greedy, BLOCK_T=cfg["BLOCK_T"], BLOCK_V=cfg["BLOCK_V"], BLOCK_K=cfg["BLOCK_K"],
-        V_CHUNK=cfg["V_CHUNK"], CHUNKS=chunks, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        V_CHUNK=v_chunk, CHUNKS=chunks, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     _sample_combine_kernel[(triton.cdiv(T, 128),)](best, idx, out, T, n_chunks, BLOCK=128)
     return out
