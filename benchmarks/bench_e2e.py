@@ -62,9 +62,10 @@ def throughput(args, out: Path) -> dict:
         # the whole run once first, thrown away: the first mode run in a process paid the process's one-time costs
         # (cuBLAS/SDPA initialisation, Triton compiles, the allocator's growth) inside its measured steps. One step of
         # each mode was not enough: every step draws a new batch, whose shapes (packed lengths, minibatches, decode
-        # buckets) the first mode then met first in its timed steps (H100, minibatch setting: mode C's train phase
-        # 4.68 s against mode B's 2.44 s for the same work, e2e_h100_minibatch_qwen3-1.7b_s22.json). The same seed
-        # gives the same batches, so the timed run meets only shapes the thrown-away run has compiled.
+        # buckets) the first mode then met first in its timed steps (the likely cause, not shown, of mode C's train
+        # phase taking 4.68 s against mode B's 2.44 s for the same work: H100, minibatch setting,
+        # e2e_h100_minibatch_qwen3-1.7b_s22.json). The same seed gives the same batches, so the timed run meets only
+        # shapes the thrown-away run has compiled.
         t = time.time()
         run_e2e(cfg)
         warm_s = time.time() - t
