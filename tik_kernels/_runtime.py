@@ -157,6 +157,74 @@ def _helpers_without_repatching() -> None:
     it.InterpretedFunction.__call__ = call
 
 
+def _language_patches_replayed() -> None:
+    """Patch the language for a launch or a helper from a record instead of a scan.
+
+    Every launch (`GridExecutor.__call__`) patches the language modules its kernel sees (`_patch_lang`: an
+    `inspect.getmembers` scan of tl, tl.tensor, tl.math and tl.core's descriptor type, each builtin replaced by an
+    interpreter function, ~1 ms) and restores them when it returns, and a helper that sees other modules (the standard
+    library's `tl.sum` sees tl.core) patches those, never restored: linear's CPU probes made 68 launches a pass, each
+    scanning the same modules again. What a scan sets depends only on the modules it scans and on which of their
+    members are builtins at the time, and a patch replaces every builtin of a module at once, so one member per module
+    tells that state. Here the first `_patch_lang` for a set of modules in a given state records what it set (object,
+    attribute, new value, in order), and a later one for the same modules in the same state makes the same settings
+    through Triton's own patch scope, which records the values they replace (a launch restores them as always). The
+    new values are the interpreter functions the record's scan built around the same builtins. Installed only when
+    Triton's scope still has the shape this relies on; the bits are the same
+    (tests/kernels/test_interpreter_patches.py). In-process, the roots' CPU probes: linear 0.80 -> 0.75 s a pass,
+    rmsnorm 0.120 -> 0.090 s (the same output bytes)."""
+    import inspect
+
+    from triton.runtime import interpreter as it
+
+    patch_lang, scope_cls = getattr(it, "_patch_lang", None), getattr(it, "_LangPatchScope", None)
+    if patch_lang is None or scope_cls is None or getattr(patch_lang, "_tik_replay", False):
+        return
+    try:
+        body, scope_body = inspect.getsource(patch_lang), inspect.getsource(scope_cls)
+    except (OSError, TypeError):
+        return
+    tl = it.tl
+    descriptor = getattr(tl.core, "tensor_descriptor_base", None)
+    if ("_patch_builtin(lang, interpreter_builder, scope)" not in body
+            or "def set_attr(self, obj: object, name: str, value: object)" not in scope_body
+            or descriptor is None or not all(hasattr(m, "load") for m in (tl, tl.core, descriptor))
+            or not hasattr(tl.math, "exp")):
+        return
+    langs = (tl, tl.core)
+    records: dict[tuple, list] = {}  # (the modules, their state) -> the settings, in order
+
+    def state() -> tuple:
+        # one member of each module a scan patches: a builtin, or the interpreter function that replaced it
+        return (id(tl.load), id(tl.core.load), id(tl.tensor.__add__), id(tl.math.exp), id(descriptor.load))
+
+    def replayed(fn):
+        key = (frozenset(id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in langs), state())
+        record = records.get(key)
+        if record is None:
+            record, real_set = [], scope_cls.set_attr
+
+            def recording(scope, obj, name, value):
+                record.append((obj, name, value))
+                real_set(scope, obj, name, value)
+
+            scope_cls.set_attr = recording
+            try:
+                scope = patch_lang(fn)
+            finally:
+                scope_cls.set_attr = real_set
+            records[key] = record
+            return scope
+        scope = scope_cls()
+        for obj, name, value in record:
+            scope.set_attr(obj, name, value)
+        return scope
+
+    replayed._tik_replay = True
+    replayed.__wrapped_original__ = patch_lang
+    it._patch_lang = replayed
+
+
 def _no_discarded_overflow_checks() -> None:
     """Stop the interpreter from computing integer-overflow checks it then throws away.
 
@@ -510,6 +578,7 @@ if INTERPRET:
     _order_defined_interpreter_dot()
     _bool_splats()
     _helpers_without_repatching()
+    _language_patches_replayed()
     _no_discarded_overflow_checks()
     _fast_interpreter_types()
     _fast_frontend_types()

@@ -1,6 +1,7 @@
 """TIK's adjustments to Triton's CPU interpreter (`tik_kernels._runtime`), each with the same bits as Triton's own path:
 a helper called from a kernel no longer patches `triton.language` again when the running launch has patched it
-already (one scan per launch and module instead of one per call); integer-overflow checks that `device_assert` would
+already (one scan per launch and module instead of one per call), and a scan is recorded once per modules and state,
+then replayed; integer-overflow checks that `device_assert` would
 discard are not computed; the numpy dtype of a Triton type is looked up, not rebuilt; bf16 <-> fp32 casts without
 subnormal inputs are bit shifts."""
 
@@ -256,3 +257,35 @@ def test_a_mask_of_a_block_and_a_scalar_comparison_works_as_on_the_gpu():
     _chunk_masked[(3,)](x, y, 3, 2, BLOCK=4)
     want = torch.tensor([0, 2, 4, 7, 8, 10, 12, 7, 7, 7, 7, 7], dtype=torch.float32)
     assert torch.equal(y, want)
+
+
+def test_the_language_patch_is_replayed_with_the_same_bits_and_restored(monkeypatch):
+    """A launch's (and a helper's) language patch is recorded the first time those modules are patched in that state
+    and replayed later (no `inspect.getmembers` scan: `_patch_builtin` is not called again); the bits are Triton's
+    path's, and after every launch the language is what it was before (the builtins, not interpreter functions)."""
+    from triton.runtime import interpreter as it
+
+    assert getattr(it._patch_lang, "_tik_replay", False)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(256, generator=g)
+    b = torch.randn(256, generator=g).to(torch.bfloat16)
+    i = torch.randint(-1000, 1000, (256,), generator=g, dtype=torch.int32)
+    before = {name: getattr(tl, name) for name in ("load", "store", "arange", "sum", "where", "dot")}
+    tensor_before = {name: getattr(tl.tensor, name) for name in ("__add__", "__mul__", "to")}
+    for _ in range(2):  # the first launches record (a helper may first take Triton's path at the second)
+        _run_shapes(x, b, i)
+    scans = []
+    real = it._patch_builtin
+    monkeypatch.setattr(it, "_patch_builtin", lambda *a: (scans.append(a[0]), real(*a))[1])
+    fast = [_run_shapes(x, b, i) for _ in range(2)]
+    assert scans == []  # replayed: no scan of the language
+    assert {n: getattr(tl, n) for n in before} == before
+    assert {n: getattr(tl.tensor, n) for n in tensor_before} == tensor_before
+    # Triton's own patch: a scan every time, the same bits
+    monkeypatch.setattr(it, "_patch_lang", it._patch_lang.__wrapped_original__)
+    slow = _run_shapes(x, b, i)
+    assert scans  # Triton's patch scanned
+    assert {n: getattr(tl, n) for n in before} == before
+    for f in fast:
+        for a, s in zip(f, slow, strict=True):
+            assert torch.equal(a.view(torch.uint8), s.view(torch.uint8))
