@@ -122,10 +122,11 @@ def test_cli_e2e_json_and_errors(capsys):
     from tik_tui.cli.main import main
 
     assert main(["e2e", "--modes", "B", "--steps", "1", "--prompts", "1", "--group", "2", "--minibatches", "2",
-                 "--ppo-epochs", "1", "--json"]) == 0
+                 "--ppo-epochs", "1", "--reward", "parity", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     b = doc["modes"]["B"]
     assert b["equal_tokens"] == b["tokens"] > 0
+    assert doc["config"]["reward"] == "parity" and 0.0 < b["rewards"][0] < 1.0
     assert (b["minibatches"], b["ppo_epochs"]) == (2, 1) == (doc["config"]["minibatches"], doc["config"]["ppo_epochs"])
     assert main(["e2e", "--modes", "B", "--minibatches", "0"]) == 2
     assert "--minibatches" in capsys.readouterr().err

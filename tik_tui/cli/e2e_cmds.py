@@ -29,6 +29,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--minibatches", type=positive_int, default=None,
                    help="updates per pass, each on a minibatch of whole sequences (default 1); with more than one "
                         "the ratio moves within a pass")
+    p.add_argument("--reward", choices=["copy", "parity"], default="copy",
+                   help="copy: repeat the prompt's last token (learnable from scratch by a small model); parity: even "
+                        "token ids, a signal from the first step at any vocabulary (a random qwen3-shaped model never "
+                        "earns the copy reward, so its updates would move nothing)")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when present")
     p.add_argument("--eager-decode", action="store_true",
                    help="launch every decode kernel from Python (default on cuda: replay CUDA graphs)")
@@ -60,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
                     answer_len=d["answer_len"], prefill_tokens=d.get("prefill_tokens", E2EConfig.prefill_tokens),
                     ppo_epochs=args.ppo_epochs or E2EConfig.ppo_epochs,
                     minibatches=args.minibatches or E2EConfig.minibatches,
-                    device=device, seed=args.seed, checkpoint=args.checkpoint,
+                    device=device, seed=args.seed, checkpoint=args.checkpoint, reward=args.reward,
                     graphs=False if args.eager_decode or device != "cuda" else None,
                     stock_compiled=False if args.stock_eager or device != "cuda" else None)
     from tik_tui.cli.charts import stacked_bars
