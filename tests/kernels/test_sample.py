@@ -152,18 +152,24 @@ def test_gpu_plan_passes_on_cuda():
     assert results and not _failed(results), _failed(results)
 
 
+def _tied(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """hidden [20, 32], w [150, 32] and seeds, with one weight row repeated across chunks and tiles (rows 17, 49, 120
+    are row 90 x 3): exact ties in the logits, likely the maximum."""
+    gen = torch.Generator().manual_seed(seed)
+    T, H, V = 20, 32, 150
+    hidden = torch.randn(T, H, generator=gen).to(torch.bfloat16)
+    w = torch.randn(V, H, generator=gen).to(torch.bfloat16)
+    w[[17, 49, 120]] = w[[90, 90, 90]] * 3
+    return hidden, w, torch.arange(T, dtype=torch.int64) * 31 + 7
+
+
 @pytest.mark.parametrize("launch", [{"V_CHUNK": 16, "BLOCK_V": 16}, {"V_CHUNK": 32, "BLOCK_V": 32},
                                     {"V_CHUNK": 160, "BLOCK_V": 32}, {"V_CHUNK": 64, "BLOCK_V": 16, "BLOCK_T": 32}])
 def test_chunks_and_tiles_only_launch_the_race(tmp_path, launch):
     """The token is an argmax with ties to the lowest index, which no merge order changes: V_CHUNK and BLOCK_V are the
     sampler's parallelization (benchmarks/bench_lmhead_decode.py times them), not its bits. Ties planted: duplicated
     weight rows make equal logits, and greedy draws must take the lowest of them in every launch."""
-    gen = torch.Generator().manual_seed(3)
-    T, H, V = 20, 32, 150
-    hidden = torch.randn(T, H, generator=gen).to(torch.bfloat16)
-    w = torch.randn(V, H, generator=gen).to(torch.bfloat16)
-    w[[17, 49, 120]] = w[[90, 90, 90]] * 3  # one row repeated across chunks and tiles: exact ties, likely the max
-    seeds = torch.arange(T, dtype=torch.int64) * 31 + 7
+    hidden, w, seeds = _tied(3)
     mod = _planted(tmp_path, config={**SMALL, **launch})
     for tau in (0.0, 0.7, 1.3):
         want = root.sample(hidden, w, tau, seeds)
@@ -180,12 +186,8 @@ def test_chunks_sized_for_whole_waves_draw_the_same_tokens(tmp_path, monkeypatch
     from tik_kernels import _runtime
 
     monkeypatch.setattr(_runtime, "DEFAULT_SMS", sms)  # the CPU's stand-in SM count
-    gen = torch.Generator().manual_seed(4)
-    T, H, V = 20, 32, 150
-    hidden = torch.randn(T, H, generator=gen).to(torch.bfloat16)
-    w = torch.randn(V, H, generator=gen).to(torch.bfloat16)
-    w[[17, 49, 120]] = w[[90, 90, 90]] * 3
-    seeds = torch.arange(T, dtype=torch.int64) * 31 + 7
+    hidden, w, seeds = _tied(4)
+    (T, _), V = hidden.shape, w.shape[0]
     mod = _planted(tmp_path, config={**SMALL, "V_WAVES": waves})
     blocks = -(-T // SMALL["BLOCK_T"])
     chunk = mod._v_chunk(V, T, torch.device("cpu"))

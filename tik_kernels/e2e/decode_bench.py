@@ -68,9 +68,7 @@ def time_decode(cfg: ModelConfig, backend, *, batch: int, context: int, graphs: 
     for _ in range(rounds):
         t = time.perf_counter()
         for _ in range(reps):
-            eng._launch(batch, pos, seeds)
-            eng._tok[:batch].clone(), eng._lp[:batch].clone()
-            eng._bound_lead()
+            eng._queue_step(batch, pos, seeds)
         sync()
         overlap_ms.append((time.perf_counter() - t) / reps * 1e3)
     eng._lead.clear()

@@ -284,9 +284,8 @@ class StockBackend:
         (decode_breakdown_h100_qwen3-0.6b_s21_stock_unified.md)."""
         self.compiled = compiled
         self.fill_in_compiled, self.fold_gqa = fill_in_compiled, fold_gqa
-        self._mask_memo: tuple | None = None  # (lens, kv_len, mask) of the step in progress (`_decode_mask`)
         self.fill_rows = fill_rows
-        self._rows_memo: tuple | None = None  # (slots, pos, cache shape, indices) of the step in progress
+        self._memos: dict[str, tuple] = {}  # what `_once_a_step` built for the step in progress, by name
         self.fused = {n: (_Fused(n, f, compile_backend, compile_dynamic) if compiled else f)
                       for n, f in STOCK_FUSED.items()}
 
@@ -327,14 +326,24 @@ class StockBackend:
         """The rows of a [slots, Hk, len, D] cache, flattened to [slots * Hk * len, D], that token t's [Hk, D] k (or v)
         goes to: ((slots[t] * Hk + h) * len + pos[t]) for h = 0 … Hk-1. Built once a step, as `_decode_mask`: every
         layer's call gets the step's one `slots` and `pos` (the cache's shape is the same in every layer)."""
-        memo = self._rows_memo
-        if memo is not None and memo[0] is slots and memo[1] is pos and memo[2] == cache.shape:
-            return memo[3]
         _, hk, length, _ = cache.shape
-        heads = torch.arange(hk, device=cache.device)
-        idx = ((slots.long()[:, None] * hk + heads) * length + pos.long()[:, None]).reshape(-1)
-        self._rows_memo = (slots, pos, cache.shape, idx)
-        return idx
+
+        def build():
+            heads = torch.arange(hk, device=cache.device)
+            return ((slots.long()[:, None] * hk + heads) * length + pos.long()[:, None]).reshape(-1)
+
+        return self._once_a_step("cache_rows", (slots, pos), tuple(cache.shape), build)
+
+    def _once_a_step(self, name: str, tensors: tuple, extra, build):
+        """`build()`, or what it returned for the same `tensors` (these very objects) and an equal `extra`: the step's
+        tensors are the same objects in every layer's call (`forward_decode`, `forward_packed`), and the memo holds
+        them, so a later step's, new tensors, are never taken for them; nothing writes into them during a step."""
+        memo = self._memos.get(name)
+        if memo is not None and all(a is b for a, b in zip(memo[0], tensors, strict=True)) and memo[1] == extra:
+            return memo[2]
+        value = build()
+        self._memos[name] = (tensors, extra, value)
+        return value
 
     def qk_norm(self, q, wq, k, wk, eps):
         return self.rmsnorm(q, wq, eps), self.rmsnorm(k, wk, eps)
@@ -373,14 +382,8 @@ class StockBackend:
         """The key mask of a decode step, built once a step as an engine builds its attention metadata once: every
         layer's call gets the step's one `lens` tensor (`forward_decode`), so the mask of the first layer's call is
         the others' too (it was four small kernels a layer, ~10 us of a qwen3-0.6b layer's 41 on the H100,
-        decode_breakdown_h100_qwen3-0.6b_s22_stock_auto.md). The memo holds that `lens` itself, so a later step's,
-        a new tensor, is never taken for it; nothing writes into a step's `lens`."""
-        memo = self._mask_memo
-        if memo is not None and memo[0] is lens and memo[1] == kv_len:
-            return memo[2]
-        mask = _key_mask(lens, kv_len)
-        self._mask_memo = (lens, kv_len, mask)
-        return mask
+        decode_breakdown_h100_qwen3-0.6b_s22_stock_auto.md; `_once_a_step`)."""
+        return self._once_a_step("key_mask", (lens,), kv_len, lambda: _key_mask(lens, kv_len))
 
     def logprob(self, hidden, w, targets, temperature):
         return self.fused["logprob_rows"](F.linear(hidden, w), targets, temperature)

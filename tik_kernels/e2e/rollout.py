@@ -270,6 +270,14 @@ class RolloutEngine:
         self.cache.move(src, dst)
         self._tok[dst] = self._tok[src]
 
+    def _queue_step(self, n: int, positions: list[int], seeds: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """A decode step as `generate` runs it: launched (`_launch`), its tokens and log-probs copied aside on the
+        device (the next step overwrites `_tok` / `_lp`), the host then held to LEAD steps ahead (`_bound_lead`)."""
+        self._launch(n, positions, seeds)
+        out = self._tok[:n].clone(), self._lp[:n].clone()
+        self._bound_lead()
+        return out
+
     def _bound_lead(self) -> None:
         """Let the host run at most LEAD steps ahead of the device (the progress it reports stays near the truth,
         and the queue of launches stays short)."""
@@ -355,10 +363,9 @@ class RolloutEngine:
                 continue
             active = list(slots.holders)
             positions = [len(c.request.prompt) + c.made - 1 for c in active]
-            self._launch(len(active), positions, token_seeds([c.request.seed for c in active], positions))
-            produced(active, self._tok[:len(active)].clone(), self._lp[:len(active)].clone())
+            produced(active, *self._queue_step(len(active), positions,
+                                               token_seeds([c.request.seed for c in active], positions)))
             self.stats.decode_steps += 1
-            self._bound_lead()
             retire()
         read_back(pending)
         self._lead.clear()
