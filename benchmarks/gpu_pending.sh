@@ -64,6 +64,9 @@
 #   narrow        #19 #16 linear's narrow-output chunks (NARROW_N / NARROW_KCHUNK, off in the root: a new tree for weights
 #                     of at most NARROW_N rows): the decode step with chunks of 512 and 1024 beside the root's, in one run
 #                     ($R/e2e_decode_narrow/), then call by call ($R/decode_breakdown_<card>_qwen3-0.6b_s22{,_narrow512}.md)
+#   train_profile #19 where the trainer's time goes (benchmarks/train_profile.py): the 4 minibatch updates of a 256-sequence
+#                     qwen3-0.6b rollout, alone and right after a recompute pass, part by part and kernel by kernel,
+#                     unified then stock ($R/train_profile_<card>_qwen3-0.6b{,_stock}.{json,md})
 #   lmhead        #19 the lm_head's launch variants alone (bench_lmhead_decode.py: sample's V_WAVES among them), at a
 #                     decode batch of 64 ($R/lmhead_decode_<card>.json)
 #   stock_paths   #19 mode A's decode step with each stock-path option alone (the cache fill as row copies, the fill
@@ -196,6 +199,11 @@ for p in "$@"; do
             part decode_breakdown_narrow 240 "$py" benchmarks/decode_breakdown.py --out "$R" --backends unified --name _s22
             part decode_breakdown_narrow512 240 "$py" benchmarks/decode_breakdown.py --out "$R" --backends unified \
                 --set linear.NARROW_N=2048 --set linear.NARROW_KCHUNK=512 --name _s22_narrow512 ;;
+        train_profile)
+            part "train_profile_${CARD}_qwen3-0.6b" 240 "$py" benchmarks/train_profile.py --preset qwen3-0.6b --out "$R" \
+                --name "train_profile_${CARD}_qwen3-0.6b"
+            part "train_profile_${CARD}_qwen3-0.6b_stock" 240 "$py" benchmarks/train_profile.py --preset qwen3-0.6b \
+                --backend stock --out "$R" --name "train_profile_${CARD}_qwen3-0.6b_stock" ;;
         lmhead)
             part lmhead_decode 200 "$py" benchmarks/bench_lmhead_decode.py --out "$R" ;;
         stock_paths)
@@ -214,6 +222,6 @@ for p in "$@"; do
             part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_h200
             part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths late attn_bwd speed hf)" >&2 ;;
+            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf)" >&2 ;;
     esac
 done
