@@ -93,18 +93,20 @@ def throughput(args, out: Path) -> dict:
 #: default since session 22: the same as `unified`); `unified-two-qk-launches` with them in two (as until then);
 #: `unified-narrow512`, `unified-narrow1024` with linear's narrow-output rule on (a weight of at most 2048 rows
 #: reduces K in chunks of 512 / 1024: new bits for the o and down projections of qwen3-0.6b and 1.7b;
-#: tik_kernels/ops/linear.py); `stock-fill-rows` mode A with its KV-cache fill as row copies (`StockBackend(fill_rows=
-#: True)`), `stock-fill-compiled` with the fill inside its compiled rope, `stock-fold-gqa` with folded-GQA attention
-#: (session 19's two changes one at a time).
+#: tik_kernels/ops/linear.py); `stock-scatter` mode A with its KV-cache fill as two scatters after its compiled rope
+#: (mode A until session 23), `stock-fill-rows` as row copies (`StockBackend(fill_rows=True)`), `stock-fill-compiled`
+#: inside its compiled rope (mode A's default since session 23: the same as `stock`), `stock-fold-gqa` the scatters
+#: with folded-GQA attention (session 19's two changes one at a time).
 #: Each: (the backend, given whether stock compositions are compiled; the CONFIG overrides of its run)
 S18_CUTS = {"linear": {"NARROW_PCT": 0}, "attention": {"DECODE_FUSED_MAX_CHUNKS": 0, "DECODE_SHORT_KEYS": 0}}
 S18_DECODE = {op: {**kv, **S18_CUTS.get(op, {})} for op, kv in NO_PDL_CONFIG.items()}
 DECODE_VARIANTS = {
     "stock-s19": (lambda compiled: StockBackend(compiled=compiled, fill_in_compiled=True, fold_gqa=True), {}),
     "stock-dynamic": (lambda compiled: StockBackend(compiled=compiled, compile_dynamic=True), {}),
-    "stock-fill-rows": (lambda compiled: StockBackend(compiled=compiled, fill_rows=True), {}),
+    "stock-scatter": (lambda compiled: StockBackend(compiled=compiled, fill_in_compiled=False), {}),
+    "stock-fill-rows": (lambda compiled: StockBackend(compiled=compiled, fill_in_compiled=False, fill_rows=True), {}),
     "stock-fill-compiled": (lambda compiled: StockBackend(compiled=compiled, fill_in_compiled=True), {}),
-    "stock-fold-gqa": (lambda compiled: StockBackend(compiled=compiled, fold_gqa=True), {}),
+    "stock-fold-gqa": (lambda compiled: StockBackend(compiled=compiled, fill_in_compiled=False, fold_gqa=True), {}),
     "unified-s18": (lambda _: UnifiedBackend(fused_launches=False, fused_lmhead=True), S18_DECODE),
     "unified-nopdl": (lambda _: UnifiedBackend(), NO_PDL_CONFIG),
     "unified-pdl-prefetch": (lambda _: UnifiedBackend(), PDL_PREFETCH_CONFIG),

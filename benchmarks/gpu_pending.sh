@@ -69,9 +69,9 @@
 #                     unified then stock ($R/train_profile_<card>_qwen3-0.6b{,_stock}.{json,md})
 #   lmhead        #19 the lm_head's launch variants alone (bench_lmhead_decode.py: sample's V_WAVES among them), at a
 #                     decode batch of 64 ($R/lmhead_decode_<card>.json)
-#   stock_paths   #19 mode A's decode step with each stock-path option alone (the cache fill as row copies, the fill
-#                     inside the compiled rope, folded-GQA attention) beside stock and unified, one run
-#                     ($R/e2e_decode_stock_paths/): the fastest becomes mode A's default
+#   stock_paths   #19 mode A's decode step (its cache fill inside the compiled rope since session 23, the fastest) beside
+#                     each other stock-path option alone (the fill as two scatters, as row copies, folded-GQA attention)
+#                     and unified, one run ($R/e2e_decode_stock_paths/)
 #   late          #18 the probes' late inputs (TIK_LATE_INPUTS=1, tik_kernels/contract/late.py): the planted early
 #                     reader must fail and every evaluator GPU test pass with them on ($R/pytest_gpu_late*.log)
 #   attn_bwd      #16 the attention backward variants (the stored-dS root's knobs and budget, the dq kernel's path
@@ -208,7 +208,7 @@ for p in "$@"; do
             part lmhead_decode 200 "$py" benchmarks/bench_lmhead_decode.py --out "$R" ;;
         stock_paths)
             part e2e_decode_stock_paths 420 "$py" benchmarks/bench_e2e.py --out "$R/e2e_decode_stock_paths" --only decode \
-                --decode-backends stock stock-fill-rows stock-fill-compiled stock-fold-gqa unified ;;
+                --decode-backends stock stock-scatter stock-fill-rows stock-fold-gqa unified ;;
         late)
             part pytest_gpu_late 120 env TIK_LATE_INPUTS=1 "$py" -m pytest -q -m gpu tests/evaluator/test_late_inputs.py
             part pytest_gpu_late_evaluator 300 env TIK_LATE_INPUTS=1 "$py" -m pytest -q -m "gpu and not gpu_timing" \

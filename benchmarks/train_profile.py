@@ -15,13 +15,17 @@ whole sequences as `tik e2e` cuts it, one `grpo_step` each. Then, interleaved ov
 Then one pass of the updates with each part behind synchronized timers (forward + log-probs, loss, backward, gradient
 clip, optimizer step, the rest), and one under torch.profiler: the device-busy time (union of kernel intervals),
 the kernels by total device time, and the model FLOPs a pass needs (projections, attention, lm_head: forward, and
-twice that backward), so the rate it reaches sits beside the GPU's (~700 TFLOP/s bf16 dense).
+twice that backward), so the rate it reaches sits beside the GPU's (~700 TFLOP/s bf16 dense); and one under
+cProfile: the host's functions by own time.
 On a CPU the script runs the same code at `--preset tiny` (a smoke run of the script).
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
+import pstats
 import random
 import statistics
 import sys
@@ -38,7 +42,7 @@ from tik_kernels.e2e.model import PRESETS, init_params, make_backend  # noqa: E4
 from tik_kernels.e2e.rollout import RolloutEngine  # noqa: E402
 from tik_kernels.e2e.run import minibatches  # noqa: E402
 from tik_kernels.e2e.task import make_requests, rewards  # noqa: E402
-from tik_kernels.e2e.trainer import group_advantages, grpo_step, pack, sequence_logprobs  # noqa: E402
+from tik_kernels.e2e.trainer import group_advantages, grpo_step, make_optimizer, pack, sequence_logprobs  # noqa: E402
 
 ALLOC_KEYS = ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_sync_all_streams")
 
@@ -148,6 +152,19 @@ def device_profile(run_pass, cuda: bool, rows: int = 30) -> dict:
     }
 
 
+def host_profile(run_pass, rows: int = 40) -> str:
+    """cProfile of one pass: the host's functions by own time (a host-bound pass shows where its launches go)."""
+    pr = cProfile.Profile()
+    _sync()
+    pr.enable()
+    run_pass()
+    _sync()
+    pr.disable()
+    buf = io.StringIO()
+    pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(rows)
+    return buf.getvalue()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="qwen3-0.6b", choices=list(PRESETS))
@@ -160,6 +177,8 @@ def main() -> int:
     ap.add_argument("--slots", type=int, default=256)
     ap.add_argument("--minibatches", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--foreach-adamw", action="store_true",
+                    help="AdamW's foreach form instead of the trainer's (fused on CUDA), to time what fusing saves")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--name", default="train_profile_h200_qwen3-0.6b")
     args = ap.parse_args()
@@ -189,7 +208,8 @@ def main() -> int:
     )
     parts = minibatches(comps, args.minibatches)
     batches = [(pack(comps[s], device), s, t) for s, t in parts]
-    opt = torch.optim.AdamW(list(params.values()), lr=1e-6, betas=(0.9, 0.99), weight_decay=0.0)
+    opt = (torch.optim.AdamW(list(params.values()), lr=1e-6, betas=(0.9, 0.99), weight_decay=0.0, foreach=True)
+           if args.foreach_adamw else make_optimizer(params, 1e-6))
 
     def train():
         for mb, s, t in batches:
@@ -230,6 +250,7 @@ def main() -> int:
     peak = torch.cuda.max_memory_allocated() if cuda else None
     one = parts_of_one_pass(train, opt)
     prof = device_profile(train, cuda)
+    host = host_profile(train)
     flops = model_flops(mc, batches)
     tokens = sum(mb.ids.numel() for mb, _, _ in batches)
     med = {k: statistics.median(v) for k, v in samples.items()}
@@ -290,6 +311,7 @@ def main() -> int:
         f"| `{k['name'][:90]}` | {k['calls']} | {k['total_us'] / 1e3:.2f} | {k['mean_us']:.1f} |"
         for k in prof["top_kernels"]
     ]
+    lines += ["", "One pass under cProfile (the host's functions by own time):", "", "```", host.strip()[:12000], "```"]
     (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
     return 0

@@ -158,11 +158,13 @@ def _tree_fp32(x: torch.Tensor, w: torch.Tensor, kchunk: int, block_k: int) -> t
 
 
 def test_every_split_gives_the_tree_s_bits():
-    """K = 2 KCHUNK + 40: three chunks, the last partial. One program per tile walking all chunks, every number of
+    """K = 2 chunks + 40 (the chunks of a 24-wide output, `_kchunk`): three chunks, the last partial. One program per tile walking all chunks, every number of
     chunks per program, the fused and the separate combine, other tiles: one fp32 result, the emulated tree's."""
-    N, K = 24, 2 * L.CONFIG["KCHUNK"] + 40
+    N = 24
+    kc = L._kchunk(N)  # the chunks of an output this narrow
+    K = 2 * kc + 40
     x, w = _cancelling(N, K)(5, torch.Generator().manual_seed(5))
-    tree = _tree_fp32(x, w, L.CONFIG["KCHUNK"], L.CONFIG["BLOCK_K"])
+    tree = _tree_fp32(x, w, kc, L.CONFIG["BLOCK_K"])
     runs = {"walk": L._matmul(x, w, torch.float32, tile=(16, 32, 4, 2, 2, 0))}
     for per_prog in (1, 2, 3):
         for fused in (True, False):
@@ -172,7 +174,7 @@ def test_every_split_gives_the_tree_s_bits():
     for name, y in runs.items():
         assert same_bits(y, tree), name
     # the order is visible in these inputs: the chunk sums added right to left are other bits
-    assert not same_bits(tree, _tree_fp32(x.flip(1), w.flip(1), L.CONFIG["KCHUNK"], L.CONFIG["BLOCK_K"]))
+    assert not same_bits(tree, _tree_fp32(x.flip(1), w.flip(1), kc, L.CONFIG["BLOCK_K"]))
     # and the bf16 entry point is the same fp32 total, rounded once
     assert same_bits(L.linear(x, w), L._matmul(x, w, tile=(16, 16, 4, 2, 2, 0), chunks_per_prog=1, fused=False))
     # the fused combine leaves its arrival counters zero for the next launch
@@ -180,7 +182,7 @@ def test_every_split_gives_the_tree_s_bits():
 
 
 def test_a_narrow_output_s_chunks_follow_its_width_never_the_tokens(monkeypatch):
-    """NARROW_N / NARROW_KCHUNK (off in the root): an output of at most NARROW_N columns reduces K in chunks of
+    """NARROW_N / NARROW_KCHUNK: an output of at most NARROW_N columns reduces K in chunks of
     NARROW_KCHUNK, for every T and every split, with the same tree as KCHUNK's (fresh chunk sums added left to right);
     a wider output keeps KCHUNK's chunks; the gradients follow the same rule, deterministic, dx rows invariant."""
     monkeypatch.setitem(L.CONFIG, "NARROW_KCHUNK", 128)
@@ -214,9 +216,10 @@ def test_a_narrow_output_s_chunks_follow_its_width_never_the_tokens(monkeypatch)
 
 
 def test_rows_equal_in_a_bigger_batch():
-    """K = KCHUNK + 40 (two chunks, a partial one): rows of T = 1 … 17 (both sides of the M16 / M64 edge) as in
+    """K = a chunk + 40 (two chunks, a partial one): rows of T = 1 … 17 (both sides of the M16 / M64 edge) as in
     T = 24."""
-    N, K = 16, L.CONFIG["KCHUNK"] + 40
+    N = 16
+    K = L._kchunk(N) + 40
     x, w = _cancelling(N, K)(24, torch.Generator().manual_seed(6))
     full = L.linear(x, w)
     for T in (1, 2, 5, 16, 17):
@@ -361,7 +364,7 @@ def test_every_split_gives_the_same_bits_on_gpu(N, K):
     w = (torch.randn(N, K, generator=gen, device="cuda") / K**0.5).to(torch.bfloat16)
     big = L.linear(x, w)
     big32 = L._matmul(x, w, torch.float32)
-    n_chunks = -(-K // L.CONFIG["KCHUNK"])
+    n_chunks = -(-K // L._kchunk(N))
     for M in (1, 16, 64):
         for tile in [(16, 64, 4, 4, 2, 0), (64, 128, 8, 3, 1, 0)]:
             for per_prog in sorted({1, 2, 3, n_chunks}):
@@ -376,7 +379,8 @@ def test_tma_and_pointers_give_the_same_bits():
     """Operands through TMA descriptors or through pointers: the same values into the same dots, forward and
     both gradients (dx and dw read transposed views, which TMA reads through their storage), K with a tail."""
     gen = torch.Generator().manual_seed(3)
-    T, N, K = 5, 24, L.CONFIG["KCHUNK"] + 40
+    T, N = 5, 24
+    K = L._kchunk(N) + 40
     x = torch.randn(T, K, generator=gen).to(torch.bfloat16)
     w = (torch.randn(N, K, generator=gen) / K**0.5).to(torch.bfloat16)
     dy = torch.randn(T, N, generator=gen).to(torch.bfloat16)
@@ -461,7 +465,7 @@ def test_narrow_outputs_halve_the_tile_width(monkeypatch):
         monkeypatch.setitem(L.CONFIG, "NARROW_PCT", config)
         assert L._tile(M, N, 132) == before, cell.name
     gen = torch.Generator().manual_seed(11)
-    K = L.CONFIG["KCHUNK"] + 40
+    K = L._kchunk(48) + 40
     x = torch.randn(5, K, generator=gen).to(torch.bfloat16)
     w = (torch.randn(48, K, generator=gen) / K**0.5).to(torch.bfloat16)
     monkeypatch.setitem(L.CONFIG, "NARROW_PCT", 100)
@@ -485,7 +489,7 @@ def test_fused_combine_only_up_to_fused_max_m(monkeypatch):
     monkeypatch.setitem(L.CONFIG, "FUSED_COMBINE", 1)
     monkeypatch.setitem(L.CONFIG, "FUSED_MAX_M", 16)
     gen = torch.Generator().manual_seed(9)
-    K = 2 * L.CONFIG["KCHUNK"]
+    K = 2 * L._kchunk(32)
     w = torch.randn(32, K, generator=gen).to(torch.bfloat16)
     tile = (16, 32, 4, 2, 1, 8)
     outs = []

@@ -261,7 +261,7 @@ class StockBackend:
     #: attention_decode reads only the first kv_len cache entries (so a graph is captured per KV-length bucket)
     decode_reads_kv_len = True
 
-    def __init__(self, compiled: bool = False, compile_backend: str = "inductor", fill_in_compiled: bool = False,
+    def __init__(self, compiled: bool = False, compile_backend: str = "inductor", fill_in_compiled: bool = True,
                  fold_gqa: bool = False, compile_dynamic: bool | None = None, fill_rows: bool = False):
         """`fill_in_compiled`: the KV-cache fill inside the compiled rope (`STOCK_FUSED["rope_cache"]`) instead of the
         compiled rope then two scatters; `fill_rows`: the two scatters as row copies into the flattened cache
@@ -269,10 +269,10 @@ class StockBackend:
         assignment (`k_cache[slots, :, pos] = k`, a generic indexing kernel: 7.4 us a call at a decode batch of 64 on
         the H100, two a layer, decode_breakdown_h100_qwen3-0.6b_s22_stock_auto.md); the same cache either way;
         `fold_gqa`: decode attention with each KV head's query heads folded into
-        query rows instead of `enable_gqa`. Both off: mode A as last measured on the H200 (2.87 ms a qwen3-0.6b
-        decode step, e2e_h200_decode_full.json); with both on (session 19) the step took 7.82 ms on an H100
-        (e2e_h100_decode_s20.json), not yet explained, so they stay options until timed beside it
-        (`bench_e2e.py --decode-backends stock stock-s19`).
+        query rows instead of `enable_gqa`. Each timed alone beside the others (H100, qwen3-0.6b decode step of 64
+        with the host ahead, context 128 / 256; e2e_h100_decode_stock_paths_s23.json): the scatters 2.620 / 2.889 ms,
+        the fill inside the compiled rope 2.444 / 2.701 (the default since session 23: mode A is the fastest stock
+        path measured), row copies 2.656 / 2.909, folded GQA 2.905 / 3.286 (SDPA's enable_gqa stays).
 
         `compile_dynamic` is torch.compile's `dynamic`. None (torch's automatic dynamic shapes): a composition's first
         shape is compiled as it is and a dimension seen to change is made symbolic at the next compilation, so the

@@ -20,7 +20,7 @@ import torch
 from tik_kernels.e2e.model import PRESETS, ModelConfig, config_dict, init_params, make_backend
 from tik_kernels.e2e.rollout import RolloutEngine
 from tik_kernels.e2e.task import make_requests, rewards
-from tik_kernels.e2e.trainer import group_advantages, grpo_step, pack, sequence_logprobs
+from tik_kernels.e2e.trainer import group_advantages, grpo_step, make_optimizer, pack, sequence_logprobs
 
 MODES = {"A": ("stock", True), "C": ("unified", True), "B": ("unified", False)}
 
@@ -109,7 +109,7 @@ def run_mode(mode: str, cfg: E2EConfig, mc: ModelConfig, params0: dict, device: 
     compiled = device.startswith("cuda") if cfg.stock_compiled is None else cfg.stock_compiled
     be = make_backend(backend_name, impl_files, stock_compiled=compiled)
     params = {k: v.detach().clone().requires_grad_(True) for k, v in params0.items()}
-    opt = torch.optim.AdamW(list(params.values()), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
+    opt = make_optimizer(params, cfg.lr)
     max_len = cfg.prompt_len[1] + cfg.answer_len[1] + 1
     n_steps = cfg.warmup + cfg.steps
     where = {"step": 0, "phase": "", "t0": 0.0}  # where the mode has got to, for `report`

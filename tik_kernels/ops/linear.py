@@ -14,16 +14,18 @@ dw end on a partial chunk; it gives 2 chunks at K = 4096 (with narrow tiles, eno
 decode, see below) and costs a large-M program one wait for its MMAs in flight per 32 BLOCK_K steps.
 Timed against 1024 on the H200 with each one's best launches, 2048 was faster at 31 of 35 cells.
 
-One rule may give a narrow output other chunks, off in this root (NARROW_N 0; frozen as KCHUNK): a
-product with at most NARROW_N output columns (a weight of at most that many rows: a small model's o
-and down projections) cuts K into chunks of NARROW_KCHUNK instead (`_kchunk`). N is the weight's side
-of the product, the same for every batch, so the tree still never follows the tokens: a decode step
-and the trainer's forward reduce such a weight the same way. It is for decode: a 1024-wide output
-over K = 2048 is one chunk of 32 sequential BLOCK_K steps in each of a few dozen programs, a chain of
-latency no split can shorten (H100: qwen3-0.6b's o projection 8.0 us at M = 64 against a 1.1 us
-floor, its down projection 9.7 us); chunks of 512 give the same output four times the programs, each
-a quarter of the chain. Turning it on re-bases the root's bits for such weights; `gpu_pending.sh
-narrow` times it first.
+One rule gives a narrow output other chunks (frozen as KCHUNK): a product with at most NARROW_N = 2048
+output columns (a weight of at most that many rows: a small model's o and down projections) cuts K
+into chunks of NARROW_KCHUNK = 1024 instead (`_kchunk`). N is the weight's side of the product, the
+same for every batch, so the tree still never follows the tokens: a decode step and the trainer's
+forward reduce such a weight the same way. It is for decode: a 1024-wide output over K = 2048 is one
+chunk of 32 sequential BLOCK_K steps in each of a few dozen programs, a chain of latency no split can
+shorten (H100: qwen3-0.6b's o projection 8.0 us at M = 64 against a 1.1 us floor, its down
+projection 9.7 us); chunks of 1024 give the same output twice the programs (three times for the down
+projection's K = 3072), each a shorter chain. Timed on an H100 (`gpu_pending.sh narrow`, one run,
+e2e_h100_decode_narrow_s23.json): the qwen3-0.6b decode step of 64 with the host ahead 1.997 -> 1.885 ms
+at context 128 and 2.303 -> 2.190 ms at 256; chunks of 512 gave 1.912 / 2.227. No Qwen3-8B projection
+(N >= 4096) is touched; qwen3-0.6b's and 1.7b's o and down projections got new bits with it (session 23).
 
 The parallelization (tunable per M bucket, none of it changes bits):
 - the output tile (BLOCK_M, BLOCK_N), num_warps, num_stages, K_UNROLL (BLOCK_K slices loaded
@@ -218,9 +220,9 @@ CONFIG = {
     "MBIG_SPLIT": 0,
     "PDL": 1,
     "PREFETCH": 0,
-    # the tree's narrow-output rule (frozen, as KCHUNK): off
-    "NARROW_N": 0,
-    "NARROW_KCHUNK": 512,
+    # the tree's narrow-output rule (frozen, as KCHUNK; the module docstring)
+    "NARROW_N": 2048,
+    "NARROW_KCHUNK": 1024,
 }
 
 #: what the tuner checks a move against before spending an evaluation on it (the tuner's `fits`): each launch
