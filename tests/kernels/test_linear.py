@@ -158,8 +158,9 @@ def _tree_fp32(x: torch.Tensor, w: torch.Tensor, kchunk: int, block_k: int) -> t
 
 
 def test_every_split_gives_the_tree_s_bits():
-    """K = 2 chunks + 40 (the chunks of a 24-wide output, `_kchunk`): three chunks, the last partial. One program per tile walking all chunks, every number of
-    chunks per program, the fused and the separate combine, other tiles: one fp32 result, the emulated tree's."""
+    """K = 2 chunks + 40 (the chunks of a 24-wide output, `_kchunk`): three chunks, the last partial. One program
+    per tile walking all chunks, every number of chunks per program, the fused and the separate combine, other
+    tiles: one fp32 result, the emulated tree's."""
     N = 24
     kc = L._kchunk(N)  # the chunks of an output this narrow
     K = 2 * kc + 40
