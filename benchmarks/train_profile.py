@@ -165,7 +165,7 @@ def host_profile(run_pass, rows: int = 40) -> str:
     return buf.getvalue()
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="qwen3-0.6b", choices=list(PRESETS))
     ap.add_argument("--layers", type=int, default=None)
@@ -181,7 +181,7 @@ def main() -> int:
                     help="AdamW's foreach form instead of the trainer's (fused on CUDA), to time what fusing saves")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--name", default="train_profile_h200_qwen3-0.6b")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
     mc = PRESETS[args.preset]
@@ -271,6 +271,7 @@ def main() -> int:
         "peak_allocated_gb": None if peak is None else peak / 2**30,
         "one_pass": one,
         "profile": prof,
+        "host_cprofile": host,
         "model_flops": flops,
         "train_tflops_per_s": flops["train"] / med["train"] / 1e12,
         "train_tflops_per_s_busy": flops["train"] / max(prof["device_busy_s_union"], 1e-9) / 1e12,
