@@ -38,7 +38,7 @@ _variant = functools.partial(variant, ROOT_SRC)
 
 @pytest.fixture(scope="module")
 def cpu_plan():
-    """The CPU plan without its K = 4136 part (the planted bugs below show up at K = 64 already)."""
+    """The CPU plan without its K = 2088 part (the planted bugs below show up at K = 64 already)."""
     plan = CONTRACT.plan("cpu", 0)
     plan.probes = [p for p in plan.probes if not p.id.startswith("chunks[")]
     plan.checks = [c for c in plan.checks if not c.name.startswith("chunks[")]
@@ -47,7 +47,7 @@ def cpu_plan():
 
 @pytest.fixture(scope="module")
 def chunk_plan():
-    """The CPU plan's K = 4136 part alone: three K chunks, T = 1 … 20 over the M16 and M64 buckets."""
+    """The CPU plan's K = 2088 part alone: three K chunks of NARROW_KCHUNK, T = 1 … 20 over the M16 and M64 buckets."""
     plan = CONTRACT.plan("cpu", 0)
     plan.probes = [p for p in plan.probes if p.id.startswith("chunks[")]
     plan.checks = [c for c in plan.checks if c.name.startswith("chunks[")]
@@ -70,7 +70,7 @@ def test_root_passes_cpu_contract():
     assert "cancel[N=64,K=64]/batch_invariance[T=1]" in names
     assert "w[N=48,K=64]/batch_invariance[T=9]" in names
     assert "w[N=40,K=40]/batch_invariance[dx rows]" in names
-    assert "chunks[N=16,K=4136]/batch_invariance[T=17]" in names
+    assert "chunks[N=16,K=2088]/batch_invariance[T=17]" in names
 
 
 def test_split_k_by_t_is_caught(tmp_path, cpu_plan):

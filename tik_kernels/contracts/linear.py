@@ -12,9 +12,12 @@ pairs of weight columns that cancel exactly (x[:, j] = x[:, i], w[:, j] = -w[:, 
 2^12), so the fp32 partial sums are ~2^24 while the result is O(1): any change in the
 summation order (a T-dependent BLOCK_K, a split-K for large T) then moves the bf16 outputs,
 which the invariance checks see even at K = 64 in the interpreter. A second CPU plan runs
-them at K = 4136: three K chunks of 2048 (the root's KCHUNK), the last one partial (three, so that a
-merge in another order moves bits: fp32 addition of two is commutative), and T from 1 to 20 across two
-CONFIG buckets, so a chunk size or a merge order that follows T moves bits there.
+them at N = 16, K = 2088: three K chunks of 1024 (the root's NARROW_KCHUNK, the chunk of an output of
+at most NARROW_N = 2048 columns), the last one partial (three, so that a merge in another order moves
+bits: fp32 addition of two is commutative), and T from 1 to 20 across two CONFIG buckets, so a chunk
+size or a merge order that follows T moves bits there. (Until the narrow chunks were the root's, the
+same three chunks were KCHUNK's 2048 at K = 4136; at that K the N = 16 output now has five chunks of
+1024, which checks nothing more and costs the interpreter twice the time.)
 
 Tolerances (against float64 on the same bf16 inputs): output rounded to bf16 once after fp32
 accumulation: rel_rms 1.6e-3 on the GPU (round to nearest), 3.3e-3 in the interpreter (its cast
@@ -56,7 +59,7 @@ GRAD_TOL = Tolerance(rel_rms=6e-3)
 CPU_SIZES = (1, 2, 3, 7, 8, 9, 16)
 #: the CPU plan of a K cut into several chunks: T on both sides of the M16 / M64 bucket edge
 CPU_CHUNK_SIZES = (1, 3, 16, 17, 20)
-CPU_CHUNK_SHAPE = (16, 2 * 2048 + 40)
+CPU_CHUNK_SHAPE = (16, 2 * 1024 + 40)
 GPU_SIZES = (1, 7, 16, 17, 64, 256, 1024, 4096)
 #: rows a rollout's linear sees (decode batches, the last prefill steps) beside the training token counts
 ROLLOUT_ROWS = (1, 4, 16, 64, 256)
