@@ -128,6 +128,8 @@ def test_cli_e2e_json_and_errors(capsys):
     assert b["equal_tokens"] == b["tokens"] > 0
     assert doc["config"]["reward"] == "parity" and 0.0 < b["rewards"][0] < 1.0
     assert (b["minibatches"], b["ppo_epochs"]) == (2, 1) == (doc["config"]["minibatches"], doc["config"]["ppo_epochs"])
+    # the train phase's host part before its first update is a part of it, the updates the rest
+    assert 0.0 < b["train_prep_s"] < b["time_s"]["train"]
     assert main(["e2e", "--modes", "B", "--minibatches", "0"]) == 2
     assert "--minibatches" in capsys.readouterr().err
     assert main(["e2e", "--modes", "X"]) == 2

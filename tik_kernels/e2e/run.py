@@ -130,6 +130,7 @@ def run_mode(mode: str, cfg: E2EConfig, mc: ModelConfig, params0: dict, device: 
     clip_fracs: list[float] = []
     ratio_devs: list[float] = []
     times = {"rollout": [], "recompute": [], "train": []}
+    train_prep: list[float] = []  # the part of each timed train phase before its first update
     capture_timed = 0.0
     equal = total = 0
     max_diff = 0.0
@@ -173,6 +174,7 @@ def run_mode(mode: str, cfg: E2EConfig, mc: ModelConfig, params0: dict, device: 
         batches = [(packed if len(parts) == 1 else pack(comps[s], device), s, t) for s, t in parts]
         checked, check_s = (trainer_logprobs(mc, be, params, batches, cfg.temperature, device)
                             if len(batches) > 1 else (None, 0.0))
+        prep = time.perf_counter() - capture - check_s - t2  # rewards, advantages, packing: the host's, before updates
         first, figures, trained_tokens = None, [], 0
         for epoch in range(cfg.ppo_epochs):
             for k, (mb, seqs, toks) in enumerate(batches):
@@ -202,6 +204,7 @@ def run_mode(mode: str, cfg: E2EConfig, mc: ModelConfig, params0: dict, device: 
             times["rollout"].append(t1 - t0)
             times["recompute"].append(t2 - t1)
             times["train"].append(t3 - t2)
+            train_prep.append(prep)
             capture_timed += capture
         if on_step:
             on_step(mode, step, float(r.mean()), res)
@@ -213,6 +216,8 @@ def run_mode(mode: str, cfg: E2EConfig, mc: ModelConfig, params0: dict, device: 
         "steps": cfg.steps,
         "steps_per_s": cfg.steps / total_t if total_t > 0 else None,
         "time_s": {k: sum(v) for k, v in times.items()},
+        #: of time_s["train"]: rewards, advantages and the minibatches' packing, before the first update is launched
+        "train_prep_s": sum(train_prep),
         "tokens": total,
         "equal_tokens": equal,
         "equal_frac": equal / total if total else None,
