@@ -224,6 +224,16 @@ def test_child_environment_is_scrubbed(monkeypatch, tmp_path):
     assert env["HARMLESS"] == "1" and env["TRITON_INTERPRET"] == "1" and env["TMPDIR"] == str(tmp_path)
 
 
+def test_a_cpu_child_runs_one_openmp_thread_unless_the_user_chose(monkeypatch, tmp_path):
+    """The interpreter's children on one OpenMP / BLAS thread: idle pool threads spin on the cores other evaluation
+    processes need. A user's OMP_NUM_THREADS stands; GPU children keep the parent's setting."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert child_env("cpu", tmp_path)["OMP_NUM_THREADS"] == "1"
+    assert "OMP_NUM_THREADS" not in child_env("cuda", tmp_path)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert child_env("cpu", tmp_path)["OMP_NUM_THREADS"] == "3"
+
+
 def test_unknown_operator_is_the_callers_error():
     from tik_kernels.contracts import UnknownOperator
 

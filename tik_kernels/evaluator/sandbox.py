@@ -314,6 +314,11 @@ def child_env(device: str, tmp: Path | str, cache_dir: Path | str | None = None,
     if device == "cpu":
         env["TRITON_INTERPRET"] = "1"
         env["CUDA_VISIBLE_DEVICES"] = ""
+        # one OpenMP / BLAS thread (unless the user chose): the interpreter's numpy work comes in blocks too small to
+        # share, while each idle pool thread spins on a core that the evaluator, the next candidate or another slot
+        # needs (2-core machine, linear, 24 evaluations with 2 slots: 4,456 -> 5,385 an hour with every process on
+        # one thread; benchmarks/results/scaleout_cpu_s23_omp1_linear.md)
+        env.setdefault("OMP_NUM_THREADS", "1")
     return env
 
 
