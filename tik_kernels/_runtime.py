@@ -335,6 +335,12 @@ def _fast_frontend_types() -> None:
       None, str, a tensor, a dtype) at once, and a `constexpr`'s value at once; anything else goes to Triton's.
     - `broadcast_impl_value` of two block tensors of the same shape returns them, as Triton's does after finding
       that neither shape changes (its comparison of the shapes as Triton tuples was most of its cost).
+    - `binary_op_type_checking_impl` (every `+`, `*`, `<`, ... of a kernel) of the pairings met most, each reduced
+      to the casts and the broadcast Triton's rules give it: one dtype on both sides (at any shapes), signed
+      integers of two widths (the wider), a pointer plus an integer tensor, a Python number beside an int or fp32
+      tensor (a constant of the tensor's dtype). Anything else, and any input that Triton refuses, takes Triton's
+      path (`test_fast_binary_type_checks_match_tritons` compares both over every pairing of eight dtypes, five
+      shapes and twelve numbers).
 
     Each fast path returns what Triton's path returns for that input (the same values, the same types by `==`); the
     kernels' results are the same bits (`tests/kernels/test_interpreter_patches.py` runs a kernel with and without
@@ -472,17 +478,54 @@ def _fast_frontend_types() -> None:
 
     def fast_binary_types(self, lhs, rhs, allow_lhs_ptr=False, allow_rhs_ptr=False, arithmetic_check=True,
                           div_or_mod=False):
-        # two tensors of one plain arithmetic dtype and one shape: Triton's computation type is that dtype (every rule
-        # of `computation_type_impl` gives it back, but a div or mod of floats, which goes to Triton's), both casts
-        # return their input, the broadcast returns both; so Triton returns the pair unchanged
-        if type(lhs) is tensor and type(rhs) is tensor and arithmetic_check and not div_or_mod:
-            lhs_ty, rhs_ty = lhs.type, rhs.type
+        # Triton's function: the computation type (`computation_type_impl`), both operands cast to it
+        # (`_cast_to_computation_type`), then broadcast. Here the cases an interpreted kernel meets most, each giving
+        # what that gives: no check of Triton's can fail in them, every cast returns its input or is a constant of the
+        # computation type, and the broadcast is the same (fast) `broadcast_impl_value`. Anything else: Triton's.
+        kl, kr = type(lhs), type(rhs)
+        if arithmetic_check and kl is tensor and kr is tensor:
             a, b = lhs.dtype, rhs.dtype
-            if (type(a) is dtype and type(b) is dtype and a.name == b.name and (a.is_floating() or a.is_int())
-                    and ((type(lhs_ty) is block_type and type(rhs_ty) is block_type and type(lhs_ty.shape) is ttuple
-                          and type(rhs_ty.shape) is ttuple and lhs_ty.shape.values == rhs_ty.shape.values)
-                         or (not lhs_ty.is_block() and not rhs_ty.is_block()))):
-                return lhs, rhs
+            if type(a) is dtype and type(b) is dtype and a.name == b.name:
+                # one plain dtype: every rule of `computation_type_impl` gives it back (integers of one signedness
+                # promote to their own type; floats but a div or mod of those narrower than fp32, which goes to
+                # Triton's), both casts return their input
+                if a.is_int() or a.is_fp32() or a.is_fp64() or (a.is_floating() and not div_or_mod):
+                    lhs_ty, rhs_ty = lhs.type, rhs.type
+                    if ((type(lhs_ty) is block_type and type(rhs_ty) is block_type and type(lhs_ty.shape) is ttuple
+                         and type(rhs_ty.shape) is ttuple and lhs_ty.shape.values == rhs_ty.shape.values)
+                            or (not lhs_ty.is_block() and not rhs_ty.is_block())):
+                        return lhs, rhs  # and the broadcast returns both
+                    return self.broadcast_impl_value(lhs, rhs)
+            elif (type(a) is dtype and type(b) is dtype and a.is_int_signed() and b.is_int_signed()
+                  and a.int_bitwidth != b.int_bitwidth):
+                # signed integers of two widths (an int64 offset with an int32 index): the wider one, both cast to it
+                ret = a if a.int_bitwidth > b.int_bitwidth else b
+                return self.broadcast_impl_value(self.cast(lhs, ret), self.cast(rhs, ret))
+        if kl is tensor and kr is tensor:
+            # a pointer plus an integer tensor where the pointer side is allowed: Triton's checks pass, no arithmetic
+            # type is computed (the pointer leaves it out), and the pair is broadcast as it is
+            a, b = lhs.dtype, rhs.dtype
+            if ((allow_lhs_ptr and type(a) is core.pointer_type and type(b) is dtype and b.is_int())
+                    or (allow_rhs_ptr and type(b) is core.pointer_type and type(a) is dtype and a.is_int())):
+                return self.broadcast_impl_value(lhs, rhs)
+        elif arithmetic_check and (kl is tensor) != (kr is tensor):
+            t, value = (lhs, rhs) if kl is tensor else (rhs, lhs)
+            kind = type(value)
+            ty = t.dtype
+            if type(ty) is dtype and (kind is int or kind is float):
+                # a Python number beside a tensor: never above the tensor's kind here (an int beside an int or a
+                # float tensor, a float beside a float one), so it does not take part in the promotion and the
+                # computation type is the tensor's dtype; the number becomes a constant of it (Triton's range check
+                # for an int dtype: a number outside goes to Triton's, which raises)
+                if ty.is_int_signed() and kind is int:
+                    fits = ty.get_int_min_value() <= value <= ty.get_int_max_value()
+                elif ty.is_fp32():
+                    fits = True  # fp32 for a div or mod too
+                else:
+                    fits = False
+                if fits:
+                    c = self.scalar_constant(value, dtype=ty)
+                    return self.broadcast_impl_value(t, c) if kl is tensor else self.broadcast_impl_value(c, t)
         return binary_types(self, lhs, rhs, allow_lhs_ptr, allow_rhs_ptr, arithmetic_check, div_or_mod)
 
     def fast_cast(self, input, dst_ty, fp_downcast_rounding=None):

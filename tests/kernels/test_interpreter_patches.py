@@ -289,3 +289,58 @@ def test_the_language_patch_is_replayed_with_the_same_bits_and_restored(monkeypa
     for f in fast:
         for a, s in zip(f, slow, strict=True):
             assert torch.equal(a.view(torch.uint8), s.view(torch.uint8))
+
+
+def _operand(value, dt, shape):
+    """An interpreter tensor of dtype dt: a block of `shape`, or a scalar where shape is ()."""
+    import numpy as np
+    from triton.language import core
+    from triton.runtime import interpreter as it
+
+    np_dt = it._get_np_dtype(dt) if hasattr(it, "_get_np_dtype") else None
+    data = np.full(shape or (1,), value).astype(np_dt or np.float32)
+    return core.tensor(it.TensorHandle(data if shape else data.reshape(()), dt),
+                       core.block_type(dt, list(shape)) if shape else dt)
+
+
+def _outcome(fn, *args):
+    """What a binary type check returns (each operand's type, dtype and data) or raises (the exception's type)."""
+    import numpy as np
+
+    try:
+        out = fn(*args)
+    except Exception as e:  # noqa: BLE001 - the exception's type is the outcome
+        return ("raises", type(e).__name__)
+    return tuple((str(x.type), x.dtype.name, np.asarray(x.handle.data).dtype.str, np.asarray(x.handle.data).shape,
+                  np.asarray(x.handle.data).tobytes()) for x in out)
+
+
+def test_fast_binary_type_checks_match_tritons():
+    """Every pairing the fast paths take (one dtype at any shapes; a Python number beside a tensor) and their
+    neighbours Triton keeps (mixed dtypes, unsigned, bool, out-of-range numbers, a div or mod of narrow floats):
+    the same operands out, or the same exception."""
+    from triton.language import semantic
+    from triton.runtime import interpreter as it
+
+    fast = semantic.TritonSemantic.binary_op_type_checking_impl
+    assert getattr(fast, "_tik_fast", False)
+    slow = fast.__wrapped_original__
+    sem = it.interpreter_semantic
+    dtypes = [tl.int32, tl.int64, tl.int8, tl.uint32, tl.int1, tl.float32, tl.bfloat16, tl.float16, tl.float64,
+              tl.pointer_type(tl.float32), tl.pointer_type(tl.bfloat16)]
+    shapes = [(), (4,), (4, 1), (1, 4), (4, 4)]
+    numbers = [0, 3, -5, 2**31 - 1, 2**31, -(2**31) - 1, 2**40, 2.5, -0.0, 1e300, float("nan"), True]
+    seen = 0
+    for da in dtypes:
+        for sa in shapes:
+            a = _operand(1, da, sa)
+            others = [_operand(2, db, sb) for db in dtypes for sb in shapes] + numbers
+            for b in others:
+                for arith in (True, False):
+                    for div in (False, True):
+                        for allow in ((False, False), (True, False), (False, True)):
+                            for lhs, rhs in ((a, b), (b, a)):
+                                args = (sem, lhs, rhs, *allow, arith, div)
+                                assert _outcome(fast, *args) == _outcome(slow, *args), (lhs, rhs, allow, arith, div)
+                                seen += 1
+    assert seen > 50_000
