@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import functools
 import re
 
 
@@ -52,7 +53,15 @@ def _segments(source: str):
 
 def _definitions(source: str) -> dict[str, str] | None:
     """Qualified name -> source text of every module-level def/class and every method; `<module>`
-    holds the remaining module-level statements (constants like CONFIG). None when unparsable."""
+    holds the remaining module-level statements (constants like CONFIG). None when unparsable.
+    A fresh dict each call, from one parse per source text (a search compares every child with its parent,
+    the same parent many times)."""
+    defs = _parsed_definitions(source)
+    return None if defs is None else dict(defs)
+
+
+@functools.lru_cache(maxsize=16)
+def _parsed_definitions(source: str) -> dict[str, str] | None:
     try:
         tree = ast.parse(source)
     except SyntaxError:
