@@ -56,8 +56,8 @@ def sequence_logprobs(cfg: ModelConfig, be, params, packed: Packed, temperature:
 
 def make_optimizer(params: dict[str, torch.Tensor], lr: float) -> torch.optim.Optimizer:
     """The trainer's AdamW, the same in every mode. On CUDA its fused form: one pass over parameters, gradients and
-    both moments instead of a dozen foreach launches over each (H100, qwen3-0.6b: 22 ms an update with foreach, the
-    largest single part of an update after backward; benchmarks/results/train_profile_h100_qwen3-0.6b_s23.md)."""
+    both moments instead of a dozen foreach launches over each (H100, qwen3-0.6b, 4 minibatch updates: 89 ms of
+    optimizer steps with foreach, 38 ms fused; benchmarks/results/train_profile_h100_qwen3-0.6b_s23{,_fused}.md)."""
     ps = list(params.values())
     fused = bool(ps) and all(p.is_cuda for p in ps)
     return torch.optim.AdamW(ps, lr=lr, betas=(0.9, 0.99), weight_decay=0.0, fused=fused or None)
