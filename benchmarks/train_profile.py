@@ -72,7 +72,7 @@ def model_flops(mc, batches) -> dict:
         attn = sum(L * (L + 1) / 2 for L in mb.lens) * 2 * 2 * mc.heads * D  # QK^T and PV, causal
         fwd += mc.layers * (2 * T * proj + attn) + 2 * A * mc.vocab * H_
         lm += 2 * A * mc.vocab * H_  # the entropy's pass, no backward
-    return {"forward": fwd, "train": 3 * fwd + lm, "recompute": None}
+    return {"forward": fwd, "train": 3 * fwd + lm}
 
 
 class Timers:
