@@ -216,7 +216,8 @@ def run_mode(mode: str, cfg: E2EConfig, mc: ModelConfig, params0: dict, device: 
         "steps": cfg.steps,
         "steps_per_s": cfg.steps / total_t if total_t > 0 else None,
         "time_s": {k: sum(v) for k, v in times.items()},
-        #: of time_s["train"]: rewards, advantages and the minibatches' packing, before the first update is launched
+        #: of time_s["train"]: rewards, advantages, the minibatches' packing (and the KL reference forward with
+        #: kl_coef), until the first update is launched
         "train_prep_s": sum(train_prep),
         "tokens": total,
         "equal_tokens": equal,
