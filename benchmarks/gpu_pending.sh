@@ -37,9 +37,10 @@
 #   e2e_learning  #19 GRPO from scratch, modes A and B, 3 seeds: $R/e2e_learning_seeds.{csv,png}
 #   e2e_full      #19 throughput at full depth, one preset per run (qwen3-0.6b, then qwen3-1.7b, ~100 s each), the
 #                     library roots (no incumbents), results in $R/e2e_full_<preset>/
-#   e2e_minibatch #19 throughput at full depth, qwen3-1.7b, a batch of 256 sequences (32 prompts x 8) trained in one
-#                     pass of 4 minibatch updates (the clip binds from the second), modes C and B (B/C), 2 steps after a
-#                     thrown-away run of the same steps, results in $R/e2e_minibatch/
+#   e2e_minibatch #19 throughput at full depth, qwen3-0.6b then qwen3-1.7b (~60 s each on an H100), a batch of 256
+#                     sequences (32 prompts x 8) trained in one pass of 4 minibatch updates (the clip binds from the
+#                     second), modes C and B (B/C), 2 steps after a thrown-away run of the same steps, results in
+#                     $R/e2e_minibatch_<preset>/
 #   rollout_profile
 #                 #19 one rollout of the e2e throughput batch (qwen3-1.7b, 64 requests), prefill / decode / host, unified
 #                     and stock ($R/rollout_profile_h200_qwen3-1.7b.{json,log})
@@ -154,9 +155,11 @@ for p in "$@"; do
                     --only throughput --shapes "$preset" --steps 3
             done ;;
         e2e_minibatch)
-            part e2e_minibatch 560 "$py" benchmarks/bench_e2e.py --out "$R/e2e_minibatch" --only throughput \
-                --shapes qwen3-1.7b --steps 2 --prompts 32 --group 8 --max-slots 256 --ppo-epochs 1 --minibatches 4 \
-                --modes C B ;;
+            for preset in qwen3-0.6b qwen3-1.7b; do
+                part "e2e_minibatch_$preset" 280 "$py" benchmarks/bench_e2e.py --out "$R/e2e_minibatch_$preset" \
+                    --only throughput --shapes "$preset" --steps 2 --prompts 32 --group 8 --max-slots 256 \
+                    --ppo-epochs 1 --minibatches 4 --modes C B
+            done ;;
         rollout_profile)
             part rollout_profile_h200_qwen3-1.7b 300 "$py" benchmarks/rollout_profile.py --preset qwen3-1.7b \
                 --backends unified stock --out "$R" --name rollout_profile_h200_qwen3-1.7b ;;
