@@ -119,6 +119,34 @@ def tree_bits_equal(a, b) -> bool:
     return bits_equal(a, b)
 
 
+# ----------------------------------------------------------------------------- profiler records
+
+
+def device_kernels(prof) -> list:
+    """The kernel records of a torch.profiler run (device events)."""
+    return [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def kernel_us(e) -> float:
+    """A kernel record's device time in µs (`device_time`, `cuda_time` in older torch)."""
+    return e.device_time if hasattr(e, "device_time") else e.cuda_time
+
+
+def busy_us(kernels) -> float:
+    """The union of the kernels' time ranges in µs: the device-busy time, concurrent kernels counted once."""
+    union, cur = 0.0, None
+    for s, e in sorted((k.time_range.start, k.time_range.end) for k in kernels):
+        if cur is None or s > cur[1]:
+            if cur:
+                union += cur[1] - cur[0]
+            cur = [s, e]
+        else:
+            cur[1] = max(cur[1], e)
+    if cur:
+        union += cur[1] - cur[0]
+    return union
+
+
 # ----------------------------------------------------------------------------- rotation bookkeeping
 
 

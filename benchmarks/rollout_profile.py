@@ -149,21 +149,9 @@ def profile_backend(name: str, args, mc, params) -> dict:
     with profile(activities=acts) as prof:
         engine.generate(params, batch)
         _sync()
-    kern = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    busy_us = sum(e.device_time for e in kern) if kern and hasattr(kern[0], "device_time") else \
-        sum(e.cuda_time for e in kern)
-    # union of kernel intervals: concurrent kernels counted once
-    iv = sorted((e.time_range.start, e.time_range.end) for e in kern)
-    union, cur = 0.0, None
-    for s, e in iv:
-        if cur is None or s > cur[1]:
-            if cur:
-                union += cur[1] - cur[0]
-            cur = [s, e]
-        else:
-            cur[1] = max(cur[1], e)
-    if cur:
-        union += cur[1] - cur[0]
+    kern = H.device_kernels(prof)
+    sum_us = sum(H.kernel_us(e) for e in kern)
+    union = H.busy_us(kern)  # concurrent kernels counted once
     top_dev = prof.key_averages().table(sort_by="self_cuda_time_total" if args.device == "cuda" else
                                         "self_cpu_time_total", row_limit=15)
     # timed parts
@@ -190,7 +178,7 @@ def profile_backend(name: str, args, mc, params) -> dict:
         "wall_s": plain, "ms_per_decode_step": plain / max(1, steps) * 1e3,
         "wall_s_no_overlap": plain_sync, "overlap_speedup": plain_sync / plain, "rounds": args.rounds,
         "walls_s": {"overlap": walls[True], "no_overlap": walls[False]}, "overlap_same_bits": same,
-        "device_busy_s_union": union / 1e6, "device_busy_s_sum": busy_us / 1e6,
+        "device_busy_s_union": union / 1e6, "device_busy_s_sum": sum_us / 1e6,
         "timed_wall_s": wall_parts, "parts_s": parts.s, "parts_n": parts.n,
         "capture_s_in_timed": engine.stats.capture_s - cap0,
         "buckets": sorted(set(engine.stats.buckets)),

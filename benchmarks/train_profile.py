@@ -125,22 +125,11 @@ def device_profile(run_pass, cuda: bool, rows: int = 30) -> dict:
         run_pass()
         _sync()
     wall = time.perf_counter() - t
-    kern = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    kern = H.device_kernels(prof)
     by_name: dict[str, list[float]] = {}
     for e in kern:
-        us = e.device_time if hasattr(e, "device_time") else e.cuda_time
-        by_name.setdefault(e.name, []).append(us)
-    iv = sorted((e.time_range.start, e.time_range.end) for e in kern)
-    union, cur = 0.0, None
-    for s, e in iv:
-        if cur is None or s > cur[1]:
-            if cur:
-                union += cur[1] - cur[0]
-            cur = [s, e]
-        else:
-            cur[1] = max(cur[1], e)
-    if cur:
-        union += cur[1] - cur[0]
+        by_name.setdefault(e.name, []).append(H.kernel_us(e))
+    union = H.busy_us(kern)
     top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:rows]
     return {
         "profiled_wall_s": wall,

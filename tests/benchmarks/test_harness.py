@@ -164,3 +164,14 @@ def test_in_processes_splits_distinct_items_over_spawned_workers():
     # sorted(chunk) in each process: the chunks are the interleaved shares of the distinct items
     assert H.in_processes(sorted, [3, 1, 2, 5, 4, 3], 2) == [2, 3, 4, 1, 5]
     assert H.in_processes(sorted, [], 3) == []
+
+
+def test_busy_us_counts_overlapping_kernels_once():
+    from types import SimpleNamespace as NS
+
+    def k(s, e):
+        return NS(time_range=NS(start=s, end=e))
+
+    # [0, 10] and [5, 12] overlap (12 µs), [20, 25] stands apart (5), [21, 22] lies inside it
+    assert H.busy_us([k(20, 25), k(0, 10), k(5, 12), k(21, 22)]) == 17
+    assert H.busy_us([]) == 0
