@@ -104,7 +104,7 @@ DECODE_VARIANTS = {
     "stock-s19": (lambda compiled: StockBackend(compiled=compiled, fill_in_compiled=True, fold_gqa=True), {}),
     "stock-dynamic": (lambda compiled: StockBackend(compiled=compiled, compile_dynamic=True), {}),
     "stock-scatter": (lambda compiled: StockBackend(compiled=compiled, fill_in_compiled=False), {}),
-    "stock-fill-rows": (lambda compiled: StockBackend(compiled=compiled, fill_in_compiled=False, fill_rows=True), {}),
+    "stock-fill-rows": (lambda compiled: StockBackend(compiled=compiled, fill_rows=True), {}),
     "stock-fill-compiled": (lambda compiled: StockBackend(compiled=compiled, fill_in_compiled=True), {}),
     "stock-fold-gqa": (lambda compiled: StockBackend(compiled=compiled, fill_in_compiled=False, fold_gqa=True), {}),
     "unified-s18": (lambda _: UnifiedBackend(fused_launches=False, fused_lmhead=True), S18_DECODE),

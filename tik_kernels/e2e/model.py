@@ -267,7 +267,8 @@ class StockBackend:
         compiled rope then two scatters; `fill_rows`: the two scatters as row copies into the flattened cache
         (`index_copy_` of each token's [Hk, D] rows at indices built once a step) instead of advanced-index
         assignment (`k_cache[slots, :, pos] = k`, a generic indexing kernel: 7.4 us a call at a decode batch of 64 on
-        the H100, two a layer, decode_breakdown_h100_qwen3-0.6b_s22_stock_auto.md); the same cache either way;
+        the H100, two a layer, decode_breakdown_h100_qwen3-0.6b_s22_stock_auto.md; it overrides `fill_in_compiled`);
+        the same cache either way;
         `fold_gqa`: decode attention with each KV head's query heads folded into
         query rows instead of `enable_gqa`. Each timed alone beside the others (H100, qwen3-0.6b decode step of 64
         with the host ahead, context 128 / 256; e2e_h100_decode_stock_paths_s23.json): the scatters 2.620 / 2.889 ms,
@@ -312,14 +313,14 @@ class StockBackend:
         return self.fused["rope"](q, k, pos, theta)
 
     def rope_cache(self, q, k, v, pos, theta, k_cache, v_cache, slots):
-        if self.fill_in_compiled:
-            return self.fused["rope_cache"](q, k, v, pos, theta, k_cache, v_cache, slots)
-        if self.fill_rows:
+        if self.fill_rows:  # asked for by name: before the default fill inside the compiled rope
             q, k = self.rope(q, k, pos, theta)
             idx = self._cache_rows(slots, pos, k_cache)
             k_cache.view(-1, k_cache.shape[-1]).index_copy_(0, idx, k.reshape(-1, k.shape[-1]))
             v_cache.view(-1, v_cache.shape[-1]).index_copy_(0, idx, v.reshape(-1, v.shape[-1]))
             return q, k
+        if self.fill_in_compiled:
+            return self.fused["rope_cache"](q, k, v, pos, theta, k_cache, v_cache, slots)
         return _rope_then_scatter(self.rope, q, k, v, pos, theta, k_cache, v_cache, slots)
 
     def _cache_rows(self, slots, pos, cache):
