@@ -48,6 +48,7 @@ from tik_kernels.e2e.model import (  # noqa: E402
 )
 from tik_kernels.e2e.profile import profile_layer  # noqa: E402
 from tik_kernels.e2e.run import E2EConfig, run_e2e, speedups  # noqa: E402
+from tik_kernels.e2e.task import REWARDS  # noqa: E402
 
 
 def throughput(args, out: Path) -> dict:
@@ -335,7 +336,7 @@ def main() -> int:
                     help="throughput, learning: updates per pass, each on a minibatch of whole sequences")
     ap.add_argument("--modes", nargs="+", default=list(E2EConfig.modes), choices=["A", "B", "C"],
                     help="throughput: the modes run, in this order (B/C needs B and C, B/A B and A)")
-    ap.add_argument("--reward", default="parity", choices=["parity", "copy"],
+    ap.add_argument("--reward", default="parity", choices=list(REWARDS),
                     help="throughput: the reward (parity: signal from step one, so every update moves the policy; "
                          "copy: the learning task, whose reward a random model at a real vocabulary never earns)")
     ap.add_argument("--eager-decode", action="store_true", help="throughput: no CUDA graphs in the rollout")

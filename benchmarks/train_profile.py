@@ -204,9 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         for mb, s, t in batches:
             grpo_step(mc, be, params, opt, mb, old[t], adv[s])
 
-    def recompute():
-        with torch.no_grad():
-            sequence_logprobs(mc, be, params, packed, 1.0, grad=False)
+    def recompute():  # as run_mode's recompute phase: grad=False runs it without the autograd graph
+        sequence_logprobs(mc, be, params, packed, 1.0, grad=False)
 
     for _ in range(2):  # compiles, the allocator's pools, AdamW's state
         recompute()
