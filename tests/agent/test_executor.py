@@ -256,3 +256,26 @@ def test_a_slot_process_runs_a_screen_job():
         pool.close()
     assert out.lost is None and out.error is None, (out.lost, out.error)
     assert "the parent" in out.screen["failure"] and out.worker["executor"] == "local"
+
+
+def test_cpu_slots_compute_the_roots_probes_once_and_remove_what_they_shared():
+    """Two CPU slots of one pool evaluating at once: one of them runs the root's probes, the other reads them
+    (`core.ROOT_SHARE`), and the directory goes with the pool."""
+    from tik_kernels.contracts import get_contract
+    from tik_tui.agent.executor import LocalPool
+    from tik_tui.agent.jobs import EvalJob
+
+    root = get_contract("rmsnorm").root_path.read_text()
+    pool = LocalPool(2, device="cpu")
+    share = pool.root_share
+    try:
+        assert share is not None and share.is_dir()
+        futs = [pool.submit(EvalJob(op="rmsnorm", impl_id=k, source=root + f"\n# candidate {k}\n", root_id=0,
+                                    root_source=root, device="cpu", timeout=120)) for k in (1, 2)]
+        outs = [f.result(timeout=600) for f in futs]
+    finally:
+        pool.close()
+    assert all(o.report and o.report["verified"] for o in outs), [(o.error, o.lost) for o in outs]
+    assert sorted(o.worker["slot"] for o in outs) == [0, 1]
+    assert sorted(o.report["phases"].get("probes_root_shared", 0.0) for o in outs) == [0.0, 1.0]
+    assert not share.exists()

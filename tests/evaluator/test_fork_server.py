@@ -310,3 +310,32 @@ def test_sigkill_of_the_evaluator_takes_the_server_and_a_forked_child_with_its_d
     assert any(d.name.startswith("tik-forks-") for d in owned)
     sandbox.reap_stale(tmp)
     assert not [d for d in owned if d.exists()]
+
+
+def test_prepare_starts_the_server_in_the_background_where_children_are_forked(monkeypatch):
+    """`sandbox.prepare` (an evaluator process starting: a slot, the inline executor) starts the fork server
+    without waiting for it, and only where a child would be forked."""
+    servers, spares = sandbox._Servers(), sandbox.Spares()
+    monkeypatch.setattr(sandbox, "SERVERS", servers)
+    monkeypatch.setattr(sandbox, "SPARES", spares)
+    try:
+        for off in ({"device": "cuda"}, {"env": ("TIK_FORK_SERVER", "0")}, {"env": (sandbox.PRESTART_ENV, "0")}):
+            with monkeypatch.context() as m:
+                if "env" in off:
+                    m.setenv(*off["env"])
+                sandbox.prepare(off.get("device", "cpu"))
+            assert spares.thread is None and servers.stats["started"] == 0, off
+        t0 = time.monotonic()
+        sandbox.prepare("cpu")
+        assert time.monotonic() - t0 < 0.5  # in the background
+        deadline = time.monotonic() + 120
+        while servers.ready(MODE, "cpu") is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert servers.ready(MODE, "cpu") is not None and servers.stats["started"] == 1
+        sandbox.prepare("cpu")  # already up: nothing more
+        spares.queue.put(None)  # (after the request above, which the thread then finds already served)
+        spares.thread.join(timeout=60)
+        assert servers.stats["started"] == 1
+    finally:
+        spares.close()
+        servers.close()

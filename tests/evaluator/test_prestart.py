@@ -58,17 +58,32 @@ def run(name: str, **kw):
     return evaluate(tiny(), FIX / f"{name}.py", root_path=ROOT, device="cpu", time_it=True, **kw)
 
 
+def forked() -> bool:
+    """Whether a CPU candidate's child is forked here (the jail starts): the first evaluation then waits for a
+    spare (the fork server's start, then a fork) instead of starting a fresh interpreter beside it."""
+    return sandbox.forks(sandbox.isolation(False)[0], "cpu", "private")
+
+
 def test_a_spare_serves_one_candidate_and_the_next_evaluation_gets_another(children):
     reps = [run("good") for _ in range(3)]
     assert all(r.verified for r in reps), [r.failure for r in reps]
-    assert [pre for _, pre in children] == [False, True, True]
+    assert [pre for _, pre in children] == [forked(), True, True]
     pids = [pid for pid, _ in children]
     assert len(set(pids)) == 3
     assert not any(alive(p) for p in pids)  # each candidate's child is gone when its evaluation returns
     sandbox.SPARES.settle("cpu")
     [waiting] = sandbox.SPARES.pids()  # and one spare waits for the next candidate
     assert waiting not in pids and alive(waiting)
-    assert sandbox.SPARES.stats["taken"] == 2
+    assert sandbox.SPARES.stats["taken"] == 2 + forked()
+
+
+def test_the_first_forked_child_waits_for_the_fork_server_instead_of_starting_beside_it(children):
+    if not forked():
+        pytest.skip("no jail here: children are started by the launcher, never forked")
+    rep = run("good")
+    assert rep.verified, rep.failure
+    assert children == [(children[0][0], True)] and rep.phases["probes_candidate_forked"] == 1.0
+    assert sandbox.SERVERS.ready(sandbox.isolation(False)[0], "cpu") is not None
 
 
 def test_a_dead_spare_is_replaced_by_a_fresh_child_and_the_evaluation_verifies(children):
@@ -79,7 +94,7 @@ def test_a_dead_spare_is_replaced_by_a_fresh_child_and_the_evaluation_verifies(c
     spare.proc.wait(timeout=10)
     rep = run("good")
     assert rep.verified, rep.failure
-    assert children[1][1] is False and children[1][0] != spare.proc.pid
+    assert children[1][0] != spare.proc.pid and children[1][1] is forked()  # (a fresh spare where children fork)
     assert sandbox.SPARES.stats["discarded"] == 1 and not spare.tmp.exists()
 
 
@@ -89,7 +104,7 @@ def test_a_spare_whose_world_changed_is_not_used(children, monkeypatch):
     [spare] = [s for v in sandbox.SPARES.ready.values() for s in v]
     monkeypatch.setenv("TIK_SOME_SETTING", "changed")  # the child's environment would differ now
     assert run("good").verified
-    assert [pre for _, pre in children] == [False, False] and not alive(spare.proc.pid)
+    assert [pre for _, pre in children] == [forked(), forked()] and not alive(spare.proc.pid)
     assert sandbox.SPARES.stats["discarded"] == 1
 
 

@@ -26,7 +26,9 @@ A bad candidate never raises: every failure is a one-line `failure` and failed c
 from __future__ import annotations
 
 import atexit
+import functools
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -216,15 +218,22 @@ def source_problem(path: Path) -> tuple[str | None, str]:
     except OSError as e:
         return f"cannot read {path}: {e.strerror}", ""
     sha = hashlib.sha256(raw).hexdigest()
+    return _compile_problem(raw), sha
+
+
+@functools.lru_cache(maxsize=64)
+def _compile_problem(raw: bytes) -> str | None:
+    """Why these bytes are not a Python source (None: they compile), once per content: an evaluation asks about its
+    root and the library's root again and again (~3 ms each for linear)."""
     try:
-        compile(raw.decode("utf-8"), str(path), "exec", dont_inherit=True)
+        compile(raw.decode("utf-8"), "<implementation>", "exec", dont_inherit=True)
     except UnicodeDecodeError:
-        return "not a Python source file (not UTF-8 text)", sha
+        return "not a Python source file (not UTF-8 text)"
     except SyntaxError as e:
-        return f"syntax error: {e.msg} (line {e.lineno})", sha
+        return f"syntax error: {e.msg} (line {e.lineno})"
     except ValueError as e:  # NUL bytes
-        return f"not a Python source file ({e})", sha
-    return None, sha
+        return f"not a Python source file ({e})"
+    return None
 
 
 #: an implementation has no business naming the evaluator or the modules it loads implementations as
@@ -393,17 +402,83 @@ def warm_root(op: str | Contract, *, device: str, timeout: float = 60.0, seed: i
 
 def _root_probes(report: EvalReport, plan: Plan, root_path: Path, device: str, timeout: float,
                  key: tuple, library: bool) -> dict[str, ProbeResult]:
-    """The root's probe results, computed in a trusted child and kept for this process."""
+    """The root's probe results, computed in a trusted child (or by another process of this search: `ROOT_SHARE`)
+    and kept for this process."""
     t = time.monotonic()
-    root, failure = run_probes(plan, root_path, device, timeout, trusted=True, library=library,
-                               phases=report.phases, prefix="probes_root")
+
+    def compute() -> dict[str, ProbeResult]:
+        root, failure = run_probes(plan, root_path, device, timeout, trusted=True, library=library,
+                                   phases=report.phases, prefix="probes_root")
+        if failure:
+            raise RuntimeError(f"the root implementation failed: {failure}")
+        return root
+
+    if ROOT_SHARE is not None and device == "cpu":
+        root, shared = _shared_root(ROOT_SHARE, key, plan, compute)
+        if shared:
+            report.phases["probes_root_shared"] = 1.0
+    else:
+        root = compute()
     report.phases["probes_root"] = time.monotonic() - t
-    if failure:
-        raise RuntimeError(f"the root implementation failed: {failure}")
     if len(_ROOT_CACHE) >= 8:
         _ROOT_CACHE.pop(next(iter(_ROOT_CACHE)))
     _ROOT_CACHE[key] = root
     return root
+
+
+#: a directory the evaluator processes of one search share (`executor.LocalPool` makes it, hands it to its slots and
+#: removes it), where, on the CPU, the first of them to need the root's probe results writes them and the others read
+#: them: the same trusted child's results, computed once per search instead of once per process (attention's CPU
+#: probes: ~4 s of interpreter on the cores the processes share). Only on the CPU: on a GPU each process runs on
+#: its own device, and its root child also fills the trusted Triton cache its candidates are seeded from
+ROOT_SHARE: Path | None = None
+
+
+def _shared_root(share: Path, key: tuple, plan: Plan,
+                 compute: Callable[[], dict[str, ProbeResult]]) -> tuple[dict[str, ProbeResult], bool]:
+    """(the root's results for `key`, whether they came from `share`): read from there when another process wrote
+    them, else computed and written (under a lock per key: a process that needs them while another computes them
+    waits for those). An entry that cannot be read is computed again; one that cannot be written only costs the
+    other processes their own computation."""
+    import fcntl
+
+    name = hashlib.sha256(repr((key, evaluator_fingerprint())).encode()).hexdigest()[:40]
+    with open(share / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return _read_root(share / name, plan), True
+        except (OSError, ValueError, KeyError, TypeError, ProtocolError):
+            pass
+        root = compute()
+        try:
+            _write_root(share / name, root)
+        except OSError:
+            pass
+        return root, False
+
+
+def _write_root(path: Path, results: dict[str, ProbeResult]) -> None:
+    """`results` as `path`.json (which probe has which tensors) and `path`.bin (the tensors, `TensorWriter`),
+    the JSON renamed into place last."""
+    w = TensorWriter(path.with_suffix(".bin"))
+    doc = {pid: {"error": r.error, "outputs": [w.ref(t) for t in r.outputs],
+                 "inputs_after": None if r.inputs_after is None else [w.ref(t) for t in r.inputs_after]}
+           for pid, r in results.items()}
+    part = path.with_suffix(".part")
+    part.write_text(json.dumps({"probes": doc, "tensors": w.close()}))
+    os.replace(part, path.with_suffix(".json"))
+
+
+def _read_root(path: Path, plan: Plan) -> dict[str, ProbeResult]:
+    doc = json.loads(path.with_suffix(".json").read_text())
+    tensors = read_tensors(path.with_suffix(".bin"), doc["tensors"])
+    if set(doc["probes"]) != {p.id for p in plan.probes}:
+        raise ProtocolError("shared root results do not match the plan's probes")
+    return {pid: ProbeResult(outputs=[tensors[i] for i in index_list(r["outputs"], len(tensors), pid)],
+                             inputs_after=None if r["inputs_after"] is None
+                             else [tensors[i] for i in index_list(r["inputs_after"], len(tensors), pid)],
+                             error=r["error"])
+            for pid, r in doc["probes"].items()}
 
 
 def run_probes(plan: Plan, impl: Path, device: str, timeout: float, trusted: bool = False,

@@ -683,7 +683,10 @@ class PhasedChild:
             return ChildOutcome(None, refused, 0.0)
         clock = _Stopwatch()
         clock.t = t0
-        spare = SPARES.take(mode, self.job, self.cache) if prestart_depth() else None
+        # a child the fork server would fork: a spare is waited for when none is ready or starting (its start is
+        # the server's, which a fresh interpreter beside it would only slow down on a loaded CPU, then a warm fork)
+        spare = SPARES.take(mode, self.job, self.cache, start=forks(mode, self.job["device"], self.cache)) \
+            if prestart_depth() else None
         if spare is not None:
             # a child started (same jail, limits and world) before this candidate existed: it gets its first job now
             self.tmp, self.proc, self.own_cache, self.prestarted = spare.tmp, spare.proc, spare.own_cache, True
@@ -868,8 +871,10 @@ class Spares:
         if self.owner != os.getpid():
             self.__init__()
 
-    def take(self, mode: str | None, job: dict, cache: str) -> Spare | None:
-        """A spare fit for this child, now in the caller's hands, or None (then start one the usual way)."""
+    def take(self, mode: str | None, job: dict, cache: str, start: bool = False) -> Spare | None:
+        """A spare fit for this child, now in the caller's hands, or None (then start one the usual way). `start`:
+        when none fits and none is starting, start one (`prime`) and wait for it (`forks`: where that costs no more
+        than starting the child the usual way)."""
         if cache not in SPARE_CACHES:
             return None
         holder = _CANDIDATE_CACHE.get() if cache == "candidate" else None
@@ -878,24 +883,28 @@ class Spares:
         slot, key = (job["device"], cache), (mode, job["device"], cache, _dumps(job["limits"]))
         deadline = time.monotonic() + SETTLE_S
         self._mine()
-        with self.cond:
-            while self.pending.get(slot) and time.monotonic() < deadline:
-                self.cond.wait(0.05)  # one being started: it is nearly ready, a fresh child is not
-            spares = self.ready.pop(slot, [])
-        chosen, keep, drop = None, [], []
-        for s in spares:
-            if not self._fits(s, mode, key):
-                drop.append(s)
-            elif chosen is None:
-                chosen = s
-            else:
-                keep.append(s)
-        with self.cond:
-            self.ready.setdefault(slot, [])[:0] = keep
-            self.stats["discarded"] += len(drop)
-            self.stats["taken"] += chosen is not None
-        for s in drop:
-            s.discard()
+        for attempt in (0, 1):
+            with self.cond:
+                while self.pending.get(slot) and time.monotonic() < deadline:
+                    self.cond.wait(0.05)  # one being started: it is nearly ready, a fresh child is not
+                spares = self.ready.pop(slot, [])
+            chosen, keep, drop = None, [], []
+            for s in spares:
+                if not self._fits(s, mode, key):
+                    drop.append(s)
+                elif chosen is None:
+                    chosen = s
+                else:
+                    keep.append(s)
+            with self.cond:
+                self.ready.setdefault(slot, [])[:0] = keep
+                self.stats["discarded"] += len(drop)
+                self.stats["taken"] += chosen is not None
+            for s in drop:
+                s.discard()
+            if chosen is not None or not start or attempt:
+                break
+            self.prime(mode, job["device"], job["limits"], cache)
         if chosen is not None and cache != "private":
             _top_up(chosen.cache_dir, mode)
         if chosen is not None and holder is not None and chosen.own_cache is not None:
@@ -925,20 +934,37 @@ class Spares:
             self.stats["discarded"] += len(drop)
             if want > 0:
                 self.pending[slot] = self.pending.get(slot, 0) + want
-                if self.thread is None:
-                    import atexit
-
-                    self.thread = threading.Thread(target=self._run, name="tik-spares", daemon=True)
-                    self.thread.start()
-                    atexit.register(self.close)
+                self._thread()
         for s in drop:
             s.discard()
         for _ in range(max(0, want)):
             self.queue.put((mode, device, limits, cache))
 
+    def serve_early(self, mode: str, device: str) -> None:
+        """Start the fork server for `device`'s children in the background now (`prepare`), unless it is up."""
+        self._mine()
+        with self.cond:
+            if self.closed:
+                return
+            self._thread()
+        self.queue.put((mode, device, None, None))
+
+    def _thread(self) -> None:
+        """The spares' thread, started once (called with the lock held)."""
+        if self.thread is None:
+            import atexit
+
+            self.thread = threading.Thread(target=self._run, name="tik-spares", daemon=True)
+            self.thread.start()
+            atexit.register(self.close)
+
     def _run(self) -> None:
         while (req := self.queue.get()) is not None:
             mode, device, limits, cache = req
+            if limits is None:  # `serve_early`: the fork server only
+                if not self.closed:
+                    SERVERS.ensure(mode, device, "private")
+                continue
             spare = None
             if not self.closed:
                 try:
@@ -992,6 +1018,22 @@ class Spares:
 
 #: this process's spares
 SPARES = Spares()
+
+
+def forks(mode: str | None, device: str, cache: str) -> bool:
+    """Whether such a child is one a fork server forks (jailed, CPU, a private Triton cache; `forkserver.wanted`)."""
+    return mode is not None and cache == "private" and forkserver.wanted(device)
+
+
+def prepare(device: str) -> None:
+    """An evaluator process that will evaluate candidates on `device` starts what their children need now, in the
+    background: on the CPU, the fork server (`zygote.py`: Python, torch, Triton and the harness imported and warmed,
+    ~1.5 s of CPU), so the first candidate's child is forked from it as every later one is, instead of a fresh
+    interpreter started beside the server. Nothing when the children would not be forked (GPU, no jail, or
+    TIK_FORK_SERVER=0) or spares are off (TIK_PRESTART=0)."""
+    mode = isolation(trusted=False)[0]
+    if prestart_depth() and forks(mode, device, "private"):
+        SPARES.serve_early(mode, device)
 
 
 def settle_spares(device: str) -> float:

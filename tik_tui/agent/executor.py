@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 import pickle
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -67,8 +68,10 @@ class InlineExecutor:
     slots = 1
     device = None
 
-    def __init__(self, evaluate: Callable | None = None):
+    def __init__(self, evaluate: Callable | None = None, device: str | None = None):
         self.evaluate = evaluate
+        if evaluate is None:
+            _prepare(device)
 
     def submit(self, job: EvalJob) -> Future:
         fut: Future = Future()
@@ -179,10 +182,18 @@ class LocalPool:
     name = "local"
     device = None
 
-    def __init__(self, workers: int, *, evaluate: Callable | None = None, pins: list[str | None] | None = None):
+    def __init__(self, workers: int, *, evaluate: Callable | None = None, pins: list[str | None] | None = None,
+                 device: str | None = None):
         self.slots = workers
         self.pins = list(pins or [None] * workers)
-        hello = {"sys_path": list(sys.path), "evaluator": portable_evaluator(evaluate)}
+        #: where the slots share the root's CPU probe results (`core.ROOT_SHARE`): slots without a GPU share the cores
+        self.root_share: Path | None = None
+        if evaluate is None and not any(p is not None for p in self.pins):
+            from tik_kernels.evaluator.sandbox import owned_tempdir
+
+            self.root_share = owned_tempdir("tik-roots-")
+        hello = {"sys_path": list(sys.path), "evaluator": portable_evaluator(evaluate), "device": device,
+                 "root_share": None if self.root_share is None else str(self.root_share)}
         self._slots = [_Slot(k, self.pins[k], {**hello, "slot": k}) for k in range(workers)]
         self._jobs: queue.Queue = queue.Queue()
         self._threads = [threading.Thread(target=self._serve, args=(s,), name=f"tik-slot-{s.index}", daemon=True)
@@ -226,6 +237,21 @@ class LocalPool:
                 s.kill()
         for t in self._threads:
             t.join(timeout=10)
+        if self.root_share is not None:
+            shutil.rmtree(self.root_share, ignore_errors=True)
+
+
+def _prepare(device: str | None) -> None:
+    """What the real evaluator's children will need, started now in the background (`sandbox.prepare`: on the CPU
+    the fork server), so it overlaps the first proposal instead of the first evaluation's critical path."""
+    try:
+        import torch
+
+        from tik_kernels.evaluator.sandbox import prepare
+
+        prepare(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    except Exception:  # a head start only: the first evaluation starts what it needs itself
+        pass
 
 
 def slot_main() -> None:
@@ -242,6 +268,11 @@ def slot_main() -> None:
         evaluate, problem = load_portable(hello.get("evaluator")), None
         if evaluate is None:
             import tik_kernels.evaluator  # noqa: F401  (warm: torch and triton load before the first job)
+            from tik_kernels.evaluator import core
+
+            if hello.get("root_share"):
+                core.ROOT_SHARE = Path(hello["root_share"])
+            _prepare(hello.get("device"))
     except Exception as e:
         evaluate, problem = None, f"cannot load the evaluator in the worker process: {one_line(e)}"
     where = {"executor": "local", "slot": hello.get("slot"), "gpu": os.environ.get("CUDA_VISIBLE_DEVICES")}
@@ -312,6 +343,7 @@ def make_executor(executor: str | None = "local", *, address: str | None = None,
         n = workers or len(gpus)
         if n > len(gpus):
             raise ExecutorError(f"--workers {n} but {len(gpus)} GPU(s) visible: each worker owns one GPU")
-        return InlineExecutor(evaluate) if n == 1 else LocalPool(n, evaluate=evaluate, pins=gpus[:n])
+        return InlineExecutor(evaluate, device) if n == 1 else LocalPool(n, evaluate=evaluate, pins=gpus[:n],
+                                                                         device=device)
     n = workers or 1
-    return InlineExecutor(evaluate) if n == 1 else LocalPool(n, evaluate=evaluate)
+    return InlineExecutor(evaluate, device) if n == 1 else LocalPool(n, evaluate=evaluate, device=device)

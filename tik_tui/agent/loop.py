@@ -66,7 +66,7 @@ class Search:
         self.proposer = proposer
         self.cfg = cfg
         #: where evaluations run (`tik_tui.agent.executor`); the caller closes one it passes in
-        self.executor = executor if executor is not None else InlineExecutor(evaluate)
+        self.executor = executor if executor is not None else InlineExecutor(evaluate, cfg.device)
         model = getattr(proposer, "model", None)
         if cfg.max_cost_usd is not None and model is not None:
             from tik_tui.agent.pricing import check_max_cost
