@@ -65,18 +65,65 @@ def _order_defined_interpreter_dot() -> None:
     (one rounding per product and per add), then `+ acc`: a function of that element's row and
     column alone, as a K-sequential GPU dot is. Integer and fp8 dots keep Triton's own path
     (integer sums are exact; fp8 never reaches it in TIK).
+
+    How: for a small output tile (at most SMALL_TILE elements, the CPU probes' tiles) every product is formed at once,
+    K outermost in a C-ordered array, and summed by one `np.add.reduce` over that outer axis, which numpy walks in
+    order (the inner loop runs along the tile, never pairwise along K); slabs of K bound its memory, each slab's first
+    products taking the running sum first. A larger tile adds one K-slice at a time (numpy's per-call cost no longer
+    dominates there). Both give the same bits as one add per k; the reduction is used only after a check, at install,
+    that it does on this numpy (else every tile takes the loop): linear's CPU probes spent 0.09 of their 0.5 s in the
+    loop, 64 numpy calls for a 16 x 64 x 16 dot.
     """
+    import math
+
     import numpy as np
     from triton.runtime import interpreter as it
 
     original = it.InterpreterBuilder.create_dot
     if getattr(original, "_tik_order_defined", False):
         return
+    #: `create_dot`'s tiles summed at once, and the products formed per slab of K (elements)
+    SMALL_TILE, SLAB = 4096, 1 << 18
 
     def as_float(h, dtype):
         if h.dtype.scalar.is_bf16():
             return (h.data.astype(np.uint32) << 16).view(np.float32).astype(dtype)
         return h.data.astype(dtype)
+
+    def by_k(x, y):
+        acc = x[..., :, 0:1] * y[..., 0:1, :]
+        for k in range(1, x.shape[-1]):
+            acc += x[..., :, k:k + 1] * y[..., k:k + 1, :]
+        return acc
+
+    def at_once(x, y, slab=SLAB):
+        xk = np.moveaxis(x, -1, 0)[..., :, None]  # [K, ..., M, 1]
+        yk = np.moveaxis(y, -2, 0)[..., None, :]  # [K, ..., 1, N]
+        tile = np.broadcast_shapes(xk.shape[1:], yk.shape[1:])
+        step = max(1, slab // max(1, math.prod(tile)))
+        acc = None
+        for k0 in range(0, x.shape[-1], step):
+            xs, ys = xk[k0:k0 + step], yk[k0:k0 + step]
+            products = np.empty((xs.shape[0], *tile), dtype=np.result_type(x, y))  # C order: K outermost
+            np.multiply(xs, ys, out=products)
+            if acc is not None:
+                np.add(acc, products[0], out=products[0])  # the running sum first, as `acc += p` adds
+            acc = np.add.reduce(products, axis=0)
+        return acc
+
+    def reduction_is_ordered() -> bool:
+        """Whether `at_once` gives `by_k`'s bits here, on products whose pairwise sum would differ, over several
+        slabs, with NaN and signed zeros among them."""
+        rng = np.random.default_rng(0)
+        x = (rng.standard_normal((3, 16, 200)) * 10.0 ** rng.integers(-6, 6, (3, 16, 200))).astype(np.float32)
+        y = rng.standard_normal((3, 200, 8)).astype(np.float32)
+        x[0, 0, 5], y[1, 7, 3], x[2, 3, 9] = np.nan, -0.0, np.inf
+        with np.errstate(all="ignore"):
+            return all(np.array_equal(by_k(x[..., :k], y[..., :k, :]).view(np.uint32),
+                                      at_once(x[..., :k], y[..., :k, :], slab).view(np.uint32))
+                       for k in (1, 7, 200) for slab in (SLAB, 384 * 7))  # one slab, and slabs of 7
+
+    ordered = reduction_is_ordered()
 
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
         out = d.data.dtype
@@ -85,9 +132,8 @@ def _order_defined_interpreter_dot() -> None:
         if not floats:
             return original(self, a, b, d, input_precision, max_num_imprecise_acc)
         x, y = as_float(a, out), as_float(b, out)
-        acc = x[..., :, 0:1] * y[..., 0:1, :]
-        for k in range(1, x.shape[-1]):
-            acc += x[..., :, k:k + 1] * y[..., k:k + 1, :]
+        small = ordered and x.shape[-1] > 1 and x.shape[-2] * y.shape[-1] <= SMALL_TILE
+        acc = at_once(x, y) if small else by_k(x, y)
         return it.TensorHandle(acc + d.data, d.dtype.scalar)
 
     create_dot._tik_order_defined = True
@@ -375,7 +421,13 @@ def _fast_frontend_types() -> None:
         "unwrap": ("return o.value if isinstance(o, constexpr) else o",),
         "broadcast": ("if lhs_shape != ret_shape:", "if rhs_shape != ret_shape:"),
         "cast": ("def cast(self, input: TensorTy, dst_ty: tl.dtype, fp_downcast_rounding: Optional[str] = None)",
-                 "if src_sca_ty == dst_sca_ty:\n            return input"),
+                 "if src_sca_ty == dst_sca_ty:\n            return input",
+                 "if src_ty.is_block():\n            dst_ty = src_ty.with_element_ty(dst_sca_ty)",
+                 "if fp_downcast_rounding is None: fp_downcast_rounding = ir.ROUNDING_MODE.RTNE",
+                 "sign_extend = src_sca_ty.is_int_signed() and not src_sca_ty.is_bool()",
+                 "self.builder.create_int_cast(input.handle, dst_ty.to_ir(self.builder), sign_extend), dst_ty)",
+                 "self.builder.create_fp_trunc(input.handle, dst_ty.to_ir(self.builder)), dst_ty)",
+                 "self.builder.create_fp_ext(input.handle, dst_ty.to_ir(self.builder)), dst_ty)"),
         "dtype_eq": ("return self.name == other.name",),
         "binary": ("ret_sca_ty = self.computation_type_impl(lhs_sca_ty, lhs_is_scalar, rhs_sca_ty, rhs_is_scalar, "
                    "div_or_mod)", "lhs, rhs = self.broadcast_impl_value(lhs, rhs)"),
@@ -528,10 +580,34 @@ def _fast_frontend_types() -> None:
                     return self.broadcast_impl_value(t, c) if kl is tensor else self.broadcast_impl_value(c, t)
         return binary_types(self, lhs, rhs, allow_lhs_ptr, allow_rhs_ptr, arithmetic_check, div_or_mod)
 
+    ints = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+    #: (source, destination) dtype names -> the one builder call Triton's `cast` reaches for them without a rounding
+    #: mode: integers (not bool) to another width or signedness; bf16 / fp16 to fp32 and fp32 to fp64 (extensions; a
+    #: bf16 or fp16 to anything but fp32 goes through fp32 in Triton, so not here); fp32 to bf16 / fp16 and fp64 to
+    #: fp32 (truncations: no mode means round-to-nearest-even, which Triton's `create_fp_trunc` is, given no mode)
+    direct_casts = {**{(a, b): "int" for a in ints for b in ints if a != b},
+                    **dict.fromkeys((("bf16", "fp32"), ("fp16", "fp32"), ("fp32", "fp64")), "ext"),
+                    **dict.fromkeys((("fp32", "bf16"), ("fp32", "fp16"), ("fp64", "fp32")), "trunc")}
+
     def fast_cast(self, input, dst_ty, fp_downcast_rounding=None):
         src, dst = input.type.scalar, dst_ty.scalar
-        if type(src) is dtype and type(dst) is dtype and src.name == dst.name:
-            return input  # Triton's `src_sca_ty == dst_sca_ty` (names, for plain dtypes): the input unchanged
+        if type(src) is dtype and type(dst) is dtype:
+            if src.name == dst.name:
+                return input  # Triton's `src_sca_ty == dst_sca_ty` (names, for plain dtypes): the input unchanged
+            kind = direct_casts.get((src.name, dst.name)) if fp_downcast_rounding is None else None
+            if kind is not None:
+                # Triton's path for these: the block's type with the new element type, none of its float checks
+                # applies, then this one call
+                if input.type.is_block():
+                    dst_ty = input.type.with_element_ty(dst)
+                ir_ty = dst_ty.to_ir(self.builder)
+                if kind == "int":
+                    handle = self.builder.create_int_cast(input.handle, ir_ty, src.is_int_signed())
+                elif kind == "ext":
+                    handle = self.builder.create_fp_ext(input.handle, ir_ty)
+                else:
+                    handle = self.builder.create_fp_trunc(input.handle, ir_ty)
+                return self.make_tensor(handle, dst_ty)
         return cast(self, input, dst_ty, fp_downcast_rounding)
 
     for fn, original in ((fast_block_init, block_init), (fast_block_eq, block_eq), (fast_tensor_init, tensor_init),

@@ -344,3 +344,35 @@ def test_fast_binary_type_checks_match_tritons():
                                 assert _outcome(fast, *args) == _outcome(slow, *args), (lhs, rhs, allow, arith, div)
                                 seen += 1
     assert seen > 50_000
+
+
+def test_fast_casts_match_tritons():
+    """The casts reduced to one builder call (integers to another width or signedness; bf16 / fp16 -> fp32,
+    fp32 -> fp64; fp32 -> bf16 / fp16, fp64 -> fp32) and their neighbours Triton keeps (bool, a rounding mode,
+    bf16 -> fp64, floats <-> integers): the same tensor out (type, dtype, bits), or the same exception."""
+    from triton.language import semantic
+    from triton.runtime import interpreter as it
+
+    fast = semantic.TritonSemantic.cast
+    assert getattr(fast, "_tik_fast", False)
+    slow = fast.__wrapped_original__
+    sem = it.interpreter_semantic
+    dtypes = [tl.int8, tl.int16, tl.int32, tl.int64, tl.uint8, tl.uint32, tl.uint64, tl.int1, tl.bfloat16,
+              tl.float16, tl.float32, tl.float64]
+    values = [0, 1, -1, 3, 200, -70000, 2**31 + 5, 2.5, -0.0, 1e-30, 65519.0, 1e300, float("nan"), float("inf")]
+    seen = 0
+    with np.errstate(all="ignore"):
+        for src in dtypes:
+            for shape in [(), (3,), (2, 3)]:
+                for v in values:
+                    try:
+                        x = _operand(v, src, shape)
+                    except (OverflowError, ValueError):
+                        continue
+                    for dst in dtypes:
+                        for rounding in (None, "rtne", "rtz"):
+                            args = (sem, x, dst, rounding)
+                            got = _outcome(lambda *a: (fast(*a),), *args)
+                            assert got == _outcome(lambda *a: (slow(*a),), *args), (src, dst, shape, v, rounding)
+                            seen += 1
+    assert seen > 5_000
