@@ -1,5 +1,6 @@
 """README figures against their results files: benchmarks/results/MANIFEST.json names, for every figure the README
-quotes, the file it comes from and the key or line; a README figure cannot drift from its file unnoticed."""
+(or the measurement log it moved to, docs/MEASUREMENTS.md) quotes, the file it comes from and the key or line; a
+quoted figure cannot drift from its file unnoticed."""
 
 import copy
 import json
@@ -11,6 +12,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFEST = ROOT / "benchmarks" / "results" / "MANIFEST.json"
+#: the documents whose figures the manifest covers: the README and the measurement log its history moved to
+DOCUMENTS = ("README.md", "docs/MEASUREMENTS.md")
+
+
+def documents() -> str:
+    return "\n\n".join((ROOT / name).read_text() for name in DOCUMENTS)
 
 
 def squash(text: str) -> str:
@@ -112,7 +119,7 @@ def load() -> dict:
 
 
 def test_manifest_figures_match_their_files():
-    readme = (ROOT / "README.md").read_text()
+    readme = documents()
     found = [p for e in load()["figures"] for p in problems(e, readme)]
     assert not found, "\n".join(found)
 
@@ -126,7 +133,7 @@ def test_manifest_ids_unique_and_headline_covered():
 
 def test_readme_result_links_exist():
     """Every results file the README names (`name.md`, `archive/name.md`, globs) exists under benchmarks/results."""
-    readme = (ROOT / "README.md").read_text()
+    readme = documents()
     results = ROOT / "benchmarks" / "results"
     pending = load().get("pending", {})  # named before their command has run (MANIFEST.json says why)
     missing = []
@@ -144,13 +151,13 @@ def entry():
 
 
 def test_checker_catches_a_drifted_readme(entry):
-    readme = (ROOT / "README.md").read_text()
+    readme = documents()
     assert problems(entry, readme) == []
     assert problems(entry, readme.replace("562 of 24,790", "29 of 1,536"))  # the old, unsourced headline
 
 
 def test_checker_catches_a_drifted_file(entry, tmp_path):
-    readme = (ROOT / "README.md").read_text()
+    readme = documents()
     src = ROOT / entry["file"]
     doc = json.loads(src.read_text())
     doc["throughput"]["qwen3-1.7b"]["modes"]["A"]["equal_tokens"] = 600  # a rerun that nobody copied to the README

@@ -962,8 +962,11 @@ class Spares:
         while (req := self.queue.get()) is not None:
             mode, device, limits, cache = req
             if limits is None:  # `serve_early`: the fork server only
-                if not self.closed:
-                    SERVERS.ensure(mode, device, "private")
+                try:
+                    if not self.closed:
+                        SERVERS.ensure(mode, device, "private")
+                except Exception:  # a head start only: this thread must live on for the spares
+                    self.stats["failed"] += 1
                 continue
             spare = None
             if not self.closed:
