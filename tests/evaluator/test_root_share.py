@@ -5,6 +5,7 @@ cannot be read is computed again, never trusted."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -113,3 +114,28 @@ def test_an_evaluation_reads_the_root_another_process_computed(tmp_path, monkeyp
     assert [c.as_dict() for c in second.checks] == [c.as_dict() for c in first.checks]
     bad = evaluate(tiny(), FIX / "batch_dependent.py", root_path=ROOT, device="cpu", timeout=60)
     assert not bad.verified  # the shared root judges as the computed one does
+
+
+def test_on_the_cpu_the_roots_probes_run_beside_the_candidates(tmp_path, monkeypatch):
+    """The root's probes (not kept yet) start in their own child while the candidate's run, not after them: a root
+    and a candidate that each take 3 s to import are evaluated in well under the 6 s they would take one after the
+    other; a root that fails there fails the evaluation as before, with its reason."""
+    monkeypatch.setattr(core, "_ROOT_CACHE", {})
+    assert evaluate(tiny(), FIX / "good.py", root_path=ROOT, device="cpu", timeout=60).verified  # the children's
+    # fork server up and a spare ready, as in a running search: what is timed below is the two children
+    slow = "import time\ntime.sleep(3)\n"
+    root = tmp_path / "slow_root.py"
+    root.write_text(slow + ROOT.read_text())
+    cand = tmp_path / "slow_good.py"
+    cand.write_text(slow + (FIX / "good.py").read_text())
+    t0 = time.monotonic()
+    rep = evaluate(tiny(), cand, root_path=root, device="cpu", timeout=60)
+    took = time.monotonic() - t0
+    assert rep.verified, rep.failure
+    assert 3 <= took < 5.5 and rep.phases["probes_root"] >= 3 and rep.phases["probes_candidate"] >= 3, rep.phases
+    assert not core._ROOT_THREADS  # joined
+    broken = tmp_path / "broken_root.py"
+    broken.write_text("raise ImportError('planted')\n" + ROOT.read_text())
+    rep = evaluate(tiny(), FIX / "good.py", root_path=broken, device="cpu", timeout=60)
+    assert not rep.verified and rep.failure.startswith("evaluator error: RuntimeError: the root implementation failed")
+    assert not core._ROOT_THREADS

@@ -26,6 +26,7 @@ A bad candidate never raises: every failure is a one-line `failure` and failed c
 from __future__ import annotations
 
 import atexit
+import contextvars
 import functools
 import hashlib
 import json
@@ -67,6 +68,7 @@ from tik_kernels.evaluator.sandbox import (
     limits,
     owned_tempdir,
     policy,
+    prepare,
     run_child,
     settle_spares,
 )
@@ -284,6 +286,18 @@ def _evaluate(report: EvalReport, contract: Contract, cand_path: Path, root_path
     if device.startswith("cuda") and plan.needs_root and not is_root and key not in _ROOT_CACHE:
         # the root first: its kernels then seed the candidate's cache (none are compiled twice)
         _root_probes(report, plan, root_path, device, timeout, key, library_root(contract, root_sha))
+    elif not device.startswith("cuda") and not is_root and key not in _ROOT_CACHE:
+        _root_ahead(report, plan, root_path, device, timeout, key, library_root(contract, root_sha))
+    try:
+        _candidate(report, contract, plan, cand_path, root_path, incumbent_path, device, timeout, time_it, key,
+                   root_sha, is_root)
+    finally:
+        _root_joined(key, quiet=True)  # a candidate that failed before its checks: the root's thread is done too
+
+
+def _candidate(report: EvalReport, contract: Contract, plan: Plan, cand_path: Path, root_path: Path, incumbent_path,
+               device: str, timeout: float, time_it: bool, key: tuple, root_sha: str, is_root: bool) -> None:
+    """The candidate's probes, checks and (`time_it`) timing, into the report."""
     if time_it and not is_root:
         # one child for the candidate: its probes, then (once every check here has passed) its timing
         timing = candidate_timing_job(contract, cand_path, root_path, incumbent_path, device, report.profile,
@@ -361,8 +375,9 @@ def _check(report: EvalReport, contract: Contract, plan: Plan, cand: dict[str, P
             # already failed: the root's child (only needed for output_spec here) is not worth its start
             report.checks.append(all_inputs_unchanged(plan, cand))
             return False
-    root = cand if is_root else (_ROOT_CACHE.get(key) or _root_probes(report, plan, root_path, device, timeout, key,
-                                                                      library_root(contract, root_sha)))
+    root = cand if is_root else (_ROOT_CACHE.get(key) or _root_joined(key)
+                                 or _root_probes(report, plan, root_path, device, timeout, key,
+                                                 library_root(contract, root_sha)))
     t = time.monotonic()
     report.checks = evaluate_checks(plan, cand, root if plan.needs_root else None)
     report.checks += [output_spec(plan, cand, root), all_inputs_unchanged(plan, cand)]
@@ -424,6 +439,47 @@ def _root_probes(report: EvalReport, plan: Plan, root_path: Path, device: str, t
         _ROOT_CACHE.pop(next(iter(_ROOT_CACHE)))
     _ROOT_CACHE[key] = root
     return root
+
+
+#: the root's probes running beside a CPU candidate's (`_root_ahead`), by root key: (thread, what it raised)
+_ROOT_THREADS: dict[tuple, tuple[threading.Thread, list]] = {}
+
+
+def _root_ahead(report: EvalReport, plan: Plan, root_path: Path, device: str, timeout: float, key: tuple,
+                library: bool) -> None:
+    """On the CPU, the root's probes (not kept yet) start now, in their trusted child, beside the candidate's instead
+    of after them: the evaluator idles while a child computes, and a search with one evaluator has a core to spare
+    (attention's root probes: ~3.5 s of a first evaluation). They wait first until the fork server and the candidate's
+    spare have started (`Spares.settle`), so the root's child is forked too, not a fresh interpreter beside them.
+    `_root_joined` waits for them."""
+    if key in _ROOT_THREADS:
+        return
+    raised: list = []
+
+    def run() -> None:
+        try:
+            prepare(device)  # the fork server, unless it is up or starting
+            settle_spares(device)
+            _root_probes(report, plan, root_path, device, timeout, key, library)
+        except Exception as e:  # handed to the thread that needs the root (`_root_joined`)
+            raised.append(e)
+
+    # in this thread's context: the evaluation's sandbox policy (`sandbox.policy`) holds for the root's child too
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(run,), name="tik-root-ahead", daemon=True)
+    _ROOT_THREADS[key] = (thread, raised)
+    thread.start()
+
+
+def _root_joined(key: tuple, quiet: bool = False) -> dict[str, ProbeResult] | None:
+    """The root's results from its thread (`_root_ahead`) once it is done, None when none ran; what the thread
+    raised is raised here, unless `quiet` (the evaluation no longer needs them; the next one computes them again)."""
+    thread, raised = _ROOT_THREADS.pop(key, (None, []))
+    if thread is None:
+        return None
+    thread.join()
+    if raised and not quiet:
+        raise raised[0]
+    return _ROOT_CACHE.get(key)
 
 
 #: a directory the evaluator processes of one search share (`executor.LocalPool` makes it, hands it to its slots and

@@ -801,6 +801,8 @@ PRESTART_ENV = "TIK_PRESTART"
 SPARE_MAX_AGE_S = 600.0
 #: at most this long an evaluation waits for a spare that is being started (`Spares.take`, `Spares.settle`)
 SETTLE_S = 60.0
+#: the spares' pending count of a fork server being started early (`Spares.serve_early`), beside the cache modes
+SERVER = "server"
 #: the cache modes a spare can serve ("trusted" children run the root, never a candidate)
 SPARE_CACHES = ("private", "seeded", "candidate")
 #: a pre-started child's first job, written by the parent into its implementation directory (as NEXT is)
@@ -946,6 +948,7 @@ class Spares:
         with self.cond:
             if self.closed:
                 return
+            self.pending[(device, SERVER)] = self.pending.get((device, SERVER), 0) + 1  # `settle` waits for it too
             self._thread()
         self.queue.put((mode, device, None, None))
 
@@ -967,6 +970,9 @@ class Spares:
                         SERVERS.ensure(mode, device, "private")
                 except Exception:  # a head start only: this thread must live on for the spares
                     self.stats["failed"] += 1
+                with self.cond:
+                    self.pending[(device, SERVER)] -= 1
+                    self.cond.notify_all()
                 continue
             spare = None
             if not self.closed:
