@@ -3,7 +3,9 @@
 1. The candidate's source is read and compiled (not executed) here: a missing file, a file that
    is not UTF-8 Python or a syntax error fails without starting anything.
 2. The contract's probes (inputs only) go to a child that runs the candidate; the root runs in
-   its own child on the same probes (cached per root source, contract, profile, seed, device).
+   its own child on the same probes (cached per root source, contract, profile, seed, device): on the
+   GPU before the candidate (its kernels seed the candidate's Triton cache), on the CPU beside it
+   (`_root_ahead`), and there once per search between the processes of a local pool (`ROOT_SHARE`).
 3. Every check runs here, on the bytes that came back: the contract's, plus the generic ones —
    outputs have the root's dtypes and shapes; every probe's inputs are bitwise unchanged; on the
    GPU a CUDA graph replayed on changed inputs matches a fresh call (`checks.py`).
