@@ -1205,7 +1205,7 @@ class _Servers:
 
     def ensure(self, mode: str | None, device: str, cache: str) -> None:
         """Start the server for such a child if it would serve one and none is running (blocks for its start)."""
-        if mode is None or cache != "private" or not forkserver.wanted(device):
+        if not forks(mode, device, cache):
             return
         self._mine()
         if self.ready(mode, device) is not None:
@@ -1230,7 +1230,7 @@ class _Servers:
 
     def ready(self, mode: str | None, device: str) -> ForkServer | None:
         """The live server for (mode, device) whose world is this process's now, else None."""
-        if mode is None or not forkserver.wanted(device):
+        if not forks(mode, device, "private"):
             return None
         self._mine()
         with self.lock:
