@@ -3,6 +3,7 @@ alone and against stock, at a decode batch, and with launch choices of its CONFI
 the log-sum-exp's tree, V_CHUNK or BLOCK_V, changes bits and is here only to see what it would buy).
 
     PYTHONPATH=. python benchmarks/bench_lmhead_decode.py [--tokens 64] [--vocab 151936] [--hidden 1024] --out DIR
+    [--only REGEX]   (the contenders whose name matches, beside sample_logprob and stock)
 
 CUDA-graph replay of back-to-back calls on rotating input copies (benchmarks/harness.py), interleaved rounds,
 medians; the floor is the weight's bytes at the copy bandwidth.
@@ -11,6 +12,7 @@ medians; the floor is the weight's bytes at the copy bandwidth.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -28,9 +30,13 @@ from tik_kernels.ops import sample as SA  # noqa: E402
 #: "both" sample then logprob of its token. The sampler's token is an argmax with ties to the lowest index, the same
 #: whatever the order its chunks and tiles are merged in, so sample's V_CHUNK and BLOCK_V only launch it (no bits);
 #: logprob's (and sample_logprob's) set the log-sum-exp's tree: "(tree)" marks a variant that would change its bits.
-#: CHUNKS (chunks one program walks in turn) launches either without moving a bit
+#: CHUNKS (chunks one program walks in turn) launches either without moving a bit, nor does MERGE_UNROLL (the combine's
+#: chunk loop unrolled: the same merges in the same order)
 VARIANTS = {
     "sample_logprob": ("slp", {}),
+    "slp MERGE_UNROLL=1 (the combine before session 25)": ("slp", {"logprob": {"MERGE_UNROLL": 1}}),
+    "slp MERGE_UNROLL=4": ("slp", {"logprob": {"MERGE_UNROLL": 4}}),
+    "slp MERGE_UNROLL=16": ("slp", {"logprob": {"MERGE_UNROLL": 16}}),
     "slp CHUNKS=2": ("slp", {"logprob": {"CHUNKS": 2}}),
     "slp CHUNKS=4": ("slp", {"logprob": {"CHUNKS": 4}}),
     "slp warps=4 CHUNKS=4": ("slp", {"logprob": {"num_warps": 4, "CHUNKS": 4}}),
@@ -40,6 +46,7 @@ VARIANTS = {
     "slp warps=4 BLOCK_V=64 V_CHUNK=2048 (tree)": ("slp", {"logprob": {"num_warps": 4, "BLOCK_V": 64,
                                                                         "V_CHUNK": 2048}}),
     "sample alone": ("sample", {}),
+    "sample MERGE_UNROLL=1": ("sample", {"sample": {"MERGE_UNROLL": 1}}),
     "sample V_CHUNK=512 (its CONFIG until session 21)": ("sample", {"sample": {"V_CHUNK": 512}}),
     "sample V_CHUNK=2048": ("sample", {"sample": {"V_CHUNK": 2048}}),
     "sample V_CHUNK=4096": ("sample", {"sample": {"V_CHUNK": 4096}}),
@@ -56,6 +63,7 @@ VARIANTS = {
     "sample V_WAVES=1 warps=4": ("sample", {"sample": {"V_WAVES": 1, "num_warps": 4}}),
     "sample V_WAVES=2 BLOCK_V=64": ("sample", {"sample": {"V_WAVES": 2, "BLOCK_V": 64}}),
     "logprob alone": ("logprob", {}),
+    "logprob MERGE_UNROLL=1": ("logprob", {"logprob": {"MERGE_UNROLL": 1}}),
     "logprob warps=4": ("logprob", {"logprob": {"num_warps": 4}}),
     "logprob stages=4": ("logprob", {"logprob": {"num_stages": 4}}),
     "logprob CHUNKS=2": ("logprob", {"logprob": {"CHUNKS": 2}}),
@@ -78,6 +86,8 @@ def main() -> int:
     ap.add_argument("--vocab", type=positive_int, default=151936)
     ap.add_argument("--hidden", type=positive_int, default=1024)
     ap.add_argument("--rounds", type=positive_int, default=9)
+    ap.add_argument("--only", default=None, metavar="REGEX",
+                    help="only the contenders whose name matches (re.search), beside sample_logprob; stock's always")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -104,7 +114,8 @@ def main() -> int:
         tok = torch.argmax(z - torch.log(-torch.log(torch.rand_like(z))), dim=-1)
         return tok, torch.gather(torch.log_softmax(z, -1), 1, tok[:, None])[:, 0]
 
-    contenders = {name: variant(call, over) for name, (call, over) in VARIANTS.items()}
+    contenders = {name: variant(call, over) for name, (call, over) in VARIANTS.items()
+                  if args.only is None or name == "sample_logprob" or re.search(args.only, name)}
     contenders["stock (cuBLAS logits, log_softmax, gumbel argmax)"] = stock
     # mode A's own lm_head (tik_kernels/e2e/model.py StockBackend.sample_logprob), eager and through torch.compile:
     # with automatic dynamic shapes (compiled first at half the batch, then at this one: the batch goes symbolic, the

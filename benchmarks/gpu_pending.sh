@@ -68,6 +68,8 @@
 #   train_profile #19 where the trainer's time goes (benchmarks/train_profile.py): the 4 minibatch updates of a 256-sequence
 #                     qwen3-0.6b rollout, alone and right after a recompute pass, part by part and kernel by kernel,
 #                     unified then stock ($R/train_profile_<card>_qwen3-0.6b{,_stock}.{json,md})
+#   lmhead_merge  #19 the lm_head combines' unrolled chunk loop (MERGE_UNROLL, session 25) against the loop before, in one
+#                     run (bench_lmhead_decode.py --only MERGE; $R/lmhead_decode_<card>.json)
 #   lmhead        #19 the lm_head's launch variants alone (bench_lmhead_decode.py: sample's V_WAVES among them), at a
 #                     decode batch of 64 ($R/lmhead_decode_<card>.json)
 #   stock_paths   #19 mode A's decode step (its cache fill inside the compiled rope since session 23, the fastest) beside
@@ -207,6 +209,9 @@ for p in "$@"; do
                 --name "train_profile_${CARD}_qwen3-0.6b"
             part "train_profile_${CARD}_qwen3-0.6b_stock" 240 "$py" benchmarks/train_profile.py --preset qwen3-0.6b \
                 --backend stock --out "$R" --name "train_profile_${CARD}_qwen3-0.6b_stock" ;;
+        lmhead_merge)
+            part lmhead_decode_merge 200 "$py" benchmarks/bench_lmhead_decode.py --only 'MERGE|alone|then logprob' \
+                --out "$R" ;;
         lmhead)
             part lmhead_decode 200 "$py" benchmarks/bench_lmhead_decode.py --out "$R" ;;
         stock_paths)
@@ -225,6 +230,6 @@ for p in "$@"; do
             part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_h200
             part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf)" >&2 ;;
+            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge)" >&2 ;;
     esac
 done

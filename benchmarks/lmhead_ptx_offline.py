@@ -3,6 +3,10 @@
 declared, local-memory stores and shared memory per kernel: that a launch choice compiles, and keeps its values out
 of local memory in the PTX, before a GPU times it (ptxas's own spills show only where the cubin is loaded, on a GPU).
 
+Then the combine kernels (the chain over V chunks a decode batch runs in one program) at MERGE_UNROLL 1 and 8,
+assembled with Triton's ptxas and disassembled (nvdisasm): their global loads (L) and exps (X) in program order, and
+how many loads go out before the first exp waits on one, where the tools are there.
+
     python benchmarks/lmhead_ptx_offline.py [REV] > benchmarks/results/lmhead_ptx_offline.txt
 """
 
@@ -68,7 +72,63 @@ def main() -> int:
                 regs = sum(int(n) for n in re.findall(r"\.reg \.\w+\s+%\w+<(\d+)>", ptx))
                 print(f"{op:8s} {kernel:24s} {label:10s} PTX registers declared {regs:5d}, "
                       f"st.local {ptx.count('st.local')}, shared {k.metadata.shared} B")
+    combines()
     return 0
+
+
+#: (operator file, combine kernel, its argument types other than fp32 pointers and i32 scalars)
+COMBINES = [
+    ("logprob", "_logprob_combine_kernel", {}),
+    ("logprob", "_sample_logprob_combine_kernel", {"idx_part_ptr": I64, "ids_ptr": I64}),
+    ("sample", "_sample_combine_kernel", {"idx_part_ptr": I64, "out_ptr": I64}),
+    ("entropy", "_entropy_combine_kernel", {}),
+]
+
+
+def sass_order(ptx: str) -> str | None:
+    """The kernel's global loads (L), exps (X) and branches (B) in program order, or None without the tools."""
+    nvidia = Path(__import__("triton").__file__).parent / "backends" / "nvidia" / "bin"
+    arch = re.search(r"\.target (sm_\w+)", ptx).group(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        src, cubin = Path(tmp) / "k.ptx", Path(tmp) / "k.cubin"
+        src.write_text(ptx)
+        for ptxas in ("ptxas", "ptxas-blackwell"):  # the one whose PTX version this Triton writes
+            if (nvidia / ptxas).exists() and subprocess.run(
+                    [str(nvidia / ptxas), f"--gpu-name={arch}", str(src), "-o", str(cubin)],
+                    capture_output=True).returncode == 0:
+                break
+        else:
+            return None
+        if not (nvidia / "nvdisasm").exists():
+            return None
+        sass = subprocess.run([str(nvidia / "nvdisasm"), "-c", str(cubin)], capture_output=True, text=True).stdout
+    return "".join("L" if "LDG" in ln else "X" if "MUFU" in ln else "B" if "BRA" in ln else ""
+                   for ln in sass.splitlines())
+
+
+def combines() -> None:
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from tik_kernels.contract import load_module
+
+    print("\ncombine kernels, sm_90, num_warps 4, BLOCK 128: global loads (L), exps (X), branches (B) in SASS order")
+    for op, kernel, types in COMBINES:
+        fn = getattr(load_module(ROOT / "tik_kernels" / "ops" / f"{op}.py", f"ptx_{op}_combine"), kernel)
+        params = inspect.signature(fn.fn).parameters
+        for unroll in (1, 8):
+            const = {k: v for k, v in {"BLOCK": 128, "PDL": False, "MERGE_UNROLL": unroll}.items() if k in params}
+            sig = {n: "constexpr" if n in const else types.get(n, F32 if n.endswith("_ptr") else "i32")
+                   for n in params}
+            k = triton.compile(triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=const),
+                               target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3})
+            order = sass_order(k.asm["ptx"])
+            if order is None:
+                print(f"{op:8s} {kernel:32s} MERGE_UNROLL={unroll:<2d} (no ptxas / nvdisasm here)")
+                continue
+            first_x = order.find("X")
+            ahead = order[:first_x].count("L") if first_x >= 0 else order.count("L")
+            print(f"{op:8s} {kernel:32s} MERGE_UNROLL={unroll:<2d} loads before the first exp {ahead:3d}  {order}")
 
 
 if __name__ == "__main__":

@@ -63,10 +63,11 @@ def test_a_planted_log_sum_exp_order_is_caught(tmp_path):
     from tik_kernels.contract import load_module
 
     text = Path(lp_root.__file__).read_text()
-    old = "    for c in range(0, NC):\n        c_m = tl.load(m_part_ptr + c * T + o_t, mask=m_t, other=0.0)\n"
+    loop = "for c in tl.range(0, NC, loop_unroll_factor=MERGE_UNROLL):"
+    old = f"    {loop}\n        c_m = tl.load(m_part_ptr + c * T + o_t, mask=m_t, other=0.0)\n"
     assert text.count(old) == 2  # logprob's own combine, then sample_logprob's
     at = text.index(old, text.index("def _sample_logprob_combine_kernel"))
-    planted = text[:at] + old.replace("for c in range(0, NC):", "for cc in range(0, NC):\n        c = NC - 1 - cc") \
+    planted = text[:at] + old.replace(loop, "for cc in range(0, NC):\n        c = NC - 1 - cc") \
         + text[at + len(old):]
     (tmp_path / "planted_lp.py").write_text(planted)
     m = load_module(tmp_path / "planted_lp.py", "planted_sample_logprob")
