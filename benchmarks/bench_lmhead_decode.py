@@ -3,7 +3,7 @@ alone and against stock, at a decode batch, and with launch choices of its CONFI
 the log-sum-exp's tree, V_CHUNK or BLOCK_V, changes bits and is here only to see what it would buy).
 
     PYTHONPATH=. python benchmarks/bench_lmhead_decode.py [--tokens 64] [--vocab 151936] [--hidden 1024] --out DIR
-    [--only REGEX]   (the contenders whose name matches, beside sample_logprob and stock)
+    [--only REGEX]   (the contenders whose name matches, beside sample_logprob and the plain stock one)
 
 CUDA-graph replay of back-to-back calls on rotating input copies (benchmarks/harness.py), interleaved rounds,
 medians; the floor is the weight's bytes at the copy bandwidth.
@@ -87,7 +87,7 @@ def main() -> int:
     ap.add_argument("--hidden", type=positive_int, default=1024)
     ap.add_argument("--rounds", type=positive_int, default=9)
     ap.add_argument("--only", default=None, metavar="REGEX",
-                    help="only the contenders whose name matches (re.search), beside sample_logprob; stock's always")
+                    help="only the contenders whose name matches (re.search), beside sample_logprob and plain stock")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -124,6 +124,7 @@ def main() -> int:
     if dev == "cuda":
         stocks |= {"mode A compiled": StockBackend(compiled=True),
                    "mode A compiled, all dims symbolic": StockBackend(compiled=True, compile_dynamic=True)}
+    stocks = {n: be for n, be in stocks.items() if args.only is None or re.search(args.only, n)}
     for name, be in stocks.items():
         be.sample_logprob(h[: max(1, args.tokens // 2)], w, 1.0, seeds[: max(1, args.tokens // 2)])
         contenders[name] = lambda h, w, seeds, ids, be=be: be.sample_logprob(h, w, 1.0, seeds)
@@ -132,6 +133,8 @@ def main() -> int:
         # 4.9 ms of the step on an H100, decode_breakdown_h100_qwen3-0.6b_s21_stock_unified.md)
         for name, dyn in (("mode A compiled, first at this batch under no_grad", None),
                           ("mode A compiled, all dims symbolic, first at this batch under no_grad", True)):
+            if args.only is not None and not re.search(args.only, name):
+                continue
             be = StockBackend(compiled=True, compile_dynamic=dyn)
             with torch.no_grad():
                 be.sample_logprob(h, w, 1.0, seeds)

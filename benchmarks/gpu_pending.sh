@@ -210,8 +210,8 @@ for p in "$@"; do
             part "train_profile_${CARD}_qwen3-0.6b_stock" 240 "$py" benchmarks/train_profile.py --preset qwen3-0.6b \
                 --backend stock --out "$R" --name "train_profile_${CARD}_qwen3-0.6b_stock" ;;
         lmhead_merge)
-            part lmhead_decode_merge 200 "$py" benchmarks/bench_lmhead_decode.py --only 'MERGE|alone|then logprob' \
-                --out "$R" ;;
+            part lmhead_decode_merge 200 "$py" benchmarks/bench_lmhead_decode.py \
+                --only 'MERGE|alone|then logprob|mode A compiled$' --out "$R" ;;
         lmhead)
             part lmhead_decode 200 "$py" benchmarks/bench_lmhead_decode.py --out "$R" ;;
         stock_paths)
