@@ -30,13 +30,13 @@ from tik_kernels.ops import sample as SA  # noqa: E402
 #: "both" sample then logprob of its token. The sampler's token is an argmax with ties to the lowest index, the same
 #: whatever the order its chunks and tiles are merged in, so sample's V_CHUNK and BLOCK_V only launch it (no bits);
 #: logprob's (and sample_logprob's) set the log-sum-exp's tree: "(tree)" marks a variant that would change its bits.
-#: CHUNKS (chunks one program walks in turn) launches either without moving a bit, nor does MERGE_UNROLL (the combine's
-#: chunk loop unrolled: the same merges in the same order)
+#: CHUNKS (chunks one program walks in turn) launches either without moving a bit, nor does MERGE_STAGES (the combine's
+#: chunk loop software-pipelined: the same merges in the same order)
 VARIANTS = {
     "sample_logprob": ("slp", {}),
-    "slp MERGE_UNROLL=1 (the combine before session 25)": ("slp", {"logprob": {"MERGE_UNROLL": 1}}),
-    "slp MERGE_UNROLL=4": ("slp", {"logprob": {"MERGE_UNROLL": 4}}),
-    "slp MERGE_UNROLL=16": ("slp", {"logprob": {"MERGE_UNROLL": 16}}),
+    "slp MERGE_STAGES=1 (the combine before session 25)": ("slp", {"logprob": {"MERGE_STAGES": 1}}),
+    "slp MERGE_STAGES=2": ("slp", {"logprob": {"MERGE_STAGES": 2}}),
+    "slp MERGE_STAGES=4": ("slp", {"logprob": {"MERGE_STAGES": 4}}),
     "slp CHUNKS=2": ("slp", {"logprob": {"CHUNKS": 2}}),
     "slp CHUNKS=4": ("slp", {"logprob": {"CHUNKS": 4}}),
     "slp warps=4 CHUNKS=4": ("slp", {"logprob": {"num_warps": 4, "CHUNKS": 4}}),
@@ -46,7 +46,7 @@ VARIANTS = {
     "slp warps=4 BLOCK_V=64 V_CHUNK=2048 (tree)": ("slp", {"logprob": {"num_warps": 4, "BLOCK_V": 64,
                                                                         "V_CHUNK": 2048}}),
     "sample alone": ("sample", {}),
-    "sample MERGE_UNROLL=1": ("sample", {"sample": {"MERGE_UNROLL": 1}}),
+    "sample MERGE_STAGES=1": ("sample", {"sample": {"MERGE_STAGES": 1}}),
     "sample V_CHUNK=512 (its CONFIG until session 21)": ("sample", {"sample": {"V_CHUNK": 512}}),
     "sample V_CHUNK=2048": ("sample", {"sample": {"V_CHUNK": 2048}}),
     "sample V_CHUNK=4096": ("sample", {"sample": {"V_CHUNK": 4096}}),
@@ -63,7 +63,7 @@ VARIANTS = {
     "sample V_WAVES=1 warps=4": ("sample", {"sample": {"V_WAVES": 1, "num_warps": 4}}),
     "sample V_WAVES=2 BLOCK_V=64": ("sample", {"sample": {"V_WAVES": 2, "BLOCK_V": 64}}),
     "logprob alone": ("logprob", {}),
-    "logprob MERGE_UNROLL=1": ("logprob", {"logprob": {"MERGE_UNROLL": 1}}),
+    "logprob MERGE_STAGES=1": ("logprob", {"logprob": {"MERGE_STAGES": 1}}),
     "logprob warps=4": ("logprob", {"logprob": {"num_warps": 4}}),
     "logprob stages=4": ("logprob", {"logprob": {"num_stages": 4}}),
     "logprob CHUNKS=2": ("logprob", {"logprob": {"CHUNKS": 2}}),

@@ -68,7 +68,7 @@
 #   train_profile #19 where the trainer's time goes (benchmarks/train_profile.py): the 4 minibatch updates of a 256-sequence
 #                     qwen3-0.6b rollout, alone and right after a recompute pass, part by part and kernel by kernel,
 #                     unified then stock ($R/train_profile_<card>_qwen3-0.6b{,_stock}.{json,md})
-#   lmhead_merge  #19 the lm_head combines' unrolled chunk loop (MERGE_UNROLL, session 25) against the loop before, in one
+#   lmhead_merge  #19 the lm_head combines' pipelined chunk loop (MERGE_STAGES, session 25) against the loop before, in one
 #                     run (bench_lmhead_decode.py --only MERGE; $R/lmhead_decode_<card>.json)
 #   lmhead        #19 the lm_head's launch variants alone (bench_lmhead_decode.py: sample's V_WAVES among them), at a
 #                     decode batch of 64 ($R/lmhead_decode_<card>.json)

@@ -3,9 +3,11 @@
 declared, local-memory stores and shared memory per kernel: that a launch choice compiles, and keeps its values out
 of local memory in the PTX, before a GPU times it (ptxas's own spills show only where the cubin is loaded, on a GPU).
 
-Then the combine kernels (the chain over V chunks a decode batch runs in one program) at MERGE_UNROLL 1 and 8,
-assembled with Triton's ptxas and disassembled (nvdisasm): their global loads (L) and exps (X) in program order, and
-how many loads go out before the first exp waits on one, where the tools are there.
+Then the combine kernels (the chain over V chunks a decode batch runs in one program) at MERGE_STAGES 1 and 8: the
+async copies in their PTX (the pipelined loads), then assembled with Triton's ptxas and disassembled (nvdisasm):
+their global loads (L, async copies included) and exps (X) in program order, and how many loads go out before the
+first exp waits on one, where the tools are there. Run it with the GPU's Triton on the path (PYTHONPATH=<a pip
+--target dir of triton==3.6.0>) to see what the GPU would run.
 
     python benchmarks/lmhead_ptx_offline.py [REV] > benchmarks/results/lmhead_ptx_offline.txt
 """
@@ -112,23 +114,25 @@ def combines() -> None:
 
     from tik_kernels.contract import load_module
 
-    print("\ncombine kernels, sm_90, num_warps 4, BLOCK 128: global loads (L), exps (X), branches (B) in SASS order")
+    print(f"\ncombine kernels, sm_90, num_warps 4, BLOCK 128, Triton {triton.__version__}: global loads (L), exps (X), "
+          "branches (B) in SASS order")
     for op, kernel, types in COMBINES:
         fn = getattr(load_module(ROOT / "tik_kernels" / "ops" / f"{op}.py", f"ptx_{op}_combine"), kernel)
         params = inspect.signature(fn.fn).parameters
-        for unroll in (1, 8):
-            const = {k: v for k, v in {"BLOCK": 128, "PDL": False, "MERGE_UNROLL": unroll}.items() if k in params}
+        for stages in (1, 8):
+            const = {k: v for k, v in {"BLOCK": 128, "PDL": False, "MERGE_STAGES": stages}.items() if k in params}
             sig = {n: "constexpr" if n in const else types.get(n, F32 if n.endswith("_ptr") else "i32")
                    for n in params}
             k = triton.compile(triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=const),
                                target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3})
+            head = f"{op:8s} {kernel:32s} MERGE_STAGES={stages}  cp.async {k.asm['ptx'].count('cp.async'):3d}"
             order = sass_order(k.asm["ptx"])
             if order is None:
-                print(f"{op:8s} {kernel:32s} MERGE_UNROLL={unroll:<2d} (no ptxas / nvdisasm here)")
+                print(f"{head}  (no ptxas / nvdisasm here)")
                 continue
             first_x = order.find("X")
             ahead = order[:first_x].count("L") if first_x >= 0 else order.count("L")
-            print(f"{op:8s} {kernel:32s} MERGE_UNROLL={unroll:<2d} loads before the first exp {ahead:3d}  {order}")
+            print(f"{head}  loads before the first exp {ahead:3d}  {order}")
 
 
 if __name__ == "__main__":

@@ -63,7 +63,7 @@ def test_a_planted_log_sum_exp_order_is_caught(tmp_path):
     from tik_kernels.contract import load_module
 
     text = Path(lp_root.__file__).read_text()
-    loop = "for c in tl.range(0, NC, loop_unroll_factor=MERGE_UNROLL):"
+    loop = "for c in tl.range(0, NC, num_stages=MERGE_STAGES):"
     old = f"    {loop}\n        c_m = tl.load(m_part_ptr + c * T + o_t, mask=m_t, other=0.0)\n"
     assert text.count(old) == 2  # logprob's own combine, then sample_logprob's
     at = text.index(old, text.index("def _sample_logprob_combine_kernel"))
@@ -96,6 +96,39 @@ def test_gpu_same_token_and_bits_at_qwen3_shapes():
                 want = sample_root.sample(h, w, tau, seeds)
                 assert torch.equal(ids, want), (H, T, tau)
                 assert torch.equal(_bits(lp), _bits(lp_root.logprob(h, w, want, tau))), (H, T, tau)
+
+
+@pytest.mark.gpu
+def test_gpu_merge_stages_move_no_bits(monkeypatch):
+    """MERGE_STAGES (the combines' chunk loop software-pipelined; on the GPU only: the interpreter has no pipeline)
+    moves no bit of logprob, entropy, sample or sample_logprob at the Qwen3 lm_head: 297 chunks, decode and prefill
+    batches, stages 1 (the plain loop), 2, 4 and 8."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    import tik_kernels.ops.entropy as entropy_root
+
+    mods = (lp_root, sample_root, entropy_root)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    w = (torch.randn(151936, 1024, device="cuda", generator=gen) * 1024**-0.5).to(torch.bfloat16)
+
+    def run(T: int) -> tuple:
+        g = torch.Generator(device="cuda").manual_seed(T)
+        h = torch.randn(T, 1024, device="cuda", generator=g).to(torch.bfloat16)
+        seeds = torch.randint(0, 2**62, (T,), device="cuda", generator=g)
+        targets = torch.randint(0, 151936, (T,), device="cuda", generator=g)
+        ids, lp = lp_root.sample_logprob(h, w, 0.7, seeds)
+        return (_bits(lp_root.logprob(h, w, targets, 0.7)), _bits(entropy_root.entropy(h, w, 0.7)),
+                sample_root.sample(h, w, 0.7, seeds), ids, _bits(lp))
+
+    for T in (1, 64, 300):
+        got = {}
+        for stages in (1, 2, 4, 8):
+            for m in mods:
+                monkeypatch.setitem(m.CONFIG, "MERGE_STAGES", stages)
+            got[stages] = run(T)
+        for stages in (2, 4, 8):
+            for k, (a, b) in enumerate(zip(got[1], got[stages], strict=True)):
+                assert torch.equal(a, b), (T, stages, k)
 
 
 @pytest.mark.parametrize("chunks", [2, 3, 4])

@@ -42,11 +42,11 @@ TUNABLES = {
     "BWD_BLOCK_M": (64, 128),
     "BWD_BLOCK_N": (64, 128),
     "BWD_BLOCK_K": (32, 64),
-    "MERGE_UNROLL": (1, 4, 8, 16),
+    "MERGE_STAGES": (1, 2, 4, 8),
 }
-#: MERGE_UNROLL: the combine kernel's loop over the V chunks unrolled by this factor (`tl.range`'s loop_unroll_factor):
-#: the same merges in the same order, so no bit changes; the loads of several chunks go out before the first of
-#: their merges waits (as in logprob.py)
+#: MERGE_STAGES: the combine kernel's loop over the V chunks software-pipelined in this many stages (`tl.range`'s
+#: num_stages): the loads of the next chunks go out while one merges, the same merges in the same order (as in
+#: logprob.py)
 CONFIG = {
     "BLOCK_T": 64,
     "BLOCK_V": 128,
@@ -58,7 +58,7 @@ CONFIG = {
     "BWD_BLOCK_M": 128,
     "BWD_BLOCK_N": 128,
     "BWD_BLOCK_K": 32,
-    "MERGE_UNROLL": 8,
+    "MERGE_STAGES": 8,
 }
 
 
@@ -135,7 +135,7 @@ def _entropy_combine_kernel(
     T,
     NC,
     BLOCK: tl.constexpr,
-    MERGE_UNROLL: tl.constexpr = 1,  # the chunk loop unrolled: the same merges in the same order (CONFIG)
+    MERGE_STAGES: tl.constexpr = 1,  # the chunk loop's loads pipelined: the same merges in the same order
 ):
     pid = tl.program_id(0).to(tl.int64)
     o_t = pid * BLOCK + tl.arange(0, BLOCK)
@@ -144,7 +144,7 @@ def _entropy_combine_kernel(
     b_s = tl.zeros([BLOCK], dtype=tl.float32)
     b_a = tl.zeros([BLOCK], dtype=tl.float32)
     # chunks in increasing order: the merge order is fixed by V and V_CHUNK
-    for c in tl.range(0, NC, loop_unroll_factor=MERGE_UNROLL):
+    for c in tl.range(0, NC, num_stages=MERGE_STAGES):
         c_m = tl.load(m_part_ptr + c * T + o_t, mask=m_t, other=0.0)
         c_s = tl.load(s_part_ptr + c * T + o_t, mask=m_t, other=1.0)
         c_a = tl.load(a_part_ptr + c * T + o_t, mask=m_t, other=0.0)
@@ -291,7 +291,7 @@ def entropy_fwd(hidden: torch.Tensor, w: torch.Tensor, temperature: float) -> tu
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     _entropy_combine_kernel[(triton.cdiv(T, 128),)](*parts, out, lse, T, n_chunks, BLOCK=128,
-                                                     MERGE_UNROLL=cfg.get("MERGE_UNROLL", 1))
+                                                     MERGE_STAGES=cfg.get("MERGE_STAGES", 1))
     return out, lse
 
 

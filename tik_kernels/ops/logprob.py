@@ -49,19 +49,19 @@ TUNABLES = {
     "BWD_BLOCK_K": (32, 64),
     "PDL": (0, 1),
     "CHUNKS": (1, 2, 4),
-    "MERGE_UNROLL": (1, 4, 8, 16),
+    "MERGE_STAGES": (1, 2, 4, 8),
 }
 #: PDL: sample_logprob's kernels launched with programmatic dependent launch (ops/_common.py), no bit changes.
 #: CHUNKS: V chunks walked by one program of the forward and of sample_logprob, one after another, each from a fresh
 #: state and stored in its own slot: who computes a chunk, never its sum (the tree is V_CHUNK's and BLOCK_V's), so no
 #: bit changes; fewer, longer programs where the per-program cost shows (benchmarks/bench_lmhead_decode.py)
-#: MERGE_UNROLL: the combine kernels' loop over the V chunks unrolled by this factor (`tl.range`'s
-#: loop_unroll_factor): the same merges in the same order, so no bit changes, but the loads of several chunks are
-#: issued before the first of their merges waits, instead of one global-memory round trip per chunk: a decode batch
-#: is one combine program walking V / V_CHUNK chunks (297 for qwen3's lm_head) in one chain. Compiled for sm_90 (Triton
-#: 3.9 and its ptxas, on a machine without a GPU) the one-pass combine's loop was not unrolled at all, 4 loads before
-#: its first exp, and 37 with 8 (`benchmarks/lmhead_ptx_offline.py`, results/lmhead_ptx_offline_s25.txt); timed by
-#: `benchmarks/bench_lmhead_decode.py --only MERGE`
+#: MERGE_STAGES: the combine kernels' loop over the V chunks software-pipelined in this many stages (`tl.range`'s
+#: num_stages: the loads of the next chunks go out, as async copies, while one chunk merges): the same merges in the
+#: same order, so no bit changes, where the plain loop paid a global-memory round trip or two per chunk. A decode
+#: batch's combine is one program walking V / V_CHUNK chunks (297 for qwen3's lm_head) in one chain; the one-pass
+#: combine's loop, compiled for sm_90 by the GPU's Triton (3.6), issued its five loads a chunk between its merge's
+#: exps, and with 8 stages 82 async copies (`benchmarks/lmhead_ptx_offline.py`, results/lmhead_ptx_offline_s25.txt);
+#: timed by `benchmarks/bench_lmhead_decode.py --only MERGE`
 CONFIG = {
     "BLOCK_T": 64,
     "BLOCK_V": 128,
@@ -75,7 +75,7 @@ CONFIG = {
     "BWD_BLOCK_K": 32,
     "PDL": 1,
     "CHUNKS": 1,
-    "MERGE_UNROLL": 8,
+    "MERGE_STAGES": 8,
 }
 
 
@@ -179,7 +179,7 @@ def _logprob_combine_kernel(
     T,
     NC,
     BLOCK: tl.constexpr,
-    MERGE_UNROLL: tl.constexpr = 1,  # the chunk loop unrolled: the same merges in the same order (CONFIG)
+    MERGE_STAGES: tl.constexpr = 1,  # the chunk loop's loads pipelined: the same merges in the same order
 ):
     pid = tl.program_id(0).to(tl.int64)
     o_t = pid * BLOCK + tl.arange(0, BLOCK)
@@ -187,7 +187,7 @@ def _logprob_combine_kernel(
     b_m = tl.full([BLOCK], float("-inf"), dtype=tl.float32)
     b_s = tl.zeros([BLOCK], dtype=tl.float32)
     # chunks in increasing order: the merge order is fixed by V and V_CHUNK
-    for c in tl.range(0, NC, loop_unroll_factor=MERGE_UNROLL):
+    for c in tl.range(0, NC, num_stages=MERGE_STAGES):
         c_m = tl.load(m_part_ptr + c * T + o_t, mask=m_t, other=0.0)
         c_s = tl.load(s_part_ptr + c * T + o_t, mask=m_t, other=0.0)
         b_m, b_s = _lse_merge(b_m, b_s, c_m, c_s)
@@ -334,7 +334,7 @@ def logprob_fwd(hidden: torch.Tensor, w: torch.Tensor, targets: torch.Tensor,
         CHUNKS=chunks, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     _logprob_combine_kernel[(triton.cdiv(T, 128),)](m_part, s_part, z_tgt, out, lse, T, n_chunks, BLOCK=128,
-                                                     MERGE_UNROLL=cfg.get("MERGE_UNROLL", 1))
+                                                     MERGE_STAGES=cfg.get("MERGE_STAGES", 1))
     return out, lse
 
 
@@ -491,7 +491,7 @@ def _sample_logprob_combine_kernel(
     NC,
     BLOCK: tl.constexpr,
     PDL: tl.constexpr = False,
-    MERGE_UNROLL: tl.constexpr = 1,  # the chunk loop unrolled: the same merges in the same order (CONFIG)
+    MERGE_STAGES: tl.constexpr = 1,  # the chunk loop's loads pipelined: the same merges in the same order
 ):
     pdl_start(PDL)
     pid = tl.program_id(0).to(tl.int64)
@@ -504,7 +504,7 @@ def _sample_logprob_combine_kernel(
     b_zb = tl.load(zb_part_ptr + o_t, mask=m_t, other=0.0)
     # chunks in increasing order: the log-sum-exp as _logprob_combine_kernel merges it, the race as sample's
     # _sample_combine_kernel does (strictly greater wins: ties to the lowest index)
-    for c in tl.range(0, NC, loop_unroll_factor=MERGE_UNROLL):
+    for c in tl.range(0, NC, num_stages=MERGE_STAGES):
         c_m = tl.load(m_part_ptr + c * T + o_t, mask=m_t, other=0.0)
         c_s = tl.load(s_part_ptr + c * T + o_t, mask=m_t, other=0.0)
         b_m, b_s = _lse_merge(b_m, b_s, c_m, c_s)
@@ -558,5 +558,5 @@ def sample_logprob(hidden: torch.Tensor, w: torch.Tensor, temperature: float,
             CHUNKS=chunks, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl,
         )
         _sample_logprob_combine_kernel[(triton.cdiv(T, 128),)](*parts, ids, out, T, nc, BLOCK=128,
-                                                                MERGE_UNROLL=cfg.get("MERGE_UNROLL", 1), **pdl)
+                                                                MERGE_STAGES=cfg.get("MERGE_STAGES", 1), **pdl)
     return ids.reshape(lead), out.reshape(lead)

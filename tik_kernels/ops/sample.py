@@ -36,7 +36,7 @@ TUNABLES = {
     "num_stages": (2, 3, 4),
     "CHUNKS": (1, 2, 4),
     "V_WAVES": (0, 1, 2, 3, 4),
-    "MERGE_UNROLL": (1, 4, 8, 16),
+    "MERGE_STAGES": (1, 2, 4, 8),
 }
 #: V_CHUNK 1024 (was 512): the token is an argmax with ties to the lowest index, the same under any chunking, so this
 #: moves no bits; at a decode batch of 64 over qwen3's 151936-entry lm_head on an H100, 167 us against 191 (2048: 221,
@@ -47,10 +47,11 @@ TUNABLES = {
 #: block: chunks of 1152, 132 programs, against V_CHUNK 1024's 149, a second wave of 17). The token is the same: a
 #: chunk is whole BLOCK_V tiles, whose logits are the same code, and the race's order does not matter. Off (0) until
 #: timed (`bench_lmhead_decode.py`'s "sample V_WAVES" rows)
-#: MERGE_UNROLL: the combine kernel's loop over the V chunks unrolled by this factor (`tl.range`'s loop_unroll_factor):
-#: the same merges in the same order; the loads of several chunks go out before the first of their merges waits
+#: MERGE_STAGES: the combine kernel's loop over the V chunks software-pipelined in this many stages (`tl.range`'s
+#: num_stages): the loads of the next chunks go out while one merges, the same merges in the same order (as in
+#: logprob.py)
 CONFIG = {"BLOCK_T": 64, "BLOCK_V": 128, "BLOCK_K": 64, "V_CHUNK": 1024, "num_warps": 8, "num_stages": 3, "CHUNKS": 1,
-          "V_WAVES": 0, "MERGE_UNROLL": 8}
+          "V_WAVES": 0, "MERGE_STAGES": 8}
 
 
 @triton.jit
@@ -178,7 +179,7 @@ def _sample_combine_kernel(
     T,
     NC,
     BLOCK: tl.constexpr,
-    MERGE_UNROLL: tl.constexpr = 1,  # the chunk loop unrolled: the same merges in the same order (CONFIG)
+    MERGE_STAGES: tl.constexpr = 1,  # the chunk loop's loads pipelined: the same merges in the same order
 ):
     pid = tl.program_id(0).to(tl.int64)
     o_t = pid * BLOCK + tl.arange(0, BLOCK)
@@ -186,7 +187,7 @@ def _sample_combine_kernel(
     b_best = tl.full([BLOCK], float("-inf"), dtype=tl.float32)
     b_idx = tl.load(idx_part_ptr + o_t, mask=m_t, other=0)
     # chunks in increasing order, strictly greater wins: ties go to the lowest index
-    for c in tl.range(0, NC, loop_unroll_factor=MERGE_UNROLL):
+    for c in tl.range(0, NC, num_stages=MERGE_STAGES):
         c_best = tl.load(best_part_ptr + c * T + o_t, mask=m_t, other=float("-inf"))
         c_idx = tl.load(idx_part_ptr + c * T + o_t, mask=m_t, other=0)
         b_best, b_idx, _ = _race_merge(b_best, b_idx, c_best, c_idx)
@@ -226,7 +227,7 @@ def sample_fwd(hidden: torch.Tensor, w: torch.Tensor, temperature: float, seeds:
         V_CHUNK=v_chunk, CHUNKS=chunks, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     _sample_combine_kernel[(triton.cdiv(T, 128),)](best, idx, out, T, n_chunks, BLOCK=128,
-                                                    MERGE_UNROLL=cfg.get("MERGE_UNROLL", 1))
+                                                    MERGE_STAGES=cfg.get("MERGE_STAGES", 1))
     return out
 
 
