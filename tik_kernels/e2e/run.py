@@ -164,8 +164,10 @@ def run_mode(mode: str, cfg: E2EConfig, mc: ModelConfig, params0: dict, device: 
         if recompute:
             report(n_packed, done=True)
         phase("train")
-        r = rewards(comps, cfg.reward).to(device)
-        adv = group_advantages(r, torch.tensor([c.request.group for c in comps], device=device))
+        # rewards and advantages on the host, where the completions are: a group's mask and its rows on the GPU were
+        # a host sync each (32 groups, 32 waits a step), in the train phase of every mode
+        r = rewards(comps, cfg.reward)
+        adv = group_advantages(r, torch.tensor([c.request.group for c in comps])).to(device)
         ref = None
         if cfg.kl_coef:
             ref, _ = sequence_logprobs(mc, be, ref_params, packed, cfg.temperature, grad=False)

@@ -64,7 +64,8 @@ def make_optimizer(params: dict[str, torch.Tensor], lr: float) -> torch.optim.Op
 
 
 def group_advantages(rewards: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
-    """GRPO: each reward normalized by its group's mean and std."""
+    """GRPO: each reward normalized by its group's mean and std. A loop over the groups with masks: on the host
+    (the caller's rewards are host tensors there), where a mask costs no device wait."""
     adv = torch.zeros_like(rewards)
     for g in groups.unique():
         m = groups == g
