@@ -87,7 +87,8 @@ def throughput(args, out: Path) -> dict:
 #: no NARROW_PCT; split decode merged by its combine kernel; the long-context decode launch at every length; no
 #: programmatic dependent launch; the token and its log-prob from sample_logprob's one pass);
 #: `unified-nopdl` today's step without programmatic dependent launch; `unified-pdl-prefetch` with the linear's weight
-#: prefetch too; `unified-fused-lmhead` with sample_logprob's one pass instead of sample then logprob;
+#: prefetch too; `unified-fused-lmhead` with sample_logprob's one pass instead of sample then logprob (the default
+#: since session 25: the same as `unified`); `unified-two-pass-lmhead` with sample then logprob (as until then);
 #: `stock-s19` mode A with session 19's cache fill inside its compiled rope and its folded-GQA attention;
 #: `stock-dynamic` mode A with its compositions compiled for symbolic shapes from the first call (as until session 21);
 #: `unified-qk-rope` with the q / k norms, rope and cache fill in one launch (`UnifiedBackend(fused_qk_rope=True)`, the
@@ -112,6 +113,7 @@ DECODE_VARIANTS = {
     "unified-nopdl": (lambda _: UnifiedBackend(), NO_PDL_CONFIG),
     "unified-pdl-prefetch": (lambda _: UnifiedBackend(), PDL_PREFETCH_CONFIG),
     "unified-fused-lmhead": (lambda _: UnifiedBackend(fused_lmhead=True), {}),
+    "unified-two-pass-lmhead": (lambda _: UnifiedBackend(fused_lmhead=False), {}),
     "unified-qk-rope": (lambda _: UnifiedBackend(fused_qk_rope=True), {}),
     "unified-two-qk-launches": (lambda _: UnifiedBackend(fused_qk_rope=False), {}),
     "unified-narrow512": (lambda _: UnifiedBackend(), {"linear": {"NARROW_N": 2048, "NARROW_KCHUNK": 512}}),

@@ -422,12 +422,14 @@ class UnifiedBackend:
     decode_reads_kv_len = False
 
     def __init__(self, impl_files: dict[str, str | Path] | None = None, fused_launches: bool = True,
-                 fused_lmhead: bool = False, fused_qk_rope: bool = True):
+                 fused_lmhead: bool = True, fused_qk_rope: bool = True):
         """`fused_launches=False`: the rollout's rope and KV-cache fill, and its q and k norms, as separate calls
         (`rope_cache`, `qk_norm`; the same bits), to time what the fused launches save. `fused_lmhead`: the token
         and its log-prob from the logprob module's one-pass `sample_logprob` instead of `sample` then `logprob`
-        (the same bits; off: at a decode batch of 64 on the H100 the one pass took 459 us against 355 us for the two
-        calls, results/lmhead_decode_h100.json). `fused_qk_rope`: the rollout's q / k norms, rope and KV-cache fill
+        (the same bits; on since its combine's chunk loop is pipelined, logprob's MERGE_STAGES: at a decode batch of
+        64 over qwen3's lm_head on an H100 the one pass took 256.5 us against 323.5 us for the two calls, and 467.8 us
+        with the plain loop, one run, results/lmhead_decode_h100_s25.json; `fused_lmhead=False`: the two calls).
+        `fused_qk_rope`: the rollout's q / k norms, rope and KV-cache fill
         in one launch (the rmsnorm module's `rmsnorm_pair_rope_cache`, where the rope module is the library's, whose
         arithmetic it repeats) instead of two (on: the same bits on an H100, tests/e2e/test_rope_cache.py; a
         qwen3-0.6b decode step of 64 at context 128 / 256 replayed in 1.977 / 2.285 ms against 2.018 / 2.316 ms for
