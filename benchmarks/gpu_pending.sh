@@ -70,6 +70,8 @@
 #                     unified then stock ($R/train_profile_<card>_qwen3-0.6b{,_stock}.{json,md})
 #   lmhead_merge  #19 the lm_head combines' pipelined chunk loop (MERGE_STAGES, session 25) against the loop before, in one
 #                     run (bench_lmhead_decode.py --only MERGE; $R/lmhead_decode_<card>.json)
+#   lmhead_step   #19 the decode step with the one-pass lm_head (the default since session 25) beside the two passes and
+#                     stock, in one run ($R/e2e_decode_lmhead/)
 #   lmhead        #19 the lm_head's launch variants alone (bench_lmhead_decode.py: sample's V_WAVES among them), at a
 #                     decode batch of 64 ($R/lmhead_decode_<card>.json)
 #   stock_paths   #19 mode A's decode step (its cache fill inside the compiled rope since session 23, the fastest) beside
@@ -212,6 +214,9 @@ for p in "$@"; do
         lmhead_merge)
             part lmhead_decode_merge 200 "$py" benchmarks/bench_lmhead_decode.py \
                 --only 'MERGE|alone|then logprob|mode A compiled$' --out "$R" ;;
+        lmhead_step)
+            part e2e_decode_lmhead 300 "$py" benchmarks/bench_e2e.py --out "$R/e2e_decode_lmhead" --only decode \
+                --decode-backends stock unified unified-two-pass-lmhead ;;
         lmhead)
             part lmhead_decode 200 "$py" benchmarks/bench_lmhead_decode.py --out "$R" ;;
         stock_paths)
@@ -230,6 +235,6 @@ for p in "$@"; do
             part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_h200
             part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge)" >&2 ;;
+            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step)" >&2 ;;
     esac
 done
