@@ -72,6 +72,9 @@
 #                     run (bench_lmhead_decode.py --only MERGE; $R/lmhead_decode_<card>.json)
 #   lmhead_step   #19 the decode step with the one-pass lm_head (the default since session 25) beside the two passes and
 #                     stock, in one run ($R/e2e_decode_lmhead/)
+#   qk_regs       #19 the one-launch q / k norms + rope + cache fill with the halves from registers (rmsnorm's ROPE_REGS,
+#                     off until timed): its GPU bit tests, then the decode step with and without, one run
+#                     ($R/e2e_decode_qk_regs/)
 #   lmhead        #19 the lm_head's launch variants alone (bench_lmhead_decode.py: sample's V_WAVES among them), at a
 #                     decode batch of 64 ($R/lmhead_decode_<card>.json)
 #   stock_paths   #19 mode A's decode step (its cache fill inside the compiled rope since session 23, the fastest) beside
@@ -217,6 +220,10 @@ for p in "$@"; do
         lmhead_step)
             part e2e_decode_lmhead 300 "$py" benchmarks/bench_e2e.py --out "$R/e2e_decode_lmhead" --only decode \
                 --decode-backends stock unified unified-two-pass-lmhead ;;
+        qk_regs)
+            part pytest_gpu_qk_regs 240 "$py" -m pytest -q -m gpu tests/e2e/test_rope_cache.py
+            part e2e_decode_qk_regs 300 "$py" benchmarks/bench_e2e.py --out "$R/e2e_decode_qk_regs" --only decode \
+                --decode-backends unified unified-qk-regs ;;
         lmhead)
             part lmhead_decode 200 "$py" benchmarks/bench_lmhead_decode.py --out "$R" ;;
         stock_paths)
@@ -235,6 +242,6 @@ for p in "$@"; do
             part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_h200
             part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step)" >&2 ;;
+            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs)" >&2 ;;
     esac
 done

@@ -173,6 +173,16 @@ def test_qk_norm_rope_cache_is_the_pair_then_rope_cache(T, per_slot):
     _check_qk_rope(_qk_rope_case(T, seed=T, per_slot=per_slot))
 
 
+@pytest.mark.parametrize(("T", "per_slot"), [(5, 1), (9, 3)])
+def test_qk_norm_rope_cache_with_the_halves_from_registers(monkeypatch, T, per_slot):
+    """ROPE_REGS: the rope reads the normed rows' halves from registers instead of storing and reloading them, the
+    same bits; a head width that is no power of two (24: the halves are not the tile's column halves) keeps the
+    reload."""
+    monkeypatch.setitem(N.CONFIG, "ROPE_REGS", 1)
+    _check_qk_rope(_qk_rope_case(T, seed=T, per_slot=per_slot))
+    _check_qk_rope(_qk_rope_case(T, seed=T + 1, per_slot=per_slot, d=24))
+
+
 def test_qk_norm_rope_cache_declines_what_it_cannot_fuse_and_the_backend_then_makes_two_calls():
     q, wq, k, wk, v, pos, slots, kc = _qk_rope_case(4, seed=2)
     vc = kc.clone()
@@ -196,8 +206,10 @@ def test_qk_norm_rope_cache_declines_what_it_cannot_fuse_and_the_backend_then_ma
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("regs", [0, 1], ids=["reload", "regs"])
 @pytest.mark.parametrize(("T", "per_slot"), [(1, 1), (64, 1), (4096, 512)], ids=["decode1", "decode64", "prefill"])
-def test_qk_norm_rope_cache_is_the_pair_then_rope_cache_on_gpu(T, per_slot):
+def test_qk_norm_rope_cache_is_the_pair_then_rope_cache_on_gpu(monkeypatch, T, per_slot, regs):
     """qwen3 heads (16 / 8 of 128) on the GPU: the one launch repeats rope's arithmetic in another kernel, so only the
-    GPU's compilation can show the bits agree."""
+    GPU's compilation can show the bits agree; with the halves reloaded and from registers (ROPE_REGS)."""
+    monkeypatch.setitem(N.CONFIG, "ROPE_REGS", regs)
     _check_qk_rope(_qk_rope_case(T, seed=T, device="cuda", hq=16, hk=8, d=128, per_slot=per_slot))

@@ -35,9 +35,14 @@ TUNABLES = {
     "MAX_WARPS": (1, 2, 4, 8, 16),
     "BWD_ROWS": (32, 64, 128, 256),
     "PDL": (0, 1),
+    "ROPE_REGS": (0, 1),
 }
 #: PDL: the forward launched with programmatic dependent launch (ops/_common.py), no bit changes
-CONFIG = {"TILE_ELEMS": 4096, "MAX_WARPS": 8, "BWD_ROWS": 128, "PDL": 1}
+#: ROPE_REGS (`rmsnorm_pair_rope_cache` only, a power-of-two head width): the rope takes the two halves of each normed
+#: row from registers (the rounded values, split in place) instead of storing the rows and reading them back after a
+#: barrier; the same values, so no bit changes, and nothing but the rope's outputs written. Off until timed on a GPU
+#: (`gpu_pending.sh qk_regs`)
+CONFIG = {"TILE_ELEMS": 4096, "MAX_WARPS": 8, "BWD_ROWS": 128, "PDL": 1, "ROPE_REGS": 0}
 
 
 @triton.jit
@@ -77,6 +82,7 @@ def _rmsnorm_fwd_kernel(
     ROPE: tl.constexpr = False,
     HALF: tl.constexpr = 1,  # H // 2
     BLOCK_HALF: tl.constexpr = 1,
+    ROPE_REGS: tl.constexpr = False,  # (with ROPE, BLOCK_H == H) the halves from registers, nothing else stored
 ):
     pdl_start(PDL)
     pid = tl.program_id(0).to(tl.int64)
@@ -96,20 +102,35 @@ def _rmsnorm_fwd_kernel(
         b_y = b_xn * tl.where(((o_r % n_inner) < n_first)[:, None], b_w[None, :], b_w2[None, :])
     else:
         b_y = b_xn * b_w[None, :]
-    tl.store(y_ptr + o_r[:, None] * H + o_h[None, :], round_to(b_y, y_ptr.dtype.element_ty), mask=m)
-    tl.store(rstd_ptr + o_r, b_rstd, mask=m_r)
-    if ROPE:
-        tl.debug_barrier()  # the rows just stored (the normed values, rounded) visible to every thread of the program
-        _rope_rows(y_ptr, o_r, m_r, n_inner, n_first, H, pos_ptr, qo_ptr, ko_ptr, v_ptr, slot_ptr, kc_ptr, vc_ptr,
-                   log2_theta, stride_vt, stride_vh, stride_cs, stride_ch, stride_cp, HALF, BLOCK_H, BLOCK_HALF)
+    if ROPE and ROPE_REGS:
+        # the rounded normed rows, each split into its two halves in registers: the values storing the rows and
+        # reading them back would give (BLOCK_H == H: the halves are the tile's two column halves)
+        b_yr = round_to(b_y, y_ptr.dtype.element_ty).to(tl.float32)
+        b_x1, b_x2 = tl.split(tl.permute(tl.reshape(b_yr, [BLOCK_R, 2, BLOCK_HALF]), (0, 2, 1)))
+        _rope_rows(b_x1, b_x2, o_r, m_r, n_inner, n_first, H, pos_ptr, qo_ptr, ko_ptr, v_ptr, slot_ptr, kc_ptr,
+                   vc_ptr, log2_theta, stride_vt, stride_vh, stride_cs, stride_ch, stride_cp, HALF, BLOCK_H, BLOCK_HALF)
+    else:
+        tl.store(y_ptr + o_r[:, None] * H + o_h[None, :], round_to(b_y, y_ptr.dtype.element_ty), mask=m)
+        tl.store(rstd_ptr + o_r, b_rstd, mask=m_r)
+        if ROPE:
+            tl.debug_barrier()  # the rows just stored (the normed values, rounded) visible to every thread
+            o_i = tl.arange(0, BLOCK_HALF)
+            m_y = m_r[:, None] & (o_i < HALF)[None, :]
+            o_y = o_r[:, None] * H + o_i[None, :]
+            b_x1 = tl.load(y_ptr + o_y, mask=m_y, other=0.0).to(tl.float32)
+            b_x2 = tl.load(y_ptr + o_y + HALF, mask=m_y, other=0.0).to(tl.float32)
+            _rope_rows(b_x1, b_x2, o_r, m_r, n_inner, n_first, H, pos_ptr, qo_ptr, ko_ptr, v_ptr, slot_ptr, kc_ptr,
+                       vc_ptr, log2_theta, stride_vt, stride_vh, stride_cs, stride_ch, stride_cp, HALF, BLOCK_H,
+                       BLOCK_HALF)
 
 
 @triton.jit
-def _rope_rows(y_ptr, o_r, m_r, n_inner, n_first, H, pos_ptr, qo_ptr, ko_ptr, v_ptr, slot_ptr, kc_ptr, vc_ptr,
+def _rope_rows(b_x1, b_x2, o_r, m_r, n_inner, n_first, H, pos_ptr, qo_ptr, ko_ptr, v_ptr, slot_ptr, kc_ptr, vc_ptr,
                log2_theta, stride_vt, stride_vh, stride_cs, stride_ch, stride_cp, HALF: tl.constexpr,
                BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
-    """Rows of the normed [T, n_inner, H] output `y` (row r: token r // n_inner, head r % n_inner) rotated by their
-    token's position, written out and into the caches (`rmsnorm_pair_rope_cache`). Every operation below is the one
+    """Rows of the normed [T, n_inner, H] output, given as their halves `b_x1`, `b_x2` ([BLOCK_R, BLOCK_HALF] fp32 of
+    the rounded values; row r: token r // n_inner, head r % n_inner), rotated by their token's position, written out
+    and into the caches (`rmsnorm_pair_rope_cache`). Every operation below is the one
     `tik_kernels/ops/rope.py` applies (`_rope_kernel`, `_rotate_heads`), in the same order on the same values: the
     angle from the position and log2 theta, the two-constant reduction to [-pi, pi], cos and sin, the rotation,
     one rounding; the tests compare the bits with rope's on the GPU."""
@@ -128,9 +149,6 @@ def _rope_rows(y_ptr, o_r, m_r, n_inner, n_first, H, pos_ptr, qo_ptr, ko_ptr, v_
     b_c = tl.cos(b_rr)
     b_s = tl.sin(b_rr) * 1
     m = m_r[:, None] & m_i[None, :]
-    o_y = o_r[:, None] * H + o_i[None, :]
-    b_x1 = tl.load(y_ptr + o_y, mask=m, other=0.0).to(tl.float32)
-    b_x2 = tl.load(y_ptr + o_y + HALF, mask=m, other=0.0).to(tl.float32)
     b_y1 = b_x1 * b_c - b_x2 * b_s
     b_y2 = b_x2 * b_c + b_x1 * b_s
     b_y1 = round_to(b_y1, qo_ptr.dtype.element_ty)
@@ -330,5 +348,5 @@ def rmsnorm_pair_rope_cache(q: torch.Tensor, wq: torch.Tensor, k: torch.Tensor, 
         pos_ptr=pos.contiguous(), qo_ptr=qo, ko_ptr=ko, v_ptr=v, slot_ptr=slots.contiguous(), kc_ptr=k_cache,
         vc_ptr=v_cache, log2_theta=math.log2(theta), stride_vt=v.stride(0), stride_vh=v.stride(1),
         stride_cs=k_cache.stride(0), stride_ch=k_cache.stride(1), stride_cp=k_cache.stride(2), ROPE=True, HALF=H // 2,
-        BLOCK_HALF=triton.next_power_of_2(H // 2)))
+        BLOCK_HALF=triton.next_power_of_2(H // 2), ROPE_REGS=bool(CONFIG.get("ROPE_REGS")) and _tile(H)[1] == H))
     return qo, ko
