@@ -33,7 +33,7 @@ def test_replay_search_on_rmsnorm_with_the_real_evaluator(tmp_path, capsys):
     import tik_kernels.ops.rmsnorm as rmsnorm_root
     from tik_tui.agent.base import module_literal
 
-    assert module_literal(source, "CONFIG") == {**rmsnorm_root.CONFIG, "TILE_ELEMS": 2048}  # the one move, the rest kept
+    assert module_literal(source, "CONFIG") == {**rmsnorm_root.CONFIG, "TILE_ELEMS": 2048}  # the move, the rest kept
     assert main(["-w", str(w), "export", "rmsnorm", "--to", str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "rmsnorm.py").read_text() == source
     capsys.readouterr()
