@@ -69,7 +69,8 @@
 #                     qwen3-0.6b rollout, alone and right after a recompute pass, part by part and kernel by kernel,
 #                     unified then stock ($R/train_profile_<card>_qwen3-0.6b{,_stock}.{json,md})
 #   lmhead_merge  #19 the lm_head combines' pipelined chunk loop (MERGE_STAGES, session 25) against the loop before, in one
-#                     run (bench_lmhead_decode.py --only MERGE; $R/lmhead_decode_<card>.json)
+#                     run, and the one-pass main kernel's launch choices with it (4 warps: two blocks an SM; CHUNKS)
+#                     (bench_lmhead_decode.py --only ...; $R/lmhead_decode_<card>.json)
 #   lmhead_step   #19 the decode step with the one-pass lm_head (the default since session 25) beside the two passes and
 #                     stock, in one run ($R/e2e_decode_lmhead/)
 #   qk_regs       #19 the one-launch q / k norms + rope + cache fill with the halves from registers (rmsnorm's ROPE_REGS,
@@ -216,7 +217,7 @@ for p in "$@"; do
                 --backend stock --out "$R" --name "train_profile_${CARD}_qwen3-0.6b_stock" ;;
         lmhead_merge)
             part lmhead_decode_merge 200 "$py" benchmarks/bench_lmhead_decode.py \
-                --only 'MERGE|alone|then logprob|mode A compiled$' --out "$R" ;;
+                --only 'MERGE|alone|then logprob|mode A compiled$|^slp warps=4$|^slp CHUNKS' --out "$R" ;;
         lmhead_step)
             part e2e_decode_lmhead 300 "$py" benchmarks/bench_e2e.py --out "$R/e2e_decode_lmhead" --only decode \
                 --decode-backends stock unified unified-two-pass-lmhead ;;
