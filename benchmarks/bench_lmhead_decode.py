@@ -114,8 +114,11 @@ def main() -> int:
         tok = torch.argmax(z - torch.log(-torch.log(torch.rand_like(z))), dim=-1)
         return tok, torch.gather(torch.log_softmax(z, -1), 1, tok[:, None])[:, 0]
 
+    def chosen(name: str) -> bool:  # --only
+        return args.only is None or re.search(args.only, name) is not None
+
     contenders = {name: variant(call, over) for name, (call, over) in VARIANTS.items()
-                  if args.only is None or name == "sample_logprob" or re.search(args.only, name)}
+                  if name == "sample_logprob" or chosen(name)}
     contenders["stock (cuBLAS logits, log_softmax, gumbel argmax)"] = stock
     # mode A's own lm_head (tik_kernels/e2e/model.py StockBackend.sample_logprob), eager and through torch.compile:
     # with automatic dynamic shapes (compiled first at half the batch, then at this one: the batch goes symbolic, the
@@ -124,7 +127,7 @@ def main() -> int:
     if dev == "cuda":
         stocks |= {"mode A compiled": StockBackend(compiled=True),
                    "mode A compiled, all dims symbolic": StockBackend(compiled=True, compile_dynamic=True)}
-    stocks = {n: be for n, be in stocks.items() if args.only is None or re.search(args.only, n)}
+    stocks = {n: be for n, be in stocks.items() if chosen(n)}
     for name, be in stocks.items():
         be.sample_logprob(h[: max(1, args.tokens // 2)], w, 1.0, seeds[: max(1, args.tokens // 2)])
         contenders[name] = lambda h, w, seeds, ids, be=be: be.sample_logprob(h, w, 1.0, seeds)
@@ -133,7 +136,7 @@ def main() -> int:
         # 4.9 ms of the step on an H100, decode_breakdown_h100_qwen3-0.6b_s21_stock_unified.md)
         for name, dyn in (("mode A compiled, first at this batch under no_grad", None),
                           ("mode A compiled, all dims symbolic, first at this batch under no_grad", True)):
-            if args.only is not None and not re.search(args.only, name):
+            if not chosen(name):
                 continue
             be = StockBackend(compiled=True, compile_dynamic=dyn)
             with torch.no_grad():

@@ -107,8 +107,6 @@ def _rmsnorm_fwd_kernel(
         # reading them back would give (BLOCK_H == H: the halves are the tile's two column halves)
         b_yr = round_to(b_y, y_ptr.dtype.element_ty).to(tl.float32)
         b_x1, b_x2 = tl.split(tl.permute(tl.reshape(b_yr, [BLOCK_R, 2, BLOCK_HALF]), (0, 2, 1)))
-        _rope_rows(b_x1, b_x2, o_r, m_r, n_inner, n_first, H, pos_ptr, qo_ptr, ko_ptr, v_ptr, slot_ptr, kc_ptr,
-                   vc_ptr, log2_theta, stride_vt, stride_vh, stride_cs, stride_ch, stride_cp, HALF, BLOCK_H, BLOCK_HALF)
     else:
         tl.store(y_ptr + o_r[:, None] * H + o_h[None, :], round_to(b_y, y_ptr.dtype.element_ty), mask=m)
         tl.store(rstd_ptr + o_r, b_rstd, mask=m_r)
@@ -119,9 +117,9 @@ def _rmsnorm_fwd_kernel(
             o_y = o_r[:, None] * H + o_i[None, :]
             b_x1 = tl.load(y_ptr + o_y, mask=m_y, other=0.0).to(tl.float32)
             b_x2 = tl.load(y_ptr + o_y + HALF, mask=m_y, other=0.0).to(tl.float32)
-            _rope_rows(b_x1, b_x2, o_r, m_r, n_inner, n_first, H, pos_ptr, qo_ptr, ko_ptr, v_ptr, slot_ptr, kc_ptr,
-                       vc_ptr, log2_theta, stride_vt, stride_vh, stride_cs, stride_ch, stride_cp, HALF, BLOCK_H,
-                       BLOCK_HALF)
+    if ROPE:
+        _rope_rows(b_x1, b_x2, o_r, m_r, n_inner, n_first, H, pos_ptr, qo_ptr, ko_ptr, v_ptr, slot_ptr, kc_ptr,
+                   vc_ptr, log2_theta, stride_vt, stride_vh, stride_cs, stride_ch, stride_cp, HALF, BLOCK_H, BLOCK_HALF)
 
 
 @triton.jit
