@@ -33,6 +33,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 import tik_kernels  # noqa: E402,F401  (before triton: sets the interpreter up on a CPU machine)
 from benchmarks import harness as H  # noqa: E402
 from tik_kernels.contract import load_module  # noqa: E402
+from tik_tui.cli.common import regex  # noqa: E402
 
 SOURCE = Path(__file__).resolve().parents[1] / "tik_kernels" / "ops" / "attention.py"
 HQ, HK, D = 32, 8, 128
@@ -116,7 +117,8 @@ def main() -> None:
     mode.add_argument("--quick", action="store_true")
     mode.add_argument("--smoke", action="store_true", help="tiny shapes (the CPU interpreter)")
     ap.add_argument("--fused-all", action="store_true", help="every FUSED config, not only the best one")
-    ap.add_argument("--configs", default="", help="only the configs whose name matches this regex (and the root)")
+    ap.add_argument("--configs", default="", type=regex,
+                    help="only the configs whose name matches this regex (and the root)")
     ap.add_argument("--shapes", default="", help="B,S pairs, e.g. 1,4096;1,16384 (default: S = 1k, 4k, 16k)")
     args = ap.parse_args()
     H.line_buffered()

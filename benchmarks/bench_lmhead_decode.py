@@ -79,14 +79,14 @@ VARIANTS = {
 
 
 def main() -> int:
-    from tik_tui.cli.common import positive_int
+    from tik_tui.cli.common import positive_int, regex
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=positive_int, default=64)
     ap.add_argument("--vocab", type=positive_int, default=151936)
     ap.add_argument("--hidden", type=positive_int, default=1024)
     ap.add_argument("--rounds", type=positive_int, default=9)
-    ap.add_argument("--only", default=None, metavar="REGEX",
+    ap.add_argument("--only", default=None, metavar="REGEX", type=regex,
                     help="only the contenders whose name matches (re.search), beside sample_logprob and plain stock")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()

@@ -88,6 +88,15 @@ def nonneg_float(text: str) -> float:
     return value
 
 
+def regex(text: str) -> str:
+    """A regular expression (kept as text, matched with re.search), checked when the arguments are parsed."""
+    try:
+        re.compile(text)
+    except re.error as e:
+        raise argparse.ArgumentTypeError(f"not a regular expression: {text!r} ({e})") from None
+    return text
+
+
 def common_parent(json_flag: bool = True) -> argparse.ArgumentParser:
     """Options every subcommand accepts after its name too: `tik log -w DIR --json`."""
     p = OneLineParser(add_help=False)
