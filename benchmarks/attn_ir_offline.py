@@ -124,7 +124,8 @@ def report(mod, name: str, kernel: str, const: dict, warps: int, stages: int, tt
     return (f"{name:38s} warps {warps} stages {stages}: registers {regs.group(1) if regs else '?'}, spill stores/loads "
             f"{'/'.join(spills.groups()) if spills else '?'} B, shared {k.metadata.shared} B, wgmma "
             f"{ir.count('warp_group_dot ')} (waits {ir.count('warp_group_dot_wait')}, pendings {','.join(pend)}), "
-            f"async copies {ir.count('async_copy_global_to_local')}, TMA loads {ir.count('async_tma_copy')}")
+            f"async copies {ir.count('async_copy_global_to_local')}, TMA loads {ir.count('async_tma_copy')}"
+            f"{', WGMMA SERIALIZED (ptxas C7515)' if 'C7515' in out else ''}")
 
 
 def main() -> None:

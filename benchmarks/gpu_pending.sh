@@ -235,6 +235,18 @@ for p in "$@"; do
             part pytest_gpu_late_evaluator 300 env TIK_LATE_INPUTS=1 "$py" -m pytest -q -m "gpu and not gpu_timing" \
                 tests/evaluator
             part pytest_gpu_late_timing 300 env TIK_LATE_INPUTS=1 "$py" -m pytest -q -m gpu_timing tests/evaluator ;;
+        prefill_fold)
+            # the forward's chunk merge at the top of a block (after the QK wait) instead of after the PV dot, which
+            # ptxas answered by serializing every wgmma of the kernel (C7515): attention's GPU bit tests, then
+            # prefill and forward + backward against SDPA flash; OLD_ATTN=FILE also times that file's prefill
+            part pytest_gpu_attention 300 "$py" -m pytest -q -m gpu tests/kernels/test_attention.py \
+                tests/kernels/test_attention_bwd.py tests/kernels/test_attention_ds.py tests/kernels/test_attention_head_dim.py
+            part speed_prefill_fwdbwd 240 "$py" benchmarks/bench_speed.py --only prefill --only fwdbwd --out "$R" \
+                --rounds 9 --budget-s 150 --summary "$R/summary_h200.json"
+            if [[ -f ${OLD_ATTN:-} ]]; then
+                part speed_prefill_before 150 "$py" benchmarks/bench_speed.py --only prefill --impl attention="$OLD_ATTN" \
+                    --out "$R/before" --rounds 9 --budget-s 90
+            fi ;;
         attn_bwd)
             part attn_bwd 400 "$py" benchmarks/bench_attn_bwd.py --out "$R" ;;
         speed)
@@ -243,6 +255,6 @@ for p in "$@"; do
             part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_h200
             part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs)" >&2 ;;
+            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill_fold)" >&2 ;;
     esac
 done
