@@ -4,6 +4,7 @@
     PYTHONPATH=. python benchmarks/bench_speed.py --only decode --quick              # a few cells
     PYTHONPATH=. python benchmarks/bench_speed.py --impl linear=cand.py --only linear  # another file
     PYTHONPATH=. python benchmarks/bench_speed.py --smoke --out /tmp/s               # CPU: the code path only
+    PYTHONPATH=. python benchmarks/bench_speed.py --only prefill --variant m64=attention.BLOCK_M=64  # and a CONFIG
 
 Sections (Qwen3-8B: hidden 4096, 32 query heads, 8 KV heads, head dim 128, ffn 12288, vocab 151936):
 - linear: `linear(x, w)` vs cuBLAS `x @ w.T`, projections qkv / o / gate_up / down × M in
@@ -25,6 +26,11 @@ of M alone; decode: member 0 alone, and equal to the matching row of prefill; pr
 alone, the first half of the sequence alone; fwdbwd: gradients twice, the last member alone). A cell
 whose check fails is reported RED with no ratio, and its section's summary figures are withheld.
 
+--variant NAME=OP.KEY=VALUE[,OP.KEY=VALUE...] (repeatable) adds a contender `tik:NAME` to every cell of a section that
+runs OP: TIK's entry point with those CONFIG values, timed in the same interleaved rounds. A launch choice must not
+move bits: a variant whose output differs from the default's in a cell is reported RED there and not timed. The
+summary keys are always the default's.
+
 Writes speed_<card>[_<only>][_quick].{json,md} under --out (card: h200, h100, ... as benchmarks/harness.py's
 card_tag names the GPU) and, for a full run of a section on an H200, that section's keys in
 <out>/summary_h200.json (ratios TIK / stock, lower is better).
@@ -38,6 +44,7 @@ import importlib.util
 import math
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -116,6 +123,36 @@ def load_impls(specs: list[str]) -> dict:
     return mods
 
 
+def parse_variant(spec: str) -> tuple[str, dict[str, dict[str, int]]]:
+    """NAME=OP.KEY=VALUE[,OP.KEY=VALUE...] -> (NAME, {op: {key: value}}); argparse's type (a bad spec is one line)."""
+    name, sep, rest = spec.partition("=")
+    over: dict[str, dict[str, int]] = {}
+    for item in rest.split(",") if sep else ():
+        target, eq, value = item.partition("=")
+        op, dot, key = target.partition(".")
+        if not (eq and dot and op in IMPL_MODULES and key and value.lstrip("-").isdigit()):
+            break
+        over.setdefault(op, {})[key] = int(value)
+    else:
+        if name and over:
+            return name, over
+    raise argparse.ArgumentTypeError(f"--variant takes NAME=OP.KEY=INTEGER[,OP.KEY=INTEGER...] with OP one of "
+                                     f"{', '.join(IMPL_MODULES)}, got {spec!r}")
+
+
+def with_config(mod, over: dict[str, int], fn: Callable) -> Callable:
+    """fn called with mod.CONFIG[k] = v for k, v in over, restored after (a CUDA graph keeps its capture's launches)."""
+    def call(*args):
+        saved = {k: mod.CONFIG[k] for k in over}
+        mod.CONFIG.update(over)
+        try:
+            return fn(*args)
+        finally:
+            mod.CONFIG.update(saved)
+
+    return call
+
+
 # ----------------------------------------------------------------------------- stock contenders
 
 
@@ -178,12 +215,43 @@ class Bench:
         free, _ = torch.cuda.mem_get_info()
         return nbytes < 0.8 * free
 
-    def timed(self, row: dict, gate: dict, contenders: dict, args: tuple, stock: list[str], **kw) -> dict:
-        """Bits gate first; a red gate gets no timing at all (no ratio can be reported from it)."""
+    def variants(self, op: str, tik: Callable, args: tuple) -> tuple[dict, dict]:
+        """(contenders, gates) of the --variant runs that set op's CONFIG: `tik:NAME` where its output has the
+        default's bits here, a red gate (and no contender) where it does not."""
+        out, gates = {}, {}
+        mod = self.mods[op]
+        ref = None
+        for name, over in self.args.variant:
+            if op not in over:
+                continue
+            unknown = sorted(set(over[op]) - set(mod.CONFIG))
+            if unknown:
+                gates[name] = f"{op} has no tunable {', '.join(unknown)}"
+                continue
+            fn = with_config(mod, over[op], tik)
+            if ref is None:
+                ref = tik(*args)
+            try:
+                same = H.tree_bits_equal(fn(*args), ref)
+            except Exception as e:
+                gates[name] = H.one_line(e)
+                continue
+            gates[name] = bool(same)
+            if same:
+                out[f"tik:{name}"] = fn
+        return out, gates
+
+    def timed(self, row: dict, gate: dict, contenders: dict, args: tuple, stock: list[str], op: str | None = None,
+              **kw) -> dict:
+        """Bits gate first; a red gate gets no timing at all (no ratio can be reported from it). op: the operator
+        whose --variant runs join the contenders."""
         row["gate"] = gate
         row["gate_green"] = all(gate.values())
         if not row["gate_green"]:
             return row
+        if op is not None and self.args.variant:
+            extra, row["variant_gate"] = self.variants(op, contenders["tik"], args)
+            contenders = {**contenders, **extra}
         t = H.compare(contenders, args, rounds=self.rounds, graph=not self.args.eager, **kw)
         row["timing"] = t
         tik = t["contenders"].get("tik", {})
@@ -194,6 +262,8 @@ class Bench:
         if "median_us" in tik and stock_us:
             row["tik_us"], row["stock_us"] = tik["median_us"], stock_us
             row["ratio"] = tik["median_us"] / stock_us
+            row["variant_ratio"] = {n.partition(":")[2]: c["median_us"] / stock_us
+                                    for n, c in t["contenders"].items() if n.startswith("tik:") and "median_us" in c}
             row["graph"] = bool(tik.get("graph") and t["contenders"][name].get("graph"))
         else:
             row["error"] = tik.get("error") or "no stock contender ran"
@@ -218,7 +288,7 @@ class Bench:
                     "last_row_alone": H.bits_equal(lin(x[-1:], w), y[-1:])}
         del y
         return self.timed(row, gate, {"tik": lambda x, w: lin(x, w), "cublas": lambda x, w: x @ w.T}, (x, w),
-                          ["cublas"], nbytes=2 * (M * K + N * K + M * N), flops=2 * M * N * K)
+                          ["cublas"], op="linear", nbytes=2 * (M * K + N * K + M * N), flops=2 * M * N * K)
 
     # -- attention
 
@@ -243,7 +313,7 @@ class Bench:
             del qf, out
         contenders = {"tik": lambda q, k, v, lens: at.attention_decode(q, k, v, lens), **decode_stock(self.cuda)}
         stock = [n for n in contenders if n != "tik"]
-        return self.timed(row, gate, contenders, (q, k, v, lens), stock, nbytes=kv + 2 * q.numel() * 2)
+        return self.timed(row, gate, contenders, (q, k, v, lens), stock, op="attention", nbytes=kv + 2 * q.numel() * 2)
 
     def qkv(self, B: int, S: int, g, grad: bool = False) -> tuple:
         hq, hk, d = self.s.hq, self.s.hk, self.s.d
@@ -266,7 +336,7 @@ class Bench:
                     "first_half_alone": H.bits_equal(pre(q[:, :, :h], k[:, :, :h], v[:, :, :h]), o[:, :, :h])}
             del o
         return self.timed(row, gate, {"tik": lambda q, k, v: pre(q, k, v), "sdpa_flash": prefill_stock}, (q, k, v),
-                          ["sdpa_flash"], flops=self.attn_flops(B, S))
+                          ["sdpa_flash"], op="attention", flops=self.attn_flops(B, S))
 
     def fwdbwd(self, B: int, S: int) -> dict:
         pre = self.mods["attention"].attention_prefill
@@ -283,7 +353,7 @@ class Bench:
                 "last_member_alone": H.tree_bits_equal(tik(*last, do[-1:]), [t[-1:] for t in a])}
         del a, last
         return self.timed(row, gate, {"tik": tik, "sdpa_flash": fwdbwd(prefill_stock)}, (q, k, v, do),
-                          ["sdpa_flash"], flops=3.5 * self.attn_flops(B, S))  # backward ≈ 2.5 forwards
+                          ["sdpa_flash"], op="attention", flops=3.5 * self.attn_flops(B, S))  # backward ≈ 2.5 forwards
 
     # -- other operators
 
@@ -314,7 +384,7 @@ class Bench:
                    "stock": lambda h, w, t: torch.log_softmax((h @ w.T).float(), -1).gather(-1, t[:, None])[:, 0]}
         with torch.no_grad():
             gate = {"row0_alone": H.bits_equal(fns["tik"](*alone), fns["tik"](*args)[:1])}
-        return self.timed(row, gate, fns, args, ["stock"], nbytes=nbytes)
+        return self.timed(row, gate, fns, args, ["stock"], op=name, nbytes=nbytes)
 
 
 # ----------------------------------------------------------------------------- summary and report
@@ -381,7 +451,16 @@ def progress_line(r: dict) -> str:
         return f"{head} error: {r.get('error')}"
     eager = "" if r.get("graph") else "  (eager: not graph-captured)"
     return (f"{head} tik {r['tik_us']:10.2f} us  {r['stock']} {r['stock_us']:10.2f} us  ratio {r['ratio']:.3f}"
-            f"  [{r['seconds']:.1f}s]{eager}")
+            f"{variant_text(r)}  [{r['seconds']:.1f}s]{eager}")
+
+
+def variant_text(r: dict) -> str:
+    """'  NAME ratio ...' of a row's --variant contenders, 'NAME RED' where one moved bits (empty without)."""
+    gates, ratios = r.get("variant_gate", {}), r.get("variant_ratio", {})
+    parts = [f"{n} {ratios[n]:.3f}" if n in ratios else
+             f"{n} {'no time' if g is True else 'RED (other bits)' if g is False else 'error: ' + str(g)}"
+             for n, g in gates.items()]
+    return ("  " + "  ".join(parts)) if parts else ""
 
 
 def rate_text(c: dict) -> str:
@@ -393,6 +472,13 @@ def rate_text(c: dict) -> str:
     return ", ".join(parts)
 
 
+def variants_note(variants: dict | None) -> str:
+    if not variants:
+        return ""
+    runs = "; ".join(f"{n}: {o}" for n, o in variants.items())
+    return f" Ratios in brackets: the --variant runs ({runs}), in the same rounds against the same stock time."
+
+
 def markdown(doc: dict) -> str:
     e = doc["env"]
     lines = [f"# TIK vs stock kernels on {e['gpu']}", "",
@@ -400,8 +486,8 @@ def markdown(doc: dict) -> str:
              f"commit {e['git_commit']}, {e['date']}", "",
              "Ratio = TIK time / stock time (medians over interleaved rounds, same run): **lower is better**, "
              "< 1 is faster than stock. Timer: " + doc["timer"] + ". A RED bits gate withholds the cell's ratio "
-             "and its section's summary figures.", "", "## Summary", "", "| key | value | target | met |",
-             "|---|---|---|---|"]
+             "and its section's summary figures." + variants_note(doc.get("variants")), "", "## Summary", "",
+             "| key | value | target | met |", "|---|---|---|---|"]
     for k, v in doc["summary"].items():
         tgt = TARGETS.get(k)
         val = "withheld (a red gate, a failed cell or no cell)" if v is None else f"{v:.3f}"
@@ -421,7 +507,9 @@ def markdown(doc: dict) -> str:
                 tik = r["timing"]["contenders"]["tik"]
                 lines.append(f"| {r['cell']} | green | {r['tik_us']:.2f} ({tik['p10_us']:.2f}–{tik['p90_us']:.2f}) | "
                              f"{r['stock_us']:.2f} | {r['stock']} | "
-                             f"{r['ratio']:.3f} | {rate_text(tik)} | {'yes' if r['graph'] else 'no (eager)'} |")
+                             f"{r['ratio']:.3f}{variant_text(r).replace('  ', '; ').replace('; ', ' (', 1)}"
+                             f"{')' if variant_text(r) else ''} | {rate_text(tik)} | "
+                             f"{'yes' if r['graph'] else 'no (eager)'} |")
     return "\n".join(lines) + "\n"
 
 
@@ -436,6 +524,8 @@ def out_name(args, card: str = "h200") -> str:
         name += "_quick"
     if args.impl:
         name += "_impl"
+    if getattr(args, "variant", None):
+        name += "_variants"
     return name
 
 
@@ -454,6 +544,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--summary", type=Path, default=None,
                     help="summary file to update (default: <out>/summary_h200.json after a full run on an H200)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--variant", action="append", default=[], type=parse_variant, metavar="NAME=OP.KEY=VALUE[,...]",
+                    help="also time TIK with these CONFIG values in the same rounds (repeatable; bits must not move)")
     args = ap.parse_args(argv)
     device = tik_kernels.DEVICE
     if device != "cuda" and not args.smoke:
@@ -478,7 +570,7 @@ def main(argv: list[str] | None = None) -> int:
            "impl": {op: str(getattr(m, "__file__", m.__name__)) for op, m in mods.items()},
            "timer": "CUDA-graph replay on rotating input copies" if bench.cuda and not args.eager
            else ("CUDA events, eager" if bench.cuda else "CPU wall clock, eager (Triton interpreter): not a speed"),
-           "summary": {}, "sections": {}}
+           "summary": {}, "sections": {}, "variants": dict(args.variant)}
     print(f"bench_speed: {doc['env']['gpu']}, sections {sections}, rounds {args.rounds} -> {args.out / name}.*")
     args.out.mkdir(parents=True, exist_ok=True)
     start, used = time.time(), 0.0

@@ -87,8 +87,9 @@
 #                     and its knobs, fused dq) vs SDPA flash
 #   attn_tests    #16 attention's GPU bit tests (test_attention*.py -m gpu): run them after an attention kernel changed
 #   prefill_fold  #16 prefill and fwd+bwd vs SDPA flash (bench_speed) with the forward's chunk merge moved after the
-#                     QK wait (session 26: ptxas had serialized the forward's wgmmas), then with OLD_ATTN=FILE's, one
-#                     call ($R/speed_<card>_prefill_fwdbwd.*, $R/before/)
+#                     QK wait (session 26: ptxas had serialized the forward's wgmmas) and the forward's launch choices
+#                     beside it (--variant), then with OLD_ATTN=FILE's, one call ($R/speed_<card>_{prefill,fwdbwd}*.*,
+#                     $R/before/)
 #   speed         #16 bench_speed: linear / decode / prefill / fwd+bwd / ops vs stock, bits-gated;
 #                     $R/speed_h200.{md,json} and its keys of $R/summary_h200.json
 #   hf            #20 apply_tik on a random-init Qwen3-0.6B (transformers): bitwise log-probs, time vs stock,
@@ -246,8 +247,12 @@ for p in "$@"; do
             # the forward's chunk merge at the top of a block (after the QK wait) instead of after the PV dot, which
             # ptxas answered by serializing every wgmma of the kernel (C7515): prefill and forward + backward against
             # SDPA flash with this tree's attention, then (OLD_ATTN=FILE) with that file's, each its own same-run ratios
-            part speed_prefill_fwdbwd 240 "$py" benchmarks/bench_speed.py --only prefill --only fwdbwd --out "$R" \
-                --rounds 9 --budget-s 150 --summary "$R/summary_h200.json"
+            part speed_prefill 200 "$py" benchmarks/bench_speed.py --only prefill --out "$R" --rounds 9 --budget-s 150 \
+                --summary "$R/summary_h200.json" --variant m64w4=attention.BLOCK_M=64,attention.num_warps=4 \
+                --variant st1=attention.num_stages=1 --variant mem=attention.FWD_TOTAL_IN_MEMORY=1 \
+                --variant longest=attention.FWD_LONGEST_FIRST=1 --variant pointers=attention.FWD_TMA=0
+            part speed_fwdbwd 200 "$py" benchmarks/bench_speed.py --only fwdbwd --out "$R" --rounds 9 --budget-s 150 \
+                --summary "$R/summary_h200.json"
             if [[ -f ${OLD_ATTN:-} ]]; then
                 part speed_prefill_fwdbwd_before 240 "$py" benchmarks/bench_speed.py --only prefill --only fwdbwd \
                     --impl attention="$OLD_ATTN" --out "$R/before" --rounds 9 --budget-s 150

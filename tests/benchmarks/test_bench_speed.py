@@ -134,3 +134,32 @@ def test_result_files_carry_the_cards_name_and_only_an_h200_writes_its_summary(t
     rc = bench_speed.main(["--only", "linear", "--out", str(tmp_path), "--summary", str(summary)])
     assert rc == 2 and "H200 figures" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
+
+
+def test_variants_time_beside_the_default_and_a_bits_moving_one_goes_red(tmp_path, capsys):
+    """--variant: a launch choice timed in the same rounds (its ratio beside the default's), one that moves the
+    tree's bits (the interpreter's key block) red and untimed, an unknown key an error; the summary stays the
+    default's."""
+    rc = bench_speed.main(["--smoke", "--only", "prefill", "--out", str(tmp_path),
+                           "--variant", "warps=attention.num_warps=4",
+                           "--variant", "tree=attention.BLOCK_N_INTERPRET=8",
+                           "--variant", "nokey=attention.NO_SUCH_KEY=1"])
+    assert rc == 0
+    doc = json.loads((tmp_path / "speed_smoke.json").read_text())
+    assert doc["variants"]["warps"] == {"attention": {"num_warps": 4}}
+    for r in doc["sections"]["prefill"]:
+        assert r["variant_gate"] == {"warps": True, "tree": False, "nokey": "attention has no tunable NO_SUCH_KEY"}
+        assert set(r["variant_ratio"]) == {"warps"} and r["variant_ratio"]["warps"] > 0
+        assert set(r["timing"]["contenders"]) == {"tik", "sdpa_flash", "tik:warps"}
+    md = (tmp_path / "speed_smoke.md").read_text()
+    assert "warps: {'attention': {'num_warps': 4}}" in md and "tree RED (other bits)" in md
+
+
+@pytest.mark.parametrize("spec", ["noequals", "x=attention", "x=attention.BLOCK_M", "x=attention.BLOCK_M=big",
+                                  "x=nosuchop.K=1", "=attention.BLOCK_M=64"])
+def test_a_malformed_variant_is_one_argparse_error(tmp_path, capsys, spec):
+    with pytest.raises(SystemExit) as e:
+        bench_speed.main(["--smoke", "--out", str(tmp_path), "--variant", spec])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--variant takes NAME=OP.KEY=INTEGER" in err and "Traceback" not in err
