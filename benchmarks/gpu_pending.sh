@@ -249,6 +249,7 @@ for p in "$@"; do
             # SDPA flash with this tree's attention, then (OLD_ATTN=FILE) with that file's, each its own same-run ratios
             part speed_prefill 200 "$py" benchmarks/bench_speed.py --only prefill --out "$R" --rounds 9 --budget-s 150 \
                 --summary "$R/summary_h200.json" --variant m64w4=attention.BLOCK_M=64,attention.num_warps=4 \
+                --variant m64w4s1=attention.BLOCK_M=64,attention.num_warps=4,attention.num_stages=1 \
                 --variant st1=attention.num_stages=1 --variant mem=attention.FWD_TOTAL_IN_MEMORY=1 \
                 --variant longest=attention.FWD_LONGEST_FIRST=1 --variant pointers=attention.FWD_TMA=0
             part speed_fwdbwd 200 "$py" benchmarks/bench_speed.py --only fwdbwd --out "$R" --rounds 9 --budget-s 150 \
