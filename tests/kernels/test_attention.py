@@ -297,8 +297,8 @@ def test_tree_combine_fails_decode_matches_prefill(plan, root, tmp_path):
 
 def test_off_by_one_causal_mask_fails(plan, root, tmp_path):
     bad = patched(tmp_path, "causal_off_by_one",
-                  "keep = (k_pos[None, :] <= q_pos[:, None]) & m_k[None, :]\n        if (j % CHUNK",
-                  "keep = (k_pos[None, :] <= q_pos[:, None] + 1) & m_k[None, :]\n        if (j % CHUNK")
+                  "keep = (k_pos[None, :] <= q_pos[:, None]) & m_k[None, :]\n        m_i, l_i, acc",
+                  "keep = (k_pos[None, :] <= q_pos[:, None] + 1) & m_k[None, :]\n        m_i, l_i, acc")
     results = run_checks(plan, bad, root, select=lambda n: n.startswith("gqa") and any(
         k in n for k in ("prefix_matches_full[S=7]", "decode_matches_prefill", "accuracy[prefill]",
                          "root_bits[prefill")))

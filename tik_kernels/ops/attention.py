@@ -299,15 +299,6 @@ def _fold_chunk(m_t, l_t, acc_t, m_i, l_i, acc, t_ptrs, IN_MEMORY: tl.constexpr)
     return m_t, l_t, acc_t
 
 
-@triton.jit
-def _next_chunk(m_t, l_t, acc_t, m_i, l_i, acc, t_ptrs, IN_MEMORY: tl.constexpr):
-    """The chunk in (m_i, l_i, acc) is complete: merge it into the running total and return the total and the next
-    chunk's fresh state (the empty state: no key yet)."""
-    m_t, l_t, acc_t = _fold_chunk(m_t, l_t, acc_t, m_i, l_i, acc, t_ptrs, IN_MEMORY)
-    return (m_t, l_t, acc_t, tl.full(m_i.shape, float("-inf"), dtype=tl.float32), tl.zeros(l_i.shape, dtype=tl.float32),
-            tl.zeros(acc.shape, dtype=tl.float32))
-
-
 # ----------------------------------------------------------------------------- forward kernels
 
 
@@ -424,13 +415,17 @@ def _attn_fwd_kernel(
             b_k = b_k.to(tl.float32)
             b_v = b_v.to(tl.float32)
         s = tl.dot(b_q, tl.trans(b_k))  # [BM, BN]
-        # block j starts a chunk: merge the one before it and start fresh. Here, after this block's QK dot has been
-        # waited for, not after the previous block's PV dot: Triton leaves that dot in flight across the loop's end,
-        # and resetting its accumulator there made ptxas serialize every wgmma of the kernel (C7515; sm_90 offline,
-        # benchmarks/attn_ir_offline.py). The same merges of the same states in the same order: the same bits.
-        if (j % CHUNK == 0) & (j > 0):
-            m_t, l_t, acc_t, m_i, l_i, acc = _next_chunk(m_t, l_t, acc_t, m_i, l_i, acc, t_ptrs, TOTAL_IN_MEMORY)
         m_i, l_i, acc = _softmax_step(s, s, m_i, l_i, acc, b_v, ones, qk_scale, P_TY, False)
+        # the chunk is complete: merge it, start the next one fresh. Triton 3.6 leaves the PV dot in flight across the
+        # loop's end, and this reset of its accumulator makes ptxas serialize the kernel's wgmmas (C7515, reported by
+        # benchmarks/attn_ir_offline.py). Merging at the top of the next block instead (after its QK dot is waited
+        # for) keeps them asynchronous, same bits, but timed 2% slower on an H100 (session 26,
+        # results/speed_h100_prefill_fold_s26.md): the forward is not MMA-bound.
+        if j % CHUNK == CHUNK - 1:
+            m_t, l_t, acc_t = _fold_chunk(m_t, l_t, acc_t, m_i, l_i, acc, t_ptrs, TOTAL_IN_MEMORY)
+            m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+            l_i = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
+            acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
     for j in range(n_full, n_blocks):
         k_pos = j * BLOCK_N + tl.arange(0, BLOCK_N)
         m_k = k_pos < L
@@ -441,12 +436,13 @@ def _attn_fwd_kernel(
             b_v = b_v.to(tl.float32)
         s = tl.dot(b_q, tl.trans(b_k))  # [BM, BN]
         keep = (k_pos[None, :] <= q_pos[:, None]) & m_k[None, :]
-        if (j % CHUNK == 0) & (j > 0):
-            m_t, l_t, acc_t, m_i, l_i, acc = _next_chunk(m_t, l_t, acc_t, m_i, l_i, acc, t_ptrs, TOTAL_IN_MEMORY)
         m_i, l_i, acc = _softmax_step(s, keep, m_i, l_i, acc, b_v, ones, qk_scale, P_TY, True)
-    # the last chunk, then (a walk that ended on a chunk edge) the empty state: the merges the tree makes
-    if n_blocks % CHUNK == 0:
-        m_t, l_t, acc_t, m_i, l_i, acc = _next_chunk(m_t, l_t, acc_t, m_i, l_i, acc, t_ptrs, TOTAL_IN_MEMORY)
+        if j % CHUNK == CHUNK - 1:
+            m_t, l_t, acc_t = _fold_chunk(m_t, l_t, acc_t, m_i, l_i, acc, t_ptrs, TOTAL_IN_MEMORY)
+            m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+            l_i = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
+            acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    # the last, partial chunk (the empty state if the walk ended on a chunk edge: then the merge is exact identity)
     m_t, l_t, acc_t = _fold_chunk(m_t, l_t, acc_t, m_i, l_i, acc, t_ptrs, TOTAL_IN_MEMORY)
     if TOTAL_IN_MEMORY:
         tl.debug_barrier()

@@ -147,8 +147,11 @@ def _rope_rows(b_x1, b_x2, o_r, m_r, n_inner, n_first, H, pos_ptr, qo_ptr, ko_pt
     b_c = tl.cos(b_rr)
     b_s = tl.sin(b_rr) * 1
     m = m_r[:, None] & m_i[None, :]
-    b_y1 = b_x1 * b_c - b_x2 * b_s
-    b_y2 = b_x2 * b_c + b_x1 * b_s
+    # rope's `_rotate`: each output one fused multiply-add of a rounded product, written out so that the compiler
+    # fuses the products rope fuses whatever the code around them (left to LLVM, `x2 * c + x1 * s` here fused the
+    # other product once the halves were loaded earlier, and the GPU's bits differed from rope's: session 26)
+    b_y1 = tl.fma(b_x1, b_c, (b_x2 * b_s) * -1.0)
+    b_y2 = tl.fma(b_x1, b_s, b_x2 * b_c)
     b_y1 = round_to(b_y1, qo_ptr.dtype.element_ty)
     b_y2 = round_to(b_y2, qo_ptr.dtype.element_ty)
     n_k = n_inner - n_first

@@ -44,6 +44,16 @@ def _block_t(T: int, device: torch.device) -> int:
 
 
 @triton.jit
+def _rotate(b_x1, b_x2, b_c, b_s):
+    """(x1 cos - x2 sin, x2 cos + x1 sin), each one fused multiply-add of a rounded product: fma(x1, cos, -(x2 sin))
+    and fma(x1, sin, x2 cos). Written out because LLVM chooses which product of `a * b + c * d` it fuses from the
+    code around it: the same expression in another kernel fused the other product, and its bits differed on the GPU
+    (session 26)."""
+    # the negation a multiplication by -1 (exact; `-x` is `0 - x` to Triton, which turns -0 into +0 and may fuse)
+    return tl.fma(b_x1, b_c, (b_x2 * b_s) * -1.0), tl.fma(b_x1, b_s, b_x2 * b_c)
+
+
+@triton.jit
 def _rotate_heads(
     x_ptr, y_ptr, o_t, m_t, stride_t, stride_h, NH, b_cos, b_sin,
     HALF: tl.constexpr, BLOCK_NH: tl.constexpr, BLOCK_HALF: tl.constexpr,
@@ -56,8 +66,9 @@ def _rotate_heads(
     b_x1 = tl.load(x_ptr + o_x, mask=m, other=0.0).to(tl.float32)
     b_x2 = tl.load(x_ptr + o_x + HALF, mask=m, other=0.0).to(tl.float32)
     b_c, b_s = b_cos[:, None, :], b_sin[:, None, :]
-    b_y1 = b_x1 * b_c - b_x2 * b_s
-    b_y2 = b_x2 * b_c + b_x1 * b_s
+    # the multiply-adds written out, as the compiler contracted them here (`_rotate`): another kernel that repeats the
+    # rotation (rmsnorm_pair_rope_cache) gets the same fused operations whatever its code around them
+    b_y1, b_y2 = _rotate(b_x1, b_x2, b_c, b_s)
     o_y = o_t[:, None, None] * (NH * 2 * HALF) + o_h[None, :, None] * (2 * HALF) + o_i[None, None, :]
     b_y1 = round_to(b_y1, y_ptr.dtype.element_ty)
     b_y2 = round_to(b_y2, y_ptr.dtype.element_ty)
