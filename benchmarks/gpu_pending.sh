@@ -86,10 +86,10 @@
 #   attn_bwd      #16 the attention backward variants (the stored-dS root's knobs and budget, the dq kernel's path
 #                     and its knobs, fused dq) vs SDPA flash
 #   attn_tests    #16 attention's GPU bit tests (test_attention*.py -m gpu): run them after an attention kernel changed
-#   prefill_fold  #16 prefill and fwd+bwd vs SDPA flash (bench_speed) with the forward's chunk merge moved after the
-#                     QK wait (session 26: ptxas had serialized the forward's wgmmas) and the forward's launch choices
-#                     beside it (--variant), then with OLD_ATTN=FILE's, one call ($R/speed_<card>_{prefill,fwdbwd}*.*,
-#                     $R/before/)
+#   rope_bits     #19 rope's rotation with its multiply-adds written out (session 26) and the one-launch q / k norms +
+#                     rope + cache fill: their GPU bit tests (red on an H100 before the change: pytest_gpu_h100_s26_qk_regs_red.log)
+#   prefill       #16 prefill (the forward's launch choices beside the CONFIG's: longest walks first, 64-row tiles of 4
+#                     warps and 1 stage, pointer loads) and forward + backward vs SDPA flash ($R/speed_<card>_prefill*)
 #   speed         #16 bench_speed: linear / decode / prefill / fwd+bwd / ops vs stock, bits-gated;
 #                     $R/speed_h200.{md,json} and its keys of $R/summary_h200.json
 #   hf            #20 apply_tik on a random-init Qwen3-0.6B (transformers): bitwise log-probs, time vs stock,
@@ -240,24 +240,20 @@ for p in "$@"; do
             part pytest_gpu_late_evaluator 300 env TIK_LATE_INPUTS=1 "$py" -m pytest -q -m "gpu and not gpu_timing" \
                 tests/evaluator
             part pytest_gpu_late_timing 300 env TIK_LATE_INPUTS=1 "$py" -m pytest -q -m gpu_timing tests/evaluator ;;
+        rope_bits)
+            part pytest_gpu_rope_bits 240 "$py" -m pytest -q -m gpu tests/e2e/test_rope_cache.py tests/kernels/test_rope.py \
+                tests/kernels/test_rmsnorm.py ;;
         attn_tests)
             part pytest_gpu_attention 300 "$py" -m pytest -q -m gpu tests/kernels/test_attention.py \
                 tests/kernels/test_attention_bwd.py tests/kernels/test_attention_ds.py tests/kernels/test_attention_head_dim.py ;;
-        prefill_fold)
-            # the forward's chunk merge at the top of a block (after the QK wait) instead of after the PV dot, which
-            # ptxas answered by serializing every wgmma of the kernel (C7515): prefill and forward + backward against
-            # SDPA flash with this tree's attention, then (OLD_ATTN=FILE) with that file's, each its own same-run ratios
+        prefill)
+            # prefill (with the forward's launch choices beside the CONFIG's, --variant) and forward + backward vs SDPA
+            # flash; on an H200 their summary keys (bench_speed's default summary there, none on another card)
             part speed_prefill 200 "$py" benchmarks/bench_speed.py --only prefill --out "$R" --rounds 9 --budget-s 150 \
-                --summary "$R/summary_h200.json" --variant m64w4=attention.BLOCK_M=64,attention.num_warps=4 \
+                --variant longest=attention.FWD_LONGEST_FIRST=1 \
                 --variant m64w4s1=attention.BLOCK_M=64,attention.num_warps=4,attention.num_stages=1 \
-                --variant st1=attention.num_stages=1 --variant mem=attention.FWD_TOTAL_IN_MEMORY=1 \
-                --variant longest=attention.FWD_LONGEST_FIRST=1 --variant pointers=attention.FWD_TMA=0
-            part speed_fwdbwd 200 "$py" benchmarks/bench_speed.py --only fwdbwd --out "$R" --rounds 9 --budget-s 150 \
-                --summary "$R/summary_h200.json"
-            if [[ -f ${OLD_ATTN:-} ]]; then
-                part speed_prefill_fwdbwd_before 240 "$py" benchmarks/bench_speed.py --only prefill --only fwdbwd \
-                    --impl attention="$OLD_ATTN" --out "$R/before" --rounds 9 --budget-s 150
-            fi ;;
+                --variant pointers=attention.FWD_TMA=0
+            part speed_fwdbwd 200 "$py" benchmarks/bench_speed.py --only fwdbwd --out "$R" --rounds 9 --budget-s 150 ;;
         attn_bwd)
             part attn_bwd 400 "$py" benchmarks/bench_attn_bwd.py --out "$R" ;;
         speed)
@@ -266,6 +262,6 @@ for p in "$@"; do
             part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_h200
             part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill_fold attn_tests)" >&2 ;;
+            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits)" >&2 ;;
     esac
 done
