@@ -1,6 +1,7 @@
 """rope: the contract's CPU plan passes on the root; planted bugs fail the check meant to catch them."""
 
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -147,3 +148,16 @@ def test_fill_spreads_few_tokens_over_more_programs_with_the_same_bits(monkeypat
     monkeypatch.setitem(root.CONFIG, "BLOCK_T", 4)
     assert root._block_t(6, torch.device("cpu")) == 4
     assert all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in zip(run(), with_fill, strict=True))
+
+
+def test_the_rotation_fuses_the_same_products_in_rope_and_in_its_copy():
+    """LLVM picks which product of `x2 * cos + x1 * sin` it fuses into an FMA from the code around it: after a change
+    around rmsnorm_pair_rope_cache's copy of the rotation it fused the other one, and the rollout's q / k differed from
+    rope's on the GPU (session 26). Both files spell the multiply-adds out, the same ones; this keeps them so (the GPU
+    test `test_qk_norm_rope_cache_is_the_pair_then_rope_cache_on_gpu` is the one that sees the bits)."""
+    ops = Path(__file__).resolve().parents[2] / "tik_kernels" / "ops"
+    y1, y2 = "tl.fma(b_x1, b_c, (b_x2 * b_s) * -1.0)", "tl.fma(b_x1, b_s, b_x2 * b_c)"
+    for name in ("rope.py", "rmsnorm.py"):
+        src = (ops / name).read_text()
+        assert src.count(y1) == 1 and src.count(y2) == 1, name
+        assert "b_x1 * b_c - b_x2 * b_s" not in src and "b_x2 * b_c + b_x1 * b_s" not in src, name
