@@ -107,9 +107,12 @@ def _lse_step(b_m, b_s, b_z):
 
 @triton.jit
 def _lse_merge(b_m, b_s, c_m, c_s):
-    """A chunk's (max, Σ exp) into the running one."""
+    """A chunk's (max, Σ exp) into the running one. The sum of two products is written as the one multiply-add the
+    compiler made of it (the running sum's product fused): LLVM picks which product of `a * b + c * d` to fuse from the
+    code around it, and logprob's and sample_logprob's combines must agree bit for bit (rope's rotation once did
+    not)."""
     b_new = tl.maximum(b_m, c_m)
-    return b_new, b_s * tl.exp(b_m - b_new) + c_s * tl.exp(c_m - b_new)
+    return b_new, tl.fma(b_s, tl.exp(b_m - b_new), c_s * tl.exp(c_m - b_new))
 
 
 @triton.jit
