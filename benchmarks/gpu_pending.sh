@@ -74,7 +74,7 @@
 #   lmhead_step   #19 the decode step with the one-pass lm_head (the default since session 25) beside the two passes and
 #                     stock, in one run ($R/e2e_decode_lmhead/)
 #   qk_regs       #19 the one-launch q / k norms + rope + cache fill with the halves from registers (rmsnorm's ROPE_REGS,
-#                     off until timed): its GPU bit tests, then the decode step with and without, one run
+#                     off: no gain on an H100 in session 26): its GPU bit tests, then the decode step with and without, one run
 #                     ($R/e2e_decode_qk_regs/)
 #   lmhead        #19 the lm_head's launch variants alone (bench_lmhead_decode.py: sample's V_WAVES among them), at a
 #                     decode batch of 64 ($R/lmhead_decode_<card>.json)

@@ -40,8 +40,9 @@ TUNABLES = {
 #: PDL: the forward launched with programmatic dependent launch (ops/_common.py), no bit changes
 #: ROPE_REGS (`rmsnorm_pair_rope_cache` only, a power-of-two head width): the rope takes the two halves of each normed
 #: row from registers (the rounded values, split in place) instead of storing the rows and reading them back after a
-#: barrier; the same values, so no bit changes, and nothing but the rope's outputs written. Off until timed on a GPU
-#: (`gpu_pending.sh qk_regs`)
+#: barrier; the same values, so no bit changes, and nothing but the rope's outputs written. Off: timed on an H100 it
+#: gained nothing (the qwen3-0.6b decode step 1.931 / 2.233 ms against 1.896 / 2.334 at context 128 / 256, one run;
+#: benchmarks/results/e2e_h100_decode_qk_regs_s26.json)
 CONFIG = {"TILE_ELEMS": 4096, "MAX_WARPS": 8, "BWD_ROWS": 128, "PDL": 1, "ROPE_REGS": 0}
 
 
