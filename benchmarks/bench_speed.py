@@ -451,16 +451,15 @@ def progress_line(r: dict) -> str:
         return f"{head} error: {r.get('error')}"
     eager = "" if r.get("graph") else "  (eager: not graph-captured)"
     return (f"{head} tik {r['tik_us']:10.2f} us  {r['stock']} {r['stock_us']:10.2f} us  ratio {r['ratio']:.3f}"
-            f"{variant_text(r)}  [{r['seconds']:.1f}s]{eager}")
+            f"{''.join('  ' + v for v in variant_parts(r))}  [{r['seconds']:.1f}s]{eager}")
 
 
-def variant_text(r: dict) -> str:
-    """'  NAME ratio ...' of a row's --variant contenders, 'NAME RED' where one moved bits (empty without)."""
+def variant_parts(r: dict) -> list[str]:
+    """'NAME ratio' for each of a row's --variant contenders, 'NAME RED (other bits)' where one moved bits."""
     gates, ratios = r.get("variant_gate", {}), r.get("variant_ratio", {})
-    parts = [f"{n} {ratios[n]:.3f}" if n in ratios else
-             f"{n} {'no time' if g is True else 'RED (other bits)' if g is False else 'error: ' + str(g)}"
-             for n, g in gates.items()]
-    return ("  " + "  ".join(parts)) if parts else ""
+    return [f"{n} {ratios[n]:.3f}" if n in ratios else
+            f"{n} {'no time' if g is True else 'RED (other bits)' if g is False else 'error: ' + str(g)}"
+            for n, g in gates.items()]
 
 
 def rate_text(c: dict) -> str:
@@ -470,6 +469,11 @@ def rate_text(c: dict) -> str:
     if "tflops" in c:
         parts.append(f"{c['tflops']:.0f} TFLOP/s ({c['bf16_fraction']:.2f} of {H.BF16_TFLOPS:.0f})")
     return ", ".join(parts)
+
+
+def variants_cell(r: dict) -> str:
+    parts = variant_parts(r)
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def variants_note(variants: dict | None) -> str:
@@ -507,8 +511,7 @@ def markdown(doc: dict) -> str:
                 tik = r["timing"]["contenders"]["tik"]
                 lines.append(f"| {r['cell']} | green | {r['tik_us']:.2f} ({tik['p10_us']:.2f}–{tik['p90_us']:.2f}) | "
                              f"{r['stock_us']:.2f} | {r['stock']} | "
-                             f"{r['ratio']:.3f}{variant_text(r).replace('  ', '; ').replace('; ', ' (', 1)}"
-                             f"{')' if variant_text(r) else ''} | {rate_text(tik)} | "
+                             f"{r['ratio']:.3f}{variants_cell(r)} | {rate_text(tik)} | "
                              f"{'yes' if r['graph'] else 'no (eager)'} |")
     return "\n".join(lines) + "\n"
 

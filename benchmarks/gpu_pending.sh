@@ -74,8 +74,8 @@
 #   lmhead_step   #19 the decode step with the one-pass lm_head (the default since session 25) beside the two passes and
 #                     stock, in one run ($R/e2e_decode_lmhead/)
 #   qk_regs       #19 the one-launch q / k norms + rope + cache fill with the halves from registers (rmsnorm's ROPE_REGS,
-#                     off: no gain on an H100 in session 26): its GPU bit tests, then the decode step with and without, one run
-#                     ($R/e2e_decode_qk_regs/)
+#                     off: no gain on an H100 in session 26): its GPU bit tests, then the decode step with and without,
+#                     one run ($R/e2e_decode_qk_regs/)
 #   lmhead        #19 the lm_head's launch variants alone (bench_lmhead_decode.py: sample's V_WAVES among them), at a
 #                     decode batch of 64 ($R/lmhead_decode_<card>.json)
 #   stock_paths   #19 mode A's decode step (its cache fill inside the compiled rope since session 23, the fastest) beside
@@ -86,8 +86,9 @@
 #   attn_bwd      #16 the attention backward variants (the stored-dS root's knobs and budget, the dq kernel's path
 #                     and its knobs, fused dq) vs SDPA flash
 #   attn_tests    #16 attention's GPU bit tests (test_attention*.py -m gpu): run them after an attention kernel changed
-#   rope_bits     #19 rope's rotation with its multiply-adds written out (session 26) and the one-launch q / k norms +
-#                     rope + cache fill: their GPU bit tests (red on an H100 before the change: pytest_gpu_h100_s26_qk_regs_red.log)
+#   rope_bits     #19 the multiply-adds written out (session 26): rope's rotation and its copy in the one-launch q / k
+#                     norms + rope + cache fill, logprob's chunk merge; the GPU bit tests of rope, rmsnorm, the rope cache
+#                     and the lm_head (red before the change: pytest_gpu_h100_s26_qk_regs_red.log)
 #   prefill       #16 prefill (the forward's launch choices beside the CONFIG's: longest walks first, 64-row tiles of 4
 #                     warps and 1 stage, pointer loads) and forward + backward vs SDPA flash ($R/speed_<card>_prefill*)
 #   speed         #16 bench_speed: linear / decode / prefill / fwd+bwd / ops vs stock, bits-gated;
@@ -242,7 +243,7 @@ for p in "$@"; do
             part pytest_gpu_late_timing 300 env TIK_LATE_INPUTS=1 "$py" -m pytest -q -m gpu_timing tests/evaluator ;;
         rope_bits)
             part pytest_gpu_rope_bits 240 "$py" -m pytest -q -m gpu tests/e2e/test_rope_cache.py tests/kernels/test_rope.py \
-                tests/kernels/test_rmsnorm.py ;;
+                tests/kernels/test_rmsnorm.py tests/kernels/test_sample_logprob.py tests/kernels/test_logprob.py ;;
         attn_tests)
             part pytest_gpu_attention 300 "$py" -m pytest -q -m gpu tests/kernels/test_attention.py \
                 tests/kernels/test_attention_bwd.py tests/kernels/test_attention_ds.py tests/kernels/test_attention_head_dim.py ;;
