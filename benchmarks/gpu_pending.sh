@@ -39,8 +39,9 @@
 #                     library roots (no incumbents), results in $R/e2e_full_<preset>/
 #   e2e_minibatch #19 throughput at full depth, qwen3-0.6b then qwen3-1.7b (~60 s each on an H100), a batch of 256
 #                     sequences (32 prompts x 8) trained in one pass of 4 minibatch updates (the clip binds from the
-#                     second), modes C and B (B/C), 2 steps after a thrown-away run of the same steps, results in
-#                     $R/e2e_minibatch_<preset>/
+#                     second), modes C and B (B/C; and A at qwen3-1.7b, B/A), 2 steps after a thrown-away run of the
+#                     same steps, results in $R/e2e_minibatch_<preset>/; on an H200 the 1.7b run writes e2e_B_over_C,
+#                     e2e_B_over_A
 #   rollout_profile
 #                 #19 one rollout of the e2e throughput batch (qwen3-1.7b, 64 requests), prefill / decode / host, unified
 #                     and stock ($R/rollout_profile_h200_qwen3-1.7b.{json,log})
@@ -169,10 +170,13 @@ for p in "$@"; do
                     --only throughput --shapes "$preset" --steps 3
             done ;;
         e2e_minibatch)
+            # mode A beside B and C at qwen3-1.7b: the run that writes e2e_B_over_C on an H200 writes e2e_B_over_A too
             for preset in qwen3-0.6b qwen3-1.7b; do
+                modes="C B"
+                [[ $preset == qwen3-1.7b ]] && modes="C B A"
                 part "e2e_minibatch_$preset" 280 "$py" benchmarks/bench_e2e.py --out "$R/e2e_minibatch_$preset" \
                     --only throughput --shapes "$preset" --steps 2 --prompts 32 --group 8 --max-slots 256 \
-                    --ppo-epochs 1 --minibatches 4 --modes C B
+                    --ppo-epochs 1 --minibatches 4 --modes $modes
             done ;;
         rollout_profile)
             part rollout_profile_h200_qwen3-1.7b 300 "$py" benchmarks/rollout_profile.py --preset qwen3-1.7b \
