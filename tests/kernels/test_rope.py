@@ -156,8 +156,10 @@ def test_the_rotation_fuses_the_same_products_in_rope_and_in_its_copy():
     rope's on the GPU (session 26). Both files spell the multiply-adds out, the same ones; this keeps them so (the GPU
     test `test_qk_norm_rope_cache_is_the_pair_then_rope_cache_on_gpu` is the one that sees the bits)."""
     ops = Path(__file__).resolve().parents[2] / "tik_kernels" / "ops"
-    y1, y2 = "tl.fma(b_x1, b_c, (b_x2 * b_s) * -1.0)", "tl.fma(b_x1, b_s, b_x2 * b_c)"
+    spelled = ("tl.fma(b_x1, b_c, (b_x2 * b_s) * -1.0)", "tl.fma(b_x1, b_s, b_x2 * b_c)",  # the rotation
+               "tl.floor(tl.fma(b_ang, 0.15915494309189535, 0.5))",  # the angle's reduction to [-pi, pi]
+               "tl.fma(b_k, -0.0019353071795864769, tl.fma(b_k, -6.28125, b_ang))")
     for name in ("rope.py", "rmsnorm.py"):
         src = (ops / name).read_text()
-        assert src.count(y1) == 1 and src.count(y2) == 1, name
+        assert all(src.count(f) == 1 for f in spelled), name
         assert "b_x1 * b_c - b_x2 * b_s" not in src and "b_x2 * b_c + b_x1 * b_s" not in src, name

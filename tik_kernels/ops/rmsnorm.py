@@ -143,8 +143,8 @@ def _rope_rows(b_x1, b_x2, o_r, m_r, n_inner, n_first, H, pos_ptr, qo_ptr, ko_pt
     b_pos = b_ipos.to(tl.float32)  # [BR]
     b_inv = tl.exp2(-(o_i.to(tl.float32) * 2.0 / (2 * HALF)) * log2_theta)  # [BHALF]
     b_ang = b_pos[:, None] * b_inv[None, :]  # [BR, BHALF]
-    b_k = tl.floor(b_ang * 0.15915494309189535 + 0.5)
-    b_rr = (b_ang - b_k * 6.28125) - b_k * 0.0019353071795864769
+    b_k = tl.floor(tl.fma(b_ang, 0.15915494309189535, 0.5))  # rope's multiply-adds, written out as rope writes them
+    b_rr = tl.fma(b_k, -0.0019353071795864769, tl.fma(b_k, -6.28125, b_ang))
     b_c = tl.cos(b_rr)
     b_s = tl.sin(b_rr) * 1
     m = m_r[:, None] & m_i[None, :]
