@@ -1,0 +1,62 @@
+"""Where the compiler fuses a multiply and an add into an FMA in the decode step's and the lm_head's kernels.
+
+    PYTHONPATH=. python benchmarks/fma_offline.py > benchmarks/results/fma_offline.txt
+
+Every operator but attention compiles with fp contraction on, so LLVM may turn `a * b + c` into one FMA (one rounding
+instead of two). Where a sum has a single product that is no choice; where it has two (`a * b + c * d`) LLVM picks which
+one to fuse from the code around it, and two kernels that must give the same bits can disagree (session 26: rope's
+rotation and its copy in the one-launch q / k norms + rope). Each kernel is compiled for sm_90 on this machine (no
+GPU), as `ptx_unchanged.py` compiles it, with contraction on and off: the FMAs the first has beyond the second are the
+ones the compiler chose; the rest are written out (`tl.fma`) or inside library functions (libdevice's sin and cos).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+from pathlib import Path
+
+os.environ["TRITON_INTERPRET"] = "0"  # compile, never interpret (before anything imports Triton)
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import lmhead_ptx_offline  # noqa: E402
+import ptx_unchanged  # noqa: E402
+
+
+def fmas(op: str, kernel: str, const: dict, types: dict, opts: dict, fusion: bool) -> int:
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from tik_kernels.contract import load_module
+
+    fn = getattr(load_module(ROOT / "tik_kernels" / "ops" / f"{op}.py", f"fma_{op}"), kernel)
+    params = inspect.signature(fn.fn).parameters
+    c = {k: v for k, v in const.items() if k in params}
+    for n, prm in params.items():
+        if n not in c and "constexpr" in str(prm.annotation) and prm.default is not inspect.Parameter.empty:
+            c[n] = prm.default
+    sig = {n: "constexpr" if n in c else types.get(n, "*bf16" if n.endswith(("_ptr", "_desc")) else "i32")
+           for n in params}
+    k = triton.compile(triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=c),
+                       target=GPUTarget("cuda", 90, 32), options={**opts, "enable_fp_fusion": fusion})
+    return k.asm["ptx"].count("fma.rn.f32")
+
+
+def main() -> int:
+    import triton
+
+    print(f"sm_90 PTX, Triton {triton.__version__}: fma.rn.f32 with fp contraction on / off (attention launches with "
+          "it off; the others with it on)")
+    cases = list(ptx_unchanged.CASES) + [(op, k, c, t, {"num_warps": 8, "num_stages": 3})
+                                         for op, k, c, t in lmhead_ptx_offline.CASES]
+    for op, kernel, const, types, opts in cases:
+        on, off = (fmas(op, kernel, const, types, opts, f) for f in (True, False))
+        print(f"{op:12s} {kernel:34s} on {on:4d}  off {off:4d}  chosen by the compiler {on - off:4d}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
