@@ -290,18 +290,8 @@ DECODE_TUNING_CELLS = ((1, 1024), (1, 8192), (1, 32768), (8, 8192), (32, 16384),
 
 
 def with_config(var: dict, fn):
-    """fn run with CONFIG updated by var (a CUDA graph captured through it keeps the variant's kernels)."""
-
-    def call(*args):
-        saved = dict(attn.CONFIG)
-        attn.CONFIG.update(var)
-        try:
-            return fn(*args)
-        finally:
-            attn.CONFIG.clear()
-            attn.CONFIG.update(saved)
-
-    return call
+    """fn run with attention's CONFIG updated by var (`harness.with_config`)."""
+    return H.with_config(attn, var, fn)
 
 
 def pick_decode_variant(tuning: list[dict], tunables: list[dict]) -> dict:

@@ -140,19 +140,6 @@ def parse_variant(spec: str) -> tuple[str, dict[str, dict[str, int]]]:
                                      f"{', '.join(IMPL_MODULES)}, got {spec!r}")
 
 
-def with_config(mod, over: dict[str, int], fn: Callable) -> Callable:
-    """fn called with mod.CONFIG[k] = v for k, v in over, restored after (a CUDA graph keeps its capture's launches)."""
-    def call(*args):
-        saved = {k: mod.CONFIG[k] for k in over}
-        mod.CONFIG.update(over)
-        try:
-            return fn(*args)
-        finally:
-            mod.CONFIG.update(saved)
-
-    return call
-
-
 # ----------------------------------------------------------------------------- stock contenders
 
 
@@ -228,7 +215,7 @@ class Bench:
             if unknown:
                 gates[name] = f"{op} has no tunable {', '.join(unknown)}"
                 continue
-            fn = with_config(mod, over[op], tik)
+            fn = H.with_config(mod, over[op], tik)
             if ref is None:
                 ref = tik(*args)
             try:

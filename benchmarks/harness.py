@@ -227,6 +227,21 @@ def in_processes(fn: Callable[[list], list], items: Iterable, workers: int) -> l
 # ----------------------------------------------------------------------------- timing
 
 
+def with_config(mod, over: dict, fn: Callable) -> Callable:
+    """fn called with the operator module's CONFIG updated by `over`, the whole CONFIG as it was after each call (a CUDA
+    graph captured through it keeps the variant's launches)."""
+    def call(*args):
+        saved = dict(mod.CONFIG)
+        mod.CONFIG.update(over)
+        try:
+            return fn(*args)
+        finally:
+            mod.CONFIG.clear()
+            mod.CONFIG.update(saved)
+
+    return call
+
+
 def one_line(e: BaseException) -> str:
     text = str(e).strip()
     return f"{type(e).__name__}: {text.splitlines()[0][:200] if text else ''}"
