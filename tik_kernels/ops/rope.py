@@ -137,7 +137,7 @@ def _rope_kernel(
     b_inv = tl.exp2(-(o_i.to(tl.float32) * 2.0 / (2 * HALF)) * log2_theta)  # [BHALF]
     b_ang = b_pos[:, None] * b_inv[None, :]  # [BT, BHALF]
     # reduce to [-pi, pi]: k·6.28125 is exact (6.28125 has 8 significant bits), the rest is 2π − 6.28125
-    # the multiply-adds written out, as the compiler contracted them (rmsnorm_pair_rope_cache repeats them: `_rotate`)
+    # the multiply-adds written out, as the compiler contracted them (rmsnorm's `_rope_rows` repeats them: `_rotate`)
     b_k = tl.floor(tl.fma(b_ang, 0.15915494309189535, 0.5))
     b_r = tl.fma(b_k, -0.0019353071795864769, tl.fma(b_k, -6.28125, b_ang))
     b_cos = tl.cos(b_r)
