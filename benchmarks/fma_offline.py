@@ -12,7 +12,6 @@ ones the compiler chose; the rest are written out (`tl.fma`) or inside library f
 
 from __future__ import annotations
 
-import inspect
 import os
 import sys
 from pathlib import Path
@@ -27,22 +26,8 @@ import ptx_unchanged  # noqa: E402
 
 
 def fmas(op: str, kernel: str, const: dict, types: dict, opts: dict, fusion: bool) -> int:
-    import triton
-    from triton.backends.compiler import GPUTarget
-
-    from tik_kernels.contract import load_module
-
-    fn = getattr(load_module(ROOT / "tik_kernels" / "ops" / f"{op}.py", f"fma_{op}"), kernel)
-    params = inspect.signature(fn.fn).parameters
-    c = {k: v for k, v in const.items() if k in params}
-    for n, prm in params.items():
-        if n not in c and "constexpr" in str(prm.annotation) and prm.default is not inspect.Parameter.empty:
-            c[n] = prm.default
-    sig = {n: "constexpr" if n in c else types.get(n, "*bf16" if n.endswith(("_ptr", "_desc")) else "i32")
-           for n in params}
-    k = triton.compile(triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=c),
-                       target=GPUTarget("cuda", 90, 32), options={**opts, "enable_fp_fusion": fusion})
-    return k.asm["ptx"].count("fma.rn.f32")
+    path = ROOT / "tik_kernels" / "ops" / f"{op}.py"
+    return ptx_unchanged.ptx(path, kernel, const, types, {**opts, "enable_fp_fusion": fusion}).count("fma.rn.f32")
 
 
 def main() -> int:
