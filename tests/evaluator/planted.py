@@ -145,6 +145,18 @@ def alive_with(marker: str) -> list[int]:
     return pids
 
 
+def kill_all(marker: str) -> None:
+    """SIGKILL every process whose command line contains `marker`; one that ends meanwhile is no error."""
+    import os
+    import signal
+
+    for pid in alive_with(marker):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def alive(pid: int) -> bool:
     """Whether process `pid` exists and is not a zombie."""
     import os

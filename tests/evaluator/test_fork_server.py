@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from evaluator_fixtures import FIX, tiny
-from planted import WRITABLE, alive, alive_with, descendants, planted
+from planted import WRITABLE, alive, alive_with, descendants, kill_all, planted
 
 from tik_kernels.evaluator import evaluate, sandbox
 from tik_kernels.evaluator.forkserver import ForkServerError
@@ -304,8 +304,7 @@ def test_sigkill_of_the_evaluator_takes_the_server_and_a_forked_child_with_its_d
         assert alive_with(marker) == [] and not any(alive(p) for p in servers)
     finally:
         proc.kill()
-        for pid in alive_with(marker):
-            os.kill(pid, signal.SIGKILL)
+        kill_all(marker)
     owned = [d for d in tmp.iterdir() if sandbox.OWNED.match(d.name) and f"-{proc.pid}." in d.name]
     assert any(d.name.startswith("tik-forks-") for d in owned)
     sandbox.reap_stale(tmp)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from evaluator_fixtures import FIX, tiny
-from planted import WRITABLE, alive_with, planted
+from planted import WRITABLE, alive_with, kill_all, planted
 
 from tik_kernels.evaluator import evaluate, integrity, sandbox
 
@@ -134,8 +134,7 @@ def test_a_daemon_dies_with_its_evaluation(started, tmp_path):
             time.sleep(0.1)
         assert alive_with(marker)
     finally:
-        for pid in alive_with(marker):
-            os.kill(pid, signal.SIGKILL)
+        kill_all(marker)
 
 
 @jailed
@@ -171,9 +170,10 @@ def test_sigkill_of_the_evaluator_leaves_no_process_and_the_scratch_is_reaped(tm
         while not alive_with(marker) and time.monotonic() < end and proc.poll() is None:
             time.sleep(0.2)
         assert alive_with(marker), "the candidate's daemon never started"
-        # the candidate child's directory: its own in tmp, or (forked) in its fork server's pool, itself in tmp
-        scratch = [d for d in tmp.rglob("tik-*") if d.name.startswith((f"tik-eval-{proc.pid}.",
-                                                                        f"tik-spare-{proc.pid}."))]
+        # the candidate child's directory: its own in tmp, or (forked) in its fork server's pool, itself in tmp.
+        # Two exact globs, not a walk: the server adds and removes spares (and their insides) meanwhile.
+        scratch = [d for where in ("", "tik-forks-*/pool/") for kind in ("eval", "spare")
+                   for d in tmp.glob(f"{where}tik-{kind}-{proc.pid}.*")]
         assert scratch
         proc.kill()
         proc.wait(10)
@@ -181,8 +181,7 @@ def test_sigkill_of_the_evaluator_leaves_no_process_and_the_scratch_is_reaped(tm
         assert alive_with(marker) == [] and alive_with(str(tmp)) == []
     finally:
         proc.kill()
-        for pid in alive_with(marker):
-            os.kill(pid, signal.SIGKILL)
+        kill_all(marker)
     # its scratch, and every other directory it owned (the kept plan's inputs file: `core._link_inputs`)
     owned = [d.name for d in tmp.iterdir() if sandbox.OWNED.match(d.name) and f"-{proc.pid}." in d.name]
     assert {d.relative_to(tmp).parts[0] for d in scratch} <= set(owned)
