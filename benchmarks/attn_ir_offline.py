@@ -3,27 +3,23 @@
     PYTHONPATH=. python benchmarks/attn_ir_offline.py > benchmarks/results/attn_ir_sm90_offline.txt
     PYTHONPATH=. python benchmarks/attn_ir_offline.py --head-dim 256    # the launches at D = 256 fit an H200?
 
-Each kernel is compiled by this machine's Triton for sm_90 (GQA 4, head dim 128, bf16, fp fusion off), its PTX
-assembled by the newest ptxas Triton ships (`-v`), and reported: registers and spill bytes per thread, shared
-memory, wgmma ops and their waits (with how many stay pending), asynchronous copies and TMA loads. The device runs
-another Triton (3.6): the figures are indicative, `kernel_ir.py` reports real launches there.
+Each kernel is compiled by this machine's Triton for sm_90 (GQA 4, head dim 128, bf16, fp fusion off) as a launch
+specializes it (`offline_compile.py`), its PTX assembled by the ptxas Triton runs for sm_90 (`-v`), and reported:
+registers and spill bytes per thread, shared memory, wgmma ops and their waits (with how many stay pending),
+asynchronous copies and TMA loads. The device runs Triton 3.6: put that version first on the path
+(`PYTHONPATH=<a pip --target dir of triton==3.6.0>:.`) for its figures; `kernel_ir.py` reports real launches there.
 """
 
 from __future__ import annotations
 
-import inspect
-import os
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-os.environ["TRITON_INTERPRET"] = "0"  # the real compiler: kernels are JITFunctions, not interpreted
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import offline_compile as oc  # noqa: E402 (first: it turns the interpreter off before Triton is imported)
 import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
 
 from tik_kernels.contract import load_module  # noqa: E402
 
@@ -85,39 +81,22 @@ def launch_cases(mod, d: int) -> list[tuple]:
     ]
 
 
-def ptxas() -> str:
-    """The newest ptxas Triton ships (the plain one may be older than the PTX Triton writes)."""
-    bins = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    return str(next((p for p in (bins / "ptxas-blackwell", bins / "ptxas") if p.exists()), "ptxas"))
-
-
 def report(mod, name: str, kernel: str, const: dict, warps: int, stages: int, ttgir: Path | None = None) -> str:
-    fn = getattr(mod, kernel)
-    # constexpr parameters a case does not set take their defaults (else they would be compiled as runtime ints)
-    params = inspect.signature(fn.fn).parameters
-    const = {**{n: p.default for n, p in params.items()
-                if p.default is not inspect.Parameter.empty and "constexpr" in str(p.annotation)},
-             **dict(G=4, D=128, VARLEN=False, UPCAST=False), **const}
-    const = {n: v for n, v in const.items() if n in params}
-    sig = {n: "constexpr" if n in const else POINTERS.get(n, "i32") for n in inspect.signature(fn.fn).parameters}
+    const = {**dict(G=4, D=128, VARLEN=False, UPCAST=False), **const}
+    types = dict(POINTERS)
     if const.get("TMA"):
-        sig["k_desc"] = sig["v_desc"] = f"tensordesc<bf16[{const['BLOCK_N']},128]>"
-    # as a real launch specializes them: pointers 16-byte aligned, strides and sizes divisible by 16 (the
-    # benchmarks' shapes; S = 1k .. 16k, head dim 128); without it no bf16 load is vectorized or pipelined
-    names = list(sig)
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
-             if sig[n].startswith("*") or (sig[n] == "i32" and (n.startswith("stride_") or n == "seq_len"))}
-    k = triton.compile(triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
-                       target=GPUTarget("cuda", 90, 32),
-                       options=dict(num_warps=warps, num_stages=stages, enable_fp_fusion=False))
+        types["k_desc"] = types["v_desc"] = f"tensordesc<bf16[{const['BLOCK_N']},128]>"
+    # as a real launch specializes them: the benchmarks' strides and sequence lengths (S = 1k .. 16k, head dim 128)
+    # are divisible by 16
+    fn = getattr(mod, kernel)
+    aligned = [n for n in oc.signature(fn, const, types)[1] if n.startswith("stride_") or n == "seq_len"]
+    k = oc.compile_sm90(fn, const, types, dict(num_warps=warps, num_stages=stages, enable_fp_fusion=False),
+                        default_type=lambda n: "i32", aligned=aligned)
     ir = k.asm["ttgir"]
     if ttgir is not None:
         ttgir.mkdir(parents=True, exist_ok=True)
         (ttgir / (re.sub(r"\W+", "_", name) + ".ttgir")).write_text(ir)
-    with tempfile.TemporaryDirectory() as d:
-        (Path(d) / "k.ptx").write_text(k.asm["ptx"])
-        out = subprocess.run([ptxas(), "-v", "--gpu-name", "sm_90a", f"{d}/k.ptx", "-o", f"{d}/k.cubin"],
-                             capture_output=True, text=True).stderr
+    out = oc.assemble(k.asm["ptx"])
     regs = re.search(r"Used (\d+) registers", out)
     spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out)
     pend = sorted(set(re.findall(r"warp_group_dot_wait[^\n]*pendings = (\d+)", ir)))
@@ -140,8 +119,7 @@ def main() -> None:
                          "H200's shared memory (exit 1 if one does not fit)")
     args = ap.parse_args()
     mod = load_module(args.source, "attention_sm90_offline")
-    print(f"triton {triton.__version__}, {Path(ptxas()).name}: "
-          f"{subprocess.run([ptxas(), '--version'], capture_output=True, text=True).stdout.strip().splitlines()[-1]}")
+    print(f"triton {triton.__version__}, {oc.ptxas_version()}")
     if args.head_dim is not None:
         over = []
         for case in launch_cases(mod, args.head_dim):

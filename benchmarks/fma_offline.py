@@ -12,22 +12,19 @@ ones the compiler chose; the rest are written out (`tl.fma`) or inside library f
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
-os.environ["TRITON_INTERPRET"] = "0"  # compile, never interpret (before anything imports Triton)
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import lmhead_ptx_offline  # noqa: E402
+import offline_compile as oc  # noqa: E402
 import ptx_unchanged  # noqa: E402
 
 
 def fmas(op: str, kernel: str, const: dict, types: dict, opts: dict, fusion: bool) -> int:
-    path = ROOT / "tik_kernels" / "ops" / f"{op}.py"
-    return ptx_unchanged.ptx(path, kernel, const, types, {**opts, "enable_fp_fusion": fusion}).count("fma.rn.f32")
+    ptx = ptx_unchanged.ptx(oc.op_path(op), kernel, const, types, {**opts, "enable_fp_fusion": fusion})
+    return ptx.count("fma.rn.f32")
 
 
 def main() -> int:

@@ -14,19 +14,18 @@ first exp waits on one, where the tools are there. Run it with the GPU's Triton 
 
 from __future__ import annotations
 
-import inspect
-import os
 import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-os.environ["TRITON_INTERPRET"] = "0"  # compile, never interpret (before anything imports Triton)
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-F32, I64 = "*fp32", "*i64"
+import offline_compile as oc  # noqa: E402 (first: it turns the interpreter off before Triton is imported)
+
+ROOT = oc.ROOT
+F32, I64 = oc.F32, oc.I64
 LSE = {"m_part_ptr": F32, "s_part_ptr": F32, "temperature": "fp32"}
 RACE = {"seed_ptr": I64, "best_part_ptr": F32, "idx_part_ptr": I64, "temperature": "fp32"}
 TILE = dict(BLOCK_T=64, BLOCK_V=128, BLOCK_K=64)
@@ -39,26 +38,12 @@ CASES = [
 
 
 def compiled(path: Path, kernel: str, const: dict, types: dict):
-    import triton
-    from triton.backends.compiler import GPUTarget
-
-    from tik_kernels.contract import load_module
-
-    fn = getattr(load_module(path, f"ptx_{abs(hash((str(path), kernel, str(const))))}"), kernel)
-    params = inspect.signature(fn.fn).parameters
-    c = {k: v for k, v in const.items() if k in params}
-    sig = {}
-    for n, prm in params.items():
-        if n not in c and "constexpr" in str(prm.annotation) and prm.default is not inspect.Parameter.empty:
-            c[n] = prm.default  # a constexpr the revision lacks or the case leaves at its default
-        sig[n] = "constexpr" if n in c else types.get(n, "*bf16" if n.endswith("_ptr") else "i32")
-    # as a real launch specializes them (Qwen3's lm_head: hidden 1024 .. 4096): pointers 16-byte aligned, the row
-    # strides and the hidden size divisible by 16. Without it no load is vectorized or pipelined (no cp.async), and
-    # the registers and spills below are not the GPU's
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(sig)
-             if sig[n].startswith("*") or n in ("stride_h", "stride_w", "H")}
-    return triton.compile(triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=c, attrs=attrs),
-                          target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 3}), params
+    """The kernel as a real launch specializes it (Qwen3's lm_head: hidden 1024 .. 4096): pointers 16-byte aligned,
+    the row strides and the hidden size divisible by 16. Without it no load is vectorized or pipelined (no cp.async),
+    and the registers and spills below are not the GPU's. Also its parameters."""
+    fn = oc.kernel(path, kernel)
+    k = oc.compile_sm90(fn, const, types, {"num_warps": 8, "num_stages": 3}, aligned=("stride_h", "stride_w", "H"))
+    return k, oc.signature(fn, {}, {})[1]
 
 
 def main() -> int:
@@ -95,42 +80,24 @@ COMBINES = [
 
 def sass_order(ptx: str) -> str | None:
     """The kernel's global loads (L), exps (X) and branches (B) in program order, or None without the tools."""
-    nvidia = Path(__import__("triton").__file__).parent / "backends" / "nvidia" / "bin"
-    arch = re.search(r"\.target (sm_\w+)", ptx).group(1)
-    with tempfile.TemporaryDirectory() as tmp:
-        src, cubin = Path(tmp) / "k.ptx", Path(tmp) / "k.cubin"
-        src.write_text(ptx)
-        for ptxas in ("ptxas", "ptxas-blackwell"):  # the one whose PTX version this Triton writes
-            if (nvidia / ptxas).exists() and subprocess.run(
-                    [str(nvidia / ptxas), f"--gpu-name={arch}", str(src), "-o", str(cubin)],
-                    capture_output=True).returncode == 0:
-                break
-        else:
-            return None
-        if not (nvidia / "nvdisasm").exists():
-            return None
-        sass = subprocess.run([str(nvidia / "nvdisasm"), "-c", str(cubin)], capture_output=True, text=True).stdout
+    text = oc.sass(ptx)
+    if text is None:
+        return None
     return "".join("L" if "LDG" in ln else "X" if "MUFU" in ln else "B" if "BRA" in ln else ""
-                   for ln in sass.splitlines())
+                   for ln in text.splitlines())
 
 
 def combines() -> None:
     import triton
-    from triton.backends.compiler import GPUTarget
-
-    from tik_kernels.contract import load_module
 
     print(f"\ncombine kernels, sm_90, num_warps 4, BLOCK 128, Triton {triton.__version__}: global loads (L), exps (X), "
           "branches (B) in SASS order")
     for op, kernel, types in COMBINES:
-        fn = getattr(load_module(ROOT / "tik_kernels" / "ops" / f"{op}.py", f"ptx_{op}_combine"), kernel)
-        params = inspect.signature(fn.fn).parameters
+        fn = oc.kernel(oc.op_path(op), kernel)
         for stages in (1, 8):
-            const = {k: v for k, v in {"BLOCK": 128, "PDL": False, "MERGE_STAGES": stages}.items() if k in params}
-            sig = {n: "constexpr" if n in const else types.get(n, F32 if n.endswith("_ptr") else "i32")
-                   for n in params}
-            k = triton.compile(triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=const),
-                               target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3})
+            k = oc.compile_sm90(fn, {"BLOCK": 128, "PDL": False, "MERGE_STAGES": stages}, types,
+                                {"num_warps": 4, "num_stages": 3}, default_type=lambda n: F32 if n.endswith("_ptr")
+                                else "i32")
             head = f"{op:8s} {kernel:32s} MERGE_STAGES={stages}  cp.async {k.asm['ptx'].count('cp.async'):3d}"
             order = sass_order(k.asm["ptx"])
             if order is None:

@@ -12,18 +12,17 @@ PDL-on variants are compiled too and must hold griddepcontrol.wait (and, with PR
 from __future__ import annotations
 
 import argparse
-import inspect
-import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-os.environ["TRITON_INTERPRET"] = "0"  # compile, never interpret (before anything imports Triton)
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-F32, I32, I64 = "*fp32", "*i32", "*i64"
+import offline_compile as oc  # noqa: E402 (first: it turns the interpreter off before Triton is imported)
+
+ROOT = oc.ROOT
+F32, I32, I64 = oc.F32, oc.I32, oc.I64
 #: (operator file, kernel, constexprs, argument types other than bf16 pointers and i32 scalars, compile options)
 CASES = [
     ("rmsnorm", "_rmsnorm_fwd_kernel", dict(BLOCK_R=32, BLOCK_H=128, w2_ptr=None, n_first=0),
@@ -52,29 +51,11 @@ CASES = [
 
 
 def ptx(path: Path, kernel: str, const: dict, types: dict, opts: dict, extra: dict | None = None) -> str:
-    """The kernel's sm_90 PTX without line markers, comments and debug sections."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-
-    from tik_kernels.contract import load_module
-
-    fn = getattr(load_module(path, f"ptx_{abs(hash((str(path), kernel)))}"), kernel)
-    params = inspect.signature(fn.fn).parameters
-    c = {k: v for k, v in {**const, **(extra or {})}.items() if k in params}
-    sig = {}
-    for n, prm in params.items():
-        if n not in c and "constexpr" in str(prm.annotation) and prm.default is not inspect.Parameter.empty:
-            c[n] = prm.default  # a constexpr the change added: its default
-        if n in c:
-            sig[n] = "constexpr"
-        else:
-            sig[n] = types.get(n, "*bf16" if n.endswith(("_ptr", "_desc")) else "i32")
-    k = triton.compile(triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=c),
-                       target=GPUTarget("cuda", 90, 32), options={**opts, "launch_pdl": bool(c.get("PDL"))})
-    text = k.asm["ptx"]
-    text = text[: text.find(".section\t.debug")] if ".section\t.debug" in text else text
-    return "\n".join(line.split("//")[0].rstrip() for line in text.splitlines()
-                     if not line.strip().startswith((".loc", ".file", "//")))
+    """The kernel's sm_90 PTX (unspecialized: both versions compiled alike) without line markers, comments and debug
+    sections."""
+    c = {**const, **(extra or {})}
+    k = oc.compile_sm90(oc.kernel(path, kernel), c, types, {**opts, "launch_pdl": bool(c.get("PDL"))})
+    return oc.plain_ptx(k.asm["ptx"])
 
 
 def main() -> int:
@@ -90,7 +71,7 @@ def main() -> int:
             if not old.exists():
                 old.write_text(subprocess.run(["git", "-C", str(ROOT), "show", f"{args.rev}:tik_kernels/ops/{op}.py"],
                                               check=True, capture_output=True, text=True).stdout)
-            new = ROOT / "tik_kernels" / "ops" / f"{op}.py"
+            new = oc.op_path(op)
             same = ptx(new, kernel, const, types, opts) == ptx(old, kernel, const, types, opts)
             on = ptx(new, kernel, const, types, opts, {"PDL": True})
             waits = on.count("griddepcontrol.wait")
