@@ -92,6 +92,9 @@
 #                     and the lm_head (red before the change: pytest_gpu_h100_s26_qk_regs_red.log)
 #   prefill       #16 prefill (the forward's launch choices beside the CONFIG's: longest walks first, 64-row tiles of 4
 #                     warps and 1 stage, pointer loads) and forward + backward vs SDPA flash ($R/speed_<card>_prefill*)
+#   fwd_timeline  #16 the prefill forward program by program, read inside the kernel (%clock64, %globaltimer): a
+#                     program's fixed cost and a block's, gaps between programs on an SM, the tail, at S = 1k .. 16k
+#                     ($R/attn_fwd_timeline.{md,json}): where the short-sequence gap to SDPA flash goes
 #   speed         #16 bench_speed: linear / decode / prefill / fwd+bwd / ops vs stock, bits-gated;
 #                     $R/speed_h200.{md,json} and its keys of $R/summary_h200.json
 #   hf            #20 apply_tik on a random-init Qwen3-0.6B (transformers): bitwise log-probs, time vs stock,
@@ -259,6 +262,8 @@ for p in "$@"; do
                 --variant m64w4s1=attention.BLOCK_M=64,attention.num_warps=4,attention.num_stages=1 \
                 --variant pointers=attention.FWD_TMA=0
             part speed_fwdbwd 200 "$py" benchmarks/bench_speed.py --only fwdbwd --out "$R" --rounds 9 --budget-s 150 ;;
+        fwd_timeline)
+            part attn_fwd_timeline 240 "$py" benchmarks/attn_fwd_timeline.py --out "$R" ;;
         attn_bwd)
             part attn_bwd 400 "$py" benchmarks/bench_attn_bwd.py --out "$R" ;;
         speed)
@@ -267,6 +272,6 @@ for p in "$@"; do
             part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_h200
             part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits)" >&2 ;;
+            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline)" >&2 ;;
     esac
 done
