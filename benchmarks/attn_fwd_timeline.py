@@ -6,11 +6,12 @@ Session 26 left the forward 1.04-1.19x SDPA flash at S = 1024 and 0.88x at 16k, 
 the short length (4.4 against 2.8), and a guess: a fixed cost per program, with one program on an SM at a time. This
 measures it instead of guessing. A copy of the attention root (`instrument`, in a temporary file: the root is not
 touched) reads the SM's cycle counter (%clock64) and the global timer (%globaltimer) at three points of every forward
-program: its start, the end of its unmasked blocks (the TMA loop), and after its last store; it writes them with its SM
+program: its start, the end of its first loop (the unmasked blocks, through TMA; with FWD_ONE_LOOP the diagonal blocks
+inside the sequence too), and after its last store; it writes them with its SM
 (%smid), row tile and block counts into the scratch the root leaves unused (TOTAL_IN_MEMORY off). The copy's outputs
 are checked bit for bit against the root's. Per cell (`analyze`):
-- a program's fixed cost and a block's: least squares of the time from its start to the end of its unmasked blocks
-  over their number (intercept: the Q load and setup; slope: one unmasked block), and the median time from there to
+- a program's fixed cost and a block's: least squares of the time from its start to the end of its first loop over
+  the blocks it walked (intercept: the Q load and setup; slope: one block), and the median time from there to
   its end (the masked diagonal blocks, the last merge, the normalization and the stores);
 - the SMs: programs each, how many ran on one SM at once, the gap from one program's end to the next one's start on the
   same SM, and the busy fraction of the kernel's span;
@@ -33,11 +34,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 SOURCE = ROOT / "tik_kernels" / "ops" / "attention.py"
-#: int32 slots a program writes: clock64 at start, end of unmasked blocks and end (lo, hi each), globaltimer at start
-#: and end (lo, hi), SM, row tile, unmasked blocks, all blocks, a written flag
+#: int32 slots a program writes: clock64 at start, end of the first loop and end (lo, hi each), globaltimer at start
+#: and end (lo, hi), SM, row tile, blocks of the first loop, all blocks, a written flag
 SLOTS = 16
 FIELDS = {"c0": 0, "c1": 2, "c2": 4, "g0": 6, "g2": 8}  # 64-bit: two slots, low word first
-SMALL = {"sm": 10, "tile": 11, "n_full": 12, "n_blocks": 13, "written": 14}
+SMALL = {"sm": 10, "tile": 11, "n_first": 12, "n_blocks": 13, "written": 14}
 HQ, HK, D = 32, 8, 128  # bench_speed.py's attention shape (Qwen3-8B)
 CELLS = ((1, 1024), (16, 1024), (1, 4096), (1, 16384))
 
@@ -83,7 +84,7 @@ _RECORD = f'''    _c2 = _probe_clock()
     _probe_put64(_p, 8, _g2)
     _probe_put32(_p, 10, _probe_sm())
     _probe_put32(_p, 11, pid_m)
-    _probe_put32(_p, 12, n_full)
+    _probe_put32(_p, 12, n_in)
     _probe_put32(_p, 13, n_blocks)
     _probe_put32(_p, 14, pid_m * 0 + 1)
 '''
@@ -110,8 +111,8 @@ def instrument(source: str) -> str:
     body = _replace_once(body, "    pid_m = _row_tile(LONGEST_FIRST)\n",
                          "    _c0 = _probe_clock()\n    _g0 = _probe_timer()\n    pid_m = _row_tile(LONGEST_FIRST)\n",
                          "the forward's start")
-    body = _replace_once(body, "    for j in range(n_full, n_blocks):\n",
-                         "    _c1 = _probe_clock()\n    for j in range(n_full, n_blocks):\n", "the masked loop")
+    body = _replace_once(body, "    for j in range(n_in, n_blocks):\n",
+                         "    _c1 = _probe_clock()\n    for j in range(n_in, n_blocks):\n", "the masked loop")
     last = "    tl.store(p_l, m_t + tl.math.log2(l_row), mask=m_row)\n"
     body = _replace_once(body, last, last + _RECORD, "the forward's last store")
     a2, b2 = _function(source, "_fwd")
@@ -152,8 +153,8 @@ def analyze(rec: dict) -> dict:
            "span_us": float((rec["g2"].max() - rec["g0"].min()) / 1e3),
            "program_us_median": float(np.median((rec["c2"] - rec["c0"]) * us)),
            "masked_and_end_us_median": float(np.median(tail)), "blocks_mean": float(np.mean(rec["n_blocks"]))}
-    if len(np.unique(rec["n_full"])) > 1:
-        slope, icpt = np.polyfit(rec["n_full"].astype(float), head, 1)
+    if len(np.unique(rec["n_first"])) > 1:
+        slope, icpt = np.polyfit(rec["n_first"].astype(float), head, 1)
         out.update(fixed_us=float(icpt), block_us=float(slope))
     else:
         out.update(fixed_us=None, block_us=None)
@@ -184,9 +185,10 @@ def _markdown(rows: list[dict], meta: dict) -> str:
         return "-" if v is None else format(v, spec)
 
     lines = [f"# The prefill forward's timeline, program by program ({meta['gpu']})", "",
-             f"`{meta['command']}`  ", f"torch {meta['torch']}, triton {meta['triton']}, commit {meta['commit']}", "",
+             f"`{meta['command']}`  ", f"torch {meta['torch']}, triton {meta['triton']}, commit {meta['commit']}; "
+             f"the instrumented copy's CONFIG changes: {meta['copy_config'] or 'none'}", "",
              "Per cell the median over the recorded launches. fixed / block: least squares of a program's time from "
-             "its start to the end of its unmasked blocks over their number; masked+end: from there to its end (the "
+             "its start to the end of its first loop over the blocks it walked; masked+end: from there to its end (the "
              "diagonal blocks, the last merge, the stores); gap: from a program's end to the next one's start on the "
              "same SM (only where one ran at a time); busy: the SM's time inside a program over the kernel's span; "
              "finish spread: the first SM done to the last. Event time: the root's forward alone (CUDA events, "
@@ -218,12 +220,21 @@ def main() -> int:
     ap.add_argument("--name", default="")
     ap.add_argument("--cells", nargs="+", default=[f"{b}x{s}" for b, s in CELLS], help="BxS, e.g. 16x1024")
     ap.add_argument("--launches", type=int, default=5, help="recorded launches per cell (after two unrecorded)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a CONFIG launch value for the instrumented copy only (e.g. FWD_ONE_LOOP=1): its bits are "
+                         "checked against the root's CONFIG, its time beside the root's")
     args = ap.parse_args()
     try:
         cells = [tuple(int(x) for x in c.lower().split("x")) for c in args.cells]
         assert all(len(c) == 2 and min(c) > 0 for c in cells)
     except (ValueError, AssertionError):
         ap.error("--cells: each one BxS with positive integers, e.g. 16x1024")
+    over = {}
+    for item in args.set:
+        key, _, value = item.partition("=")
+        if not key or not value.lstrip("-").isdigit():
+            ap.error(f"--set {item!r}: expected KEY=INTEGER, e.g. FWD_ONE_LOOP=1")
+        over[key] = int(value)
 
     import subprocess
 
@@ -244,13 +255,18 @@ def main() -> int:
     path = Path(tmp.name) / "attention_timeline.py"
     path.write_text(instrument(SOURCE.read_text()))
     copy = load_module(path, "attention_timeline")
+    unknown = sorted(set(over) - set(copy.CONFIG))
+    if unknown:
+        print(f"attn_fwd_timeline: --set: no CONFIG key {', '.join(unknown)} in attention.py", file=sys.stderr)
+        return 2
+    copy.CONFIG.update(over)
     rows = []
     gen = torch.Generator(device="cuda").manual_seed(0)
     for B, S in cells:
         q = torch.randn(B, HQ, S, D, device="cuda", dtype=torch.bfloat16, generator=gen)
         k = torch.randn(B, HK, S, D, device="cuda", dtype=torch.bfloat16, generator=gen)
         v = torch.randn(B, HK, S, D, device="cuda", dtype=torch.bfloat16, generator=gen)
-        cfg = root._for_head_dim(root._tiles(), D)
+        cfg = copy._for_head_dim(copy._tiles(), D)  # the copy's launch (--set may change its tile)
         programs = triton.cdiv(S * (HQ // HK), cfg["BLOCK_M"]) * B * HK
         buf = torch.zeros(programs * SLOTS, dtype=torch.float32, device="cuda")
         copy._PROBE = buf
@@ -287,7 +303,7 @@ def main() -> int:
                             text=True).stdout.strip() or "?"
     command = "PYTHONPATH=. python benchmarks/attn_fwd_timeline.py " + " ".join(sys.argv[1:])
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-            "commit": commit, "command": command}
+            "commit": commit, "command": command, "copy_config": over}
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"attn_fwd_timeline{args.name}"
     (args.out / f"{stem}.json").write_text(json.dumps({**meta, "cells": rows}, indent=1) + "\n")

@@ -91,10 +91,11 @@
 #                     norms + rope + cache fill, logprob's chunk merge; the GPU bit tests of rope, rmsnorm, the rope cache
 #                     and the lm_head (red before the change: pytest_gpu_h100_s26_qk_regs_red.log)
 #   prefill       #16 prefill (the forward's launch choices beside the CONFIG's: longest walks first, 64-row tiles of 4
-#                     warps and 1 stage, pointer loads) and forward + backward vs SDPA flash ($R/speed_<card>_prefill*)
+#                     warps and 1 stage, pointer loads, one loop) and forward + backward vs SDPA flash ($R/speed_<card>_prefill*)
 #   fwd_timeline  #16 the prefill forward program by program, read inside the kernel (%clock64, %globaltimer): a
 #                     program's fixed cost and a block's, gaps between programs on an SM, the tail, at S = 1k .. 16k
-#                     ($R/attn_fwd_timeline.{md,json}): where the short-sequence gap to SDPA flash goes
+#                     ($R/attn_fwd_timeline.{md,json}): where the short-sequence gap to SDPA flash goes; again with
+#                     FWD_ONE_LOOP=1 (the diagonal blocks in the TMA loop: _one_loop)
 #   speed         #16 bench_speed: linear / decode / prefill / fwd+bwd / ops vs stock, bits-gated;
 #                     $R/speed_h200.{md,json} and its keys of $R/summary_h200.json
 #   hf            #20 apply_tik on a random-init Qwen3-0.6B (transformers): bitwise log-probs, time vs stock,
@@ -260,10 +261,12 @@ for p in "$@"; do
             part speed_prefill 200 "$py" benchmarks/bench_speed.py --only prefill --out "$R" --rounds 9 --budget-s 150 \
                 --variant longest=attention.FWD_LONGEST_FIRST=1 \
                 --variant m64w4s1=attention.BLOCK_M=64,attention.num_warps=4,attention.num_stages=1 \
-                --variant pointers=attention.FWD_TMA=0
+                --variant pointers=attention.FWD_TMA=0 --variant one_loop=attention.FWD_ONE_LOOP=1
             part speed_fwdbwd 200 "$py" benchmarks/bench_speed.py --only fwdbwd --out "$R" --rounds 9 --budget-s 150 ;;
         fwd_timeline)
-            part attn_fwd_timeline 240 "$py" benchmarks/attn_fwd_timeline.py --out "$R" ;;
+            part attn_fwd_timeline 150 "$py" benchmarks/attn_fwd_timeline.py --out "$R"
+            part attn_fwd_timeline_one_loop 150 "$py" benchmarks/attn_fwd_timeline.py --out "$R" --name _one_loop \
+                --set FWD_ONE_LOOP=1 ;;
         attn_bwd)
             part attn_bwd 400 "$py" benchmarks/bench_attn_bwd.py --out "$R" ;;
         speed)

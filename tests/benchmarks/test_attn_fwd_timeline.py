@@ -52,8 +52,8 @@ def test_the_root_is_untouched_and_the_copy_records_into_the_unused_scratch():
 
 
 def test_a_forward_the_anchors_no_longer_match_is_refused_in_one_line():
-    src = T.SOURCE.read_text().replace("    for j in range(n_full, n_blocks):\n",
-                                       "    for jj in range(n_full, n_blocks):\n", 1)
+    src = T.SOURCE.read_text().replace("    for j in range(n_in, n_blocks):\n",
+                                       "    for jj in range(n_in, n_blocks):\n", 1)
     with pytest.raises(SystemExit) as e:
         T.instrument(src)
     assert "the masked loop" in str(e.value) and "\n" not in str(e.value)
@@ -77,7 +77,7 @@ def _planted(fixed_cycles=3000, block_cycles=2000, tail_cycles=5000, gap_cycles=
                 i0 = T.FIELDS[name]
                 row[i0], row[i0 + 1] = v & 0xFFFFFFFF, v >> 32
             row[T.SMALL["sm"]], row[T.SMALL["tile"]], row[T.SMALL["written"]] = sm, i, 1
-            row[T.SMALL["n_full"]], row[T.SMALL["n_blocks"]] = n_full, n_full + 1
+            row[T.SMALL["n_first"]], row[T.SMALL["n_blocks"]] = n_full, n_full + 1
             rows.append(row)
             c, g = c2 + gap_cycles, g2 + round(gap_cycles / ghz)
     rows.append(np.zeros(T.SLOTS, dtype=np.int64))  # a program that returned early: never written
@@ -114,3 +114,10 @@ def test_malformed_cells_are_refused_by_argparse(tmp_path):
                           "16by1024"], capture_output=True, text=True, cwd=ROOT, timeout=300,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 2 and "--cells" in out.stderr.strip().splitlines()[-1]
+
+
+def test_a_malformed_set_is_refused_by_argparse(tmp_path):
+    out = subprocess.run([sys.executable, "benchmarks/attn_fwd_timeline.py", "--out", str(tmp_path), "--set",
+                          "FWD_ONE_LOOP"], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 2 and "KEY=INTEGER" in out.stderr.strip().splitlines()[-1]

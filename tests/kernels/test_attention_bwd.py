@@ -117,6 +117,39 @@ def test_longest_first_launch_keeps_the_bits(layout, monkeypatch):
         assert same_bits(a, b), f"{layout}: {name} differs launched longest first"
 
 
+@pytest.mark.parametrize("layout", ["dense", "aligned", "packed", "many"])
+def test_one_loop_forward_keeps_the_bits(layout, monkeypatch):
+    """The diagonal blocks inside the sequence walked in the unmasked loop (FWD_ONE_LOOP), with TMA loads and with
+    pointers, give the root CONFIG's output bit for bit: S off the block grid (a block crossing the end stays in the
+    masked loop), S on it (no such block), packed and many short sequences."""
+    import tik_kernels.ops.attention as A
+
+    if layout == "aligned":
+        gen = torch.Generator().manual_seed(5)
+        q, k, v = (torch.randn(2, h, 16, 16, generator=gen).to(torch.bfloat16) for h in (4, 2, 2))
+        fwd = A.attention_prefill
+    else:
+        fwd, q, k, v, _ = _case(A, layout, 3)
+    want = fwd(q, k, v)
+    for tma in (0, 1):
+        monkeypatch.setitem(A.CONFIG, "FWD_TMA", tma)
+        monkeypatch.setitem(A.CONFIG, "FWD_ONE_LOOP", 1)
+        assert same_bits(fwd(q, k, v), want), f"{layout}: FWD_ONE_LOOP with FWD_TMA {tma} changed the output"
+
+
+def test_one_loop_that_skips_a_diagonal_mask_is_seen(tmp_path, monkeypatch):
+    """The check above can fail: a one-loop walk that leaves the first diagonal block unmasked (planted) changes the
+    output."""
+    import tik_kernels.ops.attention as A
+
+    fwd, q, k, v, _ = _case(A, "dense", 3)
+    want = fwd(q, k, v)
+    bad = _planted(tmp_path, "one_loop_unmasked_diagonal", ("            if j >= n_full:\n",
+                                                             "            if j > n_full:\n"))
+    monkeypatch.setitem(bad.CONFIG, "FWD_ONE_LOOP", 1)
+    assert not same_bits(bad.attention_prefill(q, k, v), want)
+
+
 def test_dq_kernel_double_step_order_change_is_seen(tmp_path, monkeypatch):
     """A double step whose two dots run second half first (planted in `_dq_dots`, which the dq kernel shares with
     the fused path) changes dq's bits on the order-sensitive case (so the test above would see a step that did not

@@ -132,6 +132,11 @@ TUNABLES = {
     "FWD_TMA": (0, 1),
     # 1: prefill's row tiles launched last first (the longest causal walks first, the shortest fill the end)
     "FWD_LONGEST_FIRST": (0, 1),
+    # 1: prefill walks the causally masked (diagonal) blocks that lie wholly inside the sequence in the same loop as
+    # the unmasked ones (TMA loads, pipelined into the last unmasked block's compute), masking them behind a branch;
+    # only a block crossing the sequence's end stays in the separate masked loop. The same values, the same
+    # operations (`_attn_fwd_kernel`)
+    "FWD_ONE_LOOP": (0, 1),
     # decode: rows of a program (the group's query heads, padded to an MMA's minimum)
     "DECODE_BLOCK_M": (16, 32, 64),
     "decode_num_warps": (2, 4, 8),
@@ -202,6 +207,7 @@ CONFIG = {
     "FWD_TOTAL_IN_MEMORY": 0,
     "FWD_TMA": 1,
     "FWD_LONGEST_FIRST": 0,
+    "FWD_ONE_LOOP": 0,
     "DECODE_BLOCK_M": 16,
     "decode_num_warps": 8,
     "decode_num_stages": 3,
@@ -358,6 +364,7 @@ def _attn_fwd_kernel(
     TOTAL_IN_MEMORY: tl.constexpr,
     TMA: tl.constexpr = False,
     LONGEST_FIRST: tl.constexpr = False,  # row tiles launched last first (their walks are the longest)
+    ONE_LOOP: tl.constexpr = False,  # diagonal blocks inside the sequence walked in the unmasked loop (FWD_ONE_LOOP)
 ):
     pid_m = _row_tile(LONGEST_FIRST)
     pid_bh = tl.program_id(1).to(tl.int64)
@@ -399,10 +406,15 @@ def _attn_fwd_kernel(
     pos_hi = tl.minimum((pid_m * BLOCK_M + BLOCK_M - 1) // G + 1, L)
     n_full = (pos_lo + 1) // BLOCK_N
     n_blocks = tl.cdiv(pos_hi, BLOCK_N)
+    # the first loop's blocks: ONE_LOOP adds the diagonal ones wholly inside the sequence (they mask behind a branch)
+    if ONE_LOOP:
+        n_in = tl.minimum(n_blocks, L // BLOCK_N)
+    else:
+        n_in = n_full
     if TMA:
         k_row = (b * k_rb + kvh * k_rh + start).to(tl.int32)
         v_row = (b * v_rb + kvh * v_rh + start).to(tl.int32)
-    for j in range(0, n_full):
+    for j in range(0, n_in):
         k_pos = j * BLOCK_N + tl.arange(0, BLOCK_N)
         if TMA:
             # whole blocks below L: never past the sequence, so never another sequence's (or poisoned) rows
@@ -415,6 +427,11 @@ def _attn_fwd_kernel(
             b_k = b_k.to(tl.float32)
             b_v = b_v.to(tl.float32)
         s = tl.dot(b_q, tl.trans(b_k))  # [BM, BN]
+        if ONE_LOOP:
+            if j >= n_full:
+                # a diagonal block: masked before the scale, not after as the masked loop does (-inf * scale is
+                # -inf, a kept score is scaled alike), so the same values
+                s = tl.where(k_pos[None, :] <= q_pos[:, None], s, float("-inf"))
         m_i, l_i, acc = _softmax_step(s, s, m_i, l_i, acc, b_v, ones, qk_scale, P_TY, False)
         # the chunk is complete: merge it, start the next one fresh. Triton 3.6 leaves the PV dot in flight across the
         # loop's end, and this reset of its accumulator makes ptxas serialize the kernel's wgmmas (C7515, reported by
@@ -426,7 +443,7 @@ def _attn_fwd_kernel(
             m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
             l_i = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
             acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
-    for j in range(n_full, n_blocks):
+    for j in range(n_in, n_blocks):
         k_pos = j * BLOCK_N + tl.arange(0, BLOCK_N)
         m_k = k_pos < L
         b_k = tl.load(k_base + k_pos[:, None] * stride_ks + o_d[None, :], mask=m_k[:, None], other=0.0)
@@ -729,6 +746,7 @@ def _attn_bwd_dq_kernel(
     UPCAST: tl.constexpr,
     TMA: tl.constexpr = False,
     LONGEST_FIRST: tl.constexpr = False,  # row tiles launched last first (their walks are the longest)
+    ONE_LOOP: tl.constexpr = False,  # diagonal blocks inside the sequence walked in the unmasked loop (FWD_ONE_LOOP)
 ):
     """dq of BLOCK_M rows: KV blocks of SUB keys 0, 1, ... up to the tile's diagonal, in order (SUB sets the sum;
     a step of BLOCK_N = 2 * SUB keys does two of them)."""
@@ -1215,7 +1233,7 @@ def _fwd(q, k, v, cu, n_seq, max_len, seq_len, scale, varlen):
         *lse_strides, seq_len, hk, scale * _LOG2E,
         G=G, D=d, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=block_n, CHUNK=cfg["CHUNK_BLOCKS"], VARLEN=varlen,
         UPCAST=INTERPRET, TOTAL_IN_MEMORY=in_memory, TMA=tma, LONGEST_FIRST=bool(cfg.get("FWD_LONGEST_FIRST", 0)),
-        **_launch_opts(cfg["num_warps"], cfg["num_stages"]),
+        ONE_LOOP=bool(cfg.get("FWD_ONE_LOOP", 0)), **_launch_opts(cfg["num_warps"], cfg["num_stages"]),
     )
     return o, lse
 
