@@ -145,6 +145,13 @@ def alive_with(marker: str) -> list[int]:
     return pids
 
 
+def child_dirs(tmp, kinds=("eval", "spare"), pid: int | str = "*") -> list:
+    """The candidate children's directories under `tmp`, of process `pid` (any by default): their own in `tmp`, or
+    (forked) in a fork server's pool, itself in `tmp`. Exact globs, not a walk (`**`): while an evaluator lives, the
+    server adds and removes spares and their insides, and a walk that meets a directory removed under it fails."""
+    return [d for where in ("", "tik-forks-*/pool/") for kind in kinds for d in tmp.glob(f"{where}tik-{kind}-{pid}.*")]
+
+
 def kill_all(marker: str) -> None:
     """SIGKILL every process whose command line contains `marker`; one that ends meanwhile is no error."""
     import os

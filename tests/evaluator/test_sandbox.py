@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from evaluator_fixtures import FIX, tiny
-from planted import WRITABLE, alive_with, kill_all, planted
+from planted import WRITABLE, alive_with, child_dirs, kill_all, planted
 
 from tik_kernels.evaluator import evaluate, integrity, sandbox
 
@@ -170,10 +170,7 @@ def test_sigkill_of_the_evaluator_leaves_no_process_and_the_scratch_is_reaped(tm
         while not alive_with(marker) and time.monotonic() < end and proc.poll() is None:
             time.sleep(0.2)
         assert alive_with(marker), "the candidate's daemon never started"
-        # the candidate child's directory: its own in tmp, or (forked) in its fork server's pool, itself in tmp.
-        # Two exact globs, not a walk: the server adds and removes spares (and their insides) meanwhile.
-        scratch = [d for where in ("", "tik-forks-*/pool/") for kind in ("eval", "spare")
-                   for d in tmp.glob(f"{where}tik-{kind}-{proc.pid}.*")]
+        scratch = child_dirs(tmp, pid=proc.pid)
         assert scratch
         proc.kill()
         proc.wait(10)
