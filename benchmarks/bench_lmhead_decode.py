@@ -31,7 +31,7 @@ from tik_kernels.ops import sample as SA  # noqa: E402
 #: whatever the order its chunks and tiles are merged in, so sample's V_CHUNK and BLOCK_V only launch it (no bits);
 #: logprob's (and sample_logprob's) set the log-sum-exp's tree: "(tree)" marks a variant that would change its bits.
 #: CHUNKS (chunks one program walks in turn) launches either without moving a bit, nor does MERGE_STAGES (the combine's
-#: chunk loop software-pipelined: the same merges in the same order)
+#: chunk loop software-pipelined: the same merges in the same order), nor FLAT (a chunk's tiles and K steps in one loop)
 VARIANTS = {
     "sample_logprob": ("slp", {}),
     "slp MERGE_STAGES=1 (the combine before session 25)": ("slp", {"logprob": {"MERGE_STAGES": 1}}),
@@ -41,6 +41,9 @@ VARIANTS = {
     "slp CHUNKS=4": ("slp", {"logprob": {"CHUNKS": 4}}),
     "slp warps=4 CHUNKS=4": ("slp", {"logprob": {"num_warps": 4, "CHUNKS": 4}}),
     "slp warps=4": ("slp", {"logprob": {"num_warps": 4}}),
+    "slp FLAT": ("slp", {"logprob": {"FLAT": 1}}),
+    "slp FLAT stages=4": ("slp", {"logprob": {"FLAT": 1, "num_stages": 4}}),
+    "slp stages=4": ("slp", {"logprob": {"num_stages": 4}}),
     "slp V_CHUNK=2048 (tree)": ("slp", {"logprob": {"V_CHUNK": 2048}}),
     "slp warps=4 V_CHUNK=2048 (tree)": ("slp", {"logprob": {"num_warps": 4, "V_CHUNK": 2048}}),
     "slp warps=4 BLOCK_V=64 V_CHUNK=2048 (tree)": ("slp", {"logprob": {"num_warps": 4, "BLOCK_V": 64,

@@ -74,6 +74,8 @@
 #                     (bench_lmhead_decode.py --only ...; $R/lmhead_decode_<card>.json)
 #   lmhead_step   #19 the decode step with the one-pass lm_head (the default since session 25) beside the two passes and
 #                     stock, in one run ($R/e2e_decode_lmhead/)
+#   lmhead_flat   #19 sample_logprob's pass with a chunk's tiles and K steps in one loop (logprob's FLAT, off): its GPU
+#                     bit test, the lm_head alone (with and without, and 4 stages) and the decode step with and without
 #   qk_regs       #19 the one-launch q / k norms + rope + cache fill with the halves from registers (rmsnorm's ROPE_REGS,
 #                     off: no gain on an H100 in session 26): its GPU bit tests, then the decode step with and without,
 #                     one run ($R/e2e_decode_qk_regs/)
@@ -235,6 +237,11 @@ for p in "$@"; do
         lmhead_step)
             part e2e_decode_lmhead 300 "$py" benchmarks/bench_e2e.py --out "$R/e2e_decode_lmhead" --only decode \
                 --decode-backends stock unified unified-two-pass-lmhead ;;
+        lmhead_flat)
+            part pytest_gpu_lmhead_flat 120 "$py" -m pytest -q -m gpu tests/kernels/test_sample_logprob.py -k flat
+            part lmhead_decode_flat 150 "$py" benchmarks/bench_lmhead_decode.py --out "$R" --only "FLAT|stages=4"
+            part e2e_decode_flat 300 "$py" benchmarks/bench_e2e.py --out "$R/e2e_decode_flat" --only decode \
+                --decode-backends unified unified-flat-lmhead ;;
         qk_regs)
             part pytest_gpu_qk_regs 240 "$py" -m pytest -q -m gpu tests/e2e/test_rope_cache.py
             part e2e_decode_qk_regs 300 "$py" benchmarks/bench_e2e.py --out "$R/e2e_decode_qk_regs" --only decode \
@@ -275,6 +282,6 @@ for p in "$@"; do
             part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_h200
             part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline)" >&2 ;;
+            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat)" >&2 ;;
     esac
 done

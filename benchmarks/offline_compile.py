@@ -85,10 +85,12 @@ def compile_sm90(fn, const: dict, types: dict, options: dict, *, default_type: C
 
 
 def plain_ptx(text: str) -> str:
-    """PTX without source line markers, comments and debug sections (they follow the file's line numbers)."""
+    """PTX without source line markers, comments, debug sections and the labels only they refer to (`$L__tmpN`:
+    inlined helpers' scopes, which move with the file's lines and its helper calls)."""
     text = text[: text.find(".section\t.debug")] if ".section\t.debug" in text else text
     return "\n".join(line.split("//")[0].rstrip() for line in text.splitlines()
-                     if not line.strip().startswith((".loc", ".file", "//")))
+                     if not line.strip().startswith((".loc", ".file", "//"))
+                     and not re.fullmatch(r"\$L__tmp\d+:", line.strip()))
 
 
 def tool(name: str) -> Path:

@@ -153,3 +153,64 @@ def test_chunks_per_program_only_launch_the_lm_head_kernels(monkeypatch, chunks)
     assert torch.equal(_bits(got[0]), _bits(want[0])) and torch.equal(got[1], want[1])
     assert torch.equal(got[2], want[2]) and torch.equal(_bits(got[3]), _bits(want[3]))
     assert torch.equal(got[2], want[1])  # and the one pass still draws the sampler's token
+
+
+def _flat_case(monkeypatch, mod, chunks: int) -> tuple:
+    """sample_logprob with small tiles: H = 40 (the last K step of a tile masked), 13 chunks (the last partial)."""
+    small = {"BLOCK_T": 16, "BLOCK_V": 16, "BLOCK_K": 16, "V_CHUNK": 32, "CHUNKS": chunks}
+    monkeypatch.setattr(mod, "CONFIG", {**mod.CONFIG, **small})
+    gen = torch.Generator().manual_seed(6)
+    h, w = hidden_and_weight(20, 40, 400, gen)
+    seeds = torch.randint(0, 2**62, (20,), generator=gen)
+    return h, w, seeds
+
+
+@pytest.mark.parametrize("chunks", [1, 3])
+def test_flat_walk_moves_no_bits(monkeypatch, chunks):
+    """FLAT (one loop over a chunk's tiles and K steps) gives the nested walk's token and log-prob, bit for bit,
+    and so logprob's value for the sampler's token."""
+    h, w, seeds = _flat_case(monkeypatch, lp_root, chunks)
+    want_ids, want_lp = lp_root.sample_logprob(h, w, 0.8, seeds)
+    monkeypatch.setitem(lp_root.CONFIG, "FLAT", 1)
+    ids, lp = lp_root.sample_logprob(h, w, 0.8, seeds)
+    assert torch.equal(ids, want_ids) and torch.equal(_bits(lp), _bits(want_lp))
+    assert torch.equal(_bits(lp), _bits(lp_root.logprob(h, w, ids, 0.8)))
+
+
+def test_a_flat_walk_that_keeps_its_accumulator_is_caught(tmp_path, monkeypatch):
+    """The check above has teeth: a flat walk that forgets to restart its accumulator at a tile's end (planted)
+    changes the log-prob."""
+    from pathlib import Path
+
+    from tik_kernels.contract import load_module
+
+    text = Path(lp_root.__file__).read_text()
+    reset = "                acc = tl.zeros([BLOCK_T, BLOCK_V], dtype=tl.float32)\n"
+    assert text.count(reset) == 1
+    (tmp_path / "planted_flat.py").write_text(text.replace(reset, ""))
+    m = load_module(tmp_path / "planted_flat.py", "planted_flat_sample_logprob")
+    h, w, seeds = _flat_case(monkeypatch, m, 1)
+    m.CONFIG["FLAT"] = 0
+    _, want_lp = m.sample_logprob(h, w, 0.8, seeds)
+    m.CONFIG["FLAT"] = 1
+    _, lp = m.sample_logprob(h, w, 0.8, seeds)
+    assert not torch.equal(_bits(lp), _bits(want_lp))
+
+
+@pytest.mark.gpu
+def test_gpu_flat_walk_moves_no_bits(monkeypatch):
+    """FLAT at the Qwen3 lm_head (297 chunks, hidden 1024 and 2048), decode and prefill batches: the nested walk's
+    tokens and log-prob bits."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    for H in (1024, 2048):
+        gen = torch.Generator(device="cuda").manual_seed(H)
+        w = (torch.randn(151936, H, device="cuda", generator=gen) * H**-0.5).to(torch.bfloat16)
+        for T in (1, 64, 300):
+            h = torch.randn(T, H, device="cuda", generator=gen).to(torch.bfloat16)
+            seeds = torch.randint(0, 2**62, (T,), device="cuda", generator=gen)
+            monkeypatch.setitem(lp_root.CONFIG, "FLAT", 0)
+            want_ids, want_lp = lp_root.sample_logprob(h, w, 0.7, seeds)
+            monkeypatch.setitem(lp_root.CONFIG, "FLAT", 1)
+            ids, lp = lp_root.sample_logprob(h, w, 0.7, seeds)
+            assert torch.equal(ids, want_ids) and torch.equal(_bits(lp), _bits(want_lp)), (H, T)

@@ -50,11 +50,16 @@ TUNABLES = {
     "PDL": (0, 1),
     "CHUNKS": (1, 2, 4),
     "MERGE_STAGES": (1, 2, 4, 8),
+    "FLAT": (0, 1),
 }
 #: PDL: sample_logprob's kernels launched with programmatic dependent launch (ops/_common.py), no bit changes.
 #: CHUNKS: V chunks walked by one program of the forward and of sample_logprob, one after another, each from a fresh
 #: state and stored in its own slot: who computes a chunk, never its sum (the tree is V_CHUNK's and BLOCK_V's), so no
 #: bit changes; fewer, longer programs where the per-program cost shows (benchmarks/bench_lmhead_decode.py)
+#: FLAT: sample_logprob's pass walks a chunk's (tile, K step) pairs in one loop, as linear walks its chunks: the same
+#: dots in the same order, the next tile's loads in flight across a tile's end (the nested loops drain the pipeline at
+#: each of a program's V_CHUNK / BLOCK_V tiles); no bit changes. Off until a GPU times it
+#: (`benchmarks/bench_lmhead_decode.py --only FLAT`)
 #: MERGE_STAGES: the combine kernels' loop over the V chunks software-pipelined in this many stages (`tl.range`'s
 #: num_stages: the loads of the next chunks go out, as async copies, while one chunk merges): the same merges in the
 #: same order, so no bit changes, where the plain loop paid a global-memory round trip or two per chunk. A decode
@@ -78,6 +83,7 @@ CONFIG = {
     "PDL": 1,
     "CHUNKS": 1,
     "MERGE_STAGES": 8,
+    "FLAT": 0,
 }
 
 
@@ -414,11 +420,28 @@ def logprob(hidden: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, temper
 
 
 @triton.jit
+def _sample_logprob_tile(b_z, o_v, m_v, b_key, v0, b_m, b_s, b_best, b_idx, b_zb):
+    """A [BT, BV] tile of logits / temperature (from column v0) into a chunk's state: logprob's log-sum-exp and the
+    sampler's race, through the helpers their own kernels use."""
+    b_z = tl.where(m_v[None, :], b_z, float("-inf"))  # [BT, BV]
+    b_m, b_s = _lse_step(b_m, b_s, b_z)
+    b_best, b_idx, b_take, b_tile_idx = _race_step(b_best, b_idx, _race_scores(b_z, o_v, m_v, b_key, False), v0)
+    # the winner's logit: one entry matches, a sum of it and exact zeros is exact (as the target's in logprob)
+    b_tile_z = tl.sum(tl.where(o_v[None, :] == b_tile_idx[:, None], b_z, 0.0), axis=1)
+    return b_m, b_s, b_best, b_idx, tl.where(b_take, b_tile_z, b_zb)
+
+
+@triton.jit
 def _sample_logprob_chunk(h_ptr, w_ptr, m_part_ptr, s_part_ptr, best_part_ptr, idx_part_ptr, zb_part_ptr, o_t, m_t,
                           b_key, pid_c, NC, T, V, H, stride_h, stride_w, temperature, BLOCK_T: tl.constexpr,
-                          BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, V_CHUNK: tl.constexpr):
+                          BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, V_CHUNK: tl.constexpr,
+                          FLAT: tl.constexpr = False):
     """V chunk `pid_c` of a token block from a fresh state: logprob's (max, Σexp) and the race's (best, index, its
-    logit), stored at the chunk's slot; a chunk past the last (pid_c >= NC) stores nothing."""
+    logit), stored at the chunk's slot; a chunk past the last (pid_c >= NC) stores nothing.
+
+    FLAT: one loop over the chunk's (tile, K step) pairs instead of a K loop per tile: a tile's logits are the same
+    dots in the same order from a fresh accumulator, divided alike, handed to the same tile step at its last K step;
+    the compiler then keeps the next tile's first loads in flight across a tile's end (a launch choice, no bits)."""
     b_m = tl.full([BLOCK_T], float("-inf"), dtype=tl.float32)
     b_s = tl.zeros([BLOCK_T], dtype=tl.float32)
     b_best = tl.full([BLOCK_T], float("-inf"), dtype=tl.float32)
@@ -426,18 +449,36 @@ def _sample_logprob_chunk(h_ptr, w_ptr, m_part_ptr, s_part_ptr, best_part_ptr, i
     b_zb = tl.zeros([BLOCK_T], dtype=tl.float32)
     v_start = pid_c * V_CHUNK
     v_end = tl.minimum(v_start + V_CHUNK, V)
-    for v0 in range(v_start, v_end, BLOCK_V):
-        o_v = v0 + tl.arange(0, BLOCK_V)
-        m_v = o_v < v_end
-        b_z = _logits_tile(h_ptr, w_ptr, o_t, m_t, o_v, m_v, H, stride_h, stride_w, temperature,
-                           BLOCK_T, BLOCK_V, BLOCK_K)
-        b_z = tl.where(m_v[None, :], b_z, float("-inf"))  # [BT, BV]
-        # logprob's log-sum-exp and the sampler's race, through the helpers their own kernels use
-        b_m, b_s = _lse_step(b_m, b_s, b_z)
-        b_best, b_idx, b_take, b_tile_idx = _race_step(b_best, b_idx, _race_scores(b_z, o_v, m_v, b_key, False), v0)
-        # the winner's logit: one entry matches, a sum of it and exact zeros is exact (as the target's in logprob)
-        b_tile_z = tl.sum(tl.where(o_v[None, :] == b_tile_idx[:, None], b_z, 0.0), axis=1)
-        b_zb = tl.where(b_take, b_tile_z, b_zb)
+    if FLAT:
+        n_k = tl.cdiv(H, BLOCK_K)
+        acc = tl.zeros([BLOCK_T, BLOCK_V], dtype=tl.float32)
+        for i in range(0, tl.cdiv(v_end - v_start, BLOCK_V) * n_k):
+            v0 = v_start + (i // n_k) * BLOCK_V
+            o_v = v0 + tl.arange(0, BLOCK_V)
+            m_v = o_v < v_end
+            o_k = (i % n_k) * BLOCK_K + tl.arange(0, BLOCK_K)
+            m_k = o_k < H
+            # `_logits_tile`'s loads and dot, one K step
+            b_h = tl.load(h_ptr + o_t[:, None] * stride_h + o_k[None, :], mask=m_t[:, None] & m_k[None, :],
+                          other=0.0)
+            b_w = tl.load(w_ptr + o_v[None, :] * stride_w + o_k[:, None], mask=m_v[None, :] & m_k[:, None],
+                          other=0.0)
+            if _INTERPRET:
+                b_h = b_h.to(tl.float32)
+                b_w = b_w.to(tl.float32)
+            acc = tl.dot(b_h, b_w, acc)
+            if i % n_k == n_k - 1:
+                b_m, b_s, b_best, b_idx, b_zb = _sample_logprob_tile(acc / temperature, o_v, m_v, b_key, v0, b_m,
+                                                                     b_s, b_best, b_idx, b_zb)
+                acc = tl.zeros([BLOCK_T, BLOCK_V], dtype=tl.float32)
+    else:
+        for v0 in range(v_start, v_end, BLOCK_V):
+            o_v = v0 + tl.arange(0, BLOCK_V)
+            m_v = o_v < v_end
+            b_z = _logits_tile(h_ptr, w_ptr, o_t, m_t, o_v, m_v, H, stride_h, stride_w, temperature,
+                               BLOCK_T, BLOCK_V, BLOCK_K)
+            b_m, b_s, b_best, b_idx, b_zb = _sample_logprob_tile(b_z, o_v, m_v, b_key, v0, b_m, b_s, b_best, b_idx,
+                                                                 b_zb)
     m_c = m_t & (pid_c < NC)  # a chunk past the last stores nothing
     tl.store(m_part_ptr + pid_c * T + o_t, b_m, mask=m_c)
     tl.store(s_part_ptr + pid_c * T + o_t, b_s, mask=m_c)
@@ -469,6 +510,7 @@ def _sample_logprob_kernel(
     V_CHUNK: tl.constexpr,
     PDL: tl.constexpr = False,
     CHUNKS: tl.constexpr = 1,  # V chunks per program, each from a fresh state (as _logprob_fwd_kernel)
+    FLAT: tl.constexpr = False,  # one loop over a chunk's (tile, K step) pairs (`_sample_logprob_chunk`)
 ):
     pdl_start(PDL)
     pid_t = tl.program_id(0).to(tl.int64)
@@ -480,7 +522,7 @@ def _sample_logprob_kernel(
     for j in range(CHUNKS):
         _sample_logprob_chunk(h_ptr, w_ptr, m_part_ptr, s_part_ptr, best_part_ptr, idx_part_ptr, zb_part_ptr,
                               o_t, m_t, b_key, pid_g * CHUNKS + j, NC, T, V, H, stride_h, stride_w, temperature,
-                              BLOCK_T, BLOCK_V, BLOCK_K, V_CHUNK)
+                              BLOCK_T, BLOCK_V, BLOCK_K, V_CHUNK, FLAT)
 
 
 @triton.jit
@@ -560,7 +602,8 @@ def sample_logprob(hidden: torch.Tensor, w: torch.Tensor, temperature: float,
         _sample_logprob_kernel[(triton.cdiv(T, cfg["BLOCK_T"]), triton.cdiv(nc, chunks))](
             h2, w2, s, *parts, T, V, H, h2.stride(0), w2.stride(0), float(temperature), nc,
             BLOCK_T=cfg["BLOCK_T"], BLOCK_V=cfg["BLOCK_V"], BLOCK_K=cfg["BLOCK_K"], V_CHUNK=cfg["V_CHUNK"],
-            CHUNKS=chunks, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl,
+            CHUNKS=chunks, FLAT=bool(cfg.get("FLAT", 0)), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+            **pdl,
         )
         _sample_logprob_combine_kernel[(triton.cdiv(T, 128),)](*parts, ids, out, T, nc, BLOCK=128,
                                                                 MERGE_STAGES=cfg.get("MERGE_STAGES", 1), **pdl)
