@@ -185,8 +185,9 @@ def _markdown(rows: list[dict], meta: dict) -> str:
         return "-" if v is None else format(v, spec)
 
     lines = [f"# The prefill forward's timeline, program by program ({meta['gpu']})", "",
-             f"`{meta['command']}`  ", f"torch {meta['torch']}, triton {meta['triton']}, commit {meta['commit']}; "
-             f"the instrumented copy's CONFIG changes: {meta['copy_config'] or 'none'}", "",
+             f"`{meta['command']}`  ", f"driver {meta['driver']}, torch {meta['torch']}, triton {meta['triton']}, "
+             f"commit {meta['git_commit']}, {meta['date']}; the instrumented copy's CONFIG changes: "
+             f"{meta['copy_config'] or 'none'}", "",
              "Per cell the median over the recorded launches. fixed / block: least squares of a program's time from "
              "its start to the end of its first loop over the blocks it walked; masked+end: from there to its end (the "
              "diagonal blocks, the last merge, the stores); gap: from a program's end to the next one's start on the "
@@ -198,7 +199,8 @@ def _markdown(rows: list[dict], meta: dict) -> str:
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
-            f"| {r['cell']} | {r['programs']} | {f(r['programs_per_sm_median'], '.0f')} | {r['concurrency_max']} "
+            f"| {r['cell']} | {f(r['programs'], '.0f')} | {f(r['programs_per_sm_median'], '.0f')} | "
+            f"{f(r['concurrency_max'], '.0f')} "
             f"| {f(r['blocks_mean'], '.1f')} | {f(r['span_us'], '.1f')} | {f(r['event_us_root'], '.1f')} / "
             f"{f(r['event_us_copy'], '.1f')} | {f(r['fixed_us'])} | {f(r['block_us'])} | "
             f"{f(r['masked_and_end_us_median'])} | {f(r['gap_us_median'])} / {f(r['gap_us_p90'])} | "
@@ -236,11 +238,9 @@ def main() -> int:
             ap.error(f"--set {item!r}: expected KEY=INTEGER, e.g. FWD_ONE_LOOP=1")
         over[key] = int(value)
 
-    import subprocess
-
     import torch
-    import triton
 
+    from benchmarks import harness as H
     from tik_kernels.contract import load_module
     from tik_kernels.ops import attention as root
 
@@ -267,7 +267,7 @@ def main() -> int:
         k = torch.randn(B, HK, S, D, device="cuda", dtype=torch.bfloat16, generator=gen)
         v = torch.randn(B, HK, S, D, device="cuda", dtype=torch.bfloat16, generator=gen)
         cfg = copy._for_head_dim(copy._tiles(), D)  # the copy's launch (--set may change its tile)
-        programs = triton.cdiv(S * (HQ // HK), cfg["BLOCK_M"]) * B * HK
+        programs = -(-S * (HQ // HK) // cfg["BLOCK_M"]) * B * HK  # the launch grid (`_fwd`)
         buf = torch.zeros(programs * SLOTS, dtype=torch.float32, device="cuda")
         copy._PROBE = buf
         with torch.no_grad():
@@ -299,11 +299,7 @@ def main() -> int:
         print(json.dumps(rows[-1]), flush=True)
         del q, k, v, buf
         copy._PROBE = None
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip() or "?"
-    command = "PYTHONPATH=. python benchmarks/attn_fwd_timeline.py " + " ".join(sys.argv[1:])
-    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-            "commit": commit, "command": command, "copy_config": over}
+    meta = {**H.environment(), "command": H.command_line(), "copy_config": over}
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"attn_fwd_timeline{args.name}"
     (args.out / f"{stem}.json").write_text(json.dumps({**meta, "cells": rows}, indent=1) + "\n")

@@ -121,3 +121,13 @@ def test_a_malformed_set_is_refused_by_argparse(tmp_path):
                           "FWD_ONE_LOOP"], capture_output=True, text=True, cwd=ROOT, timeout=300,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 2 and "KEY=INTEGER" in out.stderr.strip().splitlines()[-1]
+
+
+def test_the_report_renders_the_median_of_the_launches():
+    runs = [T.analyze(T.decode(_planted(gap_cycles=g))) for g in (300, 500, 700)]
+    row = {"cell": "prefill[B=1,S=1024]", **T._median_dicts(runs), "event_us_root": 50.0, "event_us_copy": 51.0}
+    assert row["gap_us_median"] == pytest.approx(500 / 1500, rel=1e-3)
+    meta = {"gpu": "planted", "command": "c", "driver": "d", "torch": "t", "triton": "3.6", "git_commit": "x",
+            "date": "now", "copy_config": {"FWD_ONE_LOOP": 1}}
+    md = T._markdown([row], meta)
+    assert "| prefill[B=1,S=1024] | 24 | 6 | 1 |" in md and "50.0 / 51.0" in md and "FWD_ONE_LOOP" in md
