@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import importlib
 import json
 import sys
 import time
@@ -94,7 +95,6 @@ def throughput(args, out: Path) -> dict:
 #: `unified-qk-rope` with the q / k norms, rope and cache fill in one launch (`UnifiedBackend(fused_qk_rope=True)`, the
 #: default since session 22: the same as `unified`); `unified-two-qk-launches` with them in two (as until then);
 #: `unified-qk-regs` with that launch's rope reading the normed halves from registers (rmsnorm's ROPE_REGS);
-#: `unified-flat-lmhead` with sample_logprob's pass walking a chunk's tiles and K steps in one loop (logprob's FLAT);
 #: `unified-narrow512`, `unified-narrow1024` with linear's narrow-output rule on (a weight of at most 2048 rows
 #: reduces K in chunks of 512 / 1024: new bits for the o and down projections of qwen3-0.6b and 1.7b;
 #: tik_kernels/ops/linear.py); `stock-scatter` mode A with its KV-cache fill as two scatters after its compiled rope
@@ -104,6 +104,9 @@ def throughput(args, out: Path) -> dict:
 #: Each: (the backend, given whether stock compositions are compiled; the CONFIG overrides of its run)
 S18_CUTS = {"linear": {"NARROW_PCT": 0}, "attention": {"DECODE_FUSED_MAX_CHUNKS": 0, "DECODE_SHORT_KEYS": 0}}
 S18_DECODE = {op: {**kv, **S18_CUTS.get(op, {})} for op, kv in NO_PDL_CONFIG.items()}
+#: the operators whose CONFIG a --decode-variant may set
+OPS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "tik_kernels" / "ops").glob("*.py")
+             if not p.stem.startswith("_"))
 DECODE_VARIANTS = {
     "stock-s19": (lambda compiled: StockBackend(compiled=compiled, fill_in_compiled=True, fold_gqa=True), {}),
     "stock-dynamic": (lambda compiled: StockBackend(compiled=compiled, compile_dynamic=True), {}),
@@ -118,7 +121,6 @@ DECODE_VARIANTS = {
     "unified-two-pass-lmhead": (lambda _: UnifiedBackend(fused_lmhead=False), {}),
     "unified-qk-rope": (lambda _: UnifiedBackend(fused_qk_rope=True), {}),
     "unified-qk-regs": (lambda _: UnifiedBackend(), {"rmsnorm": {"ROPE_REGS": 1}}),
-    "unified-flat-lmhead": (lambda _: UnifiedBackend(), {"logprob": {"FLAT": 1}}),
     "unified-two-qk-launches": (lambda _: UnifiedBackend(fused_qk_rope=False), {}),
     "unified-narrow512": (lambda _: UnifiedBackend(), {"linear": {"NARROW_N": 2048, "NARROW_KCHUNK": 512}}),
     "unified-narrow1024": (lambda _: UnifiedBackend(), {"linear": {"NARROW_N": 2048, "NARROW_KCHUNK": 1024}}),
@@ -133,16 +135,18 @@ def decode(args) -> dict:
         mc = mc.with_layers(args.layers)
     cuda = args.device == "cuda"
     params = init_params(mc, 0, args.device)
+    contenders = []  # (name, the backend given whether stock compositions are compiled, CONFIG overrides)
+    for name in args.decode_backends:
+        if name in DECODE_VARIANTS:
+            contenders.append((name, *DECODE_VARIANTS[name]))
+        else:
+            contenders.append((name, lambda compiled, name=name: make_backend(name, stock_compiled=compiled), {}))
+    contenders += [(f"unified:{name}", lambda _: UnifiedBackend(), over) for name, over in args.decode_variant]
     for context in args.decode_context:
-        for name in args.decode_backends:
+        for name, make, over in contenders:
             for graphs in ((True, False) if cuda else (False,)):
                 try:
-                    compiled = cuda and not args.stock_eager
-                    if name in DECODE_VARIANTS:
-                        make, over = DECODE_VARIANTS[name]
-                        be = make(compiled)
-                    else:
-                        be, over = make_backend(name, stock_compiled=compiled), {}
+                    be = make(cuda and not args.stock_eager)
                     with config_overrides(over):  # a CUDA graph keeps the launches of its capture
                         r = time_decode(mc, be, batch=args.decode_batch, context=context, graphs=graphs,
                                         device=args.device, reps=args.decode_reps if cuda else 1,
@@ -357,6 +361,10 @@ def main() -> int:
                     choices=["stock", "unified", *DECODE_VARIANTS],
                     help="decode: beside stock and unified, the variants of DECODE_VARIANTS (unified-s18: the "
                          "unified step before sessions 19 and 20's cuts; stock-s19: mode A with session 19's changes)")
+    ap.add_argument("--decode-variant", action="append", default=[], metavar="NAME=OP.KEY=VALUE[,...]",
+                    type=lambda spec: H.parse_config_spec(spec, OPS, "--decode-variant"),
+                    help="decode: also the unified step with these CONFIG launch values, as backend unified:NAME "
+                         "(repeatable; e.g. short2=attention.decode_short_num_stages=2)")
     ap.add_argument("--learn-steps", type=positive_int, default=120)
     ap.add_argument("--learn-preset", default="small", choices=list(PRESETS))
     ap.add_argument("--learn-modes", nargs="+", default=["A", "B"], choices=["A", "B", "C"])
@@ -371,6 +379,11 @@ def main() -> int:
     ap.add_argument("--summarize", type=Path, metavar="FILE",
                     help="no run: the summary keys of a saved full-depth throughput file, written to <out>'s summary")
     args = ap.parse_args()
+    for name, over in args.decode_variant:
+        for op, kv in over.items():
+            unknown = sorted(set(kv) - set(importlib.import_module(f"tik_kernels.ops.{op}").CONFIG))
+            if unknown:
+                ap.error(f"--decode-variant {name}: {op} has no CONFIG key {', '.join(unknown)}")
     if args.summarize:
         try:
             saved = json.loads(args.summarize.read_text())

@@ -125,19 +125,7 @@ def load_impls(specs: list[str]) -> dict:
 
 def parse_variant(spec: str) -> tuple[str, dict[str, dict[str, int]]]:
     """NAME=OP.KEY=VALUE[,OP.KEY=VALUE...] -> (NAME, {op: {key: value}}); argparse's type (a bad spec is one line)."""
-    name, sep, rest = spec.partition("=")
-    over: dict[str, dict[str, int]] = {}
-    for item in rest.split(",") if sep else ():
-        target, eq, value = item.partition("=")
-        op, dot, key = target.partition(".")
-        if not (eq and dot and op in IMPL_MODULES and key and value.lstrip("-").isdigit()):
-            break
-        over.setdefault(op, {})[key] = int(value)
-    else:
-        if name and over:
-            return name, over
-    raise argparse.ArgumentTypeError(f"--variant takes NAME=OP.KEY=INTEGER[,OP.KEY=INTEGER...] with OP one of "
-                                     f"{', '.join(IMPL_MODULES)}, got {spec!r}")
+    return H.parse_config_spec(spec, IMPL_MODULES, "--variant")
 
 
 # ----------------------------------------------------------------------------- stock contenders

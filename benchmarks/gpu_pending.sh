@@ -241,7 +241,7 @@ for p in "$@"; do
             part pytest_gpu_lmhead_flat 120 "$py" -m pytest -q -m gpu tests/kernels/test_sample_logprob.py -k flat
             part lmhead_decode_flat 150 "$py" benchmarks/bench_lmhead_decode.py --out "$R" --only "FLAT|stages=4"
             part e2e_decode_flat 300 "$py" benchmarks/bench_e2e.py --out "$R/e2e_decode_flat" --only decode \
-                --decode-backends unified unified-flat-lmhead ;;
+                --decode-backends unified --decode-variant flat=logprob.FLAT=1 ;;
         qk_regs)
             part pytest_gpu_qk_regs 240 "$py" -m pytest -q -m gpu tests/e2e/test_rope_cache.py
             part e2e_decode_qk_regs 300 "$py" benchmarks/bench_e2e.py --out "$R/e2e_decode_qk_regs" --only decode \

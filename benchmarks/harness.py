@@ -242,6 +242,28 @@ def with_config(mod, over: dict, fn: Callable) -> Callable:
     return call
 
 
+def parse_config_spec(spec: str, ops: Iterable[str], flag: str) -> tuple[str, dict[str, dict[str, int]]]:
+    """NAME=OP.KEY=VALUE[,OP.KEY=VALUE...] -> (NAME, {op: {key: value}}), OP one of `ops`: a benchmark's named run
+    with other CONFIG launch values (bench_speed's --variant, bench_e2e's --decode-variant). A bad spec raises
+    argparse's one-line error naming `flag`."""
+    import argparse
+
+    ops = list(ops)
+    name, sep, rest = spec.partition("=")
+    over: dict[str, dict[str, int]] = {}
+    for item in rest.split(",") if sep else ():
+        target, eq, value = item.partition("=")
+        op, dot, key = target.partition(".")
+        if not (eq and dot and op in ops and key and value.lstrip("-").isdigit()):
+            break
+        over.setdefault(op, {})[key] = int(value)
+    else:
+        if name and over:
+            return name, over
+    raise argparse.ArgumentTypeError(f"{flag} takes NAME=OP.KEY=INTEGER[,OP.KEY=INTEGER...] with OP one of "
+                                     f"{', '.join(ops)}, got {spec!r}")
+
+
 def one_line(e: BaseException) -> str:
     text = str(e).strip()
     return f"{type(e).__name__}: {text.splitlines()[0][:200] if text else ''}"

@@ -98,3 +98,29 @@ def test_config_overrides_are_restored():
     with pytest.raises(RuntimeError), bench_e2e.config_overrides(bench_e2e.S18_DECODE):
         raise RuntimeError("capture failed")
     assert (L.CONFIG["NARROW_PCT"], A.CONFIG["DECODE_FUSED_MAX_CHUNKS"]) == before
+
+
+def test_decode_variant_runs_the_unified_step_with_its_config(tmp_path, monkeypatch):
+    """--decode-variant NAME=OP.KEY=VALUE: the unified step under those CONFIG values, as backend unified:NAME; the
+    CONFIG is the module's own again afterwards."""
+    from tik_kernels.ops import logprob
+
+    monkeypatch.setattr(sys, "argv", ["bench_e2e.py", "--only", "decode", "--device", "cpu", "--decode-preset", "tiny",
+                                      "--decode-batch", "1", "--decode-context", "4", "--decode-backends", "stock",
+                                      "--decode-variant", "flat=logprob.FLAT=1", "--out", str(tmp_path)])
+    assert bench_e2e.main() == 0
+    runs = json.loads((tmp_path / "e2e_cpu_decode_full.json").read_text())["decode"]["runs"]
+    assert [r["backend"] for r in runs] == ["stock", "unified:flat"]
+    assert all("error" not in r and r["step_ms"] > 0 for r in runs)
+    assert logprob.CONFIG["FLAT"] == 0
+
+
+@pytest.mark.parametrize("spec,says", [("flat=logprob.NOPE=1", "logprob has no CONFIG key NOPE"),
+                                       ("flat=nosuchop.FLAT=1", "--decode-variant takes NAME=OP.KEY=INTEGER"),
+                                       ("flat", "--decode-variant takes NAME=OP.KEY=INTEGER")])
+def test_a_bad_decode_variant_is_one_line(tmp_path, monkeypatch, capsys, spec, says):
+    monkeypatch.setattr(sys, "argv", ["bench_e2e.py", "--only", "decode", "--device", "cpu", "--decode-variant", spec,
+                                      "--out", str(tmp_path)])
+    with pytest.raises(SystemExit) as e:
+        bench_e2e.main()
+    assert e.value.code == 2 and says in capsys.readouterr().err.strip().splitlines()[-1]
