@@ -137,6 +137,26 @@ def test_one_loop_forward_keeps_the_bits(layout, monkeypatch):
         assert same_bits(fwd(q, k, v), want), f"{layout}: FWD_ONE_LOOP with FWD_TMA {tma} changed the output"
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["dense", "off_grid", "packed", "many"])
+def test_gpu_one_loop_forward_keeps_the_bits(layout, monkeypatch):
+    """FWD_ONE_LOOP on the GPU (B=1 S=4096 Hq=32 Hk=8 D=128 bf16; S = 1000, off the 128-key grid; packed 700 + 2300 +
+    50; 40 packed sequences of 1 to 298), with TMA and with pointers: the output bit for bit as the CONFIG's."""
+    import tik_kernels.ops.attention as A
+
+    if layout == "off_grid":
+        gen = torch.Generator(device="cuda").manual_seed(7)
+        q, k, v = (torch.randn(1, h, 1000, 128, generator=gen, device="cuda").to(torch.bfloat16) for h in (32, 8, 8))
+        fwd = A.attention_prefill
+    else:
+        fwd, q, k, v, _ = _case(A, layout, 7, device="cuda", big=True)
+    want = fwd(q, k, v)
+    for tma in (1, 0):
+        monkeypatch.setitem(A.CONFIG, "FWD_TMA", tma)
+        monkeypatch.setitem(A.CONFIG, "FWD_ONE_LOOP", 1)
+        assert same_bits(fwd(q, k, v), want), f"{layout}: FWD_ONE_LOOP with FWD_TMA {tma} changed the output"
+
+
 def test_one_loop_that_skips_a_diagonal_mask_is_seen(tmp_path, monkeypatch):
     """The check above can fail: a one-loop walk that leaves the first diagonal block unmasked (planted) changes the
     output."""
