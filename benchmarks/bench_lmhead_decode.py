@@ -30,8 +30,10 @@ from tik_kernels.ops import sample as SA  # noqa: E402
 #: "both" sample then logprob of its token. The sampler's token is an argmax with ties to the lowest index, the same
 #: whatever the order its chunks and tiles are merged in, so sample's V_CHUNK and BLOCK_V only launch it (no bits);
 #: logprob's (and sample_logprob's) set the log-sum-exp's tree: "(tree)" marks a variant that would change its bits.
-#: CHUNKS (chunks one program walks in turn) launches either without moving a bit, nor does MERGE_STAGES (the combine's
-#: chunk loop software-pipelined: the same merges in the same order), nor FLAT (a chunk's tiles and K steps in one loop)
+#: CHUNKS (chunks one program walks in turn) launches either without moving a bit, nor does MERGE_STAGES (the
+#: combine's chunk loop software-pipelined: the same merges in the same order), nor FLAT (a chunk's tiles and K steps
+#: in one loop); BLOCK_T (tokens a program holds) should not either (a row's dots are its own), which the run checks:
+#: every "slp" variant without "(tree)" is compared bit for bit with the default at the benchmark's shape
 VARIANTS = {
     "sample_logprob": ("slp", {}),
     "slp MERGE_STAGES=1 (the combine before session 25)": ("slp", {"logprob": {"MERGE_STAGES": 1}}),
@@ -44,6 +46,8 @@ VARIANTS = {
     "slp FLAT": ("slp", {"logprob": {"FLAT": 1}}),
     "slp FLAT stages=4": ("slp", {"logprob": {"FLAT": 1, "num_stages": 4}}),
     "slp stages=4": ("slp", {"logprob": {"num_stages": 4}}),
+    "slp BLOCK_T=32": ("slp", {"logprob": {"BLOCK_T": 32}}),
+    "slp BLOCK_T=32 FLAT": ("slp", {"logprob": {"BLOCK_T": 32, "FLAT": 1}}),
     "slp V_CHUNK=2048 (tree)": ("slp", {"logprob": {"V_CHUNK": 2048}}),
     "slp warps=4 V_CHUNK=2048 (tree)": ("slp", {"logprob": {"num_warps": 4, "V_CHUNK": 2048}}),
     "slp warps=4 BLOCK_V=64 V_CHUNK=2048 (tree)": ("slp", {"logprob": {"num_warps": 4, "BLOCK_V": 64,
@@ -145,21 +149,29 @@ def main() -> int:
             with torch.no_grad():
                 be.sample_logprob(h, w, 1.0, seeds)
             contenders[name] = lambda h, w, seeds, ids, be=be: be.sample_logprob(h, w, 1.0, seeds)
+    # a one-pass variant that claims no bit change (no "(tree)" in its name) is checked against the default's token
+    # and log-prob bits here, at this shape
+    ref = contenders["sample_logprob"](h, w, seeds, ids)
+    bits = {name: H.tree_bits_equal(fn(h, w, seeds, ids), ref) for name, fn in contenders.items()
+            if name.startswith("slp ") and "(tree)" not in name}
     res = H.compare(contenders, (h, w, seeds, ids), rounds=args.rounds if dev == "cuda" else 1,
                     nbytes=w.numel() * 2)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     doc = {"env": H.environment(dev), "command": H.command_line(), "tokens": args.tokens, "vocab": args.vocab,
            "hidden": args.hidden, "floor_us": w.numel() * 2 / (H.COPY_TBPS * 1e12) * 1e6, **res}
-    for c in doc["contenders"].values():
+    for name, c in doc["contenders"].items():
         c.pop("samples_us", None)
+        if name in bits:
+            c["bits_equal_default"] = bits[name]
     H.write_json(out / f"lmhead_decode_{H.card_tag(dev)}.json", doc)
     base = doc["contenders"]["sample_logprob"].get("median_us")
     for name, c in doc["contenders"].items():
         med = c.get("median_us")
         print(f"{name:52s} {med if med is None else round(med, 1)!s:>8} us"
               + (f"  x{med / base:.3f} of sample_logprob" if med and base else "")
-              + (f"  {c['error']}" if "error" in c else ""))
+              + (f"  {c['error']}" if "error" in c else "")
+              + ("" if name not in bits else "  bits: same" if bits[name] else "  BITS DIFFER from sample_logprob"))
     print(f"floor (weight at {H.COPY_TBPS} TB/s): {doc['floor_us']:.1f} us")
     return 0
 

@@ -239,7 +239,7 @@ for p in "$@"; do
                 --decode-backends stock unified unified-two-pass-lmhead ;;
         lmhead_flat)
             part pytest_gpu_lmhead_flat 120 "$py" -m pytest -q -m gpu tests/kernels/test_sample_logprob.py -k flat
-            part lmhead_decode_flat 150 "$py" benchmarks/bench_lmhead_decode.py --out "$R" --only "FLAT|stages=4"
+            part lmhead_decode_flat 150 "$py" benchmarks/bench_lmhead_decode.py --out "$R" --only "FLAT|stages=4|BLOCK_T=32"
             part e2e_decode_flat 300 "$py" benchmarks/bench_e2e.py --out "$R/e2e_decode_flat" --only decode \
                 --decode-backends unified --decode-variant flat=logprob.FLAT=1 ;;
         qk_regs)
