@@ -48,6 +48,11 @@ CASES = (
     ("dq from stored dS, 64 rows, 4 warps", "_attn_bwd_dq_ds_kernel", dict(BLOCK_M=64, TM=64, SUB=64), 4, 3),
     ("forward 128 x 128", "_attn_fwd_kernel", dict(BLOCK_M=128, BLOCK_N=128, CHUNK=4, TOTAL_IN_MEMORY=False,
                                                    TMA=False), 8, 2),
+    ("forward 128 x 128, TMA", "_attn_fwd_kernel", dict(BLOCK_M=128, BLOCK_N=128, CHUNK=4, TOTAL_IN_MEMORY=False,
+                                                        TMA=True), 8, 2),
+    ("forward 128 x 128, TMA, one loop", "_attn_fwd_kernel", dict(BLOCK_M=128, BLOCK_N=128, CHUNK=4,
+                                                                  TOTAL_IN_MEMORY=False, TMA=True, ONE_LOOP=True),
+     8, 2),
 )
 
 

@@ -1,7 +1,7 @@
 """The lm_head kernels (logprob's forward, sample_logprob's pass, sample's forward) compiled for sm_90 on this machine
-(no GPU: Triton's own ptxas), a revision's against this tree's, and this tree's with CHUNKS 2 and 4: PTX registers
-declared, local-memory stores and shared memory per kernel: that a launch choice compiles, and keeps its values out
-of local memory in the PTX, before a GPU times it (ptxas's own spills show only where the cubin is loaded, on a GPU).
+(no GPU: Triton's own ptxas), a revision's against this tree's, and this tree's with CHUNKS 2 and 4 and FLAT: PTX
+registers declared, local-memory stores, shared memory, async copies, and ptxas's registers and spills a thread: that a
+launch choice compiles, and keeps its values out of local memory, before a GPU times it.
 
 Then the combine kernels (the chain over V chunks a decode batch runs in one program) at MERGE_STAGES 1 and 8: the
 async copies in their PTX (the pipelined loads), then assembled with Triton's ptxas and disassembled (nvdisasm):
@@ -56,15 +56,19 @@ def main() -> int:
                                           check=True, capture_output=True, text=True).stdout)
             new = ROOT / "tik_kernels" / "ops" / f"{op}.py"
             for label, path, extra in ((rev, old, {}), ("this tree", new, {}), ("CHUNKS=2", new, {"CHUNKS": 2}),
-                                       ("CHUNKS=4", new, {"CHUNKS": 4})):
+                                       ("CHUNKS=4", new, {"CHUNKS": 4}), ("FLAT", new, {"FLAT": True})):
                 k, params = compiled(path, kernel, {**const, **extra}, types)
                 if extra and not set(extra) <= set(params):
                     continue
                 ptx = k.asm["ptx"]
                 regs = sum(int(n) for n in re.findall(r"\.reg \.\w+\s+%\w+<(\d+)>", ptx))
+                out = oc.assemble(ptx)
+                used = re.search(r"Used (\d+) registers", out)
+                spills = re.search(r"(\d+) bytes spill stores", out)
                 print(f"{op:8s} {kernel:24s} {label:10s} PTX registers declared {regs:5d}, "
                       f"st.local {ptx.count('st.local')}, shared {k.metadata.shared} B, "
-                      f"cp.async {ptx.count('cp.async.cg') + ptx.count('cp.async.ca')}")
+                      f"cp.async {ptx.count('cp.async.cg') + ptx.count('cp.async.ca')}; ptxas: registers "
+                      f"{used.group(1) if used else '?'}, spill stores {spills.group(1) if spills else '?'} B")
     combines()
     return 0
 
