@@ -86,7 +86,8 @@ def launch_cases(mod, d: int) -> list[tuple]:
     ]
 
 
-def report(mod, name: str, kernel: str, const: dict, warps: int, stages: int, ttgir: Path | None = None) -> str:
+def report(mod, name: str, kernel: str, const: dict, warps: int, stages: int, ttgir: Path | None = None,
+           with_regions: bool = False) -> str:
     const = {**dict(G=4, D=128, VARLEN=False, UPCAST=False), **const}
     types = dict(POINTERS)
     if const.get("TMA"):
@@ -109,7 +110,39 @@ def report(mod, name: str, kernel: str, const: dict, warps: int, stages: int, tt
             f"{'/'.join(spills.groups()) if spills else '?'} B, shared {k.metadata.shared} B, wgmma "
             f"{ir.count('warp_group_dot ')} (waits {ir.count('warp_group_dot_wait')}, pendings {','.join(pend)}), "
             f"async copies {ir.count('async_copy_global_to_local')}, TMA loads {ir.count('async_tma_copy')}"
-            f"{', WGMMA SERIALIZED (ptxas C7515)' if 'C7515' in out else ''}")
+            f"{', WGMMA SERIALIZED (ptxas C7515)' if 'C7515' in out else ''}"
+            + ("" if not with_regions else "\n    SASS instructions: " + "; ".join(
+                f"{where} {n}" for where, n in regions(oc.sass(k.asm["ptx"]) or ""))))
+
+
+def regions(sass: str) -> list[tuple[str, int]]:
+    """SASS instructions per region of a kernel's main body (up to its last EXIT; what follows is out-of-line slow
+    paths, such as a barrier's retry, which branch back into it): before its first loop, each loop's body (a backward
+    branch's span; loops inside it counted with it), between loops, after the last one. Static counts, not executed
+    ones: a branch inside a body (a chunk edge's fold) counts whether taken or not."""
+    ins, at = [], {}
+    for line in sass.splitlines():
+        label = re.match(r"\s*\.(L_x_\d+):", line)
+        if label:
+            at[label.group(1)] = len(ins)
+        op = re.match(r"\s*/\*[0-9a-f]+\*/\s+(.*?)\s*;", line)
+        if op:
+            ins.append(op.group(1))
+    end = max((i + 1 for i, text in enumerate(ins) if text.split()[-1] == "EXIT"), default=len(ins))
+    loops: list[tuple[int, int]] = []
+    for i, text in enumerate(ins[:end]):
+        target = re.search(r"BRA\s+`\(\.(L_x_\d+)\)", text)
+        if target and at.get(target.group(1), i + 1) <= i:
+            start = at[target.group(1)]
+            loops = [lp for lp in loops if lp[0] < start]  # an enclosing loop replaces the ones inside it
+            loops.append((start, i + 1))
+    out, pos = [], 0
+    for n, (a, b) in enumerate(loops):
+        out.append(("before the first loop" if n == 0 else f"between loops {n} and {n + 1}", a - pos))
+        out.append((f"loop {n + 1}", b - a))
+        pos = b
+    out.append(("after the last loop" if loops else "straight line", end - pos))
+    return out
 
 
 def main() -> None:
@@ -119,6 +152,8 @@ def main() -> None:
     ap.add_argument("--only", default="", help="only the cases whose name contains this")
     ap.add_argument("--source", type=Path, default=SOURCE, help="another copy of attention.py")
     ap.add_argument("--ttgir", type=Path, default=None, help="also write each case's TTGIR into this folder")
+    ap.add_argument("--regions", action="store_true",
+                    help="also each case's SASS instructions per region (before, in and between its loops, after)")
     ap.add_argument("--head-dim", type=int, default=None,
                     help="instead of CASES: the launches the host makes at this head dim, each checked against an "
                          "H200's shared memory (exit 1 if one does not fit)")
@@ -136,7 +171,7 @@ def main() -> None:
         sys.exit(1 if over else 0)
     for case in CASES:
         if args.only in case[0]:
-            print(report(mod, *case, ttgir=args.ttgir), flush=True)
+            print(report(mod, *case, ttgir=args.ttgir, with_regions=args.regions), flush=True)
 
 
 if __name__ == "__main__":

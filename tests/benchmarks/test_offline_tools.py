@@ -1,0 +1,68 @@
+"""The offline compile tools' text parsing, without compiling: `attn_ir_offline.regions` (SASS instructions per
+region of a kernel) and `offline_compile.plain_ptx`. Run in a subprocess: importing the tools turns the interpreter
+off for the process, as they must before Triton is imported."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: a kernel's SASS as nvdisasm prints it: 3 instructions, a loop of 4 (with a forward branch inside), 2, a loop of 3,
+#: an EXIT, then an out-of-line retry that branches back into the first loop (not a loop of the main body)
+SASS = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   S2R R0, SR_TID.X ;
+        /*0020*/                   CS2R R2, SRZ ;
+.L_x_1:
+        /*0030*/                   HGMMA.64x128x16.F32 R24, gdesc[UR4], R24 ;
+        /*0040*/               @P1 BRA `(.L_x_2) ;
+        /*0050*/                   FMUL R3, R3, R4 ;
+.L_x_2:
+        /*0060*/               @P0 BRA `(.L_x_1) ;
+        /*0070*/                   IADD3 R5, R5, 0x1, RZ ;
+        /*0080*/                   ISETP.GE.AND P0, PT, R5, R6, PT ;
+.L_x_3:
+        /*0090*/                   FSEL R7, R7, -INF , P2 ;
+        /*00a0*/                   MUFU.EX2 R8, R7 ;
+        /*00b0*/               @P0 BRA `(.L_x_3) ;
+        /*00c0*/                   STG.E [R10.64], R8 ;
+        /*00d0*/                   EXIT ;
+.L_x_9:
+        /*00e0*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P3, [R2+URZ], R3 ;
+        /*00f0*/              @!P3 BRA `(.L_x_9) ;
+        /*0100*/                   BRA `(.L_x_1) ;
+"""
+
+SCRIPT = r"""
+import json, sys
+sys.path.insert(0, "benchmarks")
+import attn_ir_offline, offline_compile
+sass, ptx = json.loads(sys.stdin.read())
+print(json.dumps([attn_ir_offline.regions(sass), offline_compile.plain_ptx(ptx)]))
+"""
+
+PTX = """.visible .entry k(
+$L__tmp12:
+\tadd.s32 \t%r1, %r2, 1; // a comment
+\t.loc 1 10 5
+$L__BB0_2:
+\tbra.uni \t$L__BB0_2;
+"""
+
+
+def test_regions_and_plain_ptx():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", SCRIPT], input=json.dumps([SASS, PTX]), capture_output=True,
+                         text=True, env=env, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    regions, plain = json.loads(out.stdout)
+    assert regions == [["before the first loop", 3], ["loop 1", 4], ["between loops 1 and 2", 2], ["loop 2", 3],
+                       ["after the last loop", 2]]
+    # the debug-only label and the line marker go, a branch target and the code stay (comments cut)
+    assert plain.splitlines() == [".visible .entry k(", "\tadd.s32 \t%r1, %r2, 1;", "$L__BB0_2:",
+                                  "\tbra.uni \t$L__BB0_2;"]
