@@ -746,7 +746,6 @@ def _attn_bwd_dq_kernel(
     UPCAST: tl.constexpr,
     TMA: tl.constexpr = False,
     LONGEST_FIRST: tl.constexpr = False,  # row tiles launched last first (their walks are the longest)
-    ONE_LOOP: tl.constexpr = False,  # diagonal blocks inside the sequence walked in the unmasked loop (FWD_ONE_LOOP)
 ):
     """dq of BLOCK_M rows: KV blocks of SUB keys 0, 1, ... up to the tile's diagonal, in order (SUB sets the sum;
     a step of BLOCK_N = 2 * SUB keys does two of them)."""
