@@ -32,6 +32,10 @@ ATTN = {"lse_ptr": F32, "delta_ptr": F32, "cu_ptr": I32, "ws_ptr": F32, "cnt_ptr
 CASES = [
     ("rmsnorm", "_rmsnorm_fwd_kernel", dict(BLOCK_R=32, BLOCK_H=128, w2_ptr=None, n_first=0),
      {"rstd_ptr": F32, "eps": "fp32"}, dict(num_warps=8)),
+    *(("rmsnorm", "_rmsnorm_fwd_kernel", dict(BLOCK_R=16, BLOCK_H=128, PAIR=True, ROPE=True, HALF=64, BLOCK_HALF=64,
+                                              ROPE_REGS=regs),
+       {"rstd_ptr": F32, "eps": "fp32", "pos_ptr": I64, "slot_ptr": I64, "log2_theta": "fp32"}, dict(num_warps=4))
+      for regs in (False, True)),
     ("add_rmsnorm", "_add_rmsnorm_fwd_kernel", dict(BLOCK_R=4, BLOCK_H=1024), {"rstd_ptr": F32, "eps": "fp32"},
      dict(num_warps=8)),
     ("silu_mul", "_silu_mul_fwd_kernel", dict(BLOCK_T=1, BLOCK_F=1024), {}, dict(num_warps=4)),
@@ -88,7 +92,8 @@ def main() -> int:
                                               check=True, capture_output=True, text=True).stdout)
             new = oc.op_path(op)
             same = ptx(new, kernel, const, types, opts) == ptx(old, kernel, const, types, opts)
-            line = f"{op:12s} {kernel:32s} off: {'identical' if same else 'DIFFERENT'}"
+            flags = " ".join(k for k in ("ROPE", "ROPE_REGS") if const.get(k))  # rmsnorm's rope launches
+            line = f"{op:12s} {(kernel + ' ' + flags).strip():32s} off: {'identical' if same else 'DIFFERENT'}"
             ok &= same
             if "PDL" not in oc.signature(oc.kernel(new, kernel), {}, {})[0]:  # a kernel never launched with PDL
                 lines.append(line)

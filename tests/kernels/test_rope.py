@@ -153,13 +153,20 @@ def test_fill_spreads_few_tokens_over_more_programs_with_the_same_bits(monkeypat
 def test_the_rotation_fuses_the_same_products_in_rope_and_in_its_copy():
     """LLVM picks which product of `x2 * cos + x1 * sin` it fuses into an FMA from the code around it: after a change
     around rmsnorm_pair_rope_cache's copy of the rotation it fused the other one, and the rollout's q / k differed from
-    rope's on the GPU (session 26). Both files spell the multiply-adds out, the same ones; this keeps them so (the GPU
-    test `test_qk_norm_rope_cache_is_the_pair_then_rope_cache_on_gpu` is the one that sees the bits)."""
+    rope's on the GPU (session 26). Rope spells the multiply-adds out, once, in the helpers the one-launch q / k
+    norms + rope call (`_cos_sin`, `_rotate`): rmsnorm has no copy of its own that could drift (the GPU test
+    `test_qk_norm_rope_cache_is_the_pair_then_rope_cache_on_gpu` is the one that sees the bits)."""
+    import tik_kernels.ops.rmsnorm as rmsnorm
+
     ops = Path(__file__).resolve().parents[2] / "tik_kernels" / "ops"
     spelled = ("tl.fma(b_x1, b_c, (b_x2 * b_s) * -1.0)", "tl.fma(b_x1, b_s, b_x2 * b_c)",  # the rotation
                "tl.floor(tl.fma(b_ang, 0.15915494309189535, 0.5))",  # the angle's reduction to [-pi, pi]
                "tl.fma(b_k, -0.0019353071795864769, tl.fma(b_k, -6.28125, b_ang))")
-    for name in ("rope.py", "rmsnorm.py"):
-        src = (ops / name).read_text()
-        assert all(src.count(f) == 1 for f in spelled), name
-        assert "b_x1 * b_c - b_x2 * b_s" not in src and "b_x2 * b_c + b_x1 * b_s" not in src, name
+    rope_src, norm_src = (ops / "rope.py").read_text(), (ops / "rmsnorm.py").read_text()
+    assert all(rope_src.count(f) == 1 for f in spelled)
+    assert not any(f in norm_src for f in spelled) and "6.28125" not in norm_src and "b_x2 * b_c" not in norm_src
+    assert rmsnorm._cos_sin is root._cos_sin and rmsnorm._rotate is root._rotate
+    rows = norm_src[norm_src.index("def _rope_rows("):]
+    assert "_cos_sin(b_pos, o_i, log2_theta, HALF, 1)" in rows and "_rotate(b_x1, b_x2, b_c, b_s)" in rows
+    for src in (rope_src, norm_src):
+        assert "b_x1 * b_c - b_x2 * b_s" not in src and "b_x2 * b_c + b_x1 * b_s" not in src

@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from tik_kernels.ops._common import pdl_launch, pdl_start, round_to
+from tik_kernels.ops.rope import _cos_sin, _rotate
 
 TUNABLES = {
     "TILE_ELEMS": (1024, 2048, 4096, 8192),
@@ -129,10 +130,9 @@ def _rope_rows(b_x1, b_x2, o_r, m_r, n_inner, n_first, H, pos_ptr, qo_ptr, ko_pt
                BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
     """Rows of the normed [T, n_inner, H] output, given as their halves `b_x1`, `b_x2` ([BLOCK_R, BLOCK_HALF] fp32 of
     the rounded values; row r: token r // n_inner, head r % n_inner), rotated by their token's position, written out
-    and into the caches (`rmsnorm_pair_rope_cache`). Every operation below is the one
-    `tik_kernels/ops/rope.py` applies (`_rope_kernel`, `_rotate_heads`), in the same order on the same values: the
-    angle from the position and log2 theta, the two-constant reduction to [-pi, pi], cos and sin, the rotation,
-    one rounding; the tests compare the bits with rope's on the GPU."""
+    and into the caches (`rmsnorm_pair_rope_cache`), through rope's own helpers (`tik_kernels/ops/rope.py`:
+    `_cos_sin`, `_rotate`), then one rounding, as `_rope_kernel` does; the tests compare the bits with rope's on the
+    GPU."""
     o_i = tl.arange(0, BLOCK_HALF)
     m_i = o_i < HALF
     t = o_r // n_inner
@@ -141,18 +141,11 @@ def _rope_rows(b_x1, b_x2, o_r, m_r, n_inner, n_first, H, pos_ptr, qo_ptr, ko_pt
     hk = tl.where(is_q, 0, h - n_first)
     b_ipos = tl.load(pos_ptr + t, mask=m_r, other=0)
     b_pos = b_ipos.to(tl.float32)  # [BR]
-    b_inv = tl.exp2(-(o_i.to(tl.float32) * 2.0 / (2 * HALF)) * log2_theta)  # [BHALF]
-    b_ang = b_pos[:, None] * b_inv[None, :]  # [BR, BHALF]
-    b_k = tl.floor(tl.fma(b_ang, 0.15915494309189535, 0.5))  # rope's multiply-adds, written out as rope writes them
-    b_rr = tl.fma(b_k, -0.0019353071795864769, tl.fma(b_k, -6.28125, b_ang))
-    b_c = tl.cos(b_rr)
-    b_s = tl.sin(b_rr) * 1
+    # rope's own angle step and rotation (their multiply-adds written out there: left to LLVM, a copy of
+    # `x2 * c + x1 * s` here once fused the other product, and the GPU's bits differed from rope's: session 26)
+    b_c, b_s = _cos_sin(b_pos, o_i, log2_theta, HALF, 1)  # [BR, BHALF]
     m = m_r[:, None] & m_i[None, :]
-    # rope's `_rotate`: each output one fused multiply-add of a rounded product, written out so that the compiler
-    # fuses the products rope fuses whatever the code around them (left to LLVM, `x2 * c + x1 * s` here fused the
-    # other product once the halves were loaded earlier, and the GPU's bits differed from rope's: session 26)
-    b_y1 = tl.fma(b_x1, b_c, (b_x2 * b_s) * -1.0)
-    b_y2 = tl.fma(b_x1, b_s, b_x2 * b_c)
+    b_y1, b_y2 = _rotate(b_x1, b_x2, b_c, b_s)
     b_y1 = round_to(b_y1, qo_ptr.dtype.element_ty)
     b_y2 = round_to(b_y2, qo_ptr.dtype.element_ty)
     n_k = n_inner - n_first

@@ -44,6 +44,19 @@ def _block_t(T: int, device: torch.device) -> int:
 
 
 @triton.jit
+def _cos_sin(b_pos, o_i, log2_theta, HALF: tl.constexpr, SIGN: tl.constexpr):
+    """cos and SIGN * sin of position b_pos[t] times frequency o_i ([len(b_pos), len(o_i)] fp32): the angle reduced to
+    [-pi, pi] first, k * 6.28125 being exact (6.28125 has 8 significant bits) and the rest of 2 pi taken after it. Its
+    multiply-adds are written out, as the compiler contracted them, so that every kernel calling it (rmsnorm's
+    `_rope_rows` too) fuses the same products whatever the code around the call."""
+    b_inv = tl.exp2(-(o_i.to(tl.float32) * 2.0 / (2 * HALF)) * log2_theta)  # [BHALF]
+    b_ang = b_pos[:, None] * b_inv[None, :]
+    b_k = tl.floor(tl.fma(b_ang, 0.15915494309189535, 0.5))
+    b_r = tl.fma(b_k, -0.0019353071795864769, tl.fma(b_k, -6.28125, b_ang))
+    return tl.cos(b_r), tl.sin(b_r) * SIGN
+
+
+@triton.jit
 def _rotate(b_x1, b_x2, b_c, b_s):
     """(x1 cos - x2 sin, x2 cos + x1 sin), each one fused multiply-add of a rounded product: fma(x1, cos, -(x2 sin))
     and fma(x1, sin, x2 cos). Written out because LLVM chooses which product of `a * b + c * d` it fuses from the
@@ -66,8 +79,6 @@ def _rotate_heads(
     b_x1 = tl.load(x_ptr + o_x, mask=m, other=0.0).to(tl.float32)
     b_x2 = tl.load(x_ptr + o_x + HALF, mask=m, other=0.0).to(tl.float32)
     b_c, b_s = b_cos[:, None, :], b_sin[:, None, :]
-    # the multiply-adds written out, as the compiler contracted them here (`_rotate`): another kernel that repeats the
-    # rotation (rmsnorm_pair_rope_cache) gets the same fused operations whatever its code around them
     b_y1, b_y2 = _rotate(b_x1, b_x2, b_c, b_s)
     o_y = o_t[:, None, None] * (NH * 2 * HALF) + o_h[None, :, None] * (2 * HALF) + o_i[None, None, :]
     b_y1 = round_to(b_y1, y_ptr.dtype.element_ty)
@@ -134,14 +145,7 @@ def _rope_kernel(
     o_i = tl.arange(0, BLOCK_HALF)
     b_ipos = tl.load(pos_ptr + o_t, mask=m_t, other=0)
     b_pos = b_ipos.to(tl.float32)  # [BT]
-    b_inv = tl.exp2(-(o_i.to(tl.float32) * 2.0 / (2 * HALF)) * log2_theta)  # [BHALF]
-    b_ang = b_pos[:, None] * b_inv[None, :]  # [BT, BHALF]
-    # reduce to [-pi, pi]: k·6.28125 is exact (6.28125 has 8 significant bits), the rest is 2π − 6.28125
-    # the multiply-adds written out, as the compiler contracted them (rmsnorm's `_rope_rows` repeats them: `_rotate`)
-    b_k = tl.floor(tl.fma(b_ang, 0.15915494309189535, 0.5))
-    b_r = tl.fma(b_k, -0.0019353071795864769, tl.fma(b_k, -6.28125, b_ang))
-    b_cos = tl.cos(b_r)
-    b_sin = tl.sin(b_r) * SIGN
+    b_cos, b_sin = _cos_sin(b_pos, o_i, log2_theta, HALF, SIGN)  # [BT, BHALF]
     _rotate_heads(q_ptr, qo_ptr, o_t, m_t, stride_qt, stride_qh, HQ, b_cos, b_sin, HALF, BLOCK_HQ, BLOCK_HALF)
     o_c = o_t  # CACHE: each token's cache row offset (its slot and position)
     if CACHE:
