@@ -192,17 +192,17 @@ def _markdown(rows: list[dict], meta: dict) -> str:
              "its start to the end of its first loop over the blocks it walked; masked+end: from there to its end (the "
              "diagonal blocks, the last merge, the stores); gap: from a program's end to the next one's start on the "
              "same SM (only where one ran at a time); busy: the SM's time inside a program over the kernel's span; "
-             "finish spread: the first SM done to the last. Event time: the root's forward alone (CUDA events, "
-             "median), then the instrumented copy's.", "",
-             "| cell | programs | per SM | at once | blocks | span us | event us (root / copy) | fixed us | block us "
+             "finish spread: the first SM done to the last. Timed: the root's forward, then the instrumented copy's "
+             "(`harness.compare`: CUDA-graph replay on rotating input copies, interleaved rounds, medians).", "",
+             "| cell | programs | per SM | at once | blocks | span us | timed us (root / copy) | fixed us | block us "
              "| masked+end us | gap us (p50 / p90) | busy | finish spread us | GHz |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
             f"| {r['cell']} | {f(r['programs'], '.0f')} | {f(r['programs_per_sm_median'], '.0f')} | "
             f"{f(r['concurrency_max'], '.0f')} "
-            f"| {f(r['blocks_mean'], '.1f')} | {f(r['span_us'], '.1f')} | {f(r['event_us_root'], '.1f')} / "
-            f"{f(r['event_us_copy'], '.1f')} | {f(r['fixed_us'])} | {f(r['block_us'])} | "
+            f"| {f(r['blocks_mean'], '.1f')} | {f(r['span_us'], '.1f')} | {f(r['timed_us_root'], '.1f')} / "
+            f"{f(r['timed_us_copy'], '.1f')} | {f(r['fixed_us'])} | {f(r['block_us'])} | "
             f"{f(r['masked_and_end_us_median'])} | {f(r['gap_us_median'])} / {f(r['gap_us_p90'])} | "
             f"{f(r['sm_busy_median'])} | {f(r['finish_spread_us'], '.1f')} | {f(r['clock_ghz'])} |")
     return "\n".join(lines) + "\n"
@@ -221,7 +221,9 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--name", default="")
     ap.add_argument("--cells", nargs="+", default=[f"{b}x{s}" for b, s in CELLS], help="BxS, e.g. 16x1024")
-    ap.add_argument("--launches", type=int, default=5, help="recorded launches per cell (after two unrecorded)")
+    ap.add_argument("--launches", type=int, default=5,
+                    help="recorded launches per cell (after two unrecorded), and the rounds of timing the root "
+                         "against the copy")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a CONFIG launch value for the instrumented copy only (e.g. FWD_ONE_LOOP=1): its bits are "
                          "checked against the root's CONFIG, its time beside the root's")
@@ -284,18 +286,12 @@ def main() -> int:
                 torch.cuda.synchronize()
                 if i >= 2:
                     per.append(analyze(decode(buf.view(torch.int32).view(programs, SLOTS).cpu().numpy())))
-            event = {}
-            for label, fn in (("root", root.attention_prefill), ("copy", copy.attention_prefill)):
-                times = []
-                for _ in range(args.launches + 2):
-                    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    s.record()
-                    fn(q, k, v)
-                    e.record()
-                    torch.cuda.synchronize()
-                    times.append(s.elapsed_time(e) * 1e3)
-                event[f"event_us_{label}"] = float(np.median(times[2:]))
-        rows.append({"cell": f"prefill[B={B},S={S}]", **_median_dicts(per), **event})
+            # the root and the copy side by side, as every speed figure here is timed (`harness.compare`): the
+            # records' cost and, with --set, the launch choice's effect
+            t = H.compare({"root": root.attention_prefill, "copy": copy.attention_prefill}, (q, k, v),
+                          rounds=args.launches)["contenders"]
+            timed = {f"timed_us_{n}": t[n].get("median_us") for n in ("root", "copy")}
+        rows.append({"cell": f"prefill[B={B},S={S}]", **_median_dicts(per), **timed})
         print(json.dumps(rows[-1]), flush=True)
         del q, k, v, buf
         copy._PROBE = None

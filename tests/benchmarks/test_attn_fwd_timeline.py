@@ -125,7 +125,7 @@ def test_a_malformed_set_is_refused_by_argparse(tmp_path):
 
 def test_the_report_renders_the_median_of_the_launches():
     runs = [T.analyze(T.decode(_planted(gap_cycles=g))) for g in (300, 500, 700)]
-    row = {"cell": "prefill[B=1,S=1024]", **T._median_dicts(runs), "event_us_root": 50.0, "event_us_copy": 51.0}
+    row = {"cell": "prefill[B=1,S=1024]", **T._median_dicts(runs), "timed_us_root": 50.0, "timed_us_copy": 51.0}
     assert row["gap_us_median"] == pytest.approx(500 / 1500, rel=1e-3)
     meta = {"gpu": "planted", "command": "c", "driver": "d", "torch": "t", "triton": "3.6", "git_commit": "x",
             "date": "now", "copy_config": {"FWD_ONE_LOOP": 1}}
