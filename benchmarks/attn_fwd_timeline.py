@@ -217,11 +217,13 @@ def _median_dicts(ds: list[dict]) -> dict:
 
 
 def main() -> int:
+    from tik_tui.cli.common import positive_int
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--name", default="")
     ap.add_argument("--cells", nargs="+", default=[f"{b}x{s}" for b, s in CELLS], help="BxS, e.g. 16x1024")
-    ap.add_argument("--launches", type=int, default=5,
+    ap.add_argument("--launches", type=positive_int, default=5,
                     help="recorded launches per cell (after two unrecorded), and the rounds of timing the root "
                          "against the copy")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

@@ -116,6 +116,13 @@ def test_malformed_cells_are_refused_by_argparse(tmp_path):
     assert out.returncode == 2 and "--cells" in out.stderr.strip().splitlines()[-1]
 
 
+def test_a_launch_count_below_one_is_refused_by_argparse(tmp_path):
+    out = subprocess.run([sys.executable, "benchmarks/attn_fwd_timeline.py", "--out", str(tmp_path), "--launches",
+                          "0"], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 2 and "--launches" in out.stderr.strip().splitlines()[-1]
+
+
 def test_a_malformed_set_is_refused_by_argparse(tmp_path):
     out = subprocess.run([sys.executable, "benchmarks/attn_fwd_timeline.py", "--out", str(tmp_path), "--set",
                           "FWD_ONE_LOOP"], capture_output=True, text=True, cwd=ROOT, timeout=300,
