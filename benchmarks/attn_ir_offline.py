@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -102,7 +103,9 @@ def report(mod, name: str, kernel: str, const: dict, warps: int, stages: int, tt
     if ttgir is not None:
         ttgir.mkdir(parents=True, exist_ok=True)
         (ttgir / (re.sub(r"\W+", "_", name) + ".ttgir")).write_text(ir)
-    out = oc.assemble(k.asm["ptx"])
+    with tempfile.TemporaryDirectory() as d:  # assembled once: ptxas's report, and the SASS the regions count
+        out = oc.assemble(k.asm["ptx"], Path(d) / "k.cubin")
+        sass = oc.disassemble(Path(d) / "k.cubin") if with_regions else None
     regs = re.search(r"Used (\d+) registers", out)
     spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out)
     pend = sorted(set(re.findall(r"warp_group_dot_wait[^\n]*pendings = (\d+)", ir)))
@@ -112,7 +115,7 @@ def report(mod, name: str, kernel: str, const: dict, warps: int, stages: int, tt
             f"async copies {ir.count('async_copy_global_to_local')}, TMA loads {ir.count('async_tma_copy')}"
             f"{', WGMMA SERIALIZED (ptxas C7515)' if 'C7515' in out else ''}"
             + ("" if not with_regions else "\n    SASS instructions: " + "; ".join(
-                f"{where} {n}" for where, n in regions(oc.sass(k.asm["ptx"]) or ""))))
+                f"{where} {n}" for where, n in regions(sass or ""))))
 
 
 def regions(sass: str) -> list[tuple[str, int]]:

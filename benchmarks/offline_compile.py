@@ -132,11 +132,16 @@ def assemble(ptx: str, cubin: Path | None = None) -> str:
         raise RuntimeError(f"ptxas failed on {arch}: {(run.stderr.strip().splitlines() or ['?'])[-1]}")
 
 
-def sass(ptx: str) -> str | None:
-    """The SASS of `ptx` (`assemble`, then nvdisasm), or None where Triton ships no nvdisasm."""
+def disassemble(cubin: Path) -> str | None:
+    """The SASS of a cubin (nvdisasm), or None where Triton ships no nvdisasm."""
     if not tool("nvdisasm").exists():
         return None
+    return subprocess.run([str(tool("nvdisasm")), "-c", str(cubin)], capture_output=True, text=True).stdout
+
+
+def sass(ptx: str) -> str | None:
+    """The SASS of `ptx` (`assemble`, then `disassemble`), or None where Triton ships no nvdisasm."""
     with tempfile.TemporaryDirectory() as d:
         cubin = Path(d) / "k.cubin"
         assemble(ptx, cubin)
-        return subprocess.run([str(tool("nvdisasm")), "-c", str(cubin)], capture_output=True, text=True).stdout
+        return disassemble(cubin)
