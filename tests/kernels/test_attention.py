@@ -57,12 +57,15 @@ def root():
     return load_module(ROOT_PATH, "attention_root")
 
 
-def patched(tmp_path: Path, name: str, old: str, new: str):
-    """The root's source with one planted change (the target must exist, so a refactor cannot hide a test)."""
+def patched(tmp_path: Path, name: str, old: str, new: str, *more: tuple[str, str]):
+    """The root's source with a planted change, one (old, new) or more (each target must exist exactly once, so a
+    refactor cannot hide a test)."""
     src = ROOT_PATH.read_text()
-    assert src.count(old) == 1, f"planting {name}: target not found exactly once"
+    for a, b in ((old, new), *more):
+        assert src.count(a) == 1, f"planting {name}: target not found exactly once"
+        src = src.replace(a, b)
     path = tmp_path / f"attention_{name}.py"
-    path.write_text(src.replace(old, new))
+    path.write_text(src)
     return load_module(path, f"attention_{name}")
 
 
@@ -298,7 +301,10 @@ def test_tree_combine_fails_decode_matches_prefill(plan, root, tmp_path):
 def test_off_by_one_causal_mask_fails(plan, root, tmp_path):
     bad = patched(tmp_path, "causal_off_by_one",
                   "keep = (k_pos[None, :] <= q_pos[:, None]) & m_k[None, :]\n        m_i, l_i, acc",
-                  "keep = (k_pos[None, :] <= q_pos[:, None] + 1) & m_k[None, :]\n        m_i, l_i, acc")
+                  "keep = (k_pos[None, :] <= q_pos[:, None] + 1) & m_k[None, :]\n        m_i, l_i, acc",
+                  # the diagonal blocks inside the sequence, masked in the first loop (FWD_ONE_LOOP)
+                  ('s = tl.where(k_pos[None, :] <= q_pos[:, None], s, float("-inf"))',
+                   's = tl.where(k_pos[None, :] <= q_pos[:, None] + 1, s, float("-inf"))'))
     results = run_checks(plan, bad, root, select=lambda n: n.startswith("gqa") and any(
         k in n for k in ("prefix_matches_full[S=7]", "decode_matches_prefill", "accuracy[prefill]",
                          "root_bits[prefill")))
@@ -454,6 +460,58 @@ def test_column_slices_of_a_fused_qkv_give_the_contiguous_bits():
     got = _forward_and_grads(sliced, q, k, v)
     want = _forward_and_grads(fwd, q.contiguous(), k.contiguous(), v.contiguous())
     assert all(same_bits(a, b) for a, b in zip(got, want, strict=True))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("one_loop", [1, 0])
+def test_gpu_column_slices_of_a_fused_qkv_give_the_contiguous_bits(one_loop, monkeypatch):
+    """As the test above at a real shape (Hq=16, Hk=8, D=128, packed 300 + 1000 + 256: the last sequence ends on the
+    128-key grid, so its last block is whole and, with FWD_ONE_LOOP, read through TMA, the storage's last row with
+    it): forward and gradients equal bit for bit to contiguous copies', and near a float64 reference."""
+    import tik_kernels.ops.attention as A
+
+    monkeypatch.setitem(A.CONFIG, "FWD_ONE_LOOP", one_loop)
+    gen = torch.Generator("cuda").manual_seed(13)
+    Hq, Hk, D = 16, 8, 128
+    cu = torch.tensor([0, 300, 1300, 1556], dtype=torch.int32, device="cuda")
+    T = int(cu[-1])
+    qkv = torch.randn(T, (Hq + 2 * Hk) * D, generator=gen, device="cuda").to(torch.bfloat16)
+    q, k, v = (t.view(T, -1, D) for t in qkv.split([Hq * D, Hk * D, Hk * D], dim=-1))
+
+    def fwd(q, k, v):
+        return A.attention_varlen(q, k, v, cu, max_seqlen=1000)
+
+    def sliced(q, k, v):
+        fused = torch.cat([t.reshape(T, -1) for t in (q, k, v)], dim=-1)
+        return fwd(*(t.view(T, -1, D) for t in fused.split([Hq * D, Hk * D, Hk * D], dim=-1)))
+
+    got = _forward_and_grads(sliced, q, k, v)
+    want = _forward_and_grads(fwd, q.contiguous(), k.contiguous(), v.contiguous())
+    assert all(same_bits(a, b) for a, b in zip(got, want, strict=True))
+    exact = ref.attention_varlen(q.double(), k.double(), v.double(), cu)
+    assert (got[0].double() - exact).abs().max() < 2e-2
+
+
+def test_a_kv_descriptor_reaches_the_last_row_of_a_column_slice():
+    """A TMA descriptor over K or V as a column slice of a fused qkv holds every position, the last included: the
+    slice's last row ends before the storage does, and counting whole row strides once left it out (a TMA load there
+    reads zeros). Packed [T, H, D] and [B, S, H, D] slices, and a [B, H, S, D] tensor for the other branch."""
+    import tik_kernels.ops.attention as A
+
+    if A.TensorDescriptor is None:
+        pytest.skip("this Triton has no host TMA descriptors")
+    T, Hq, Hk, D = 38, 4, 2, 16
+    fused = torch.zeros(T, (Hq + 2 * Hk) * D, dtype=torch.bfloat16)
+    for k in fused.split([Hq * D, Hk * D, Hk * D], dim=-1)[1:]:
+        desc, (rb, rh, ch) = A._kv_descriptor(k.view(T, Hk, D), True, 4)
+        assert desc.shape[0] == T and (rb, rh, ch) == (0, 0, D)
+    fused_b = torch.zeros(2, 19, (Hq + 2 * Hk) * D, dtype=torch.bfloat16)
+    v = fused_b.split([Hq * D, Hk * D, Hk * D], dim=-1)[2].view(2, 19, Hk, D).transpose(1, 2)  # [B, H, S, D] view
+    desc, (rb, rh, ch) = A._kv_descriptor(v, False, 4)
+    assert desc.shape[0] == 2 * 19 and (rb, rh, ch) == (19, 0, D)
+    dense = torch.zeros(2, Hk, 19, D, dtype=torch.bfloat16)
+    desc, (rb, rh, ch) = A._kv_descriptor(dense, False, 4)
+    assert desc.shape[0] == 2 * Hk * 19 and (rb, rh, ch) == (Hk * 19, 19, 0)
 
 
 @pytest.mark.parametrize("layout", ["bhsd", "bshd", "packed"])

@@ -119,9 +119,9 @@ def test_longest_first_launch_keeps_the_bits(layout, monkeypatch):
 
 @pytest.mark.parametrize("layout", ["dense", "aligned", "packed", "many"])
 def test_one_loop_forward_keeps_the_bits(layout, monkeypatch):
-    """The diagonal blocks inside the sequence walked in the unmasked loop (FWD_ONE_LOOP), with TMA loads and with
-    pointers, give the root CONFIG's output bit for bit: S off the block grid (a block crossing the end stays in the
-    masked loop), S on it (no such block), packed and many short sequences."""
+    """The diagonal blocks inside the sequence walked in the unmasked loop (FWD_ONE_LOOP, the CONFIG's), with TMA
+    loads and with pointers, give the two loops' output bit for bit: S off the block grid (a block crossing the end
+    stays in the masked loop), S on it (no such block), packed and many short sequences."""
     import tik_kernels.ops.attention as A
 
     if layout == "aligned":
@@ -130,9 +130,10 @@ def test_one_loop_forward_keeps_the_bits(layout, monkeypatch):
         fwd = A.attention_prefill
     else:
         fwd, q, k, v, _ = _case(A, layout, 3)
-    want = fwd(q, k, v)
     for tma in (0, 1):
         monkeypatch.setitem(A.CONFIG, "FWD_TMA", tma)
+        monkeypatch.setitem(A.CONFIG, "FWD_ONE_LOOP", 0)
+        want = fwd(q, k, v)
         monkeypatch.setitem(A.CONFIG, "FWD_ONE_LOOP", 1)
         assert same_bits(fwd(q, k, v), want), f"{layout}: FWD_ONE_LOOP with FWD_TMA {tma} changed the output"
 
@@ -141,7 +142,7 @@ def test_one_loop_forward_keeps_the_bits(layout, monkeypatch):
 @pytest.mark.parametrize("layout", ["dense", "off_grid", "packed", "many"])
 def test_gpu_one_loop_forward_keeps_the_bits(layout, monkeypatch):
     """FWD_ONE_LOOP on the GPU (B=1 S=4096 Hq=32 Hk=8 D=128 bf16; S = 1000, off the 128-key grid; packed 700 + 2300 +
-    50; 40 packed sequences of 1 to 298), with TMA and with pointers: the output bit for bit as the CONFIG's."""
+    50; 40 packed sequences of 1 to 298), with TMA and with pointers: the output bit for bit as the two loops'."""
     import tik_kernels.ops.attention as A
 
     if layout == "off_grid":
@@ -150,9 +151,10 @@ def test_gpu_one_loop_forward_keeps_the_bits(layout, monkeypatch):
         fwd = A.attention_prefill
     else:
         fwd, q, k, v, _ = _case(A, layout, 7, device="cuda", big=True)
-    want = fwd(q, k, v)
     for tma in (1, 0):
         monkeypatch.setitem(A.CONFIG, "FWD_TMA", tma)
+        monkeypatch.setitem(A.CONFIG, "FWD_ONE_LOOP", 0)
+        want = fwd(q, k, v)
         monkeypatch.setitem(A.CONFIG, "FWD_ONE_LOOP", 1)
         assert same_bits(fwd(q, k, v), want), f"{layout}: FWD_ONE_LOOP with FWD_TMA {tma} changed the output"
 
@@ -163,6 +165,7 @@ def test_one_loop_that_skips_a_diagonal_mask_is_seen(tmp_path, monkeypatch):
     import tik_kernels.ops.attention as A
 
     fwd, q, k, v, _ = _case(A, "dense", 3)
+    monkeypatch.setitem(A.CONFIG, "FWD_ONE_LOOP", 0)
     want = fwd(q, k, v)
     bad = _planted(tmp_path, "one_loop_unmasked_diagonal", ("            if j >= n_full:\n",
                                                              "            if j > n_full:\n"))

@@ -31,11 +31,15 @@ def test_every_launch_fits_an_h200(head_dim):
 
 
 def test_without_the_clamp_head_dim_256_does_not_fit(tmp_path):
+    """Planted: no clamp, and the forward at 128 rows of 8 warps and 2 stages (the CONFIG's until session 28, and a
+    launch the tuner may pick: the CONFIG's own 64 rows and 1 stage fit at 256 unclamped)."""
     src = SOURCE.read_text()
     old = "    if d <= _WIDE_HEAD or INTERPRET:\n        return cfg\n"
-    assert src.count(old) == 1
+    tiles = '    "BLOCK_M": 64,\n    "num_warps": 4,\n    "num_stages": 1,\n'
+    assert src.count(old) == 1 and src.count(tiles) == 1
     planted = tmp_path / "attention_no_clamp.py"
-    planted.write_text(src.replace(old, "    return cfg\n"))
+    planted.write_text(src.replace(old, "    return cfg\n").replace(
+        tiles, '    "BLOCK_M": 128,\n    "num_warps": 8,\n    "num_stages": 2,\n'))
     out = _offline(256, planted)
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
     over = [line.split(",")[0] for line in out.stdout.splitlines() if "OVER" in line]

@@ -120,6 +120,11 @@ TUNABLES = {
     # the same on the CPU interpreter, smaller so that tiny test shapes span several chunks (frozen)
     "BLOCK_N_INTERPRET": (4,),
     "CHUNK_BLOCKS_INTERPRET": (2,),
+    # prefill's row tile, warps and stages (who computes which rows: no bits). The CONFIG's 64 rows of 4 warps and
+    # 1 stage with FWD_ONE_LOOP: H100, bench_speed's seven prefill cells, geomean 0.937 of SDPA flash against 0.998
+    # for session 27's 128 rows of 8 warps and 2 stages with two loops in the same run, every cell faster
+    # (results/speed_h100_prefill_variants_s28_m64.md); forward + backward 0.970 against 0.981
+    # (results/speed_h100_fwdbwd_variants_s28_m64.md)
     "BLOCK_M": (64, 128),
     "num_warps": (4, 8),
     # 3 stages of 128 x 128 K and V tiles need more shared memory than an H200 has (233472 > 232448 bytes)
@@ -135,7 +140,9 @@ TUNABLES = {
     # 1: prefill walks the causally masked (diagonal) blocks that lie wholly inside the sequence in the same loop as
     # the unmasked ones (TMA loads, pipelined into the last unmasked block's compute), masking them behind a branch;
     # only a block crossing the sequence's end stays in the separate masked loop. The same values, the same
-    # operations (`_attn_fwd_kernel`)
+    # operations (`_attn_fwd_kernel`). On by default: H100, bench_speed's seven prefill cells in one run, geomean
+    # 0.971 of SDPA flash against 0.991 with the two loops (1.048 -> 1.012 at B=1 S=1024, 1.185 -> 1.120 at B=16
+    # S=1024; 0.890 -> 0.899 at B=1 S=16384), results/speed_h100_prefill_variants_s28.json
     "FWD_ONE_LOOP": (0, 1),
     # decode: rows of a program (the group's query heads, padded to an MMA's minimum)
     "DECODE_BLOCK_M": (16, 32, 64),
@@ -201,13 +208,13 @@ CONFIG = {
     "CHUNK_BLOCKS": 4,
     "BLOCK_N_INTERPRET": 4,
     "CHUNK_BLOCKS_INTERPRET": 2,
-    "BLOCK_M": 128,
-    "num_warps": 8,
-    "num_stages": 2,
+    "BLOCK_M": 64,
+    "num_warps": 4,
+    "num_stages": 1,
     "FWD_TOTAL_IN_MEMORY": 0,
     "FWD_TMA": 1,
     "FWD_LONGEST_FIRST": 0,
-    "FWD_ONE_LOOP": 0,
+    "FWD_ONE_LOOP": 1,
     "DECODE_BLOCK_M": 16,
     "decode_num_warps": 8,
     "decode_num_stages": 3,
@@ -1200,10 +1207,16 @@ def _kv_descriptor(t: torch.Tensor, varlen: bool, block_n: int):
     if sh % ss == 0:  # heads are rows apart: the row is one head's position
         rb, rh, ch, cols = sb // ss, sh // ss, 0, d
     elif sh * (t.shape[-2 if varlen else 1] - 1) + d <= ss:  # every head inside one position's row
-        rb, rh, ch, cols = sb // ss, 0, sh, ss
+        rb, rh, ch, cols = sb // ss, 0, sh, sh * (t.shape[-2 if varlen else 1] - 1) + d
     else:
         return None
-    rows = (t.untyped_storage().nbytes() - t.storage_offset() * size) // (ss * size)
+    # the rows whose `cols` elements lie inside the storage: a row is `cols` wide, not `ss` (a column slice of a
+    # fused projection ends its last row before the storage's end; counting whole strides left that row out, and a
+    # TMA load past the descriptor's rows reads zeros)
+    avail = t.untyped_storage().nbytes() // size - t.storage_offset()
+    rows = (avail - cols) // ss + 1 if avail >= cols else 0
+    if rows <= 0:
+        return None
     desc = TensorDescriptor(t, [rows, cols], [ss, 1], [block_n, d])
     return desc, (rb, rh, ch)
 
