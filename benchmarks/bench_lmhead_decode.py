@@ -32,8 +32,11 @@ from tik_kernels.ops import sample as SA  # noqa: E402
 #: logprob's (and sample_logprob's) set the log-sum-exp's tree: "(tree)" marks a variant that would change its bits.
 #: CHUNKS (chunks one program walks in turn) launches either without moving a bit, nor does MERGE_STAGES (the
 #: combine's chunk loop software-pipelined: the same merges in the same order), nor FLAT (a chunk's tiles and K steps
-#: in one loop); BLOCK_T (tokens a program holds) should not either (a row's dots are its own), which the run checks:
-#: every "slp" variant without "(tree)" is compared bit for bit with the default at the benchmark's shape
+#: in one loop), nor SLP_STAGES (the pass's pipeline depth), nor SLP_MAXNREG (its register cap). BLOCK_T (tokens a
+#: program holds) does on Hopper, though a row's dots are its own: 64 rows compile to wgmma, 32 to mma.sync (sm_90
+#: PTX, Triton 3.6), which add a K step's products in another order; "(mma)" marks it (bits differed on an H100,
+#: results/lmhead_decode_h100_s28.json). The run checks the rest: every "slp" variant without "(tree)" or "(mma)" is
+#: compared bit for bit with the default at the benchmark's shape
 VARIANTS = {
     "sample_logprob": ("slp", {}),
     "slp MERGE_STAGES=1 (the combine before session 25)": ("slp", {"logprob": {"MERGE_STAGES": 1}}),
@@ -43,11 +46,15 @@ VARIANTS = {
     "slp CHUNKS=4": ("slp", {"logprob": {"CHUNKS": 4}}),
     "slp warps=4 CHUNKS=4": ("slp", {"logprob": {"num_warps": 4, "CHUNKS": 4}}),
     "slp warps=4": ("slp", {"logprob": {"num_warps": 4}}),
-    "slp FLAT": ("slp", {"logprob": {"FLAT": 1}}),
-    "slp FLAT stages=4": ("slp", {"logprob": {"FLAT": 1, "num_stages": 4}}),
-    "slp stages=4": ("slp", {"logprob": {"num_stages": 4}}),
-    "slp BLOCK_T=32": ("slp", {"logprob": {"BLOCK_T": 32}}),
-    "slp BLOCK_T=32 FLAT": ("slp", {"logprob": {"BLOCK_T": 32, "FLAT": 1}}),
+    "slp nested 3 stages (the CONFIG before session 28)": ("slp", {"logprob": {"FLAT": 0, "SLP_STAGES": 3}}),
+    "slp nested 4 stages": ("slp", {"logprob": {"FLAT": 0, "SLP_STAGES": 4}}),
+    "slp FLAT 3 stages": ("slp", {"logprob": {"FLAT": 1, "SLP_STAGES": 3}}),
+    "slp FLAT 2 stages": ("slp", {"logprob": {"FLAT": 1, "SLP_STAGES": 2}}),
+    "slp maxnreg=128": ("slp", {"logprob": {"SLP_MAXNREG": 128}}),
+    "slp maxnreg=168": ("slp", {"logprob": {"SLP_MAXNREG": 168}}),
+    "slp maxnreg=128 nested 3 stages": ("slp", {"logprob": {"SLP_MAXNREG": 128, "FLAT": 0, "SLP_STAGES": 3}}),
+    "slp BLOCK_T=32 (mma)": ("slp", {"logprob": {"BLOCK_T": 32}}),
+    "slp BLOCK_T=32 nested (mma)": ("slp", {"logprob": {"BLOCK_T": 32, "FLAT": 0, "SLP_STAGES": 3}}),
     "slp V_CHUNK=2048 (tree)": ("slp", {"logprob": {"V_CHUNK": 2048}}),
     "slp warps=4 V_CHUNK=2048 (tree)": ("slp", {"logprob": {"num_warps": 4, "V_CHUNK": 2048}}),
     "slp warps=4 BLOCK_V=64 V_CHUNK=2048 (tree)": ("slp", {"logprob": {"num_warps": 4, "BLOCK_V": 64,
@@ -149,11 +156,11 @@ def main() -> int:
             with torch.no_grad():
                 be.sample_logprob(h, w, 1.0, seeds)
             contenders[name] = lambda h, w, seeds, ids, be=be: be.sample_logprob(h, w, 1.0, seeds)
-    # a one-pass variant that claims no bit change (no "(tree)" in its name) is checked against the default's token
-    # and log-prob bits here, at this shape
+    # a one-pass variant that claims no bit change (no "(tree)" or "(mma)" in its name) is checked against the
+    # default's token and log-prob bits here, at this shape
     ref = contenders["sample_logprob"](h, w, seeds, ids)
     bits = {name: H.tree_bits_equal(fn(h, w, seeds, ids), ref) for name, fn in contenders.items()
-            if name.startswith("slp ") and "(tree)" not in name}
+            if name.startswith("slp ") and "(tree)" not in name and "(mma)" not in name}
     res = H.compare(contenders, (h, w, seeds, ids), rounds=args.rounds if dev == "cuda" else 1,
                     nbytes=w.numel() * 2)
     out = Path(args.out)

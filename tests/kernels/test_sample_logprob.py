@@ -170,6 +170,7 @@ def test_flat_walk_moves_no_bits(monkeypatch, chunks):
     """FLAT (one loop over a chunk's tiles and K steps) gives the nested walk's token and log-prob, bit for bit,
     and so logprob's value for the sampler's token."""
     h, w, seeds = _flat_case(monkeypatch, lp_root, chunks)
+    monkeypatch.setitem(lp_root.CONFIG, "FLAT", 0)
     want_ids, want_lp = lp_root.sample_logprob(h, w, 0.8, seeds)
     monkeypatch.setitem(lp_root.CONFIG, "FLAT", 1)
     ids, lp = lp_root.sample_logprob(h, w, 0.8, seeds)
@@ -212,5 +213,48 @@ def test_gpu_flat_walk_moves_no_bits(monkeypatch):
             monkeypatch.setitem(lp_root.CONFIG, "FLAT", 0)
             want_ids, want_lp = lp_root.sample_logprob(h, w, 0.7, seeds)
             monkeypatch.setitem(lp_root.CONFIG, "FLAT", 1)
+            ids, lp = lp_root.sample_logprob(h, w, 0.7, seeds)
+            assert torch.equal(ids, want_ids) and torch.equal(_bits(lp), _bits(want_lp)), (H, T)
+
+
+def test_the_register_cap_reaches_the_launch(monkeypatch):
+    """SLP_MAXNREG is Triton's maxnreg on sample_logprob's pass launch (0: no keyword, the compiler's choice); the
+    interpreter takes it and gives the same bits (on a GPU: `test_gpu_register_cap_moves_no_bits`)."""
+    h, w, seeds = _flat_case(monkeypatch, lp_root, 1)
+    seen = []
+    real = lp_root._sample_logprob_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.append(kwargs.get("maxnreg"))
+                return real[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(lp_root, "_sample_logprob_kernel", Spy())
+    monkeypatch.setitem(lp_root.CONFIG, "SLP_MAXNREG", 0)
+    want_ids, want_lp = lp_root.sample_logprob(h, w, 0.8, seeds)
+    monkeypatch.setitem(lp_root.CONFIG, "SLP_MAXNREG", 128)
+    ids, lp = lp_root.sample_logprob(h, w, 0.8, seeds)
+    assert seen == [None, 128]
+    assert torch.equal(ids, want_ids) and torch.equal(_bits(lp), _bits(want_lp))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cap", [128, 168])
+def test_gpu_register_cap_moves_no_bits(monkeypatch, cap):
+    """SLP_MAXNREG at the Qwen3 lm_head (hidden 1024 and 2048), decode and prefill batches: the uncapped pass's
+    tokens and log-prob bits."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    for H in (1024, 2048):
+        gen = torch.Generator(device="cuda").manual_seed(H + cap)
+        w = (torch.randn(151936, H, device="cuda", generator=gen) * H**-0.5).to(torch.bfloat16)
+        for T in (1, 64, 300):
+            h = torch.randn(T, H, device="cuda", generator=gen).to(torch.bfloat16)
+            seeds = torch.randint(0, 2**62, (T,), device="cuda", generator=gen)
+            monkeypatch.setitem(lp_root.CONFIG, "SLP_MAXNREG", 0)
+            want_ids, want_lp = lp_root.sample_logprob(h, w, 0.7, seeds)
+            monkeypatch.setitem(lp_root.CONFIG, "SLP_MAXNREG", cap)
             ids, lp = lp_root.sample_logprob(h, w, 0.7, seeds)
             assert torch.equal(ids, want_ids) and torch.equal(_bits(lp), _bits(want_lp)), (H, T)

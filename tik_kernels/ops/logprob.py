@@ -51,6 +51,8 @@ TUNABLES = {
     "CHUNKS": (1, 2, 4),
     "MERGE_STAGES": (1, 2, 4, 8),
     "FLAT": (0, 1),
+    "SLP_STAGES": (2, 3, 4),
+    "SLP_MAXNREG": (0, 128, 168),
 }
 #: PDL: sample_logprob's kernels launched with programmatic dependent launch (ops/_common.py), no bit changes.
 #: CHUNKS: V chunks walked by one program of the forward and of sample_logprob, one after another, each from a fresh
@@ -58,8 +60,17 @@ TUNABLES = {
 #: bit changes; fewer, longer programs where the per-program cost shows (benchmarks/bench_lmhead_decode.py)
 #: FLAT: sample_logprob's pass walks a chunk's (tile, K step) pairs in one loop, as linear walks its chunks: the same
 #: dots in the same order, the next tile's loads in flight across a tile's end (the nested loops drain the pipeline at
-#: each of a program's V_CHUNK / BLOCK_V tiles); no bit changes. Off until a GPU times it
-#: (`benchmarks/bench_lmhead_decode.py --only FLAT`)
+#: each of a program's V_CHUNK / BLOCK_V tiles); no bit changes.
+#: SLP_STAGES: sample_logprob's pass software-pipelined in this many stages (num_stages stays the forward's and the
+#: backward's): the same dots in the same order.
+#: Both on by default: H100, decode batch of 64 (qwen3's lm_head), one run, sample_logprob 249.6 us nested with
+#: 3 stages, 227.2 FLAT, 215.9 FLAT with 4 stages, bits the same (`benchmarks/bench_lmhead_decode.py --only FLAT`,
+#: results/lmhead_decode_h100_s28.json)
+#: SLP_MAXNREG: a cap on the pass's registers a thread (Triton's maxnreg; 0: the compiler's choice), so that two
+#: programs share an SM: FLAT with 4 stages takes 226 registers a thread, one 8-warp program an SM, so a decode batch's
+#: 297 V chunks run in three rounds on 132 SMs, the last a quarter full; capped at 128 it spills nothing (sm_90,
+#: Triton 3.6's ptxas) and two fit (2 x 256 threads x 128 registers, 2 x 99 KB of shared memory). Register
+#: allocation moves no bits. Off until a GPU times it (`benchmarks/bench_lmhead_decode.py --only maxnreg`)
 #: MERGE_STAGES: the combine kernels' loop over the V chunks software-pipelined in this many stages (`tl.range`'s
 #: num_stages: the loads of the next chunks go out, as async copies, while one chunk merges): the same merges in the
 #: same order, so no bit changes, where the plain loop paid a global-memory round trip or two per chunk. A decode
@@ -83,8 +94,15 @@ CONFIG = {
     "PDL": 1,
     "CHUNKS": 1,
     "MERGE_STAGES": 8,
-    "FLAT": 0,
+    "FLAT": 1,
+    "SLP_STAGES": 4,
+    "SLP_MAXNREG": 0,
 }
+
+
+def _maxnreg(n: int) -> dict:
+    """The launch keyword capping a kernel's registers a thread at n (none for 0)."""
+    return {"maxnreg": n} if n else {}
 
 
 @triton.jit
@@ -602,8 +620,8 @@ def sample_logprob(hidden: torch.Tensor, w: torch.Tensor, temperature: float,
         _sample_logprob_kernel[(triton.cdiv(T, cfg["BLOCK_T"]), triton.cdiv(nc, chunks))](
             h2, w2, s, *parts, T, V, H, h2.stride(0), w2.stride(0), float(temperature), nc,
             BLOCK_T=cfg["BLOCK_T"], BLOCK_V=cfg["BLOCK_V"], BLOCK_K=cfg["BLOCK_K"], V_CHUNK=cfg["V_CHUNK"],
-            CHUNKS=chunks, FLAT=bool(cfg.get("FLAT", 0)), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-            **pdl,
+            CHUNKS=chunks, FLAT=bool(cfg.get("FLAT", 0)), num_warps=cfg["num_warps"],
+            num_stages=cfg.get("SLP_STAGES", cfg["num_stages"]), **_maxnreg(cfg.get("SLP_MAXNREG", 0)), **pdl,
         )
         _sample_logprob_combine_kernel[(triton.cdiv(T, 128),)](*parts, ids, out, T, nc, BLOCK=128,
                                                                 MERGE_STAGES=cfg.get("MERGE_STAGES", 1), **pdl)
