@@ -171,10 +171,12 @@ def _seed_stats(curves: list[list[float]]) -> tuple[list[float], list[float], li
 
 
 def learning(args, out: Path) -> dict:
-    """GRPO from scratch for every seed and mode; rewards per step with the mean and the min-max band over seeds."""
+    """GRPO from scratch for every seed and mode; rewards per step with the mean and the min-max band over seeds. The
+    CSV, the PNG and the summary are written again after each seed, so a run cut short keeps the seeds it finished."""
     modes = tuple(args.learn_modes)
     curves: dict[str, list[list[float]]] = {m: [] for m in modes}
     equal = {m: [] for m in modes}
+    summary: dict = {}
     for seed in args.seeds:
         cfg = E2EConfig(preset=args.learn_preset, modes=modes, steps=args.learn_steps, prompts=args.learn_prompts,
                         group=args.learn_group, prompt_len=(3, 9), answer_len=(4, 8), max_slots=128, lr=args.lr,
@@ -186,11 +188,20 @@ def learning(args, out: Path) -> dict:
             equal[m].append(v["equal_frac"])
         print(json.dumps({"seed": seed, "final_reward": {m: v["rewards"][-1] for m, v in r["modes"].items()}}),
               flush=True)
+        done = args.seeds[:len(curves[modes[0]])]
+        summary = _learning_files(args, out, modes, done, curves, equal)
+    print(json.dumps({"learning": {k: v for k, v in summary.items() if k != "curves"}}), flush=True)
+    return summary
+
+
+def _learning_files(args, out: Path, modes: tuple[str, ...], seeds: list[int], curves: dict[str, list[list[float]]],
+                    equal: dict[str, list[float]]) -> dict:
+    """The learning part's CSV and PNG for the seeds done so far, and its summary."""
     stats = {m: _seed_stats(c) for m, c in curves.items()}
     with open(out / "e2e_learning_seeds.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["step"] + [f"{m}_{k}" for m in modes for k in ("mean", "min", "max")]
-                   + [f"{m}_seed{s}" for m in modes for s in args.seeds])
+                   + [f"{m}_seed{s}" for m in modes for s in seeds])
         for i in range(args.learn_steps):
             w.writerow([i] + [f"{stats[m][j][i]:.4f}" for m in modes for j in range(3)]
                        + [f"{c[i]:.4f}" for m in modes for c in curves[m]])
@@ -198,15 +209,13 @@ def learning(args, out: Path) -> dict:
     label = {"A": "A: stock kernels, recompute", "B": "B: unified kernels, reuse rollout log-probs",
              "C": "C: unified kernels, recompute"}
     how = plot_bands(png, {label[m]: stats[m] for m in modes}, xlabel="GRPO step", ylabel="mean reward",
-                     title=f"GRPO from scratch, {len(args.seeds)} seeds (mean, min-max band)")
+                     title=f"GRPO from scratch, {len(seeds)} seeds (mean, min-max band)")
     tail = max(1, args.learn_steps // 5)
-    summary = {"steps": args.learn_steps, "seeds": list(args.seeds), "preset": args.learn_preset, "png": how,
-               "first_mean_reward": {m: sum(stats[m][0][:tail]) / tail for m in modes},
-               "final_mean_reward": {m: sum(stats[m][0][-tail:]) / tail for m in modes},
-               "final_reward_per_seed": {m: [sum(c[-tail:]) / tail for c in curves[m]] for m in modes},
-               "equal_frac": equal, "curves": curves}
-    print(json.dumps({"learning": {k: v for k, v in summary.items() if k != "curves"}}), flush=True)
-    return summary
+    return {"steps": args.learn_steps, "seeds": list(seeds), "preset": args.learn_preset, "png": how,
+            "first_mean_reward": {m: sum(stats[m][0][:tail]) / tail for m in modes},
+            "final_mean_reward": {m: sum(stats[m][0][-tail:]) / tail for m in modes},
+            "final_reward_per_seed": {m: [sum(c[-tail:]) / tail for c in curves[m]] for m in modes},
+            "equal_frac": equal, "curves": curves}
 
 
 def plot_bands(path: Path, series: dict[str, tuple[list[float], list[float], list[float]]], *, xlabel: str,

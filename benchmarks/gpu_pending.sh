@@ -74,8 +74,11 @@
 #                     (bench_lmhead_decode.py --only ...; $R/lmhead_decode_<card>.json)
 #   lmhead_step   #19 the decode step with the one-pass lm_head (the default since session 25) beside the two passes and
 #                     stock, in one run ($R/e2e_decode_lmhead/)
-#   lmhead_flat   #19 sample_logprob's pass with a chunk's tiles and K steps in one loop (logprob's FLAT, off): its GPU
-#                     bit test, the lm_head alone (with and without, and 4 stages) and the decode step with and without
+#   lmhead_flat   #19 sample_logprob's pass with a chunk's tiles and K steps in one loop and 4 stages (logprob's FLAT and
+#                     SLP_STAGES, on since session 28): its GPU bit test, the lm_head alone (nested, FLAT, 2 to 4 stages)
+#                     and the decode step beside the nested pass of 3 stages
+#   lmhead_regs   #19 sample_logprob's pass with its registers capped (logprob's SLP_MAXNREG 128 / 168, off: two programs an
+#                     SM instead of one): its GPU bit test, the lm_head alone and the decode step with and without
 #   qk_regs       #19 the one-launch q / k norms + rope + cache fill with the halves from registers (rmsnorm's ROPE_REGS,
 #                     off: no gain on an H100 in session 26): its GPU bit tests, then the decode step with and without,
 #                     one run ($R/e2e_decode_qk_regs/)
@@ -93,11 +96,11 @@
 #                     norms + rope + cache fill, logprob's chunk merge; the GPU bit tests of rope, rmsnorm, the rope cache
 #                     and the lm_head (red before the change: pytest_gpu_h100_s26_qk_regs_red.log)
 #   prefill       #16 prefill (the forward's launch choices beside the CONFIG's: longest walks first, 64-row tiles of 4
-#                     warps and 1 stage, pointer loads, one loop) and forward + backward vs SDPA flash ($R/speed_<card>_prefill*)
+#                     warps and 1 stage, pointer loads, two loops) and forward + backward vs SDPA flash ($R/speed_<card>_prefill*)
 #   fwd_timeline  #16 the prefill forward program by program, read inside the kernel (%clock64, %globaltimer): a
 #                     program's fixed cost and a block's, gaps between programs on an SM, the tail, at S = 1k .. 16k
 #                     ($R/attn_fwd_timeline.{md,json}): where the short-sequence gap to SDPA flash goes; again with
-#                     FWD_ONE_LOOP=1 (the diagonal blocks in the TMA loop: _one_loop)
+#                     FWD_ONE_LOOP=0 (the diagonal blocks in their own loop, the CONFIG before session 28: _two_loops)
 #   speed         #16 bench_speed: linear / decode / prefill / fwd+bwd / ops vs stock, bits-gated;
 #                     $R/speed_h200.{md,json} and its keys of $R/summary_h200.json
 #   hf            #20 apply_tik on a random-init Qwen3-0.6B (transformers): bitwise log-probs, time vs stock,
@@ -176,8 +179,10 @@ for p in "$@"; do
                     --only throughput --shapes "$preset" --steps 3
             done ;;
         e2e_minibatch)
-            # mode A beside B and C at qwen3-1.7b: the run that writes e2e_B_over_C on an H200 writes e2e_B_over_A too
-            for preset in qwen3-0.6b qwen3-1.7b; do
+            # mode A beside B and C at qwen3-1.7b: the run that writes e2e_B_over_C on an H200 writes e2e_B_over_A too.
+            # That run needs more than an H100's 80 GB (mode A's eager training forward ran out of memory there,
+            # session 28): PRESETS=qwen3-1.7b on an H200 alone
+            for preset in ${PRESETS:-qwen3-0.6b qwen3-1.7b}; do
                 modes="C B"
                 [[ $preset == qwen3-1.7b ]] && modes="C B A"
                 part "e2e_minibatch_$preset" 280 "$py" benchmarks/bench_e2e.py --out "$R/e2e_minibatch_$preset" \
@@ -239,9 +244,14 @@ for p in "$@"; do
                 --decode-backends stock unified unified-two-pass-lmhead ;;
         lmhead_flat)
             part pytest_gpu_lmhead_flat 120 "$py" -m pytest -q -m gpu tests/kernels/test_sample_logprob.py -k flat
-            part lmhead_decode_flat 150 "$py" benchmarks/bench_lmhead_decode.py --out "$R" --only "FLAT|stages=4|BLOCK_T=32"
+            part lmhead_decode_flat 150 "$py" benchmarks/bench_lmhead_decode.py --out "$R" --only "FLAT|stages|BLOCK_T=32"
             part e2e_decode_flat 300 "$py" benchmarks/bench_e2e.py --out "$R/e2e_decode_flat" --only decode \
-                --decode-backends unified --decode-variant flat=logprob.FLAT=1 ;;
+                --decode-backends unified --decode-variant nested=logprob.FLAT=0,logprob.SLP_STAGES=3 ;;
+        lmhead_regs)
+            part pytest_gpu_lmhead_regs 150 "$py" -m pytest -q -m gpu tests/kernels/test_sample_logprob.py -k register_cap
+            part lmhead_decode_regs 150 "$py" benchmarks/bench_lmhead_decode.py --out "$R" --only "maxnreg|nested 3"
+            part e2e_decode_regs 300 "$py" benchmarks/bench_e2e.py --out "$R/e2e_decode_regs" --only decode \
+                --decode-backends unified --decode-variant maxnreg128=logprob.SLP_MAXNREG=128 ;;
         qk_regs)
             part pytest_gpu_qk_regs 240 "$py" -m pytest -q -m gpu tests/e2e/test_rope_cache.py
             part e2e_decode_qk_regs 300 "$py" benchmarks/bench_e2e.py --out "$R/e2e_decode_qk_regs" --only decode \
@@ -268,12 +278,12 @@ for p in "$@"; do
             part speed_prefill 200 "$py" benchmarks/bench_speed.py --only prefill --out "$R" --rounds 9 --budget-s 150 \
                 --variant longest=attention.FWD_LONGEST_FIRST=1 \
                 --variant m64w4s1=attention.BLOCK_M=64,attention.num_warps=4,attention.num_stages=1 \
-                --variant pointers=attention.FWD_TMA=0 --variant one_loop=attention.FWD_ONE_LOOP=1
+                --variant pointers=attention.FWD_TMA=0 --variant two_loops=attention.FWD_ONE_LOOP=0
             part speed_fwdbwd 200 "$py" benchmarks/bench_speed.py --only fwdbwd --out "$R" --rounds 9 --budget-s 150 ;;
         fwd_timeline)
             part attn_fwd_timeline 150 "$py" benchmarks/attn_fwd_timeline.py --out "$R"
-            part attn_fwd_timeline_one_loop 150 "$py" benchmarks/attn_fwd_timeline.py --out "$R" --name _one_loop \
-                --set FWD_ONE_LOOP=1 ;;
+            part attn_fwd_timeline_two_loops 150 "$py" benchmarks/attn_fwd_timeline.py --out "$R" --name _two_loops \
+                --set FWD_ONE_LOOP=0 ;;
         attn_bwd)
             part attn_bwd 400 "$py" benchmarks/bench_attn_bwd.py --out "$R" ;;
         speed)
@@ -282,6 +292,6 @@ for p in "$@"; do
             part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_h200
             part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat)" >&2 ;;
+            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs)" >&2 ;;
     esac
 done

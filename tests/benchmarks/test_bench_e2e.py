@@ -107,12 +107,15 @@ def test_decode_variant_runs_the_unified_step_with_its_config(tmp_path, monkeypa
 
     monkeypatch.setattr(sys, "argv", ["bench_e2e.py", "--only", "decode", "--device", "cpu", "--decode-preset", "tiny",
                                       "--decode-batch", "1", "--decode-context", "4", "--decode-backends", "stock",
-                                      "--decode-variant", "flat=logprob.FLAT=1", "--out", str(tmp_path)])
+                                      "--decode-variant", "nested=logprob.FLAT=0,logprob.SLP_STAGES=3", "--out",
+                                      str(tmp_path)])
+    before = dict(logprob.CONFIG)
+    assert before["FLAT"] == 1 and before["SLP_STAGES"] == 4
     assert bench_e2e.main() == 0
     runs = json.loads((tmp_path / "e2e_cpu_decode_full.json").read_text())["decode"]["runs"]
-    assert [r["backend"] for r in runs] == ["stock", "unified:flat"]
+    assert [r["backend"] for r in runs] == ["stock", "unified:nested"]
     assert all("error" not in r and r["step_ms"] > 0 for r in runs)
-    assert logprob.CONFIG["FLAT"] == 0
+    assert logprob.CONFIG == before
 
 
 @pytest.mark.parametrize("spec,says", [("flat=logprob.NOPE=1", "logprob has no CONFIG key NOPE"),
