@@ -54,6 +54,16 @@ CASES = (
     ("forward 128 x 128, TMA, one loop", "_attn_fwd_kernel", dict(BLOCK_M=128, BLOCK_N=128, CHUNK=4,
                                                                   TOTAL_IN_MEMORY=False, TMA=True, ONE_LOOP=True),
      8, 2),
+    # the CONFIG's since session 28
+    ("forward 64 x 128, TMA, one loop", "_attn_fwd_kernel", dict(BLOCK_M=64, BLOCK_N=128, CHUNK=4,
+                                                                 TOTAL_IN_MEMORY=False, TMA=True, ONE_LOOP=True),
+     4, 1),
+    ("forward 64 x 128, TMA", "_attn_fwd_kernel", dict(BLOCK_M=64, BLOCK_N=128, CHUNK=4, TOTAL_IN_MEMORY=False,
+                                                       TMA=True), 4, 1),
+    ("forward 64 x 128, TMA, one loop, total in memory", "_attn_fwd_kernel",
+     dict(BLOCK_M=64, BLOCK_N=128, CHUNK=4, TOTAL_IN_MEMORY=True, TMA=True, ONE_LOOP=True), 4, 1),
+    ("forward 64 x 128, TMA, one loop, 8 warps", "_attn_fwd_kernel",
+     dict(BLOCK_M=64, BLOCK_N=128, CHUNK=4, TOTAL_IN_MEMORY=False, TMA=True, ONE_LOOP=True), 8, 1),
 )
 
 

@@ -4,7 +4,7 @@
     PYTHONPATH=. python benchmarks/bench_speed.py --only decode --quick              # a few cells
     PYTHONPATH=. python benchmarks/bench_speed.py --impl linear=cand.py --only linear  # another file
     PYTHONPATH=. python benchmarks/bench_speed.py --smoke --out /tmp/s               # CPU: the code path only
-    PYTHONPATH=. python benchmarks/bench_speed.py --only prefill --variant m64=attention.BLOCK_M=64  # and a CONFIG
+    PYTHONPATH=. python benchmarks/bench_speed.py --only prefill --variant m128=attention.BLOCK_M=128  # and a CONFIG
 
 Sections (Qwen3-8B: hidden 4096, 32 query heads, 8 KV heads, head dim 128, ffn 12288, vocab 151936):
 - linear: `linear(x, w)` vs cuBLAS `x @ w.T`, projections qkv / o / gate_up / down × M in

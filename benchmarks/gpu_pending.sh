@@ -95,8 +95,8 @@
 #   rope_bits     #19 the multiply-adds written out (session 26): rope's rotation and its copy in the one-launch q / k
 #                     norms + rope + cache fill, logprob's chunk merge; the GPU bit tests of rope, rmsnorm, the rope cache
 #                     and the lm_head (red before the change: pytest_gpu_h100_s26_qk_regs_red.log)
-#   prefill       #16 prefill (the forward's launch choices beside the CONFIG's: longest walks first, 64-row tiles of 4
-#                     warps and 1 stage, pointer loads, two loops) and forward + backward vs SDPA flash ($R/speed_<card>_prefill*)
+#   prefill       #16 prefill (the forward's launch choices beside the CONFIG's: longest walks first, 128-row tiles of 8
+#                     warps and 2 stages, pointer loads, two loops, 8 warps, the running total in memory) and forward + backward vs SDPA flash ($R/speed_<card>_prefill*)
 #   fwd_timeline  #16 the prefill forward program by program, read inside the kernel (%clock64, %globaltimer): a
 #                     program's fixed cost and a block's, gaps between programs on an SM, the tail, at S = 1k .. 16k
 #                     ($R/attn_fwd_timeline.{md,json}): where the short-sequence gap to SDPA flash goes; again with
@@ -277,8 +277,9 @@ for p in "$@"; do
             # flash; on an H200 their summary keys (bench_speed's default summary there, none on another card)
             part speed_prefill 200 "$py" benchmarks/bench_speed.py --only prefill --out "$R" --rounds 9 --budget-s 150 \
                 --variant longest=attention.FWD_LONGEST_FIRST=1 \
-                --variant m64w4s1=attention.BLOCK_M=64,attention.num_warps=4,attention.num_stages=1 \
-                --variant pointers=attention.FWD_TMA=0 --variant two_loops=attention.FWD_ONE_LOOP=0
+                --variant m128w8s2=attention.BLOCK_M=128,attention.num_warps=8,attention.num_stages=2 \
+                --variant pointers=attention.FWD_TMA=0 --variant two_loops=attention.FWD_ONE_LOOP=0 \
+                --variant w8=attention.num_warps=8 --variant in_memory=attention.FWD_TOTAL_IN_MEMORY=1
             part speed_fwdbwd 200 "$py" benchmarks/bench_speed.py --only fwdbwd --out "$R" --rounds 9 --budget-s 150 ;;
         fwd_timeline)
             part attn_fwd_timeline 150 "$py" benchmarks/attn_fwd_timeline.py --out "$R"
