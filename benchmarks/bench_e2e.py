@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import tik_kernels  # noqa: E402,F401
 from benchmarks import harness as H  # noqa: E402
-from tik_kernels.e2e.decode_bench import time_decode  # noqa: E402
+from tik_kernels.e2e.decode_bench import DecodeTimer  # noqa: E402
 from tik_kernels.e2e.model import (  # noqa: E402
     NO_PDL_CONFIG,
     PDL_PREFETCH_CONFIG,
@@ -128,7 +128,9 @@ DECODE_VARIANTS = {
 
 
 def decode(args) -> dict:
-    """The engine's decode step vs the bandwidth floor: every backend, graphs and eager (graphs only on CUDA)."""
+    """The engine's decode step vs the bandwidth floor: every backend, graphs and eager (graphs only on CUDA). At each
+    context and mode every contender is built and captured first, then timed a round at a time, interleaved (the
+    order rotating round by round), medians over the rounds."""
     res = {"preset": args.decode_preset, "layers": args.layers, "runs": []}
     mc = PRESETS[args.decode_preset]
     if args.layers:
@@ -142,20 +144,39 @@ def decode(args) -> dict:
         else:
             contenders.append((name, lambda compiled, name=name: make_backend(name, stock_compiled=compiled), {}))
     contenders += [(f"unified:{name}", lambda _: UnifiedBackend(), over) for name, over in args.decode_variant]
+    reps = args.decode_reps if cuda else 1
+    rounds = args.decode_rounds or (5 if cuda else 1)
     for context in args.decode_context:
-        for name, make, over in contenders:
-            for graphs in ((True, False) if cuda else (False,)):
+        for graphs in ((True, False) if cuda else (False,)):
+            runs: list[dict] = []
+            timers = []  # (its run, its CONFIG overrides, its timer)
+            for name, make, over in contenders:
+                run = {"backend": name, "graphs": graphs, "batch": args.decode_batch, "context": context}
+                runs.append(run)
                 try:
                     be = make(cuda and not args.stock_eager)
+                    run["stock_compiled"] = getattr(be, "compiled", None)
                     with config_overrides(over):  # a CUDA graph keeps the launches of its capture
-                        r = time_decode(mc, be, batch=args.decode_batch, context=context, graphs=graphs,
-                                        device=args.device, reps=args.decode_reps if cuda else 1,
-                                        rounds=5 if cuda else 1, tbps=H.COPY_TBPS, params=params)
-                    r["backend"] = name
-                    r["stock_compiled"] = getattr(be, "compiled", None)
+                        timers.append((run, over, DecodeTimer(mc, be, batch=args.decode_batch, context=context,
+                                                              graphs=graphs, device=args.device, tbps=H.COPY_TBPS,
+                                                              params=params)))
                 except RuntimeError as e:  # one failed contender does not lose the others' figures
-                    r = {"backend": name, "graphs": graphs, "batch": args.decode_batch, "context": context,
-                         "error": H.one_line(e)}
+                    run["error"] = H.one_line(e)
+            n = len(timers)
+            for k in range(rounds):
+                for run, over, timer in (timers[k % n:] + timers[:k % n]) if n else ():
+                    if "error" in run:
+                        continue
+                    try:
+                        with config_overrides(over):  # eager launches read the CONFIG at each call
+                            timer.round(reps)
+                    except RuntimeError as e:
+                        run["error"] = H.one_line(e)
+            for run, _, timer in timers:
+                if "error" not in run:
+                    run |= timer.result() | {"backend": run["backend"]}
+            del timers
+            for r in runs:
                 res["runs"].append(r)
                 print(json.dumps({k: r[k] for k in ("backend", "graphs", "batch", "context", "step_ms", "floor_ms",
                                                     "step_over_floor", "overlap_over_floor", "error") if k in r}
@@ -366,6 +387,8 @@ def main() -> int:
     ap.add_argument("--decode-context", type=positive_int, nargs="+", default=[128, 256],
                     help="decode: every sequence's context length (default 128 256)")
     ap.add_argument("--decode-reps", type=positive_int, default=20)
+    ap.add_argument("--decode-rounds", type=positive_int, default=None,
+                    help="decode: interleaved rounds per contender (default 5 on CUDA, 1 on a CPU)")
     ap.add_argument("--decode-backends", nargs="+", default=["stock", "unified"],
                     choices=["stock", "unified", *DECODE_VARIANTS],
                     help="decode: beside stock and unified, the variants of DECODE_VARIANTS (unified-s18: the "

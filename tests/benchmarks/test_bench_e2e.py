@@ -127,3 +127,25 @@ def test_a_bad_decode_variant_is_one_line(tmp_path, monkeypatch, capsys, spec, s
     with pytest.raises(SystemExit) as e:
         bench_e2e.main()
     assert e.value.code == 2 and says in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_decode_contenders_are_interleaved_round_by_round(tmp_path, monkeypatch):
+    """--only decode builds every contender first, then times them a round at a time, the order rotating each round;
+    each run's figures are the medians over its rounds."""
+    from tik_kernels.e2e import decode_bench
+
+    order = []
+    real = decode_bench.DecodeTimer.round
+
+    def spy(self, reps):
+        order.append(self.backend_name)
+        return real(self, reps)
+
+    monkeypatch.setattr(decode_bench.DecodeTimer, "round", spy)
+    monkeypatch.setattr(sys, "argv", ["bench_e2e.py", "--only", "decode", "--device", "cpu", "--decode-preset", "tiny",
+                                      "--decode-batch", "1", "--decode-context", "4", "--decode-backends", "stock",
+                                      "unified", "--decode-rounds", "3", "--out", str(tmp_path)])
+    assert bench_e2e.main() == 0
+    assert order == ["stock", "unified", "unified", "stock", "stock", "unified"]
+    runs = json.loads((tmp_path / "e2e_cpu_decode_full.json").read_text())["decode"]["runs"]
+    assert [(r["backend"], r["rounds"]) for r in runs] == [("stock", 3), ("unified", 3)]

@@ -32,66 +32,90 @@ def decode_floor_bytes(cfg: ModelConfig, batch: int, context: int) -> dict:
             "total": weights + batch * context * kv_row + batch * kv_row}
 
 
-def time_decode(cfg: ModelConfig, backend, *, batch: int, context: int, graphs: bool, device: str = "cuda",
-                reps: int = 20, rounds: int = 5, tbps: float = 4.2, seed: int = 0, params=None) -> dict:
-    """Median time of one decode step of `batch` sequences, each at position context - 1, the cache filled with
-    random keys and values; against the floor at `tbps` TB/s. `params`: fp32 weights (default: random)."""
-    if params is None:
-        params = init_params(cfg, seed, device)
-    eng = RolloutEngine(cfg, backend, max_slots=batch, max_len=context, device=device, graphs=graphs,
-                        buckets=(batch,))
-    eng.load_weights(params)
-    g = torch.Generator(device=device).manual_seed(seed)
-    eng.cache.k.normal_(generator=g)
-    eng.cache.v.normal_(generator=g)
-    ids = torch.randint(1, cfg.vocab, (batch,), generator=torch.Generator().manual_seed(seed)).tolist()
-    pos = [context - 1] * batch
-    seeds = token_seeds(list(range(batch)), pos)
-    cuda = torch.device(device).type == "cuda"
+class DecodeTimer:
+    """One contender of a decode-step timing: its engine built, the step compiled and captured, then timed a round
+    at a time (`round`), so that a benchmark can interleave contenders round by round (the house's method: a machine
+    that drifts moves every contender alike) and take medians (`result`)."""
 
-    def sync():
-        if cuda:
+    def __init__(self, cfg: ModelConfig, backend, *, batch: int, context: int, graphs: bool, device: str = "cuda",
+                 tbps: float = 4.2, seed: int = 0, params=None):
+        if params is None:
+            params = init_params(cfg, seed, device)
+        self.cfg, self.batch, self.context, self.graphs, self.tbps = cfg, batch, context, graphs, tbps
+        self.backend_name = backend.name
+        self.eng = eng = RolloutEngine(cfg, backend, max_slots=batch, max_len=context, device=device, graphs=graphs,
+                                       buckets=(batch,))
+        eng.load_weights(params)
+        g = torch.Generator(device=device).manual_seed(seed)
+        eng.cache.k.normal_(generator=g)
+        eng.cache.v.normal_(generator=g)
+        self.ids = torch.randint(1, cfg.vocab, (batch,), generator=torch.Generator().manual_seed(seed)).tolist()
+        self.pos = [context - 1] * batch
+        self.seeds = token_seeds(list(range(batch)), self.pos)
+        self.cuda = torch.device(device).type == "cuda"
+        eng.decode(self.ids, self.pos, self.seeds)  # compiles, captures
+        self._sync()
+        if graphs and not eng.graphs:
+            raise RuntimeError(f"the decode step could not be captured: {eng.stats.graph_error}")
+        self.step_ms: list[float] = []
+        self.overlap_ms: list[float] = []
+        self.replay_ms: list[float] = []
+
+    def _sync(self) -> None:
+        if self.cuda:
             torch.cuda.synchronize()
 
-    eng.decode(ids, pos, seeds)  # compiles, captures
-    sync()
-    if graphs and not eng.graphs:
-        raise RuntimeError(f"the decode step could not be captured: {eng.stats.graph_error}")
-    step_ms = []
-    for _ in range(rounds):
+    def round(self, reps: int) -> None:
+        """One round: `reps` waited-for steps, `reps` steps queued as `generate` runs them, and with graphs `reps`
+        replays back to back, each the mean of its reps."""
+        eng = self.eng
         t = time.perf_counter()
         for _ in range(reps):
-            eng.decode(ids, pos, seeds)
-        sync()
-        step_ms.append((time.perf_counter() - t) / reps * 1e3)
-    overlap_ms = []  # what a step costs in `generate`: launched behind the one before, results kept on the device
-    for _ in range(rounds):
+            eng.decode(self.ids, self.pos, self.seeds)
+        self._sync()
+        self.step_ms.append((time.perf_counter() - t) / reps * 1e3)
+        # what a step costs in `generate`: launched behind the one before, results kept on the device
         t = time.perf_counter()
         for _ in range(reps):
-            eng._queue_step(batch, pos, seeds)
-        sync()
-        overlap_ms.append((time.perf_counter() - t) / reps * 1e3)
-    eng._lead.clear()
-    out = {"batch": batch, "context": context, "graphs": graphs, "backend": backend.name,
-           "step_ms": statistics.median(step_ms), "step_ms_spread": max(step_ms) - min(step_ms),
-           "overlap_ms": statistics.median(overlap_ms),
-           "graphs_captured": eng.stats.graphs_captured, "capture_s": eng.stats.capture_s}
-    if graphs:
-        (graph,) = eng._graphs.values()
-        replay_ms = []
-        for _ in range(rounds):
+            eng._queue_step(self.batch, self.pos, self.seeds)
+        self._sync()
+        self.overlap_ms.append((time.perf_counter() - t) / reps * 1e3)
+        eng._lead.clear()
+        if self.graphs:
+            (graph,) = eng._graphs.values()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             for _ in range(reps):
                 graph.replay()
             end.record()
             end.synchronize()
-            replay_ms.append(start.elapsed_time(end) / reps)
-        out["replay_ms"] = statistics.median(replay_ms)
-    nbytes = decode_floor_bytes(cfg, batch, context)
-    floor_ms = nbytes["total"] / (tbps * 1e12) * 1e3
-    out |= {"bytes": nbytes, "floor_ms": floor_ms, "tbps": tbps, "step_over_floor": out["step_ms"] / floor_ms,
-            "overlap_over_floor": out["overlap_ms"] / floor_ms}
-    if "replay_ms" in out:
-        out["replay_over_floor"] = out["replay_ms"] / floor_ms
-    return out
+            self.replay_ms.append(start.elapsed_time(end) / reps)
+
+    def result(self) -> dict:
+        """Medians over the rounds, against the floor at `tbps` TB/s."""
+        eng = self.eng
+        out = {"batch": self.batch, "context": self.context, "graphs": self.graphs, "backend": self.backend_name,
+               "step_ms": statistics.median(self.step_ms), "step_ms_spread": max(self.step_ms) - min(self.step_ms),
+               "overlap_ms": statistics.median(self.overlap_ms), "rounds": len(self.step_ms),
+               "graphs_captured": eng.stats.graphs_captured, "capture_s": eng.stats.capture_s}
+        if self.replay_ms:
+            out["replay_ms"] = statistics.median(self.replay_ms)
+        nbytes = decode_floor_bytes(self.cfg, self.batch, self.context)
+        floor_ms = nbytes["total"] / (self.tbps * 1e12) * 1e3
+        out |= {"bytes": nbytes, "floor_ms": floor_ms, "tbps": self.tbps, "step_over_floor": out["step_ms"] / floor_ms,
+                "overlap_over_floor": out["overlap_ms"] / floor_ms}
+        if "replay_ms" in out:
+            out["replay_over_floor"] = out["replay_ms"] / floor_ms
+        return out
+
+
+def time_decode(cfg: ModelConfig, backend, *, batch: int, context: int, graphs: bool, device: str = "cuda",
+                reps: int = 20, rounds: int = 5, tbps: float = 4.2, seed: int = 0, params=None) -> dict:
+    """Median time of one decode step of `batch` sequences, each at position context - 1, the cache filled with
+    random keys and values; against the floor at `tbps` TB/s. `params`: fp32 weights (default: random). One
+    contender alone; `DecodeTimer` to interleave several."""
+    timer = DecodeTimer(cfg, backend, batch=batch, context=context, graphs=graphs, device=device, tbps=tbps,
+                        seed=seed, params=params)
+    for _ in range(rounds):
+        timer.round(reps)
+    return timer.result()
