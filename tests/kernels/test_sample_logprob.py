@@ -198,23 +198,28 @@ def test_a_flat_walk_that_keeps_its_accumulator_is_caught(tmp_path, monkeypatch)
     assert not torch.equal(_bits(lp), _bits(want_lp))
 
 
-@pytest.mark.gpu
-def test_gpu_flat_walk_moves_no_bits(monkeypatch):
-    """FLAT at the Qwen3 lm_head (297 chunks, hidden 1024 and 2048), decode and prefill batches: the nested walk's
-    tokens and log-prob bits."""
+def _gpu_launch_choice_moves_no_bits(monkeypatch, key: str, off: int, on: int, seed: int) -> None:
+    """sample_logprob at the Qwen3 lm_head (297 chunks, hidden 1024 and 2048), decode and prefill batches (T = 1, 64,
+    300): with CONFIG[key] = on, the tokens and log-prob bits of CONFIG[key] = off."""
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU")
     for H in (1024, 2048):
-        gen = torch.Generator(device="cuda").manual_seed(H)
+        gen = torch.Generator(device="cuda").manual_seed(H + seed)
         w = (torch.randn(151936, H, device="cuda", generator=gen) * H**-0.5).to(torch.bfloat16)
         for T in (1, 64, 300):
             h = torch.randn(T, H, device="cuda", generator=gen).to(torch.bfloat16)
             seeds = torch.randint(0, 2**62, (T,), device="cuda", generator=gen)
-            monkeypatch.setitem(lp_root.CONFIG, "FLAT", 0)
+            monkeypatch.setitem(lp_root.CONFIG, key, off)
             want_ids, want_lp = lp_root.sample_logprob(h, w, 0.7, seeds)
-            monkeypatch.setitem(lp_root.CONFIG, "FLAT", 1)
+            monkeypatch.setitem(lp_root.CONFIG, key, on)
             ids, lp = lp_root.sample_logprob(h, w, 0.7, seeds)
-            assert torch.equal(ids, want_ids) and torch.equal(_bits(lp), _bits(want_lp)), (H, T)
+            assert torch.equal(ids, want_ids) and torch.equal(_bits(lp), _bits(want_lp)), (key, on, H, T)
+
+
+@pytest.mark.gpu
+def test_gpu_flat_walk_moves_no_bits(monkeypatch):
+    """FLAT: the nested walk's tokens and log-prob bits."""
+    _gpu_launch_choice_moves_no_bits(monkeypatch, "FLAT", 0, 1, 0)
 
 
 def test_the_register_cap_reaches_the_launch(monkeypatch):
@@ -243,18 +248,5 @@ def test_the_register_cap_reaches_the_launch(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("cap", [128, 168])
 def test_gpu_register_cap_moves_no_bits(monkeypatch, cap):
-    """SLP_MAXNREG at the Qwen3 lm_head (hidden 1024 and 2048), decode and prefill batches: the uncapped pass's
-    tokens and log-prob bits."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs a GPU")
-    for H in (1024, 2048):
-        gen = torch.Generator(device="cuda").manual_seed(H + cap)
-        w = (torch.randn(151936, H, device="cuda", generator=gen) * H**-0.5).to(torch.bfloat16)
-        for T in (1, 64, 300):
-            h = torch.randn(T, H, device="cuda", generator=gen).to(torch.bfloat16)
-            seeds = torch.randint(0, 2**62, (T,), device="cuda", generator=gen)
-            monkeypatch.setitem(lp_root.CONFIG, "SLP_MAXNREG", 0)
-            want_ids, want_lp = lp_root.sample_logprob(h, w, 0.7, seeds)
-            monkeypatch.setitem(lp_root.CONFIG, "SLP_MAXNREG", cap)
-            ids, lp = lp_root.sample_logprob(h, w, 0.7, seeds)
-            assert torch.equal(ids, want_ids) and torch.equal(_bits(lp), _bits(want_lp)), (H, T)
+    """SLP_MAXNREG: the uncapped pass's tokens and log-prob bits."""
+    _gpu_launch_choice_moves_no_bits(monkeypatch, "SLP_MAXNREG", 0, cap, cap)
