@@ -34,9 +34,9 @@ from tik_kernels.ops import sample as SA  # noqa: E402
 #: combine's chunk loop software-pipelined: the same merges in the same order), nor FLAT (a chunk's tiles and K steps
 #: in one loop), nor SLP_STAGES (the pass's pipeline depth), nor SLP_MAXNREG (its register cap). BLOCK_T (tokens a
 #: program holds) does on Hopper, though a row's dots are its own: 64 rows compile to wgmma, 32 to mma.sync (sm_90
-#: PTX, Triton 3.6), which lay the logits out over the threads differently, and so reduce a tile's row (its max and
-#: sum of exps) in another order, if the MMAs themselves agree (not isolated); "(mma)" marks it (bits differed on an
-#: H100, results/lmhead_decode_h100_s28.json). The run checks the rest: every "slp" variant without "(tree)" or
+#: PTX, Triton 3.6), which lay the logits out over the threads differently, and so add a tile's row of exps (`tl.sum`
+#: in `_lse_step`) in another order, if the MMAs themselves agree (not isolated); "(mma)" marks it (bits differed on
+#: an H100, results/lmhead_decode_h100_s28.json). The run checks the rest: every "slp" variant without "(tree)" or
 #: "(mma)" is compared bit for bit with the default at the benchmark's shape
 VARIANTS = {
     "sample_logprob": ("slp", {}),
