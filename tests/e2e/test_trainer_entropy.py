@@ -60,3 +60,5 @@ def test_grpo_step_runs_with_and_without_the_entropy_term():
         res = grpo_step(mc, StockBackend(), params, opt, packed, torch.zeros(packed.targets.numel()),
                         torch.tensor([1.0, -1.0, 0.5, -0.5]), entropy_coef=coef)
         assert float(res.entropy) > 0 and torch.isfinite(res.loss)
+        # the gradients are freed once the step used them (the rollout and the next forward run without them)
+        assert all(p.grad is None for p in params.values())

@@ -107,10 +107,13 @@ def grpo_step(cfg: ModelConfig, be, params, opt: torch.optim.Optimizer, packed: 
     if kl_coef and ref_logprobs is not None:
         d = ref_logprobs - lp
         loss = loss + kl_coef * (torch.exp(d) - d - 1).mean()
-    opt.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(list(params.values()), max_grad_norm)
     opt.step()
+    # the gradients freed once the step has used them, not at the next update's backward: the rollout and the next
+    # update's forward run without them (qwen3-1.7b's fp32 gradients are 6.9 GB; its mode-A minibatch run ran out of
+    # an H100's 80 GB in that forward, e2e_h100_minibatch_qwen3-1.7b_s28_oom.log)
+    opt.zero_grad(set_to_none=True)
     with torch.no_grad():
         zero = lp.new_zeros(())
         dev = (ratio - 1).abs().max() if ratio.numel() else zero
