@@ -1204,19 +1204,20 @@ def _kv_descriptor(t: torch.Tensor, varlen: bool, block_n: int):
     d, size = t.shape[-1], t.element_size()
     if (ss * size) % 16 or (d * size) % 16 or sb % ss:
         return None
+    span = sh * (t.shape[-2 if varlen else 1] - 1) + d  # a position's heads, first element to last
     if sh % ss == 0:  # heads are rows apart: the row is one head's position
         rb, rh, ch, cols = sb // ss, sh // ss, 0, d
-    elif sh * (t.shape[-2 if varlen else 1] - 1) + d <= ss:  # every head inside one position's row
-        rb, rh, ch, cols = sb // ss, 0, sh, sh * (t.shape[-2 if varlen else 1] - 1) + d
+    elif span <= ss:  # every head inside one position's row
+        rb, rh, ch, cols = sb // ss, 0, sh, span
     else:
         return None
     # the rows whose `cols` elements lie inside the storage: a row is `cols` wide, not `ss` (a column slice of a
     # fused projection ends its last row before the storage's end; counting whole strides left that row out, and a
     # TMA load past the descriptor's rows reads zeros)
     avail = t.untyped_storage().nbytes() // size - t.storage_offset()
-    rows = (avail - cols) // ss + 1 if avail >= cols else 0
-    if rows <= 0:
+    if avail < cols:
         return None
+    rows = (avail - cols) // ss + 1
     desc = TensorDescriptor(t, [rows, cols], [ss, 1], [block_n, d])
     return desc, (rb, rh, ch)
 
