@@ -117,6 +117,16 @@ def test_longest_first_launch_keeps_the_bits(layout, monkeypatch):
         assert same_bits(a, b), f"{layout}: {name} differs launched longest first"
 
 
+def _one_loop_matches_two(A, fwd, qkv, layout: str, tmas: tuple, monkeypatch) -> None:
+    """fwd with FWD_ONE_LOOP gives the two loops' output bit for bit, with each FWD_TMA in `tmas`."""
+    for tma in tmas:
+        monkeypatch.setitem(A.CONFIG, "FWD_TMA", tma)
+        monkeypatch.setitem(A.CONFIG, "FWD_ONE_LOOP", 0)
+        want = fwd(*qkv)
+        monkeypatch.setitem(A.CONFIG, "FWD_ONE_LOOP", 1)
+        assert same_bits(fwd(*qkv), want), f"{layout}: FWD_ONE_LOOP with FWD_TMA {tma} changed the output"
+
+
 @pytest.mark.parametrize("layout", ["dense", "aligned", "packed", "many"])
 def test_one_loop_forward_keeps_the_bits(layout, monkeypatch):
     """The diagonal blocks inside the sequence walked in the unmasked loop (FWD_ONE_LOOP, the CONFIG's), with TMA
@@ -130,12 +140,7 @@ def test_one_loop_forward_keeps_the_bits(layout, monkeypatch):
         fwd = A.attention_prefill
     else:
         fwd, q, k, v, _ = _case(A, layout, 3)
-    for tma in (0, 1):
-        monkeypatch.setitem(A.CONFIG, "FWD_TMA", tma)
-        monkeypatch.setitem(A.CONFIG, "FWD_ONE_LOOP", 0)
-        want = fwd(q, k, v)
-        monkeypatch.setitem(A.CONFIG, "FWD_ONE_LOOP", 1)
-        assert same_bits(fwd(q, k, v), want), f"{layout}: FWD_ONE_LOOP with FWD_TMA {tma} changed the output"
+    _one_loop_matches_two(A, fwd, (q, k, v), layout, (0, 1), monkeypatch)
 
 
 @pytest.mark.gpu
@@ -151,12 +156,7 @@ def test_gpu_one_loop_forward_keeps_the_bits(layout, monkeypatch):
         fwd = A.attention_prefill
     else:
         fwd, q, k, v, _ = _case(A, layout, 7, device="cuda", big=True)
-    for tma in (1, 0):
-        monkeypatch.setitem(A.CONFIG, "FWD_TMA", tma)
-        monkeypatch.setitem(A.CONFIG, "FWD_ONE_LOOP", 0)
-        want = fwd(q, k, v)
-        monkeypatch.setitem(A.CONFIG, "FWD_ONE_LOOP", 1)
-        assert same_bits(fwd(q, k, v), want), f"{layout}: FWD_ONE_LOOP with FWD_TMA {tma} changed the output"
+    _one_loop_matches_two(A, fwd, (q, k, v), layout, (1, 0), monkeypatch)
 
 
 def test_one_loop_that_skips_a_diagonal_mask_is_seen(tmp_path, monkeypatch):
