@@ -111,15 +111,21 @@ def _logits_tile(h_ptr, w_ptr, o_t, m_t, o_v, m_v, H, stride_h, stride_w, temper
     """[BLOCK_T, BLOCK_V] fp32 logits / temperature: a K-sequential dot over H, BLOCK_K at a time."""
     acc = tl.zeros([BLOCK_T, BLOCK_V], dtype=tl.float32)
     for k0 in range(0, H, BLOCK_K):
-        o_k = k0 + tl.arange(0, BLOCK_K)
-        m_k = o_k < H
-        b_h = tl.load(h_ptr + o_t[:, None] * stride_h + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
-        b_w = tl.load(w_ptr + o_v[None, :] * stride_w + o_k[:, None], mask=m_v[None, :] & m_k[:, None], other=0.0)
-        if _INTERPRET:
-            b_h = b_h.to(tl.float32)
-            b_w = b_w.to(tl.float32)
-        acc = tl.dot(b_h, b_w, acc)  # [BT, BK] @ [BK, BV]
+        acc = _logits_step(h_ptr, w_ptr, o_t, m_t, o_v, m_v, k0, H, stride_h, stride_w, acc, BLOCK_K)
     return acc / temperature
+
+
+@triton.jit
+def _logits_step(h_ptr, w_ptr, o_t, m_t, o_v, m_v, k0, H, stride_h, stride_w, acc, BLOCK_K: tl.constexpr):
+    """One K step of `_logits_tile`: acc + h[:, k0:k0+BK] @ w[v, k0:k0+BK].T (also sample_logprob's FLAT walk)."""
+    o_k = k0 + tl.arange(0, BLOCK_K)
+    m_k = o_k < H
+    b_h = tl.load(h_ptr + o_t[:, None] * stride_h + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
+    b_w = tl.load(w_ptr + o_v[None, :] * stride_w + o_k[:, None], mask=m_v[None, :] & m_k[:, None], other=0.0)
+    if _INTERPRET:
+        b_h = b_h.to(tl.float32)
+        b_w = b_w.to(tl.float32)
+    return tl.dot(b_h, b_w, acc)  # [BT, BK] @ [BK, BV]
 
 
 @triton.jit
@@ -474,17 +480,8 @@ def _sample_logprob_chunk(h_ptr, w_ptr, m_part_ptr, s_part_ptr, best_part_ptr, i
             v0 = v_start + (i // n_k) * BLOCK_V
             o_v = v0 + tl.arange(0, BLOCK_V)
             m_v = o_v < v_end
-            o_k = (i % n_k) * BLOCK_K + tl.arange(0, BLOCK_K)
-            m_k = o_k < H
-            # `_logits_tile`'s loads and dot, one K step
-            b_h = tl.load(h_ptr + o_t[:, None] * stride_h + o_k[None, :], mask=m_t[:, None] & m_k[None, :],
-                          other=0.0)
-            b_w = tl.load(w_ptr + o_v[None, :] * stride_w + o_k[:, None], mask=m_v[None, :] & m_k[:, None],
-                          other=0.0)
-            if _INTERPRET:
-                b_h = b_h.to(tl.float32)
-                b_w = b_w.to(tl.float32)
-            acc = tl.dot(b_h, b_w, acc)
+            acc = _logits_step(h_ptr, w_ptr, o_t, m_t, o_v, m_v, (i % n_k) * BLOCK_K, H, stride_h, stride_w, acc,
+                               BLOCK_K)
             if i % n_k == n_k - 1:
                 b_m, b_s, b_best, b_idx, b_zb = _sample_logprob_tile(acc / temperature, o_v, m_v, b_key, v0, b_m,
                                                                      b_s, b_best, b_idx, b_zb)
