@@ -77,8 +77,9 @@
 #   lmhead_flat   #19 sample_logprob's pass with a chunk's tiles and K steps in one loop and 4 stages (logprob's FLAT and
 #                     SLP_STAGES, on since session 28): its GPU bit test, the lm_head alone (nested, FLAT, 2 to 4 stages)
 #                     and the decode step beside the nested pass of 3 stages
-#   lmhead_regs   #19 sample_logprob's pass with its registers capped (logprob's SLP_MAXNREG 128 / 168, off: two programs an
-#                     SM instead of one): its GPU bit test, the lm_head alone and the decode step with and without
+#   lmhead_regs   #19 sample_logprob's pass with its registers capped (logprob's SLP_MAXNREG 128, on since session 29, or
+#                     168: two programs an SM instead of one): its GPU bit test, the lm_head alone and the decode step with
+#                     and without (uncapped: the variant "uncapped")
 #   qk_regs       #19 the one-launch q / k norms + rope + cache fill with the halves from registers (rmsnorm's ROPE_REGS,
 #                     off: no gain on an H100 in session 26): its GPU bit tests, then the decode step with and without,
 #                     one run ($R/e2e_decode_qk_regs/)
@@ -251,7 +252,7 @@ for p in "$@"; do
             part pytest_gpu_lmhead_regs 150 "$py" -m pytest -q -m gpu tests/kernels/test_sample_logprob.py -k register_cap
             part lmhead_decode_regs 150 "$py" benchmarks/bench_lmhead_decode.py --out "$R" --only "maxnreg|nested 3"
             part e2e_decode_regs 300 "$py" benchmarks/bench_e2e.py --out "$R/e2e_decode_regs" --only decode \
-                --decode-backends unified --decode-variant maxnreg128=logprob.SLP_MAXNREG=128 ;;
+                --decode-backends unified --decode-variant uncapped=logprob.SLP_MAXNREG=0 ;;
         qk_regs)
             part pytest_gpu_qk_regs 240 "$py" -m pytest -q -m gpu tests/e2e/test_rope_cache.py
             part e2e_decode_qk_regs 300 "$py" benchmarks/bench_e2e.py --out "$R/e2e_decode_qk_regs" --only decode \

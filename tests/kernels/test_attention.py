@@ -488,8 +488,9 @@ def test_gpu_column_slices_of_a_fused_qkv_give_the_contiguous_bits(one_loop, mon
     got = _forward_and_grads(sliced, q, k, v)
     want = _forward_and_grads(fwd, q.contiguous(), k.contiguous(), v.contiguous())
     assert all(same_bits(a, b) for a, b in zip(got, want, strict=True))
-    exact = ref.attention_varlen(q.double(), k.double(), v.double(), cu)
-    assert (got[0].double() - exact).abs().max() < 2e-2
+    # the oracle makes its masks on the host; 5e-2: the contract's max_abs (tik_kernels/contracts/attention.py)
+    exact = ref.attention_varlen(*(t.double().cpu() for t in (q, k, v)), cu.cpu())
+    assert (got[0].double().cpu() - exact).abs().max() < 5e-2
 
 
 def test_a_kv_descriptor_reaches_the_last_row_of_a_column_slice():
