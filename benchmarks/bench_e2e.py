@@ -78,7 +78,8 @@ def throughput(args, out: Path) -> dict:
             m.pop("rewards", None)
         res[preset] = r
         print(json.dumps({preset: {k: {kk: m[kk] for kk in ("equal_tokens", "tokens", "max_abs_dlogp", "steps_per_s",
-                                                              "time_s")} for k, m in r["modes"].items()}
+                                                              "time_s", "peak_gpu_bytes") if kk in m}
+                                   for k, m in r["modes"].items()}
                           | {"speedup": r["speedup"]}}), flush=True)
     return res
 

@@ -41,7 +41,7 @@
 #                     sequences (32 prompts x 8) trained in one pass of 4 minibatch updates (the clip binds from the
 #                     second), modes C and B (B/C; and A at qwen3-1.7b, B/A), 2 steps after a thrown-away run of the
 #                     same steps, results in $R/e2e_minibatch_<preset>/; on an H200 the 1.7b run writes e2e_B_over_C,
-#                     e2e_B_over_A
+#                     e2e_B_over_A. MINIBATCHES=N: N updates a pass instead of 4 (8 for mode A at 1.7b on an H100)
 #   rollout_profile
 #                 #19 one rollout of the e2e throughput batch (qwen3-1.7b, 64 requests), prefill / decode / host, unified
 #                     and stock ($R/rollout_profile_h200_qwen3-1.7b.{json,log})
@@ -182,13 +182,14 @@ for p in "$@"; do
         e2e_minibatch)
             # mode A beside B and C at qwen3-1.7b: the run that writes e2e_B_over_C on an H200 writes e2e_B_over_A too.
             # That run needs more than an H100's 80 GB (mode A's eager training forward ran out of memory there,
-            # session 28): PRESETS=qwen3-1.7b on an H200 alone
+            # session 28): PRESETS=qwen3-1.7b on an H200 alone. On an H100, MINIBATCHES=8 halves a minibatch's
+            # activations (each mode's peak is in its results, peak_gpu_bytes)
             for preset in ${PRESETS:-qwen3-0.6b qwen3-1.7b}; do
                 modes="C B"
                 [[ $preset == qwen3-1.7b ]] && modes="C B A"
                 part "e2e_minibatch_$preset" 280 "$py" benchmarks/bench_e2e.py --out "$R/e2e_minibatch_$preset" \
                     --only throughput --shapes "$preset" --steps 2 --prompts 32 --group 8 --max-slots 256 \
-                    --ppo-epochs 1 --minibatches 4 --modes $modes
+                    --ppo-epochs 1 --minibatches "${MINIBATCHES:-4}" --modes $modes
             done ;;
         rollout_profile)
             part rollout_profile_h200_qwen3-1.7b 300 "$py" benchmarks/rollout_profile.py --preset qwen3-1.7b \

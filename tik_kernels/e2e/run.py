@@ -11,6 +11,7 @@ for bit, the max |Δlogp|, and the time split rollout / recompute / train.
 from __future__ import annotations
 
 import copy
+import gc
 import random
 import time
 from dataclasses import dataclass
@@ -276,11 +277,20 @@ def run_e2e(cfg: E2EConfig, impl_files=None, on_step=None, on_progress=None) -> 
            "config": {k: v for k, v in cfg.__dict__.items() if k != "checkpoint"}, "modes": {}}
     if device.startswith("cuda"):
         out["gpu"] = torch.cuda.get_device_name()
+    cuda = device.startswith("cuda")
     for m in cfg.modes:
         if m not in MODES:
             raise ValueError(f"unknown mode {m!r} (A, B or C)")
+        # the mode before this one is gone before this one allocates: its engine (KV cache, graphs), optimizer
+        # state and gradients, including any kept only by a reference cycle; each mode's peak is then its own
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
         out["modes"][m] = run_mode(m, cfg, mc, copy.copy(params0), device, impl_files, on_step,
                                   on_progress)
+        if cuda:
+            out["modes"][m]["peak_gpu_bytes"] = torch.cuda.max_memory_allocated()
     out["speedup"] = speedups(out["modes"])
     return out
 

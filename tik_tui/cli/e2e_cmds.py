@@ -94,6 +94,9 @@ def run(args: argparse.Namespace) -> int:
         print("decode steps replayed as CUDA graphs (" + ", ".join(
             f"{k}: {r['graphs_captured']} captured in {r['graph_capture_s']:.1f} s" for k, r in graphed.items())
               + "; captures are not in the step times)")
+    peaks = {k: r["peak_gpu_bytes"] for k, r in out["modes"].items() if r.get("peak_gpu_bytes")}
+    if peaks:
+        print("peak GPU memory: " + ", ".join(f"{k} {b / 2**30:.1f} GiB" for k, b in peaks.items()))
     for k, r in out["modes"].items():
         if r.get("graph_error"):
             print(f"mode {k}: decode steps ran eagerly, a capture failed: {r['graph_error']}")
