@@ -16,8 +16,9 @@ Sections (Qwen3-8B: hidden 4096, 32 query heads, 8 KV heads, head dim 128, ffn 1
   and say so);
 - prefill: causal `attention_prefill` vs SDPA flash (enable_gqa);
 - fwdbwd: prefill forward + backward (torch.autograd.grad) vs SDPA flash's;
-- ops: rmsnorm vs F.rms_norm, silu_mul vs F.silu(gate) * up, logprob vs eager log_softmax + gather
-  (issue 16: every other operator no slower).
+- ops: rmsnorm vs F.rms_norm, silu_mul vs F.silu(gate) * up, logprob vs eager log_softmax + gather, and
+  logprob's forward + backward (the trainer's lm_head: gradients of hidden and of the weight) vs eager
+  log_softmax + gather's (issue 16: every other operator no slower).
 
 Timing is benchmarks/harness.py's: CUDA-graph replay of many calls back to back on rotating copies of
 the inputs (working set ≥ 4 × L2, so weights and KV come from HBM), contenders interleaved over rounds,
@@ -66,7 +67,8 @@ DECODE_B = (1, 8, 32, 128)
 DECODE_L = (1024, 4096, 8192, 16384, 32768)
 PREFILL_BS = ((1, 1024), (4, 1024), (16, 1024), (1, 4096), (4, 4096), (1, 16384), (2, 16384))
 FWDBWD_BS = ((1, 1024), (8, 1024), (1, 4096), (4, 4096), (1, 8192), (1, 16384))
-OPS_M = {"rmsnorm": (1, 64, 4096, 16384), "silu_mul": (1, 64, 4096), "logprob": (1, 16, 256, 1024)}
+OPS_M = {"rmsnorm": (1, 64, 4096, 16384), "silu_mul": (1, 64, 4096), "logprob": (1, 16, 256, 1024),
+         "logprob_bwd": (1024, 4096)}
 
 #: the issue's targets, per summary key: (bound, "≤" means the figure must not exceed it)
 TARGETS = {"linear_geomean": 1.05, "linear_worst": 1.20, "linear_m_le_16_geomean": 0.95, "decode_geomean": 1.05,
@@ -93,14 +95,14 @@ class Shapes:
             self.linear_m, self.lm_head_m = (1, 16, 256, 4096), (16,)
             self.decode = [(1, 1024), (1, 32768), (8, 4096), (128, 8192)]
             self.prefill, self.fwdbwd = ((1, 4096), (4, 1024)), ((1, 4096),)
-            self.ops_m = {"rmsnorm": (1, 4096), "silu_mul": (64,), "logprob": (256,)}
+            self.ops_m = {"rmsnorm": (1, 4096), "silu_mul": (64,), "logprob": (256,), "logprob_bwd": (1024,)}
         elif mode == "smoke":
             self.hq, self.hk, self.d = 4, 2, 16
             self.proj, self.linear_m, self.lm_head, self.lm_head_m = {"tiny": (40, 32)}, (1, 3), (72, 32), (2,)
             self.decode = [(1, 24), (2, 16)]
             self.prefill, self.fwdbwd = ((2, 16),), ((1, 16),)
             self.hidden, self.ffn, self.vocab = 32, 16, 40
-            self.ops_m = {"rmsnorm": (3,), "silu_mul": (2,), "logprob": (2,)}
+            self.ops_m = {"rmsnorm": (3,), "silu_mul": (2,), "logprob": (2,), "logprob_bwd": (3,)}
 
 
 # ----------------------------------------------------------------------------- implementations
@@ -332,7 +334,37 @@ class Bench:
 
     # -- other operators
 
+    def logprob_bwd(self, M: int) -> dict:
+        """logprob forward + backward over M answer tokens (the trainer's lm_head), against eager log_softmax +
+        gather's; gated on deterministic gradients and on row 0's gradient of hidden alone."""
+        mod, s = self.mods["logprob"], self.s
+        g = self.gen(M, 13)
+        row = {"cell": f"logprob_bwd[M={M}]", "op": "logprob_bwd", "M": M}
+        if not self.fits(6 * M * s.vocab * 4):  # the stock path's logits, their log_softmax and its gradient
+            return {**row, "skipped": "does not fit in GPU memory"}
+        h = self.randn(M, s.hidden, gen=g, grad=True)
+        w = self.randn(s.vocab, s.hidden, gen=g, scale=s.hidden ** -0.5, grad=True)
+        t = torch.randint(0, s.vocab, (M,), generator=g, device=self.device)
+        dy = torch.randn(M, generator=g, device=self.device)
+
+        def tik(h, w, t, dy):
+            return torch.autograd.grad(mod.logprob(h, w, t), (h, w), dy)
+
+        def stock(h, w, t, dy):
+            lp = torch.log_softmax((h @ w.T).float(), -1).gather(-1, t[:, None])[:, 0]
+            return torch.autograd.grad(lp, (h, w), dy)
+
+        a = tik(h, w, t, dy)
+        h0 = h[:1].detach().clone().requires_grad_()
+        gate = {"deterministic": H.tree_bits_equal(a, tik(h, w, t, dy)),
+                "row0_alone_grad_hidden": H.bits_equal(tik(h0, w, t[:1], dy[:1])[0], a[0][:1])}
+        del a
+        return self.timed(row, gate, {"tik": tik, "stock": stock}, (h, w, t, dy), ["stock"], op="logprob",
+                          flops=6 * M * s.vocab * s.hidden)
+
     def op(self, name: str, M: int) -> dict:
+        if name == "logprob_bwd":
+            return self.logprob_bwd(M)
         mod, s = self.mods[name], self.s
         g = self.gen(M, len(name))
         row = {"cell": f"{name}[M={M}]", "op": name, "M": M}

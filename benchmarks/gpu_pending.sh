@@ -80,6 +80,9 @@
 #   lmhead_regs   #19 sample_logprob's pass with its registers capped (logprob's SLP_MAXNREG 128, on since session 29, or
 #                     168: two programs an SM instead of one): its GPU bit test, the lm_head alone and the decode step with
 #                     and without (uncapped: the variant "uncapped")
+#   lmhead_bwd    #19 #16 the trainer's lm_head backward with its dz scratch in bf16 (logprob's BWD_DZ_LOW) and grad_hidden in
+#                     64-row tiles (BWD_GH_BLOCK_M; both off): their GPU bit test, then logprob forward + backward vs eager
+#                     log_softmax + gather with and without them (bench_speed.py --only ops, its logprob_bwd cells)
 #   qk_regs       #19 the one-launch q / k norms + rope + cache fill with the halves from registers (rmsnorm's ROPE_REGS,
 #                     off: no gain on an H100 in session 26): its GPU bit tests, then the decode step with and without,
 #                     one run ($R/e2e_decode_qk_regs/)
@@ -254,6 +257,11 @@ for p in "$@"; do
             part lmhead_decode_regs 150 "$py" benchmarks/bench_lmhead_decode.py --out "$R" --only "maxnreg|nested 3"
             part e2e_decode_regs 300 "$py" benchmarks/bench_e2e.py --out "$R/e2e_decode_regs" --only decode \
                 --decode-backends unified --decode-variant uncapped=logprob.SLP_MAXNREG=0 ;;
+        lmhead_bwd)
+            part pytest_gpu_lmhead_bwd 200 "$py" -m pytest -q -m gpu tests/kernels/test_logprob.py -k backward_launch
+            part speed_lmhead_bwd 300 "$py" benchmarks/bench_speed.py --only ops --out "$R" --rounds 9 --budget-s 240 \
+                --variant dzlow=logprob.BWD_DZ_LOW=1 --variant gh64=logprob.BWD_GH_BLOCK_M=64 \
+                --variant dzlow_gh64=logprob.BWD_DZ_LOW=1,logprob.BWD_GH_BLOCK_M=64 ;;
         qk_regs)
             part pytest_gpu_qk_regs 240 "$py" -m pytest -q -m gpu tests/e2e/test_rope_cache.py
             part e2e_decode_qk_regs 300 "$py" benchmarks/bench_e2e.py --out "$R/e2e_decode_qk_regs" --only decode \
@@ -295,6 +303,6 @@ for p in "$@"; do
             part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_h200
             part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs)" >&2 ;;
+            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs lmhead_bwd)" >&2 ;;
     esac
 done

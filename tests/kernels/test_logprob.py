@@ -99,6 +99,55 @@ def test_weight_grad_deterministic_over_token_chunks(tmp_path):
     assert (grads[0].double() - w64.grad).norm() / w64.grad.norm() < 1e-2
 
 
+def _grads(mod, h, w, t, g, temperature=0.9):
+    """(grad of hidden, grad of w) of mod.logprob's backward."""
+    hh, ww = h.clone().requires_grad_(), w.clone().requires_grad_()
+    mod.logprob(hh, ww, t, temperature).backward(g)
+    return hh.grad, ww.grad
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+def test_backward_launch_choices_move_no_bits(tmp_path):
+    """BWD_DZ_LOW (the dz scratch in the operands' dtype) and BWD_GH_BLOCK_M (grad_hidden's rows a program) give the
+    default's gradient bits: the grad kernels round dz the same way wherever it is stored, and a grad_hidden element's
+    sum over V is the same chain whatever the tile. 40 tokens in chunks of 16 (grad_w accumulates three)."""
+    mod = _planted(tmp_path, config=SMALL)
+    gen = torch.Generator().manual_seed(3)
+    h = torch.randn(40, 32, generator=gen).to(torch.bfloat16)
+    w = (torch.randn(100, 32, generator=gen) * 0.5).to(torch.bfloat16)
+    t = torch.randint(0, 100, (40,), generator=gen)
+    g = torch.randn(40, generator=gen)
+    want = _grads(mod, h, w, t, g)
+    for key, value in (("BWD_DZ_LOW", 1), ("BWD_GH_BLOCK_M", 32)):
+        mod.CONFIG[key] = value
+        got = _grads(mod, h, w, t, g)
+        assert all(_same_bits(a, b) for a, b in zip(got, want, strict=True)), key
+
+
+def test_a_low_dz_scratch_is_the_operands_dtype(tmp_path, monkeypatch):
+    """BWD_DZ_LOW allocates the scratch in w's dtype when hidden shares it, fp32 otherwise (each grad kernel rounds dz
+    to its own other operand's dtype, so one scratch cannot serve two)."""
+    mod = _planted(tmp_path, config=dict(SMALL, BWD_DZ_LOW=1))
+    seen = []
+    real = mod._grad_hidden_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(dz, *args, **kwargs):
+                seen.append(dz.dtype)
+                return real[grid](dz, *args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(mod, "_grad_hidden_kernel", Spy())
+    t, g = torch.randint(0, 100, (20,)), torch.randn(20)
+    _grads(mod, torch.randn(20, 32).to(torch.bfloat16), torch.randn(100, 32).to(torch.bfloat16), t, g)
+    _grads(mod, torch.randn(20, 32), torch.randn(100, 32).to(torch.bfloat16), t, g)
+    assert seen == [torch.bfloat16, torch.bfloat16, torch.float32, torch.float32]
+
+
 def test_planted_t_dependent_chunking_fails_batch_invariance(tmp_path):
     # the K step of the logits dot chosen by the batch size (a "T-bucketed" tile): other bits once T >= 8
     mod = _planted(tmp_path, ('    cfg = CONFIG\n    out = torch.empty((T,)',
@@ -146,3 +195,22 @@ def test_gpu_plan_passes_on_cuda():
     for r in results:
         print(f"{'PASS' if r.passed else 'FAIL'} {r.name}: {r.detail}")
     assert results and not _failed(results), _failed(results)
+
+
+@pytest.mark.gpu
+def test_gpu_backward_launch_choices_move_no_bits(monkeypatch):
+    """At the Qwen3 lm_head (hidden 1024 and 2048, V = 151,936), 300 and 1500 tokens (two BWD_CHUNK_T chunks):
+    BWD_DZ_LOW and BWD_GH_BLOCK_M = 64 give the default's gradient bits."""
+    for H in (1024, 2048):
+        gen = torch.Generator(device="cuda").manual_seed(H)
+        w = (torch.randn(151936, H, device="cuda", generator=gen) * H**-0.5).to(torch.bfloat16)
+        for T in (300, 1500):
+            h = torch.randn(T, H, device="cuda", generator=gen).to(torch.bfloat16)
+            t = torch.randint(0, 151936, (T,), device="cuda", generator=gen)
+            g = torch.randn(T, device="cuda", generator=gen)
+            want = _grads(root, h, w, t, g, 0.7)
+            for key, value in (("BWD_DZ_LOW", 1), ("BWD_GH_BLOCK_M", 64)):
+                monkeypatch.setitem(root.CONFIG, key, value)
+                got = _grads(root, h, w, t, g, 0.7)
+                monkeypatch.undo()
+                assert all(_same_bits(a, b) for a, b in zip(got, want, strict=True)), (key, H, T)

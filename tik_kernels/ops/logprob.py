@@ -18,9 +18,11 @@ The logits tile (dot, then `/ temperature`) is the same code in `entropy` and `s
 three operators see the same fp32 logits: a sampled token's logprob is the logit the sampler used.
 
 Backward recomputes the logits tiles: dz = g·(onehot − p)/temperature for BWD_CHUNK_T tokens at a
-time (a fixed-size [BWD_CHUNK_T, V] fp32 scratch, never [T, V]), then grad_hidden = dz @ w and
-grad_w = Σ_t dz[t]ᵀ hidden[t], both plain K-sequential matmul kernels; grad_w accumulates the
-token chunks in order into an fp32 [V, H] buffer owned tile by tile (no atomics): deterministic.
+time (a fixed-size [BWD_CHUNK_T, V] scratch, never [T, V]), then grad_hidden = dz @ w and
+grad_w = Σ_t dz[t]ᵀ hidden[t], both plain K-sequential matmul kernels whose dots take dz rounded to
+the operands' dtype; grad_w accumulates the token chunks in order into an fp32 [V, H] buffer owned
+tile by tile (no atomics): deterministic. The interpreter rounds dz as the GPU does, then runs its
+dots in fp32 (exact for bf16 operands).
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ TUNABLES = {
     "BWD_BLOCK_M": (64, 128),
     "BWD_BLOCK_N": (64, 128),
     "BWD_BLOCK_K": (32, 64),
+    "BWD_GH_BLOCK_M": (64, 128),
+    "BWD_DZ_LOW": (0, 1),
     "PDL": (0, 1),
     "CHUNKS": (1, 2, 4),
     "MERGE_STAGES": (1, 2, 4, 8),
@@ -74,6 +78,14 @@ TUNABLES = {
 #: against 218.1 uncapped (214.8 at 168), bits the same; the qwen3-0.6b decode step's graph replay 3.380x of its floor
 #: against 3.395x at context 128, 2.830x against 2.840x at 256 (`benchmarks/gpu_pending.sh lmhead_regs`,
 #: results/lmhead_decode_h100_s29_regs.json, results/e2e_decode_regs_h100_s29/)
+#: BWD_DZ_LOW: the backward's dz scratch holds dz rounded to the operands' dtype (bf16), the values both grad kernels
+#: round it to before their dots, instead of fp32: half the scratch's bytes written and read twice, and loads that
+#: feed the dots as they are; the same bits (a GPU test checks). BWD_GH_BLOCK_M: grad_hidden's rows a program
+#: (BWD_BLOCK_M stays grad_w's): a 1024-token chunk at hidden 1024 gives 8 x 8 = 64 programs of 128 rows on 132 SMs,
+#: 128 of 64 rows; each element's sum over V is the same chain either way. Both off / as before until a GPU times
+#: them (`benchmarks/bench_speed.py --only ops`, its logprob_bwd cells; H100, qwen3-0.6b's 4 minibatch updates:
+#: grad_hidden 2.2 ms and grad_w 2.2 ms a 1024-token chunk, ~145 TFLOP/s, where the dz kernel ran at ~400;
+#: results/train_profile_h100_qwen3-0.6b_s23_fused.md)
 #: MERGE_STAGES: the combine kernels' loop over the V chunks software-pipelined in this many stages (`tl.range`'s
 #: num_stages: the loads of the next chunks go out, as async copies, while one chunk merges): the same merges in the
 #: same order, so no bit changes, where the plain loop paid a global-memory round trip or two per chunk. A decode
@@ -94,6 +106,8 @@ CONFIG = {
     "BWD_BLOCK_M": 128,
     "BWD_BLOCK_N": 128,
     "BWD_BLOCK_K": 32,
+    "BWD_GH_BLOCK_M": 128,
+    "BWD_DZ_LOW": 0,
     "PDL": 1,
     "CHUNKS": 1,
     "MERGE_STAGES": 8,
@@ -243,7 +257,7 @@ def _logprob_bwd_dz_kernel(
     tgt_ptr,  # [n] int64 targets
     lse_ptr,  # [n] fp32 saved log Σ exp(z)
     g_ptr,  # [n] fp32 upstream gradient
-    dz_ptr,  # [n, V] fp32 gradient w.r.t. the un-tempered logits (hidden @ w.T)
+    dz_ptr,  # [n, V] gradient w.r.t. the un-tempered logits (hidden @ w.T): fp32, or w's dtype (BWD_DZ_LOW)
     n,
     V,
     H,
@@ -268,12 +282,14 @@ def _logprob_bwd_dz_kernel(
     b_p = tl.exp(b_z - b_lse[:, None])
     b_hit = (o_v[None, :] == b_tgt[:, None]).to(tl.float32)
     b_dz = b_g[:, None] * (b_hit - b_p) / temperature
-    tl.store(dz_ptr + o_t[:, None] * V + o_v[None, :], b_dz, mask=m_t[:, None] & m_v[None, :])
+    # fp32, or (BWD_DZ_LOW) already rounded as the grad kernels round it for their dots
+    tl.store(dz_ptr + o_t[:, None] * V + o_v[None, :], b_dz.to(dz_ptr.dtype.element_ty),
+             mask=m_t[:, None] & m_v[None, :])
 
 
 @triton.jit
 def _grad_hidden_kernel(
-    dz_ptr,  # [n, V] fp32
+    dz_ptr,  # [n, V] fp32, or w's dtype (BWD_DZ_LOW)
     w_ptr,  # [V, H] lm_head weight (row stride stride_w)
     gh_ptr,  # [n, H] grad of hidden (row stride stride_gh)
     n,
@@ -298,10 +314,10 @@ def _grad_hidden_kernel(
         m_v = o_v < V
         b_dz = tl.load(dz_ptr + o_t[:, None] * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
         b_w = tl.load(w_ptr + o_v[:, None] * stride_w + o_h[None, :], mask=m_v[:, None] & m_h[None, :], other=0.0)
-        if _INTERPRET:
+        b_dz = b_dz.to(b_w.dtype)  # the dot's operand (a no-op where the scratch holds w's dtype: BWD_DZ_LOW)
+        if _INTERPRET:  # the interpreter's dot in fp32: exact for the rounded operands
+            b_dz = b_dz.to(tl.float32)
             b_w = b_w.to(tl.float32)
-        else:
-            b_dz = b_dz.to(b_w.dtype)
         acc = tl.dot(b_dz, b_w, acc)  # [BM, BK] @ [BK, BN]
     tl.store(gh_ptr + o_t[:, None] * stride_gh + o_h[None, :], round_to(acc, gh_ptr.dtype.element_ty),
              mask=m_t[:, None] & m_h[None, :])
@@ -309,7 +325,7 @@ def _grad_hidden_kernel(
 
 @triton.jit
 def _grad_weight_kernel(
-    dz_ptr,  # [n, V] fp32
+    dz_ptr,  # [n, V] fp32, or w's dtype (BWD_DZ_LOW)
     h_ptr,  # [n, H] hidden rows of this token chunk (row stride stride_h)
     gw_ptr,  # [V, H] fp32 accumulator of grad w, owned tile by tile
     n,
@@ -339,10 +355,10 @@ def _grad_weight_kernel(
         m_t = o_t < n
         b_dzt = tl.load(dz_ptr + o_t[None, :] * V + o_v[:, None], mask=m_v[:, None] & m_t[None, :], other=0.0)
         b_h = tl.load(h_ptr + o_t[:, None] * stride_h + o_h[None, :], mask=m_t[:, None] & m_h[None, :], other=0.0)
+        b_dzt = b_dzt.to(b_h.dtype)  # the dot's operand, as in _grad_hidden_kernel
         if _INTERPRET:
+            b_dzt = b_dzt.to(tl.float32)
             b_h = b_h.to(tl.float32)
-        else:
-            b_dzt = b_dzt.to(b_h.dtype)
         acc = tl.dot(b_dzt, b_h, acc)  # [BM, BK] @ [BK, BN]
     tl.store(p_gw, acc, mask=m_gw)
 
@@ -385,8 +401,12 @@ def logprob_bwd(g: torch.Tensor, hidden: torch.Tensor, w: torch.Tensor, targets:
     grad_h = torch.empty_like(hidden, memory_format=torch.contiguous_format) if need_hidden else None
     gw_acc = torch.zeros((V, H), dtype=torch.float32, device=w.device) if need_w else None
     chunk = cfg["BWD_CHUNK_T"]
-    dz = torch.empty((min(chunk, T), V), dtype=torch.float32, device=hidden.device) if T else None
+    # the scratch holds dz as the grad kernels' dots take it: rounded to the operands' dtype (BWD_DZ_LOW, where
+    # hidden and w share it), else fp32 and rounded in each grad kernel; the same values either way
+    low = cfg.get("BWD_DZ_LOW", 0) and hidden.dtype == w.dtype
+    dz = torch.empty((min(chunk, T), V), dtype=w.dtype if low else torch.float32, device=hidden.device) if T else None
     BM, BN, BK = cfg["BWD_BLOCK_M"], cfg["BWD_BLOCK_N"], cfg["BWD_BLOCK_K"]
+    GM = cfg.get("BWD_GH_BLOCK_M", BM)
     for t0 in range(0, T, chunk):
         n = min(chunk, T - t0)
         h_c = hidden[t0 : t0 + n]
@@ -397,9 +417,9 @@ def logprob_bwd(g: torch.Tensor, hidden: torch.Tensor, w: torch.Tensor, targets:
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
         if need_hidden:
-            _grad_hidden_kernel[(triton.cdiv(n, BM), triton.cdiv(H, BN))](
+            _grad_hidden_kernel[(triton.cdiv(n, GM), triton.cdiv(H, BN))](
                 dz, w, grad_h[t0 : t0 + n], n, V, H, w.stride(0), grad_h.stride(0),
-                BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+                BLOCK_M=GM, BLOCK_N=BN, BLOCK_K=BK, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
             )
         if need_w:
             _grad_weight_kernel[(triton.cdiv(V, BM), triton.cdiv(H, BN))](
