@@ -80,9 +80,11 @@
 #   lmhead_regs   #19 sample_logprob's pass with its registers capped (logprob's SLP_MAXNREG 128, on since session 29, or
 #                     168: two programs an SM instead of one): its GPU bit test, the lm_head alone and the decode step with
 #                     and without (uncapped: the variant "uncapped")
-#   lmhead_bwd    #19 #16 the trainer's lm_head backward with its dz scratch in bf16 (logprob's BWD_DZ_LOW) and grad_hidden in
-#                     64-row tiles (BWD_GH_BLOCK_M; both off): their GPU bit test, then logprob forward + backward vs eager
-#                     log_softmax + gather with and without them (bench_speed.py --only ops, its logprob_bwd cells)
+#   lmhead_bwd    #19 #16 the trainer's lm_head backward with its dz scratch in bf16 (logprob's BWD_DZ_LOW), grad_hidden in
+#                     64-row tiles (BWD_GH_BLOCK_M), the grad kernels in 5 stages (BWD_STAGES), all off, and K steps of 64
+#                     (BWD_BLOCK_K: the bench's bit gate says whether it keeps the bits): the GPU bit test, then logprob
+#                     forward + backward vs eager log_softmax + gather with and without them (bench_speed.py --only ops,
+#                     its logprob_bwd cells; sm_90 offline: results/lmhead_bwd_ptx_offline_s29.txt)
 #   qk_regs       #19 the one-launch q / k norms + rope + cache fill with the halves from registers (rmsnorm's ROPE_REGS,
 #                     off: no gain on an H100 in session 26): its GPU bit tests, then the decode step with and without,
 #                     one run ($R/e2e_decode_qk_regs/)
@@ -261,7 +263,8 @@ for p in "$@"; do
             part pytest_gpu_lmhead_bwd 200 "$py" -m pytest -q -m gpu tests/kernels/test_logprob.py -k backward_launch
             part speed_lmhead_bwd 300 "$py" benchmarks/bench_speed.py --only ops --out "$R" --rounds 9 --budget-s 240 \
                 --variant dzlow=logprob.BWD_DZ_LOW=1 --variant gh64=logprob.BWD_GH_BLOCK_M=64 \
-                --variant dzlow_gh64=logprob.BWD_DZ_LOW=1,logprob.BWD_GH_BLOCK_M=64 ;;
+                --variant s5=logprob.BWD_STAGES=5 --variant bk64=logprob.BWD_BLOCK_K=64,logprob.BWD_STAGES=4 \
+                --variant dzlow_gh64_s5=logprob.BWD_DZ_LOW=1,logprob.BWD_GH_BLOCK_M=64,logprob.BWD_STAGES=5 ;;
         qk_regs)
             part pytest_gpu_qk_regs 240 "$py" -m pytest -q -m gpu tests/e2e/test_rope_cache.py
             part e2e_decode_qk_regs 300 "$py" benchmarks/bench_e2e.py --out "$R/e2e_decode_qk_regs" --only decode \

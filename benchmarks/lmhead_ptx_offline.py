@@ -10,6 +10,10 @@ first exp waits on one, where the tools are there. Run it with the GPU's Triton 
 --target dir of triton==3.6.0>) to see what the GPU would run.
 
     python benchmarks/lmhead_ptx_offline.py [REV] > benchmarks/results/lmhead_ptx_offline.txt
+
+With --backward, instead: logprob's backward grad kernels (grad_hidden = dz @ w, grad_w = dzᵀ @ hidden) as the
+CONFIG launches them, with the dz scratch in fp32 and in bf16 (BWD_DZ_LOW) and grad_hidden's 64- and 128-row tiles
+(BWD_GH_BLOCK_M): async copies, MMAs (wgmma, mma.sync), shared memory, ptxas's registers and spills.
 """
 
 from __future__ import annotations
@@ -46,7 +50,46 @@ def compiled(path: Path, kernel: str, const: dict, types: dict):
     return k, oc.signature(fn, {}, {})[1]
 
 
+def ptx_stats(k) -> str:
+    """One compiled kernel's line: async copies, MMAs, shared memory, ptxas's registers and spills a thread."""
+    ptx = k.asm["ptx"]
+    out = oc.assemble(ptx)
+    used = re.search(r"Used (\d+) registers", out)
+    spills = re.search(r"(\d+) bytes spill stores", out)
+    copies = ptx.count("cp.async.cg") + ptx.count("cp.async.ca")
+    return (f"cp.async {copies:3d}, wgmma {ptx.count('wgmma.mma_async'):3d}, "
+            f"mma.sync {ptx.count('mma.sync'):3d}, shared {k.metadata.shared:6d} B; ptxas: registers "
+            f"{used.group(1) if used else '?'}, spill stores {spills.group(1) if spills else '?'} B")
+
+
+def backward() -> int:
+    """The backward's grad kernels at the CONFIG's launch, dz in fp32 and in bf16, grad_hidden at 64 and 128 rows."""
+    import triton
+
+    from tik_kernels.ops import logprob as LP
+
+    cfg = LP.CONFIG
+    opts = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
+    print(f"logprob backward, sm_90, Triton {triton.__version__}, num_warps {opts['num_warps']}, num_stages "
+          f"{opts['num_stages']}, BLOCK_N {cfg['BWD_BLOCK_N']}, BLOCK_K {cfg['BWD_BLOCK_K']}; a launch's alignment "
+          "(V, H, the row strides and a chunk's tokens divisible by 16)")
+    aligned = ("n", "V", "H", "stride_w", "stride_gh", "stride_h")
+    for kernel, rows in (("_grad_hidden_kernel", (128, 64)), ("_grad_weight_kernel", (cfg["BWD_BLOCK_M"],))):
+        fn = oc.kernel(oc.op_path("logprob"), kernel)
+        for dz in (F32, "*bf16"):
+            for bm in rows:
+                for bk, stages in ((cfg["BWD_BLOCK_K"], opts["num_stages"]), (cfg["BWD_BLOCK_K"], 5), (64, 4)):
+                    types = {"dz_ptr": dz, "gw_ptr": F32}
+                    const = {"BLOCK_M": bm, "BLOCK_N": cfg["BWD_BLOCK_N"], "BLOCK_K": bk, "ACCUMULATE": True}
+                    k = oc.compile_sm90(fn, const, types, {**opts, "num_stages": stages}, aligned=aligned)
+                    print(f"{kernel:20s} dz {dz[1:]:5s} BLOCK_M {bm:3d} BLOCK_K {bk:2d} stages {stages}: "
+                          f"{ptx_stats(k)}")
+    return 0
+
+
 def main() -> int:
+    if "--backward" in sys.argv[1:]:
+        return backward()
     rev = sys.argv[1] if len(sys.argv) > 1 else "HEAD"
     print(f"sm_90, num_warps 8, num_stages 3; {rev} against this tree")
     with tempfile.TemporaryDirectory() as tmp:

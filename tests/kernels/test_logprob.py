@@ -111,9 +111,10 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def test_backward_launch_choices_move_no_bits(tmp_path):
-    """BWD_DZ_LOW (the dz scratch in the operands' dtype) and BWD_GH_BLOCK_M (grad_hidden's rows a program) give the
-    default's gradient bits: the grad kernels round dz the same way wherever it is stored, and a grad_hidden element's
-    sum over V is the same chain whatever the tile. 40 tokens in chunks of 16 (grad_w accumulates three)."""
+    """BWD_DZ_LOW (the dz scratch in the operands' dtype), BWD_GH_BLOCK_M (grad_hidden's rows a program) and BWD_STAGES
+    (the grad kernels' pipeline depth) give the default's gradient bits: the grad kernels round dz the same way
+    wherever it is stored, and a grad_hidden element's sum over V is the same chain whatever the tile. 40 tokens in
+    chunks of 16 (grad_w accumulates three)."""
     mod = _planted(tmp_path, config=SMALL)
     gen = torch.Generator().manual_seed(3)
     h = torch.randn(40, 32, generator=gen).to(torch.bfloat16)
@@ -121,7 +122,7 @@ def test_backward_launch_choices_move_no_bits(tmp_path):
     t = torch.randint(0, 100, (40,), generator=gen)
     g = torch.randn(40, generator=gen)
     want = _grads(mod, h, w, t, g)
-    for key, value in (("BWD_DZ_LOW", 1), ("BWD_GH_BLOCK_M", 32)):
+    for key, value in (("BWD_DZ_LOW", 1), ("BWD_GH_BLOCK_M", 32), ("BWD_STAGES", 2)):
         mod.CONFIG[key] = value
         got = _grads(mod, h, w, t, g)
         assert all(_same_bits(a, b) for a, b in zip(got, want, strict=True)), key
@@ -200,7 +201,7 @@ def test_gpu_plan_passes_on_cuda():
 @pytest.mark.gpu
 def test_gpu_backward_launch_choices_move_no_bits(monkeypatch):
     """At the Qwen3 lm_head (hidden 1024 and 2048, V = 151,936), 300 and 1500 tokens (two BWD_CHUNK_T chunks):
-    BWD_DZ_LOW and BWD_GH_BLOCK_M = 64 give the default's gradient bits."""
+    BWD_DZ_LOW, BWD_GH_BLOCK_M = 64 and BWD_STAGES = 5 give the default's gradient bits."""
     for H in (1024, 2048):
         gen = torch.Generator(device="cuda").manual_seed(H)
         w = (torch.randn(151936, H, device="cuda", generator=gen) * H**-0.5).to(torch.bfloat16)
@@ -209,7 +210,7 @@ def test_gpu_backward_launch_choices_move_no_bits(monkeypatch):
             t = torch.randint(0, 151936, (T,), device="cuda", generator=gen)
             g = torch.randn(T, device="cuda", generator=gen)
             want = _grads(root, h, w, t, g, 0.7)
-            for key, value in (("BWD_DZ_LOW", 1), ("BWD_GH_BLOCK_M", 64)):
+            for key, value in (("BWD_DZ_LOW", 1), ("BWD_GH_BLOCK_M", 64), ("BWD_STAGES", 5)):
                 monkeypatch.setitem(root.CONFIG, key, value)
                 got = _grads(root, h, w, t, g, 0.7)
                 monkeypatch.undo()

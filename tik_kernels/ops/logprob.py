@@ -51,6 +51,7 @@ TUNABLES = {
     "BWD_BLOCK_K": (32, 64),
     "BWD_GH_BLOCK_M": (64, 128),
     "BWD_DZ_LOW": (0, 1),
+    "BWD_STAGES": (2, 3, 4, 5, 6),
     "PDL": (0, 1),
     "CHUNKS": (1, 2, 4),
     "MERGE_STAGES": (1, 2, 4, 8),
@@ -82,10 +83,13 @@ TUNABLES = {
 #: round it to before their dots, instead of fp32: half the scratch's bytes written and read twice, and loads that
 #: feed the dots as they are; the same bits (a GPU test checks). BWD_GH_BLOCK_M: grad_hidden's rows a program
 #: (BWD_BLOCK_M stays grad_w's): a 1024-token chunk at hidden 1024 gives 8 x 8 = 64 programs of 128 rows on 132 SMs,
-#: 128 of 64 rows; each element's sum over V is the same chain either way. Both off / as before until a GPU times
-#: them (`benchmarks/bench_speed.py --only ops`, its logprob_bwd cells; H100, qwen3-0.6b's 4 minibatch updates:
-#: grad_hidden 2.2 ms and grad_w 2.2 ms a 1024-token chunk, ~145 TFLOP/s, where the dz kernel ran at ~400;
-#: results/train_profile_h100_qwen3-0.6b_s23_fused.md)
+#: 128 of 64 rows; each element's sum over V is the same chain either way. BWD_STAGES: the two grad kernels'
+#: pipeline depth (num_stages stays the forward's and the dz kernel's): with BLOCK_K 32 a K step is two wgmma, so
+#: three stages keep only two steps' loads in flight. All three as before until a GPU times them
+#: (`benchmarks/bench_speed.py --only ops`, its logprob_bwd cells). Why: H100, qwen3-0.6b's 4 minibatch updates,
+#: grad_hidden 2.2 ms and grad_w 2.2 ms a 1024-token chunk, ~145 TFLOP/s, where the dz kernel ran at ~400
+#: (results/train_profile_h100_qwen3-0.6b_s23_fused.md); compiled for sm_90 every variant pipelines its loads and
+#: none spills (results/lmhead_bwd_ptx_offline_s29.txt)
 #: MERGE_STAGES: the combine kernels' loop over the V chunks software-pipelined in this many stages (`tl.range`'s
 #: num_stages: the loads of the next chunks go out, as async copies, while one chunk merges): the same merges in the
 #: same order, so no bit changes, where the plain loop paid a global-memory round trip or two per chunk. A decode
@@ -108,6 +112,7 @@ CONFIG = {
     "BWD_BLOCK_K": 32,
     "BWD_GH_BLOCK_M": 128,
     "BWD_DZ_LOW": 0,
+    "BWD_STAGES": 3,
     "PDL": 1,
     "CHUNKS": 1,
     "MERGE_STAGES": 8,
@@ -406,7 +411,7 @@ def logprob_bwd(g: torch.Tensor, hidden: torch.Tensor, w: torch.Tensor, targets:
     low = cfg.get("BWD_DZ_LOW", 0) and hidden.dtype == w.dtype
     dz = torch.empty((min(chunk, T), V), dtype=w.dtype if low else torch.float32, device=hidden.device) if T else None
     BM, BN, BK = cfg["BWD_BLOCK_M"], cfg["BWD_BLOCK_N"], cfg["BWD_BLOCK_K"]
-    GM = cfg.get("BWD_GH_BLOCK_M", BM)
+    GM, stages = cfg.get("BWD_GH_BLOCK_M", BM), cfg.get("BWD_STAGES", cfg["num_stages"])
     for t0 in range(0, T, chunk):
         n = min(chunk, T - t0)
         h_c = hidden[t0 : t0 + n]
@@ -419,12 +424,12 @@ def logprob_bwd(g: torch.Tensor, hidden: torch.Tensor, w: torch.Tensor, targets:
         if need_hidden:
             _grad_hidden_kernel[(triton.cdiv(n, GM), triton.cdiv(H, BN))](
                 dz, w, grad_h[t0 : t0 + n], n, V, H, w.stride(0), grad_h.stride(0),
-                BLOCK_M=GM, BLOCK_N=BN, BLOCK_K=BK, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+                BLOCK_M=GM, BLOCK_N=BN, BLOCK_K=BK, num_warps=cfg["num_warps"], num_stages=stages,
             )
         if need_w:
             _grad_weight_kernel[(triton.cdiv(V, BM), triton.cdiv(H, BN))](
                 dz, h_c, gw_acc, n, V, H, hidden.stride(0), ACCUMULATE=t0 > 0,
-                BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+                BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, num_warps=cfg["num_warps"], num_stages=stages,
             )
     return grad_h, (gw_acc.to(w.dtype) if need_w else None)
 
