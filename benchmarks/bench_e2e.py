@@ -15,11 +15,12 @@
         --learn-modes A --out /tmp/e2e   # the learning command's code path on a CPU
 
 Results: <out>/e2e_h200_<parts>_full.json (`_layers<N>` instead of `_full` for a cut run; `learning_seeds` for the
-learning part), e2e_learning_seeds.csv / .png. A full GPU run of a part also writes its keys of
-<out>/summary_h200.json: e2e_B_over_C (paired: B and C's identical rollout and train phases averaged, only the
-recompute differing, `tik_kernels.e2e.run.speedups`), e2e_B_over_C_unpaired and e2e_B_over_A (throughput, qwen3-1.7b
-at full depth; steps/s over steps/s, higher is better) and e2e_decode_floor_ratio (decode, unified kernels with
-graphs: step time over the floor, lower is better). `--summarize FILE` writes a saved throughput file's keys.
+learning part), e2e_learning_seeds.csv / .png. A full GPU run of a part also writes its keys of the card's
+summary, <out>/summary_<card>.json (summary_h200.json holds the issues' figures): e2e_B_over_C (paired: B and C's
+identical rollout and train phases averaged, only the recompute differing, `tik_kernels.e2e.run.speedups`),
+e2e_B_over_C_unpaired and e2e_B_over_A (throughput, qwen3-1.7b at full depth; steps/s over steps/s, higher is better)
+and e2e_decode_floor_ratio (decode, unified kernels with graphs: step time over the floor, lower is better).
+`--summarize FILE` writes a saved throughput file's keys (into the summary of the card that file was measured on).
 """
 
 from __future__ import annotations
@@ -339,7 +340,7 @@ def layers(args) -> dict:
 
 
 def summary_keys(part: str, doc: dict, args) -> dict:
-    """The summary_h200.json keys a full-depth GPU run of `part` gives (none for a cut or CPU run)."""
+    """The summary keys a full-depth GPU run of `part` gives (none for a cut or CPU run)."""
     if args.device != "cuda" or args.layers:
         return {}
     if part == "throughput" and "qwen3-1.7b" in doc and not doc["qwen3-1.7b"]["config"].get("layers"):
@@ -432,7 +433,7 @@ def main() -> int:
         if not keys:
             ap.error(f"{args.summarize}: no full-depth GPU throughput run of qwen3-1.7b in it")
         args.out.mkdir(parents=True, exist_ok=True)
-        H.update_summary(args.out / "summary_h200.json", keys, source=str(args.summarize))
+        H.update_summary(H.summary_path(args.out, H.gpu_tag(saved.get("gpu"))), keys, source=str(args.summarize))
         print(json.dumps(keys))
         return 0
     if args.device == "cuda":
@@ -460,9 +461,9 @@ def main() -> int:
         if part in args.only:
             doc[part] = fn()
             H.write_json(args.out / name, doc)  # after every part: a cut run keeps its part
-            keys = summary_keys(part, doc[part], args) if card == "h200" else {}  # the H200's file
-            if keys:
-                H.update_summary(args.out / "summary_h200.json", keys, source=str(args.out / name))
+            keys = summary_keys(part, doc[part], args) if card != "cpu" else {}
+            if keys:  # the card's own summary (summary_h200.json holds the issues' figures)
+                H.update_summary(H.summary_path(args.out, card), keys, source=str(args.out / name))
     return 0
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.harness import environment, update_summary  # noqa: E402
+from benchmarks.harness import environment, gpu_tag, summary_path, update_summary  # noqa: E402
 
 #: the phases in table order (a report records those that ran)
 PHASES = ("plan", "probes_root", "probes_candidate", "checks", "spare_settle", "timing_child", "timing_ahead",
@@ -298,12 +298,13 @@ def main() -> int:
         doc["ops"].append(run_op(op, a.evals, device, a.timeout, a.repeat, ahead))
         (a.out / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
         (a.out / f"{name}.md").write_text(markdown(doc))
-        if (device.startswith("cuda") and a.evals >= 2 and not a.repeat and ahead
-                and "H200" in str(doc["env"].get("gpu"))):
-            # issue #18's keys: the median seconds per evaluation after the first, this benchmark's only
+        if device.startswith("cuda") and a.evals >= 2 and not a.repeat and ahead:
+            # issue #18's keys, in the card's summary: the median seconds per evaluation after the first, this
+            # benchmark's only
             judged = doc["ops"][-1]["median_s_verified_after_first"]
             if judged is not None:
-                update_summary(a.out / "summary_h200.json", {f"eval_s_{op}": judged}, source=f"{name}.json",
+                update_summary(summary_path(a.out, gpu_tag(doc["env"].get("gpu"))), {f"eval_s_{op}": judged},
+                               source=f"{name}.json",
                                command=doc["command"])
     print(markdown(doc))
     return 0

@@ -33,8 +33,8 @@ move bits: a variant whose output differs from the default's in a cell is report
 summary keys are always the default's.
 
 Writes speed_<card>[_<only>][_quick].{json,md} under --out (card: h200, h100, ... as benchmarks/harness.py's
-card_tag names the GPU) and, for a full run of a section on an H200, that section's keys in
-<out>/summary_h200.json (ratios TIK / stock, lower is better).
+card_tag names the GPU) and, for a full run of a section on a GPU, that section's keys in the card's summary,
+<out>/summary_<card>.json (ratios TIK / stock, lower is better; summary_h200.json holds the issues' figures).
 """
 
 from __future__ import annotations
@@ -552,7 +552,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=420.0, help="later cells are skipped past this (seconds)")
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs: time eager calls with events")
     ap.add_argument("--summary", type=Path, default=None,
-                    help="summary file to update (default: <out>/summary_h200.json after a full run on an H200)")
+                    help="summary file to update (default: the card's, <out>/summary_<card>.json, after a full run "
+                         "on a GPU)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--variant", action="append", default=[], type=parse_variant, metavar="NAME=OP.KEY=VALUE[,...]",
                     help="also time TIK with these CONFIG values in the same rounds (repeatable; bits must not move)")
@@ -568,11 +569,12 @@ def main(argv: list[str] | None = None) -> int:
     sections = [s for s in SECTIONS if not args.only or s in args.only]
     card = H.card_tag(device)
     summary_path = args.summary
-    if summary_path is None and not (args.smoke or args.quick or args.impl) and card == "h200":
-        summary_path = args.out / "summary_h200.json"
-    if summary_path is not None and summary_path.name == "summary_h200.json" and card != "h200" and not args.smoke:
-        print(f"bench_speed: {summary_path} holds H200 figures and this is an {card}; give another --summary",
-              file=sys.stderr)
+    if summary_path is None and not (args.smoke or args.quick or args.impl) and card != "cpu":
+        summary_path = H.summary_path(args.out, card)
+    held = H.summary_card(summary_path) if summary_path is not None else None
+    if held not in (None, card) and not args.smoke:
+        print(f"bench_speed: {summary_path} holds {held.upper()} figures and this is an {card}; give another "
+              "--summary", file=sys.stderr)
         return 2
     name = out_name(args, card)
     command = H.command_line([__file__] + (sys.argv[1:] if argv is None else list(argv)))

@@ -6,7 +6,7 @@
 # Parts (run in the order given; one that fails or runs out of time does not stop the next):
 #   suite         #23 the GPU suite (benchmarks/gpu_suite.sh), log $R/pytest_gpu_h200_run<N>.log (N=${RUN:-2})
 #   eval_rate     #18 seconds per evaluation in a running search, linear / attention / rmsnorm, phase by phase
-#                     ($R/eval_rate_h200.{json,md}; eval_s_* keys of $R/summary_h200.json by hand)
+#                     ($R/eval_rate_h200.{json,md}; eval_s_* keys of $R/summary_<card>.json by hand)
 #   eval_rate_rmsnorm, eval_rate_attention, eval_rate_linear
 #                 #18 the same, one operator per part (EVALS=3 evaluations; an attention or linear part fills a call)
 #   eval_repeat_rmsnorm, eval_repeat_attention, eval_repeat_linear
@@ -31,9 +31,9 @@
 #                     split variants timed (targets: decode <= 1.05x, prefill <= 0.85x, fwd+bwd <= 1.15x)
 #   e2e           #8  layer profile stock / unified root / incumbents ($R/incumbents_h200), throughput
 #                 #19 at full depth (qwen3-0.6b and qwen3-1.7b, 28 layers), decode steps replayed as CUDA graphs;
-#                     e2e_B_over_C / e2e_B_over_A in $R/summary_h200.json
+#                     e2e_B_over_C / e2e_B_over_A in $R/summary_<card>.json
 #   e2e_decode    #19 one decode step (qwen3-0.6b, 64 sequences) vs the weight + KV bandwidth floor, stock and
-#                     unified, graphs and eager; e2e_decode_floor_ratio in $R/summary_h200.json
+#                     unified, graphs and eager; e2e_decode_floor_ratio in $R/summary_<card>.json
 #   e2e_learning  #19 GRPO from scratch, modes A and B, 3 seeds: $R/e2e_learning_seeds.{csv,png}
 #   e2e_full      #19 throughput at full depth, one preset per run (qwen3-0.6b, then qwen3-1.7b, ~100 s each), the
 #                     library roots (no incumbents), results in $R/e2e_full_<preset>/
@@ -108,7 +108,7 @@
 #                     ($R/attn_fwd_timeline.{md,json}): where the short-sequence gap to SDPA flash goes; again with
 #                     FWD_ONE_LOOP=0 (the diagonal blocks in their own loop, the CONFIG before session 28: _two_loops)
 #   speed         #16 bench_speed: linear / decode / prefill / fwd+bwd / ops vs stock, bits-gated;
-#                     $R/speed_h200.{md,json} and its keys of $R/summary_h200.json
+#                     $R/speed_<card>.{md,json} and its keys of $R/summary_<card>.json
 #   hf            #20 apply_tik on a random-init Qwen3-0.6B (transformers): bitwise log-probs, time vs stock,
 #                     then the GPU test of tests/hf
 # Needs no package beyond torch and triton (the store uses only the standard library and GitPython:
@@ -287,7 +287,7 @@ for p in "$@"; do
                 tests/kernels/test_attention_bwd.py tests/kernels/test_attention_ds.py tests/kernels/test_attention_head_dim.py ;;
         prefill)
             # prefill (with the forward's launch choices beside the CONFIG's, --variant) and forward + backward vs SDPA
-            # flash; on an H200 their summary keys (bench_speed's default summary there, none on another card)
+            # flash; their summary keys in the card's summary (bench_speed's default: $R/summary_<card>.json)
             part speed_prefill 200 "$py" benchmarks/bench_speed.py --only prefill --out "$R" --rounds 9 --budget-s 150 \
                 --variant longest=attention.FWD_LONGEST_FIRST=1 \
                 --variant m128w8s2=attention.BLOCK_M=128,attention.num_warps=8,attention.num_stages=2 \

@@ -15,8 +15,9 @@ refuses) is timed eagerly with CUDA events around the same loop of calls, and sa
 interpreter) everything is eager and wall-clocked; those times only exercise the code path.
 
 Also here: bit equality (`bits_equal`), geomean and quantiles, hardware-floor fractions, the
-environment and command of a run (`environment`), and the read-modify-write update of
-benchmarks/results/summary_h200.json that changes only the keys a benchmark owns.
+environment and command of a run (`environment`), and the read-modify-write update of a card's summary,
+benchmarks/results/summary_<card>.json (summary_h200.json: the issues' figures), that changes only the keys a
+benchmark owns.
 """
 
 from __future__ import annotations
@@ -449,8 +450,25 @@ def card_tag(device: str) -> str:
     on one card never takes another card's file name (summary_h200.json is the H200's alone)."""
     if not str(device).startswith("cuda") or not torch.cuda.is_available():
         return "cpu"
-    m = re.search(r"\b([A-Z]+\d{2,4})\b", torch.cuda.get_device_name())
+    return gpu_tag(torch.cuda.get_device_name())
+
+
+def gpu_tag(gpu_name: str) -> str:
+    """`card_tag` of a GPU by its name as torch gives it ('NVIDIA H100 80GB HBM3' -> 'h100'): 'gpu' if no model."""
+    m = re.search(r"\b([A-Z]+\d{2,4})\b", str(gpu_name))
     return m[1].lower() if m else "gpu"
+
+
+def summary_path(out: Path, card: str) -> Path:
+    """A card's summary file under `out`: summary_h200.json, summary_h100.json, ... Each card's figures stay in its
+    own file: a ratio measured on one card is no figure for another."""
+    return Path(out) / f"summary_{card}.json"
+
+
+def summary_card(path: Path) -> str | None:
+    """The card a summary file's name says it holds (summary_<card>.json), else None."""
+    m = re.fullmatch(r"summary_(\w+)\.json", Path(path).name)
+    return m[1] if m else None
 
 
 def environment(device: str | None = None) -> dict:

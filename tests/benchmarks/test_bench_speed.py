@@ -124,10 +124,13 @@ def test_quick_on_gpu_replays_graphs(tmp_path):
     assert not (tmp_path / "summary_h200.json").exists()  # --quick never writes the summary
 
 
-def test_result_files_carry_the_cards_name_and_only_an_h200_writes_its_summary(tmp_path, monkeypatch, capsys):
+def test_result_files_carry_the_cards_name_and_a_card_writes_only_its_own_summary(tmp_path, monkeypatch, capsys):
     ns = type("A", (), {"smoke": False, "only": ["linear"], "quick": False, "impl": []})()
     assert bench_speed.out_name(ns, "h100") == "speed_h100_linear"
     assert bench_speed.out_name(ns, "h200") == "speed_h200_linear"
+    assert H.summary_path(tmp_path, "h100") == tmp_path / "summary_h100.json"
+    assert H.summary_card(tmp_path / "summary_h200.json") == "h200" and H.summary_card(tmp_path / "x.json") is None
+    assert H.gpu_tag("NVIDIA H100 80GB HBM3") == "h100" and H.gpu_tag("NVIDIA H200") == "h200"
     monkeypatch.setattr(bench_speed.tik_kernels, "DEVICE", "cuda")
     monkeypatch.setattr(bench_speed.H, "card_tag", lambda device: "h100")
     summary = tmp_path / "summary_h200.json"
