@@ -136,3 +136,22 @@ def test_cli_e2e_json_and_errors(capsys):
     assert "unknown mode" in capsys.readouterr().err
     assert main(["e2e", "--model", "nope", "--modes", "A"]) == 2
     assert "unknown model preset" in capsys.readouterr().err
+
+
+def test_cli_e2e_out_of_memory_is_one_line(capsys, monkeypatch):
+    """A mode that runs out of GPU memory is a one-line error naming the mode and phase and what makes a step smaller,
+    with a non-zero exit, not a traceback."""
+    import tik_kernels.e2e.run as run_mod
+    from tik_tui.cli.main import main
+
+    def oom(cfg, on_progress=None, **kw):
+        on_progress({"mode": "A", "step": 1, "steps": 2, "phase": "train", "tokens": 0, "seconds": 0.0,
+                     "done": False})
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 126.00 MiB.")
+
+    monkeypatch.setattr(run_mod, "run_e2e", oom)
+    assert main(["e2e", "--modes", "A", "--steps", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("tik: error: mode A ran out of GPU memory in its train phase (step 1)"), err
+    assert "--minibatches" in err[-1] and "Traceback" not in "\n".join(err)
+

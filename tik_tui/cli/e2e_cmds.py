@@ -74,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
         out = run_e2e(cfg, on_progress=line.update)
     except (CheckpointError, ValueError) as e:
         raise TikError(str(e)) from None
+    except torch.OutOfMemoryError:
+        raise TikError(out_of_memory(line.ev, device)) from None
     finally:
         line.close()
     if args.json:
@@ -113,6 +115,22 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def out_of_memory(ev: dict | None, device: str) -> str:
+    """The one line for a run that ran out of GPU memory: where (the last progress event), how much the card has,
+    and what makes a step smaller."""
+    import torch
+
+    where = f"mode {ev['mode']} ran out of GPU memory in its {ev['phase']} phase (step {ev['step']})" if ev else \
+        "ran out of GPU memory"
+    size = ""
+    if device == "cuda" and torch.cuda.is_available():
+        gib = torch.cuda.get_device_properties(0).total_memory / 2**30
+        size = f" on {torch.cuda.get_device_name()} ({gib:.0f} GiB)"
+    return (f"{where}{size}: smaller steps need less (--minibatches N: N updates a pass, each on 1/N of the "
+            "batch; --prompts, --group: a smaller batch; --layers: fewer layers), or run the modes one at a time "
+            "(--modes)")
+
+
 class ProgressLine:
     """Where the run has got to, on `stream` (stderr): `mode B  step 1/2  rollout  34 tokens  2.4 tok/s  14 s`.
     On a terminal one line, rewritten in place on every event (at most 10 times a second) and once a second in
@@ -150,13 +168,13 @@ class ProgressLine:
                     self._write(self.ev | {"seconds": self.ev["seconds"] + time.monotonic() - self.ev_at})
 
     def update(self, ev: dict) -> None:
-        if not self.tty:
-            if ev["done"]:
-                self.stream.write(self.text(ev) + "\n")
-                self.stream.flush()
-            return
         with self.lock:
-            self.ev, self.ev_at = ev, time.monotonic()
+            self.ev, self.ev_at = ev, time.monotonic()  # also where a failure happened (`out_of_memory`)
+            if not self.tty:
+                if ev["done"]:
+                    self.stream.write(self.text(ev) + "\n")
+                    self.stream.flush()
+                return
             if ev["done"] or self.ev_at - self.last_write >= 0.1:
                 self._write(ev)
 
