@@ -54,6 +54,8 @@ VARIANTS = {
     "slp FLAT 2 stages": ("slp", {"logprob": {"FLAT": 1, "SLP_STAGES": 2}}),
     "slp maxnreg=0 (uncapped: the CONFIG before session 29)": ("slp", {"logprob": {"SLP_MAXNREG": 0}}),
     "slp maxnreg=168": ("slp", {"logprob": {"SLP_MAXNREG": 168}}),
+    "slp maxnreg=80 3 stages (3 programs an SM)": ("slp", {"logprob": {"SLP_MAXNREG": 80, "SLP_STAGES": 3}}),
+    "slp maxnreg=80": ("slp", {"logprob": {"SLP_MAXNREG": 80}}),
     "slp nested 3 stages capped": ("slp", {"logprob": {"FLAT": 0, "SLP_STAGES": 3}}),
     "slp BLOCK_T=32 (mma)": ("slp", {"logprob": {"BLOCK_T": 32}}),
     "slp BLOCK_T=32 nested (mma)": ("slp", {"logprob": {"BLOCK_T": 32, "FLAT": 0, "SLP_STAGES": 3}}),

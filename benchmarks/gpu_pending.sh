@@ -78,8 +78,9 @@
 #                     SLP_STAGES, on since session 28): its GPU bit test, the lm_head alone (nested, FLAT, 2 to 4 stages)
 #                     and the decode step beside the nested pass of 3 stages
 #   lmhead_regs   #19 sample_logprob's pass with its registers capped (logprob's SLP_MAXNREG 128, on since session 29, or
-#                     168: two programs an SM instead of one): its GPU bit test, the lm_head alone and the decode step with
-#                     and without (uncapped: the variant "uncapped")
+#                     168: two programs an SM instead of one; 80 with 3 stages: three, every chunk of a decode batch at
+#                     once): its GPU bit tests, the lm_head alone and the decode step with and without (uncapped: the
+#                     variant "uncapped"; m80s3)
 #   lmhead_bwd    #19 #16 the trainer's lm_head backward with its dz scratch in bf16 (logprob's BWD_DZ_LOW), grad_hidden in
 #                     64-row tiles (BWD_GH_BLOCK_M), the grad kernels in 5 stages (BWD_STAGES), all off, and K steps of 64
 #                     (BWD_BLOCK_K: the bench's bit gate says whether it keeps the bits): the GPU bit test, then logprob
@@ -258,7 +259,8 @@ for p in "$@"; do
             part pytest_gpu_lmhead_regs 150 "$py" -m pytest -q -m gpu tests/kernels/test_sample_logprob.py -k register_cap
             part lmhead_decode_regs 150 "$py" benchmarks/bench_lmhead_decode.py --out "$R" --only "maxnreg|nested 3"
             part e2e_decode_regs 300 "$py" benchmarks/bench_e2e.py --out "$R/e2e_decode_regs" --only decode \
-                --decode-backends unified --decode-variant uncapped=logprob.SLP_MAXNREG=0 ;;
+                --decode-backends unified --decode-variant uncapped=logprob.SLP_MAXNREG=0 \
+                --decode-variant m80s3=logprob.SLP_MAXNREG=80,logprob.SLP_STAGES=3 ;;
         lmhead_bwd)
             part pytest_gpu_lmhead_bwd 200 "$py" -m pytest -q -m gpu tests/kernels/test_logprob.py -k backward_launch
             part speed_lmhead_bwd 300 "$py" benchmarks/bench_speed.py --only ops --out "$R" --rounds 9 --budget-s 240 \

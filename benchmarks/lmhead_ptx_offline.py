@@ -11,6 +11,10 @@ first exp waits on one, where the tools are there. Run it with the GPU's Triton 
 
     python benchmarks/lmhead_ptx_offline.py [REV] > benchmarks/results/lmhead_ptx_offline.txt
 
+With --regs, instead: sample_logprob's pass (FLAT) at 3 and 4 stages under register caps (SLP_MAXNREG): ptxas's
+registers and spills, its shared memory, and how many programs of 8 warps an SM then holds (by registers, by shared
+memory).
+
 With --backward, instead: logprob's backward grad kernels (grad_hidden = dz @ w, grad_w = dzᵀ @ hidden) as the
 CONFIG launches them, with the dz scratch in fp32 and in bf16 (BWD_DZ_LOW) and grad_hidden's 64- and 128-row tiles
 (BWD_GH_BLOCK_M): async copies, MMAs (wgmma, mma.sync), shared memory, ptxas's registers and spills.
@@ -87,9 +91,36 @@ def backward() -> int:
     return 0
 
 
+#: an SM's registers and the shared memory its blocks may take together (sm_90)
+SM_REGS, SM_SHARED = 65536, 233472
+
+
+def register_caps() -> int:
+    """sample_logprob's pass at the CONFIG's tiles, 8 warps, 3 and 4 stages, uncapped and capped."""
+    import triton
+
+    _, kernel, const, types = CASES[1]
+    fn = oc.kernel(oc.op_path("logprob"), kernel)
+    print(f"sample_logprob's pass (FLAT), sm_90, Triton {triton.__version__}, 8 warps; programs an SM by registers "
+          f"({SM_REGS} a SM) and by shared memory ({SM_SHARED} B)")
+    for stages in (3, 4):
+        for cap in (0, 128, 96, 80, 72):
+            opts = {"num_warps": 8, "num_stages": stages} | ({"maxnreg": cap} if cap else {})
+            k = oc.compile_sm90(fn, {**const, "FLAT": True}, types, opts, aligned=("stride_h", "stride_w", "H"))
+            out = oc.assemble(k.asm["ptx"])
+            regs = int(re.search(r"Used (\d+) registers", out).group(1))
+            spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out)
+            print(f"stages {stages} maxnreg {cap or '-':>3}: registers {regs:3d}, spill stores/loads "
+                  f"{spills.group(1)}/{spills.group(2)} B, shared {k.metadata.shared} B; programs an SM: "
+                  f"{SM_REGS // (regs * 32 * 8)} by registers, {SM_SHARED // k.metadata.shared} by shared memory")
+    return 0
+
+
 def main() -> int:
     if "--backward" in sys.argv[1:]:
         return backward()
+    if "--regs" in sys.argv[1:]:
+        return register_caps()
     rev = sys.argv[1] if len(sys.argv) > 1 else "HEAD"
     print(f"sm_90, num_warps 8, num_stages 3; {rev} against this tree")
     with tempfile.TemporaryDirectory() as tmp:

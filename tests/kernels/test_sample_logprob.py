@@ -246,7 +246,7 @@ def test_the_register_cap_reaches_the_launch(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cap", [128, 168])
+@pytest.mark.parametrize("cap", [80, 128, 168])
 def test_gpu_register_cap_moves_no_bits(monkeypatch, cap):
     """SLP_MAXNREG: the uncapped pass's tokens and log-prob bits."""
     _gpu_launch_choice_moves_no_bits(monkeypatch, "SLP_MAXNREG", 0, cap, cap)

@@ -57,7 +57,7 @@ TUNABLES = {
     "MERGE_STAGES": (1, 2, 4, 8),
     "FLAT": (0, 1),
     "SLP_STAGES": (2, 3, 4),
-    "SLP_MAXNREG": (0, 128, 168),
+    "SLP_MAXNREG": (0, 80, 128, 168),
 }
 #: PDL: sample_logprob's kernels launched with programmatic dependent launch (ops/_common.py), no bit changes.
 #: CHUNKS: V chunks walked by one program of the forward and of sample_logprob, one after another, each from a fresh
@@ -78,7 +78,10 @@ TUNABLES = {
 #: allocation moves no bits. 128 by default: H100, decode batch of 64, one run, sample_logprob 206.6 us capped at 128
 #: against 218.1 uncapped (214.8 at 168), bits the same; the qwen3-0.6b decode step's graph replay 3.380x of its floor
 #: against 3.395x at context 128, 2.830x against 2.840x at 256 (`benchmarks/gpu_pending.sh lmhead_regs`,
-#: results/lmhead_decode_h100_s29_regs.json, results/e2e_decode_regs_h100_s29/)
+#: results/lmhead_decode_h100_s29_regs.json, results/e2e_decode_regs_h100_s29/). At 128 the 297 chunks still take two
+#: rounds on 132 SMs (264 at a time); capped at 80 with 3 stages three programs fit an SM (80 registers x 256 threads
+#: x 3, and 3 x 73 KB of shared memory) and every chunk runs at once, at 276/256 B of spills a thread (sm_90, Triton
+#: 3.6's ptxas: results/lmhead_slp_regs_offline_s29.txt); a variant until a GPU times it
 #: BWD_DZ_LOW: the backward's dz scratch holds dz rounded to the operands' dtype (bf16), the values both grad kernels
 #: round it to before their dots, instead of fp32: half the scratch's bytes written and read twice, and loads that
 #: feed the dots as they are; the same bits (a GPU test checks). BWD_GH_BLOCK_M: grad_hidden's rows a program
