@@ -158,6 +158,30 @@ def regions(sass: str) -> list[tuple[str, int]]:
     return out
 
 
+def decode_register_caps(mod) -> None:
+    """The folded decode kernel (a cache of one chunk: a rollout's short contexts) at the short launch and its
+    neighbours, uncapped and under register caps (decode_short_maxnreg): registers, spills, shared memory, and the
+    programs an SM holds by each (a qwen3-0.6b decode batch of 64 is 512 programs; 132 SMs)."""
+    c = mod._for_head_dim(dict(mod.CONFIG), 128)
+    fn = mod._attn_decode_kernel
+    for G in (2, 4):
+        for warps, stages, cap in ((4, 1, 0), (4, 1, 168), (4, 1, 128), (4, 1, 112), (4, 2, 0), (4, 2, 128),
+                                   (8, 1, 0), (8, 1, 64)):
+            const = dict(G=G, D=128, VARLEN=False, UPCAST=False, BLOCK_M=c["DECODE_BLOCK_M"], BLOCK_N=c["BLOCK_N"],
+                         CHUNK=c["CHUNK_BLOCKS"], CHUNKS_PER_PROG=1, FOLD=True, PDL=True)
+            aligned = [n for n in oc.signature(fn, const, POINTERS)[1] if n.startswith("stride_")]
+            opts = dict(num_warps=warps, num_stages=stages, enable_fp_fusion=False) | ({"maxnreg": cap} if cap else {})
+            k = oc.compile_sm90(fn, const, dict(POINTERS), opts, default_type=lambda n: "i32", aligned=aligned)
+            out = oc.assemble(k.asm["ptx"])
+            regs = int(re.search(r"Used (\d+) registers", out).group(1))
+            spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out)
+            by_regs = 65536 // ((regs + 7) // 8 * 8 * 32 * warps)  # registers are allocated 8 a thread at a time
+            by_shared = 233472 // (k.metadata.shared + 1024)  # 1 KB a block reserved
+            print(f"decode folded, G {G}, warps {warps} stages {stages} maxnreg {cap or '-':>3}: registers {regs:3d}, "
+                  f"spill stores/loads {'/'.join(spills.groups())} B, shared {k.metadata.shared} B; programs an SM: "
+                  f"{by_regs} by registers, {by_shared} by shared memory", flush=True)
+
+
 def main() -> None:
     import argparse
 
@@ -170,9 +194,13 @@ def main() -> None:
     ap.add_argument("--head-dim", type=int, default=None,
                     help="instead of CASES: the launches the host makes at this head dim, each checked against an "
                          "H200's shared memory (exit 1 if one does not fit)")
+    ap.add_argument("--decode-regs", action="store_true",
+                    help="instead of CASES: the short-cache decode launch under register caps (`decode_register_caps`)")
     args = ap.parse_args()
     mod = load_module(args.source, "attention_sm90_offline")
     print(f"triton {triton.__version__}, {oc.ptxas_version()}")
+    if args.decode_regs:
+        return decode_register_caps(mod)
     if args.head_dim is not None:
         over = []
         for case in launch_cases(mod, args.head_dim):

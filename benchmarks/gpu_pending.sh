@@ -86,6 +86,10 @@
 #                     (BWD_BLOCK_K: the bench's bit gate says whether it keeps the bits): the GPU bit test, then logprob
 #                     forward + backward vs eager log_softmax + gather with and without them (bench_speed.py --only ops,
 #                     its logprob_bwd cells; sm_90 offline: results/lmhead_bwd_ptx_offline_s29.txt)
+#   decode_regs   #19 the decode attention's short-cache launch with its registers capped (attention's decode_short_maxnreg
+#                     128 / 168, 8 warps at 64; off: 4 warps take 242 registers, two programs an SM, so a qwen3-0.6b
+#                     batch of 64's 512 programs run in two rounds): its GPU bit test, then the decode step with each
+#                     ($R/e2e_decode_dregs/; sm_90 offline: results/attn_decode_regs_offline_s29.txt)
 #   qk_regs       #19 the one-launch q / k norms + rope + cache fill with the halves from registers (rmsnorm's ROPE_REGS,
 #                     off: no gain on an H100 in session 26): its GPU bit tests, then the decode step with and without,
 #                     one run ($R/e2e_decode_qk_regs/)
@@ -267,6 +271,12 @@ for p in "$@"; do
                 --variant dzlow=logprob.BWD_DZ_LOW=1 --variant gh64=logprob.BWD_GH_BLOCK_M=64 \
                 --variant s5=logprob.BWD_STAGES=5 --variant bk64=logprob.BWD_BLOCK_K=64,logprob.BWD_STAGES=4 \
                 --variant dzlow_gh64_s5=logprob.BWD_DZ_LOW=1,logprob.BWD_GH_BLOCK_M=64,logprob.BWD_STAGES=5 ;;
+        decode_regs)
+            part pytest_gpu_decode_regs 200 "$py" -m pytest -q -m gpu tests/kernels/test_attention.py -k register_caps
+            part e2e_decode_dregs 360 "$py" benchmarks/bench_e2e.py --out "$R/e2e_decode_dregs" --only decode \
+                --decode-backends unified --decode-variant c128=attention.decode_short_maxnreg=128 \
+                --decode-variant c168=attention.decode_short_maxnreg=168 \
+                --decode-variant w8c64=attention.decode_short_num_warps=8,attention.decode_short_maxnreg=64 ;;
         qk_regs)
             part pytest_gpu_qk_regs 240 "$py" -m pytest -q -m gpu tests/e2e/test_rope_cache.py
             part e2e_decode_qk_regs 300 "$py" benchmarks/bench_e2e.py --out "$R/e2e_decode_qk_regs" --only decode \
@@ -308,6 +318,6 @@ for p in "$@"; do
             part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_h200
             part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs lmhead_bwd)" >&2 ;;
+            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs lmhead_bwd decode_regs)" >&2 ;;
     esac
 done

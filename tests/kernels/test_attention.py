@@ -417,6 +417,67 @@ def test_gpu_decode_every_position_equals_prefill(split, monkeypatch):
     assert bad.numel() == 0, f"{bad.numel()} positions differ, first {bad[:8].tolist()}"
 
 
+def test_the_decode_register_caps_reach_their_launches(monkeypatch):
+    """decode_short_maxnreg caps the short-cache decode launch, decode_maxnreg the other (Triton's maxnreg; 0: no
+    keyword, the compiler's choice); the interpreter takes them and gives the same bits (on a GPU:
+    `test_gpu_short_decode_register_caps_move_no_bits`)."""
+    import tik_kernels.ops.attention as A
+
+    seen = []
+    real = A._attn_decode_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.append(kwargs.get("maxnreg"))
+                return real[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(A, "_attn_decode_kernel", Spy())
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 1, 16, generator=gen).bfloat16()
+    kc, vc = (torch.randn(2, 2, 24, 16, generator=gen).bfloat16() for _ in range(2))
+    lens = torch.tensor([5, 24], dtype=torch.int32)
+    want = A.attention_decode(q, kc, vc, lens)
+    monkeypatch.setitem(A.CONFIG, "decode_short_maxnreg", 128)
+    short = A.attention_decode(q, kc, vc, lens)
+    monkeypatch.setitem(A.CONFIG, "DECODE_SHORT_KEYS", 0)  # every cache takes the other launch
+    monkeypatch.setitem(A.CONFIG, "decode_maxnreg", 96)
+    other = A.attention_decode(q, kc, vc, lens)
+    assert seen == [None, 128, 96]
+    assert same_bits(short, want) and same_bits(other, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("caps", [{"decode_short_maxnreg": 128}, {"decode_short_maxnreg": 168},
+                                  {"decode_short_num_warps": 8, "decode_short_maxnreg": 64}],
+                         ids=lambda v: ",".join(f"{k}={x}" for k, x in v.items()))
+def test_gpu_short_decode_register_caps_move_no_bits(caps, monkeypatch):
+    """A rollout's decode at qwen3-0.6b's heads (Hq=16, Hk=8, D=128) over a 400-key cache (the short launch): one
+    batch holds every position of a 300-token sequence, NaN past each; with the register caps each row is the
+    default launch's bits and the prefill row's."""
+    from tik_kernels.ops import attention as attn
+
+    S, gen = 300, torch.Generator("cuda").manual_seed(5)
+    q, k, v = (torch.randn(1, h, S, 128, generator=gen, device="cuda").bfloat16() for h in (16, 8, 8))
+    full = attn.attention_prefill(q, k, v)
+    kc = torch.full((1, 8, 400, 128), float("nan"), device="cuda", dtype=torch.bfloat16)
+    vc = kc.clone()
+    kc[:, :, :S], vc[:, :, :S] = k, v
+    lens = torch.arange(1, S + 1, dtype=torch.int32, device="cuda")
+    qd = q[0].transpose(0, 1)[:, :, None].contiguous()
+
+    def decode():
+        return attn.attention_decode(qd, kc.expand(S, -1, -1, -1), vc.expand(S, -1, -1, -1), lens)
+
+    want = decode()
+    for key, value in caps.items():
+        monkeypatch.setitem(attn.CONFIG, key, value)
+    got = decode()
+    assert same_bits(got, want)
+    assert same_bits(got[:, :, 0], full[0].transpose(0, 1))
+
+
 def _forward_and_grads(fwd, q, k, v) -> tuple:
     """fwd's output and the gradients of sum(o^2) with respect to q, k and v (fresh leaves each call)."""
     qq, kk, vv = (x.clone().requires_grad_() for x in (q, k, v))

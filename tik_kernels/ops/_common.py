@@ -53,3 +53,9 @@ def pdl_launch(on, device: torch.device) -> dict:
     if on and pdl_capable(device):
         return {"PDL": True, "launch_pdl": True}
     return {}
+
+
+def maxnreg_launch(n: int) -> dict:
+    """A launch's keyword capping the kernel's registers a thread at n (Triton's maxnreg; none for 0: the compiler's
+    choice). Register allocation moves no bits; it sets how many programs an SM holds at once."""
+    return {"maxnreg": n} if n else {}

@@ -106,7 +106,7 @@ import triton
 import triton.language as tl
 
 from tik_kernels._runtime import INTERPRET
-from tik_kernels.ops._common import pdl_launch, pdl_start
+from tik_kernels.ops._common import maxnreg_launch, pdl_launch, pdl_start
 
 try:  # Triton >= 3.4: operands described for the tensor-memory accelerator (TMA)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -154,6 +154,14 @@ TUNABLES = {
     "DECODE_SHORT_KEYS": (0, 256, 512, 1024),
     "decode_short_num_warps": (2, 4, 8),
     "decode_short_num_stages": (1, 2, 3),
+    # decode: a cap on the kernel's registers a thread (Triton's maxnreg; 0: the compiler's choice), long and short
+    # caches: how many programs an SM holds at once, no bit changes. A qwen3-0.6b decode batch of 64 is 512 (sequence,
+    # KV head) programs; the short launch (4 warps, 1 stage) compiles to 242 registers, two programs an SM, so they run
+    # in two rounds on 132 SMs; capped at 128 four fit (every program at once) at 352/256 B of spills a thread, 8 warps
+    # capped at 64 too at 264/204 B (sm_90, Triton 3.6's ptxas: results/attn_decode_regs_offline_s29.txt). Off until
+    # a GPU times them (`gpu_pending.sh decode_regs`)
+    "decode_maxnreg": (0, 64, 96, 128, 168),
+    "decode_short_maxnreg": (0, 64, 96, 128, 168),
     # decode: chunks one split program computes (each chunk's state is written on its own)
     "DECODE_CHUNKS_PER_PROG": (1, 2, 4, 8),
     # decode: from this many (sequence, KV head) pairs on, no split: one program per pair merges in-program
@@ -230,6 +238,8 @@ CONFIG = {
     "DECODE_SHORT_KEYS": 512,
     "decode_short_num_warps": 4,
     "decode_short_num_stages": 1,
+    "decode_maxnreg": 0,
+    "decode_short_maxnreg": 0,
     "DQ_BLOCK_N": 64,
     "DKDV_BLOCK_M": 64,
     "DQ_BLOCK_M": 128,
@@ -1437,7 +1447,8 @@ def _decode(q, k_cache, v_cache, lens, scale):
     cfg = _tiles()
     if cap <= cfg.get("DECODE_SHORT_KEYS", 0):
         cfg = {**cfg, "decode_num_warps": cfg["decode_short_num_warps"],
-               "decode_num_stages": cfg["decode_short_num_stages"]}
+               "decode_num_stages": cfg["decode_short_num_stages"],
+               "decode_maxnreg": cfg.get("decode_short_maxnreg", 0)}
     cfg = _for_head_dim(cfg, d)
     G = hq // hk
     bm = max(cfg["DECODE_BLOCK_M"], triton.next_power_of_2(G))
@@ -1468,7 +1479,7 @@ def _decode(q, k_cache, v_cache, lens, scale):
         FUSED=fused, GROUP=cfg["COMBINE_CHUNKS"],
         G=G, D=d, BLOCK_M=bm, BLOCK_N=bn, CHUNK=chunk, CHUNKS_PER_PROG=per_prog, FOLD=fold, UPCAST=INTERPRET,
         **_launch_opts(cfg["decode_num_warps"], cfg["decode_num_stages"]),
-        **pdl,
+        **maxnreg_launch(cfg.get("decode_maxnreg", 0)), **pdl,
     )
     if not fold and not fused:
         bd = min(cfg["COMBINE_BLOCK_D"], d)

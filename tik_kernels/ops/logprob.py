@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from tik_kernels._runtime import INTERPRET
-from tik_kernels.ops._common import pdl_launch, pdl_start, round_to
+from tik_kernels.ops._common import maxnreg_launch, pdl_launch, pdl_start, round_to
 from tik_kernels.ops.sample import _race_key, _race_merge, _race_scores, _race_step
 
 #: Triton's interpreter computes tl.dot on bf16 wrongly and truncates fp32 -> bf16 casts: fp32 there
@@ -123,11 +123,6 @@ CONFIG = {
     "SLP_STAGES": 4,
     "SLP_MAXNREG": 128,
 }
-
-
-def _maxnreg(n: int) -> dict:
-    """The launch keyword capping a kernel's registers a thread at n (none for 0)."""
-    return {"maxnreg": n} if n else {}
 
 
 @triton.jit
@@ -649,7 +644,7 @@ def sample_logprob(hidden: torch.Tensor, w: torch.Tensor, temperature: float,
             h2, w2, s, *parts, T, V, H, h2.stride(0), w2.stride(0), float(temperature), nc,
             BLOCK_T=cfg["BLOCK_T"], BLOCK_V=cfg["BLOCK_V"], BLOCK_K=cfg["BLOCK_K"], V_CHUNK=cfg["V_CHUNK"],
             CHUNKS=chunks, FLAT=bool(cfg.get("FLAT", 0)), num_warps=cfg["num_warps"],
-            num_stages=cfg.get("SLP_STAGES", cfg["num_stages"]), **_maxnreg(cfg.get("SLP_MAXNREG", 0)), **pdl,
+            num_stages=cfg.get("SLP_STAGES", cfg["num_stages"]), **maxnreg_launch(cfg.get("SLP_MAXNREG", 0)), **pdl,
         )
         _sample_logprob_combine_kernel[(triton.cdiv(T, 128),)](*parts, ids, out, T, nc, BLOCK=128,
                                                                 MERGE_STAGES=cfg.get("MERGE_STAGES", 1), **pdl)
