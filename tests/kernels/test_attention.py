@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from launch_spy import spy_launches
 
 from tik_kernels._runtime import DEVICE
 from tik_kernels.contract import Results, execute_probe, load_module, same_bits
@@ -423,17 +424,7 @@ def test_the_decode_register_caps_reach_their_launches(monkeypatch):
     `test_gpu_short_decode_register_caps_move_no_bits`)."""
     import tik_kernels.ops.attention as A
 
-    seen = []
-    real = A._attn_decode_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                seen.append(kwargs.get("maxnreg"))
-                return real[grid](*args, **kwargs)
-            return launch
-
-    monkeypatch.setattr(A, "_attn_decode_kernel", Spy())
+    seen = spy_launches(monkeypatch, A, "_attn_decode_kernel", lambda args, kwargs: kwargs.get("maxnreg"))
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(2, 4, 1, 16, generator=gen).bfloat16()
     kc, vc = (torch.randn(2, 2, 24, 16, generator=gen).bfloat16() for _ in range(2))

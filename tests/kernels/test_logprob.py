@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from launch_spy import spy_launches
 
 import tik_kernels.ops.logprob as root
 from tik_kernels.contract import load_module, run_plan, tokenwise_plan
@@ -132,17 +133,7 @@ def test_a_low_dz_scratch_is_the_operands_dtype(tmp_path, monkeypatch):
     """BWD_DZ_LOW allocates the scratch in w's dtype when hidden shares it, fp32 otherwise (each grad kernel rounds dz
     to its own other operand's dtype, so one scratch cannot serve two)."""
     mod = _planted(tmp_path, config=dict(SMALL, BWD_DZ_LOW=1))
-    seen = []
-    real = mod._grad_hidden_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(dz, *args, **kwargs):
-                seen.append(dz.dtype)
-                return real[grid](dz, *args, **kwargs)
-            return launch
-
-    monkeypatch.setattr(mod, "_grad_hidden_kernel", Spy())
+    seen = spy_launches(monkeypatch, mod, "_grad_hidden_kernel", lambda args, kwargs: args[0].dtype)  # dz
     t, g = torch.randint(0, 100, (20,)), torch.randn(20)
     _grads(mod, torch.randn(20, 32).to(torch.bfloat16), torch.randn(100, 32).to(torch.bfloat16), t, g)
     _grads(mod, torch.randn(20, 32), torch.randn(100, 32).to(torch.bfloat16), t, g)

@@ -4,6 +4,7 @@ chunk, small tiles with many chunks; and a planted change to its log-sum-exp is 
 
 import pytest
 import torch
+from launch_spy import spy_launches
 
 import tik_kernels.ops.logprob as lp_root
 import tik_kernels.ops.sample as sample_root
@@ -226,17 +227,7 @@ def test_the_register_cap_reaches_the_launch(monkeypatch):
     """SLP_MAXNREG is Triton's maxnreg on sample_logprob's pass launch (0: no keyword, the compiler's choice); the
     interpreter takes it and gives the same bits (on a GPU: `test_gpu_register_cap_moves_no_bits`)."""
     h, w, seeds = _flat_case(monkeypatch, lp_root, 1)
-    seen = []
-    real = lp_root._sample_logprob_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                seen.append(kwargs.get("maxnreg"))
-                return real[grid](*args, **kwargs)
-            return launch
-
-    monkeypatch.setattr(lp_root, "_sample_logprob_kernel", Spy())
+    seen = spy_launches(monkeypatch, lp_root, "_sample_logprob_kernel", lambda args, kwargs: kwargs.get("maxnreg"))
     monkeypatch.setitem(lp_root.CONFIG, "SLP_MAXNREG", 0)
     want_ids, want_lp = lp_root.sample_logprob(h, w, 0.8, seeds)
     monkeypatch.setitem(lp_root.CONFIG, "SLP_MAXNREG", 128)
