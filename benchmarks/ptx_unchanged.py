@@ -66,6 +66,14 @@ CASES = [
     ("logprob", "_sample_logprob_combine_kernel", dict(BLOCK=128),
      {"m_part_ptr": F32, "s_part_ptr": F32, "best_part_ptr": F32, "idx_part_ptr": I64, "zb_part_ptr": F32,
       "ids_ptr": I64, "out_ptr": F32}, dict(num_warps=4)),
+    # the trainer's lm_head backward, its dz scratch in fp32 (the CONFIG's)
+    ("logprob", "_logprob_bwd_dz_kernel", dict(BLOCK_T=64, BLOCK_V=128, BLOCK_K=64),
+     {"tgt_ptr": I64, "lse_ptr": F32, "g_ptr": F32, "dz_ptr": F32, "temperature": "fp32"},
+     dict(num_warps=8, num_stages=3)),
+    ("logprob", "_grad_hidden_kernel", dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=32), {"dz_ptr": F32},
+     dict(num_warps=8, num_stages=3)),
+    ("logprob", "_grad_weight_kernel", dict(ACCUMULATE=True, BLOCK_M=128, BLOCK_N=128, BLOCK_K=32),
+     {"dz_ptr": F32, "gw_ptr": F32}, dict(num_warps=8, num_stages=3)),
 ]
 
 

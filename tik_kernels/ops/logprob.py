@@ -21,8 +21,8 @@ Backward recomputes the logits tiles: dz = g·(onehot − p)/temperature for BWD
 time (a fixed-size [BWD_CHUNK_T, V] scratch, never [T, V]), then grad_hidden = dz @ w and
 grad_w = Σ_t dz[t]ᵀ hidden[t], both plain K-sequential matmul kernels whose dots take dz rounded to
 the operands' dtype; grad_w accumulates the token chunks in order into an fp32 [V, H] buffer owned
-tile by tile (no atomics): deterministic. The interpreter rounds dz as the GPU does, then runs its
-dots in fp32 (exact for bf16 operands).
+tile by tile (no atomics): deterministic. The interpreter rounds dz as the GPU does (to nearest even,
+`round_to`; its own cast truncates), then runs its dots in fp32 (exact for bf16 operands).
 """
 
 from __future__ import annotations
@@ -286,7 +286,7 @@ def _logprob_bwd_dz_kernel(
     b_hit = (o_v[None, :] == b_tgt[:, None]).to(tl.float32)
     b_dz = b_g[:, None] * (b_hit - b_p) / temperature
     # fp32, or (BWD_DZ_LOW) already rounded as the grad kernels round it for their dots
-    tl.store(dz_ptr + o_t[:, None] * V + o_v[None, :], b_dz.to(dz_ptr.dtype.element_ty),
+    tl.store(dz_ptr + o_t[:, None] * V + o_v[None, :], round_to(b_dz, dz_ptr.dtype.element_ty),
              mask=m_t[:, None] & m_v[None, :])
 
 
@@ -317,7 +317,8 @@ def _grad_hidden_kernel(
         m_v = o_v < V
         b_dz = tl.load(dz_ptr + o_t[:, None] * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
         b_w = tl.load(w_ptr + o_v[:, None] * stride_w + o_h[None, :], mask=m_v[:, None] & m_h[None, :], other=0.0)
-        b_dz = b_dz.to(b_w.dtype)  # the dot's operand (a no-op where the scratch holds w's dtype: BWD_DZ_LOW)
+        if b_dz.dtype != b_w.dtype:  # the dot's operand (BWD_DZ_LOW: the scratch holds it already)
+            b_dz = round_to(b_dz, b_w.dtype)
         if _INTERPRET:  # the interpreter's dot in fp32: exact for the rounded operands
             b_dz = b_dz.to(tl.float32)
             b_w = b_w.to(tl.float32)
@@ -358,7 +359,8 @@ def _grad_weight_kernel(
         m_t = o_t < n
         b_dzt = tl.load(dz_ptr + o_t[None, :] * V + o_v[:, None], mask=m_v[:, None] & m_t[None, :], other=0.0)
         b_h = tl.load(h_ptr + o_t[:, None] * stride_h + o_h[None, :], mask=m_t[:, None] & m_h[None, :], other=0.0)
-        b_dzt = b_dzt.to(b_h.dtype)  # the dot's operand, as in _grad_hidden_kernel
+        if b_dzt.dtype != b_h.dtype:  # the dot's operand, as in _grad_hidden_kernel
+            b_dzt = round_to(b_dzt, b_h.dtype)
         if _INTERPRET:
             b_dzt = b_dzt.to(tl.float32)
             b_h = b_h.to(tl.float32)
