@@ -3,10 +3,11 @@
 #
 #     R=benchmarks/results bash benchmarks/gpu_pending.sh tuner_linear scaleout attention e2e
 #
+# Files a part writes carry the card's name (<card>: h200, h100; $CARD below) where they say one.
 # Parts (run in the order given; one that fails or runs out of time does not stop the next):
-#   suite         #23 the GPU suite (benchmarks/gpu_suite.sh), log $R/pytest_gpu_h200_run<N>.log (N=${RUN:-2})
+#   suite         #23 the GPU suite (benchmarks/gpu_suite.sh), log $R/pytest_gpu_<card>_run<N>.log (N=${RUN:-2})
 #   eval_rate     #18 seconds per evaluation in a running search, linear / attention / rmsnorm, phase by phase
-#                     ($R/eval_rate_h200.{json,md}; eval_s_* keys of $R/summary_<card>.json by hand)
+#                     ($R/eval_rate_<card>.{json,md}; eval_s_* keys of $R/summary_<card>.json by hand)
 #   eval_rate_rmsnorm, eval_rate_attention, eval_rate_linear
 #                 #18 the same, one operator per part (EVALS=3 evaluations; an attention or linear part fills a call)
 #   eval_repeat_rmsnorm, eval_repeat_attention, eval_repeat_linear
@@ -14,22 +15,22 @@
 #                     compiled, so the phases' differences are what compiling a candidate costs
 #   rvi           #18 the root timed against itself (rmsnorm, 7 cells): within ±1% per cell?
 #   probe_times   #18 where a probes child's compute goes, probe by probe, linear's root (eval_phases.py --probe-times;
-#                     $R/probe_times_h200_linear.json)
+#                     $R/probe_times_<card>_linear.json)
 #   cheats        #18 every planted timing cheat and the root against itself, 100 rounds
-#                     ($R/evaluator_cheats_h200${CHEATS_SUFFIX:-}.{json,md}): after a change to the timing harness
+#                     ($R/evaluator_cheats_<card>${CHEATS_SUFFIX:-}.{json,md}): after a change to the timing harness
 #   search_linear, search_attention
 #                 #18 the tuner on the current root, in a workspace kept under .gpu_ws/ (ignored: carry it),
 #                     530 s per call (RUN=1, 2: the summary's suffix) and going on from the IR the next call: two
 #                     calls back to back (the machine stays warm 30 s) make the 20-minute search. Each call starts
-#                     from $R/$SEARCH_NAME_workspace.tgz (default tuner_h200_<op>_20min) when .gpu_ws/<op> is absent
+#                     from $R/$SEARCH_NAME_workspace.tgz (default tuner_<card>_<op>_20min) when .gpu_ws/<op> is absent
 #                     and saves it again (copy it back with the results). Needs GitPython, gitdb and
 #                     smmap, which the GPU image lacks: carry them as wheels (.whl, see the device notes)
 #   tuner_linear  #6  tik search --proposer tuner on linear, best vs root in the same evaluation;
-#                     exports the incumbent to $R/incumbents_h200/linear.py
+#                     exports the incumbent to $R/incumbents_<card>/linear.py
 #   scaleout      #9  evaluations per hour on the visible GPUs (1, and more where lent)
 #   attention     #16 bitwise sweep + prefill, forward+backward, decode (B 1..128 x L 1k..32k) vs SDPA, decode
 #                     split variants timed (targets: decode <= 1.05x, prefill <= 0.85x, fwd+bwd <= 1.15x)
-#   e2e           #8  layer profile stock / unified root / incumbents ($R/incumbents_h200), throughput
+#   e2e           #8  layer profile stock / unified root / incumbents ($R/incumbents_<card>), throughput
 #                 #19 at full depth (qwen3-0.6b and qwen3-1.7b, 28 layers), decode steps replayed as CUDA graphs;
 #                     e2e_B_over_C / e2e_B_over_A in $R/summary_<card>.json
 #   e2e_decode    #19 one decode step (qwen3-0.6b, 64 sequences) vs the weight + KV bandwidth floor, stock and
@@ -44,12 +45,12 @@
 #                     e2e_B_over_A. MINIBATCHES=N: N updates a pass instead of 4 (8 for mode A at 1.7b on an H100)
 #   rollout_profile
 #                 #19 one rollout of the e2e throughput batch (qwen3-1.7b, 64 requests), prefill / decode / host, unified
-#                     and stock ($R/rollout_profile_h200_qwen3-1.7b.{json,log})
+#                     and stock ($R/rollout_profile_<card>_qwen3-1.7b.{json,log})
 #   decode_breakdown
-#                 #19 one qwen3-0.6b decode step call by call, stock and unified ($R/decode_breakdown_h200_*.md)
+#                 #19 one qwen3-0.6b decode step call by call, stock and unified ($R/decode_breakdown_<card>_*.md)
 #   decode_cuts   #19 the session-19 decode cuts (rope_cache, qk_norm, NARROW_PCT, the fused decode merge; their GPU
 #                     tests are the suite's): one qwen3-0.6b decode step call by call with NARROW_PCT 25 (the CONFIG's), 0 and 50
-#                     ($R/decode_breakdown_h200_qwen3-0.6b_s19{,_narrow0,_narrow50}.md), then the whole step vs
+#                     ($R/decode_breakdown_<card>_qwen3-0.6b_s19{,_narrow0,_narrow50}.md), then the whole step vs
 #                     its floor, stock, unified and unified-s18 (the step before the cuts) in one run
 #   pdl           #19 the decode step's launch variants (programmatic dependent launch, on by default; the linear's
 #                     weight prefetch; the one-pass lm_head) against the step before sessions 19 and 20, in one run
@@ -140,28 +141,28 @@ part() {  # part NAME SECONDS CMD...: run CMD under a limit, log to $R/NAME.log,
 for p in "$@"; do
     case $p in
         suite)
-            part "pytest_gpu_h200_run${RUN:-2}" 590 bash benchmarks/gpu_suite.sh "$R/pytest_gpu_h200_run${RUN:-2}_suite.log" ;;
+            part "pytest_gpu_${CARD}_run${RUN:-2}" 590 bash benchmarks/gpu_suite.sh "$R/pytest_gpu_${CARD}_run${RUN:-2}_suite.log" ;;
         eval_rate)
-            part eval_rate 590 "$py" benchmarks/bench_eval_rate.py --evals 3 --out "$R" --name eval_rate_h200 ;;
+            part eval_rate 590 "$py" benchmarks/bench_eval_rate.py --evals 3 --out "$R" --name eval_rate_${CARD} ;;
         eval_rate_rmsnorm | eval_rate_attention | eval_rate_linear)
             op=${p#eval_rate_}
             part "$p" 590 "$py" benchmarks/bench_eval_rate.py --evals "${EVALS:-3}" --ops "$op" --out "$R" \
-                --name "eval_rate_h200_$op" ;;
+                --name "eval_rate_${CARD}_$op" ;;
         eval_repeat_rmsnorm | eval_repeat_attention | eval_repeat_linear)
             op=${p#eval_repeat_}
             part "$p" 590 "$py" benchmarks/bench_eval_rate.py --evals "${EVALS:-2}" --repeat --ops "$op" --out "$R" \
-                --name "eval_repeat_h200_$op" ;;
+                --name "eval_repeat_${CARD}_$op" ;;
         rvi)
             part rvi 300 "$py" benchmarks/bench_evaluator_cheats.py --scenarios root_vs_itself \
-                --out "$R/evaluator_rvi_h200" ;;
+                --out "$R/evaluator_rvi_${CARD}" ;;
         probe_times)
             part probe_times 300 "$py" benchmarks/eval_phases.py --probe-times --op linear \
-                --out "$R/probe_times_h200_linear.json" ;;
+                --out "$R/probe_times_${CARD}_linear.json" ;;
         cheats)
-            part cheats 400 "$py" benchmarks/bench_evaluator_cheats.py --out "$R/evaluator_cheats_h200${CHEATS_SUFFIX:-}" ;;
+            part cheats 400 "$py" benchmarks/bench_evaluator_cheats.py --out "$R/evaluator_cheats_${CARD}${CHEATS_SUFFIX:-}" ;;
         search_linear | search_attention)
             op=${p#search_}
-            name=${SEARCH_NAME:-tuner_h200_${op}_20min}
+            name=${SEARCH_NAME:-tuner_${CARD}_${op}_20min}
             # a search goes on from its saved workspace (a call is limited to 10 minutes; 20 are asked for):
             # --max-time counts the search's wall time over all its runs, --wall stops this run in time to summarise
             ws_saved="$R/${name}_workspace.tgz"
@@ -171,15 +172,15 @@ for p in "$@"; do
             tar czf "$ws_saved" .gpu_ws ;;
         tuner_linear)
             part tuner_linear 570 "$py" benchmarks/tuner_search.py --ops linear --budget 10 --max-time 360 \
-                --timeout 150 --screen 16 --out "$R/tuner_h200_linear" --export "$R/incumbents_h200" ;;
+                --timeout 150 --screen 16 --out "$R/tuner_${CARD}_linear" --export "$R/incumbents_${CARD}" ;;
         scaleout)
             part scaleout 250 "$py" benchmarks/bench_scaleout.py --op rmsnorm --evals 3 --timeout 120 \
-                --out "$R/scaleout_h200.json" ;;
+                --out "$R/scaleout_${CARD}.json" ;;
         attention)
             part attention 590 "$py" benchmarks/bench_attention.py --out "$R" --budget 540 ;;
         e2e)
             part e2e 590 "$py" benchmarks/bench_e2e.py --out "$R" --only layers throughput --steps 3 \
-                --impl-dir "$R/incumbents_h200" ;;
+                --impl-dir "$R/incumbents_${CARD}" ;;
         e2e_decode)
             part e2e_decode 300 "$py" benchmarks/bench_e2e.py --out "$R" --only decode ;;
         e2e_learning)
@@ -202,8 +203,8 @@ for p in "$@"; do
                     --ppo-epochs 1 --minibatches "${MINIBATCHES:-4}" --modes $modes
             done ;;
         rollout_profile)
-            part rollout_profile_h200_qwen3-1.7b 300 "$py" benchmarks/rollout_profile.py --preset qwen3-1.7b \
-                --backends unified stock --out "$R" --name rollout_profile_h200_qwen3-1.7b ;;
+            part rollout_profile_${CARD}_qwen3-1.7b 300 "$py" benchmarks/rollout_profile.py --preset qwen3-1.7b \
+                --backends unified stock --out "$R" --name rollout_profile_${CARD}_qwen3-1.7b ;;
         decode_breakdown)
             part decode_breakdown 200 "$py" benchmarks/decode_breakdown.py --out "$R" ;;
         decode_cuts)
@@ -315,7 +316,7 @@ for p in "$@"; do
         speed)
             part speed 590 "$py" benchmarks/bench_speed.py --out "$R" ;;
         hf)
-            part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_h200
+            part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_${CARD}
             part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
             echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs lmhead_bwd decode_regs)" >&2 ;;
