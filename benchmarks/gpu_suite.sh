@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU suite, as a change to the kernels or the evaluator must pass it (README, "Tests"):
 #
-#     bash benchmarks/gpu_suite.sh [LOG]        (default LOG: benchmarks/results/pytest_gpu_h200.log)
+#     bash benchmarks/gpu_suite.sh [LOG]        (default LOG: benchmarks/results/pytest_gpu_<card>.log: h200, h100)
 #     PARTS=1 bash benchmarks/gpu_suite.sh LOG1; PARTS=2 bash benchmarks/gpu_suite.sh LOG2
 #                                               (one part per call, where a call has a time limit)
 #
@@ -13,7 +13,8 @@
 #      harness's graph replay), alone on the device, one after another.
 # The log holds both parts' output and their exit statuses; the script exits non-zero if either failed.
 set -u
-LOG=${1:-benchmarks/results/pytest_gpu_h200.log}
+CARD=$("${PYTHON:-python3}" -c "import torch; n = torch.cuda.get_device_name(); print('h200' if 'H200' in n else 'h100' if 'H100' in n else 'gpu')" 2>/dev/null || echo cpu)
+LOG=${1:-benchmarks/results/pytest_gpu_${CARD}.log}
 case ${PARTS:-12} in
     1 | 2 | 12) ;;
     *) echo "gpu_suite.sh: PARTS must be 1, 2 or 12 (got '$PARTS')" >&2; exit 2 ;;
