@@ -90,7 +90,9 @@
 #   decode_regs   #19 the decode attention's short-cache launch with its registers capped (attention's decode_short_maxnreg
 #                     128 / 168, 8 warps at 64; off: 4 warps take 242 registers, two programs an SM, so a qwen3-0.6b
 #                     batch of 64's 512 programs run in two rounds): its GPU bit test, then the decode step with each
-#                     ($R/e2e_decode_dregs/; sm_90 offline: results/attn_decode_regs_offline_s29.txt)
+#                     ($R/e2e_decode_dregs/; sm_90 offline: results/attn_decode_regs_offline_s29.txt), and with linear's
+#                     NARROW_PCT 50 / 100 beside (at 25, the CONFIG's, qkv at a batch of 64 is 64 programs on 132 SMs,
+#                     gate_up 96: narrower tiles give 128 / 256 and 192)
 #   qk_regs       #19 the one-launch q / k norms + rope + cache fill with the halves from registers (rmsnorm's ROPE_REGS,
 #                     off: no gain on an H100 in session 26): its GPU bit tests, then the decode step with and without,
 #                     one run ($R/e2e_decode_qk_regs/)
@@ -277,7 +279,8 @@ for p in "$@"; do
             part e2e_decode_dregs 360 "$py" benchmarks/bench_e2e.py --out "$R/e2e_decode_dregs" --only decode \
                 --decode-backends unified --decode-variant c128=attention.decode_short_maxnreg=128 \
                 --decode-variant c168=attention.decode_short_maxnreg=168 \
-                --decode-variant w8c64=attention.decode_short_num_warps=8,attention.decode_short_maxnreg=64 ;;
+                --decode-variant w8c64=attention.decode_short_num_warps=8,attention.decode_short_maxnreg=64 \
+                --decode-variant narrow50=linear.NARROW_PCT=50 --decode-variant narrow100=linear.NARROW_PCT=100 ;;
         qk_regs)
             part pytest_gpu_qk_regs 240 "$py" -m pytest -q -m gpu tests/e2e/test_rope_cache.py
             part e2e_decode_qk_regs 300 "$py" benchmarks/bench_e2e.py --out "$R/e2e_decode_qk_regs" --only decode \
