@@ -62,9 +62,11 @@ def _describe(value) -> dict:
     return {"type": f"unsupported:{type(value).__name__}"}
 
 
-def record(preset: str, batch: int, context: int, overrides: dict) -> list[dict]:
+def record(preset: str, batch: int, context: int, overrides: dict, train: tuple[int, int, int] | None = None
+           ) -> list[dict]:
     """One decode step's Triton launches, recorded instead of run (the interpreter: this process must not have
-    imported Triton for a GPU)."""
+    imported Triton for a GPU). `train` = (sequences, prompt tokens, answer tokens): instead, one minibatch update's
+    training forward and backward (`sequence_logprobs` with gradients, packed sequences of that shape)."""
     import inspect
 
     import torch
@@ -109,6 +111,18 @@ def record(preset: str, batch: int, context: int, overrides: dict) -> list[dict]
         module = __import__(f"tik_kernels.ops.{op}", fromlist=["CONFIG"])
         module.CONFIG.update(keys)
     params = init_params(mc, 0, "cpu")
+    if train is not None:
+        from tik_kernels.e2e.trainer import Packed, sequence_logprobs
+
+        n, p, a = train
+        cu = torch.arange(n + 1, dtype=torch.int32) * (p + a - 1)
+        rows = torch.cat([torch.arange(s + p - 1, s + p - 1 + a) for s in cu[:-1].tolist()])
+        packed = Packed(torch.randint(1, mc.vocab, (int(cu[-1]),)), cu, rows, torch.randint(1, mc.vocab, (n * a,)),
+                        torch.arange(n).repeat_interleave(a), [p + a - 1] * n)
+        ws = {k: v.requires_grad_(True) for k, v in params.items()}
+        lp, _ = sequence_logprobs(mc, make_backend("unified"), ws, packed, 1.0, grad=True)
+        lp.sum().backward()
+        return launches
     W = bf16_weights(params, grad=False)
     cache = KVCache(mc, batch, context, "cpu")
     ids = torch.randint(1, mc.vocab, (batch,), generator=torch.Generator().manual_seed(0))
@@ -191,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--sms", type=int, default=132, help="SMs of the GPU (132: an H100 or H200 SXM)")
     ap.add_argument("--set", action="append", default=[], metavar="OP.KEY=VALUE", help="a CONFIG value for the step")
+    ap.add_argument("--train", type=int, nargs=3, default=None, metavar=("SEQS", "PROMPT", "ANSWER"),
+                    help="instead of a decode step: one minibatch update's forward and backward over SEQS packed "
+                         "sequences of PROMPT + ANSWER tokens (the e2e minibatch run: 64 112 56)")
     ap.add_argument("--out", type=Path, default=None, help="also write the table here (markdown)")
     ap.add_argument("--record", type=Path, default=None, help=argparse.SUPPRESS)  # the child's step 1
     args = ap.parse_args(argv)
@@ -202,14 +219,15 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--set {spec!r}: expected OP.KEY=INT")
         overrides.setdefault(op, {})[key] = int(value)
     if args.record is not None:
-        args.record.write_text(json.dumps(record(args.preset, args.batch, args.context, overrides)))
+        args.record.write_text(json.dumps(record(args.preset, args.batch, args.context, overrides, args.train)))
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "launches.json"
         env = {**os.environ, "TRITON_INTERPRET": "1",
                "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
         cmd = [sys.executable, __file__, "--preset", args.preset, "--batch", str(args.batch), "--context",
-               str(args.context), "--record", str(path), *[f"--set={s}" for s in args.set]]
+               str(args.context), "--record", str(path), *[f"--set={s}" for s in args.set],
+               *(["--train", *map(str, args.train)] if args.train else [])]
         run = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if run.returncode != 0:
             print(f"occupancy_offline: recording the step failed: {(run.stderr.strip().splitlines() or ['?'])[-1]}",
@@ -219,9 +237,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = occupancy(launches, args.sms)
     import triton
 
-    head = (f"# A decode step's launches on {args.sms} SMs (sm_90, Triton {triton.__version__}, offline)\n\n"
+    what = (f"One minibatch update's forward and backward ({args.train[0]} sequences of {args.train[1]} + "
+            f"{args.train[2]} tokens)" if args.train else f"A decode step (batch {args.batch}, context {args.context})")
+    head = (f"# {what}: its launches on {args.sms} SMs (sm_90, Triton {triton.__version__}, offline)\n\n"
             f"`{' '.join(['python benchmarks/occupancy_offline.py', *(argv if argv is not None else sys.argv[1:])])}`"
-            f"  \n{args.preset}, batch {args.batch}, context {args.context}"
+            f"  \n{args.preset}"
             + (f", {' '.join(args.set)}" if args.set else "") + f": {len(launches)} launches, {len(rows)} distinct")
     text = markdown(rows, head)
     print(text)
