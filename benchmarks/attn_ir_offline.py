@@ -175,11 +175,10 @@ def decode_register_caps(mod) -> None:
             out = oc.assemble(k.asm["ptx"])
             regs = int(re.search(r"Used (\d+) registers", out).group(1))
             spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out)
-            by_regs = 65536 // ((regs + 7) // 8 * 8 * 32 * warps)  # registers are allocated 8 a thread at a time
-            by_shared = 233472 // (k.metadata.shared + 1024)  # 1 KB a block reserved
+            fit = oc.programs_per_sm(regs, k.metadata.shared, warps)
             print(f"decode folded, G {G}, warps {warps} stages {stages} maxnreg {cap or '-':>3}: registers {regs:3d}, "
                   f"spill stores/loads {'/'.join(spills.groups())} B, shared {k.metadata.shared} B; programs an SM: "
-                  f"{by_regs} by registers, {by_shared} by shared memory", flush=True)
+                  f"{fit['registers']} by registers, {fit['shared']} by shared memory", flush=True)
 
 
 def main() -> None:

@@ -91,10 +91,6 @@ def backward() -> int:
     return 0
 
 
-#: an SM's registers and the shared memory its blocks may take together (sm_90)
-SM_REGS, SM_SHARED = 65536, 233472
-
-
 def register_caps() -> int:
     """sample_logprob's pass at the CONFIG's tiles, 8 warps, 3 and 4 stages, uncapped and capped."""
     import triton
@@ -102,7 +98,7 @@ def register_caps() -> int:
     _, kernel, const, types = CASES[1]
     fn = oc.kernel(oc.op_path("logprob"), kernel)
     print(f"sample_logprob's pass (FLAT), sm_90, Triton {triton.__version__}, 8 warps; programs an SM by registers "
-          f"({SM_REGS} a SM) and by shared memory ({SM_SHARED} B)")
+          f"({oc.SM_REGS} a SM) and by shared memory ({oc.SM_SHARED} B)")
     for stages in (3, 4):
         for cap in (0, 128, 96, 80, 72):
             opts = {"num_warps": 8, "num_stages": stages} | ({"maxnreg": cap} if cap else {})
@@ -110,9 +106,10 @@ def register_caps() -> int:
             out = oc.assemble(k.asm["ptx"])
             regs = int(re.search(r"Used (\d+) registers", out).group(1))
             spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out)
+            fit = oc.programs_per_sm(regs, k.metadata.shared, 8)
             print(f"stages {stages} maxnreg {cap or '-':>3}: registers {regs:3d}, spill stores/loads "
                   f"{spills.group(1)}/{spills.group(2)} B, shared {k.metadata.shared} B; programs an SM: "
-                  f"{SM_REGS // (regs * 32 * 8)} by registers, {SM_SHARED // k.metadata.shared} by shared memory")
+                  f"{fit['registers']} by registers, {fit['shared']} by shared memory")
     return 0
 
 

@@ -29,14 +29,10 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-#: an SM of an H100 or H200: registers, shared memory its blocks may use (bytes), threads, blocks
-SM_REGS, SM_SHARED, SM_THREADS, SM_BLOCKS = 65536, 233472, 2048, 32
 #: torch dtype -> Triton's pointer type names
 POINTER = {"torch.bfloat16": "bf16", "torch.float32": "fp32", "torch.float16": "fp16", "torch.int32": "i32",
            "torch.int64": "i64", "torch.int8": "i8", "torch.uint8": "u8", "torch.bool": "i1"}
 OPTIONS = ("num_warps", "num_stages", "maxnreg", "enable_fp_fusion", "launch_pdl")
-#: the operator modules whose host code a decode step runs
-OPS = ("embedding", "rmsnorm", "add_rmsnorm", "rope", "linear", "silu_mul", "attention", "logprob", "sample")
 
 
 # ----------------------------------------------------------------------------- step 1: the launches (interpreter)
@@ -62,18 +58,22 @@ def _describe(value) -> dict:
     return {"type": f"unsupported:{type(value).__name__}"}
 
 
-def record(preset: str, batch: int, context: int, overrides: dict, train: tuple[int, int, int] | None = None
+def record(preset: str, batch: int, context: int, overrides: list[str], train: tuple[int, int, int] | None = None
            ) -> list[dict]:
-    """One decode step's Triton launches, recorded instead of run (the interpreter: this process must not have
-    imported Triton for a GPU). `train` = (sequences, prompt tokens, answer tokens): instead, one minibatch update's
-    training forward and backward (`sequence_logprobs` with gradients, packed sequences of that shape)."""
+    """One decode step's Triton launches (`decode_breakdown.record_step`'s step), recorded instead of run (the
+    interpreter: this process must not have imported Triton for a GPU). `overrides`: OP.KEY=VALUE CONFIG values
+    (`decode_breakdown.apply_overrides`). `train` = (sequences, prompt tokens, answer tokens): instead, one minibatch
+    update's training forward and backward (`sequence_logprobs` with gradients, packed sequences of that shape)."""
+    import importlib
     import inspect
+    import pkgutil
 
     import torch
+    from decode_breakdown import apply_overrides, record_step
     from triton.runtime.interpreter import InterpretedFunction
 
-    from tik_kernels.e2e.model import PRESETS, KVCache, bf16_weights, forward_decode, init_params, make_backend
-    from tik_kernels.e2e.rollout import token_seeds
+    import tik_kernels.ops
+    from tik_kernels.e2e.model import PRESETS, KVCache, bf16_weights, init_params, make_backend
 
     launches: list[dict] = []
 
@@ -99,17 +99,13 @@ def record(preset: str, batch: int, context: int, overrides: dict, train: tuple[
     InterpretedFunction.__getitem__ = recorder
     # the host code as on a GPU: its tiles, UPCAST and PDL are the GPU's, not the interpreter's (nothing here runs a
     # kernel, so nothing needs the interpreter's choices)
-    from tik_kernels.ops import _common
-
-    for op in OPS:
-        module = __import__(f"tik_kernels.ops.{op}", fromlist=["CONFIG"])
+    for info in pkgutil.iter_modules(tik_kernels.ops.__path__):
+        module = importlib.import_module(f"tik_kernels.ops.{info.name}")
         if hasattr(module, "INTERPRET"):
             module.INTERPRET = False
-    _common.pdl_capable = lambda device: True
+    tik_kernels.ops._common.pdl_capable = lambda device: True
+    apply_overrides(overrides)
     mc = PRESETS[preset]
-    for op, keys in overrides.items():
-        module = __import__(f"tik_kernels.ops.{op}", fromlist=["CONFIG"])
-        module.CONFIG.update(keys)
     params = init_params(mc, 0, "cpu")
     if train is not None:
         from tik_kernels.e2e.trainer import Packed, sequence_logprobs
@@ -123,15 +119,8 @@ def record(preset: str, batch: int, context: int, overrides: dict, train: tuple[
         lp, _ = sequence_logprobs(mc, make_backend("unified"), ws, packed, 1.0, grad=True)
         lp.sum().backward()
         return launches
-    W = bf16_weights(params, grad=False)
-    cache = KVCache(mc, batch, context, "cpu")
-    ids = torch.randint(1, mc.vocab, (batch,), generator=torch.Generator().manual_seed(0))
-    pos = torch.full((batch,), context - 1)
-    seeds = torch.tensor(token_seeds(list(range(batch)), [context - 1] * batch))
-    be = make_backend("unified")
-    with torch.no_grad():
-        hidden = forward_decode(mc, be, W, ids, pos, cache, kv_len=context)
-        be.sample_logprob(hidden, W["lm_head"], 1.0, seeds)
+    record_step(mc, make_backend("unified"), bf16_weights(params, grad=False), KVCache(mc, batch, context, "cpu"),
+                batch, context)
     return launches
 
 
@@ -172,8 +161,7 @@ def occupancy(launches: list[dict], sms: int) -> list[dict]:
             spills = re.search(r"(\d+) bytes spill stores", out)
             compiled[ckey] = (regs, int(spills.group(1)) if spills else 0, k.metadata.shared, opts["num_warps"])
         regs, spill, shared, warps = compiled[ckey]
-        per_sm = min(SM_REGS // max(1, (regs + 7) // 8 * 8 * 32 * warps), SM_SHARED // (shared + 1024),
-                     SM_THREADS // (32 * warps), SM_BLOCKS)
+        per_sm = min(oc.programs_per_sm(regs, shared, warps).values())
         programs = 1
         for x in g["grid"]:
             programs *= x
@@ -211,15 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="also write the table here (markdown)")
     ap.add_argument("--record", type=Path, default=None, help=argparse.SUPPRESS)  # the child's step 1
     args = ap.parse_args(argv)
-    overrides: dict = {}
-    for spec in args.set:
-        op_key, _, value = spec.partition("=")
-        op, _, key = op_key.partition(".")
-        if not (op and key and value.lstrip("-").isdigit()):
-            ap.error(f"--set {spec!r}: expected OP.KEY=INT")
-        overrides.setdefault(op, {})[key] = int(value)
     if args.record is not None:
-        args.record.write_text(json.dumps(record(args.preset, args.batch, args.context, overrides, args.train)))
+        args.record.write_text(json.dumps(record(args.preset, args.batch, args.context, args.set, args.train)))
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "launches.json"

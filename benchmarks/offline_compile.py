@@ -29,6 +29,15 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 F32, I32, I64 = "*fp32", "*i32", "*i64"
+#: an SM of an H100 or H200 (sm_90): registers, the shared memory its blocks may take together (bytes), threads, blocks
+SM_REGS, SM_SHARED, SM_THREADS, SM_BLOCKS = 65536, 233472, 2048, 32
+
+
+def programs_per_sm(regs: int, shared: int, warps: int) -> dict:
+    """How many programs of a kernel an sm_90 SM holds at once, by each limit: registers (allocated 8 a thread at a
+    time), shared memory (1 KB reserved a block), threads and blocks; `min` of them is the answer."""
+    return {"registers": SM_REGS // max(1, (regs + 7) // 8 * 8 * 32 * warps),
+            "shared": SM_SHARED // (shared + 1024), "threads": SM_THREADS // (32 * warps), "blocks": SM_BLOCKS}
 
 
 def op_path(op: str) -> Path:
