@@ -275,9 +275,9 @@ def run_e2e(cfg: E2EConfig, impl_files=None, on_step=None, on_progress=None) -> 
     mc, params0 = model_for(cfg, device)
     out = {"model": config_dict(mc) | {"preset": cfg.preset, "params": mc.n_params()}, "device": device,
            "config": {k: v for k, v in cfg.__dict__.items() if k != "checkpoint"}, "modes": {}}
-    if device.startswith("cuda"):
-        out["gpu"] = torch.cuda.get_device_name()
     cuda = device.startswith("cuda")
+    if cuda:
+        out["gpu"] = torch.cuda.get_device_name()
     for m in cfg.modes:
         if m not in MODES:
             raise ValueError(f"unknown mode {m!r} (A, B or C)")
