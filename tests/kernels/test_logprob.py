@@ -8,7 +8,7 @@ import torch
 from launch_spy import spy_launches
 
 import tik_kernels.ops.logprob as root
-from tik_kernels.contract import load_module, run_plan, tokenwise_plan
+from tik_kernels.contract import load_module, run_plan, same_bits, tokenwise_plan
 from tik_kernels.contracts import get_contract
 from tik_kernels.contracts._lmhead import CPU_SIZES
 from tik_kernels.contracts.logprob import config, configs
@@ -107,10 +107,6 @@ def _grads(mod, h, w, t, g, temperature=0.9):
     return hh.grad, ww.grad
 
 
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return torch.equal(a.view(torch.int16), b.view(torch.int16))
-
-
 def test_backward_launch_choices_move_no_bits(tmp_path):
     """BWD_DZ_LOW (the dz scratch in the operands' dtype), BWD_GH_BLOCK_M (grad_hidden's rows a program) and BWD_STAGES
     (the grad kernels' pipeline depth) give the default's gradient bits: the grad kernels round dz the same way
@@ -126,7 +122,7 @@ def test_backward_launch_choices_move_no_bits(tmp_path):
     for key, value in (("BWD_DZ_LOW", 1), ("BWD_GH_BLOCK_M", 32), ("BWD_STAGES", 2)):
         mod.CONFIG[key] = value
         got = _grads(mod, h, w, t, g)
-        assert all(_same_bits(a, b) for a, b in zip(got, want, strict=True)), key
+        assert all(same_bits(a, b) for a, b in zip(got, want, strict=True)), key
 
 
 def test_a_low_dz_scratch_is_the_operands_dtype(tmp_path, monkeypatch):
@@ -205,4 +201,4 @@ def test_gpu_backward_launch_choices_move_no_bits(monkeypatch):
                 monkeypatch.setitem(root.CONFIG, key, value)
                 got = _grads(root, h, w, t, g, 0.7)
                 monkeypatch.undo()
-                assert all(_same_bits(a, b) for a, b in zip(got, want, strict=True)), (key, H, T)
+                assert all(same_bits(a, b) for a, b in zip(got, want, strict=True)), (key, H, T)
