@@ -124,7 +124,7 @@
 set -u
 R=${R:-benchmarks/results}
 # the card, for the names of the files a part writes whose name says it (h200, h100)
-CARD=$("${PYTHON:-python3}" -c "import torch; n = torch.cuda.get_device_name(); print('h200' if 'H200' in n else 'h100' if 'H100' in n else 'gpu')" 2>/dev/null || echo cpu)
+CARD=$(PYTHONPATH=${PYTHONPATH:-}:. "${PYTHON:-python3}" -c "from benchmarks.harness import card_tag; print(card_tag('cuda'))" 2>/dev/null || echo cpu)
 mkdir -p "$R"
 export PYTHONPATH=${PYTHONPATH:-}:. PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}

@@ -13,7 +13,7 @@
 #      harness's graph replay), alone on the device, one after another.
 # The log holds both parts' output and their exit statuses; the script exits non-zero if either failed.
 set -u
-CARD=$("${PYTHON:-python3}" -c "import torch; n = torch.cuda.get_device_name(); print('h200' if 'H200' in n else 'h100' if 'H100' in n else 'gpu')" 2>/dev/null || echo cpu)
+CARD=$(PYTHONPATH=${PYTHONPATH:-}:. "${PYTHON:-python3}" -c "from benchmarks.harness import card_tag; print(card_tag('cuda'))" 2>/dev/null || echo cpu)
 LOG=${1:-benchmarks/results/pytest_gpu_${CARD}.log}
 case ${PARTS:-12} in
     1 | 2 | 12) ;;
