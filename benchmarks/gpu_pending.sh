@@ -87,6 +87,11 @@
 #                     (BWD_BLOCK_K: the bench's bit gate says whether it keeps the bits): the GPU bit test, then logprob
 #                     forward + backward vs eager log_softmax + gather with and without them (bench_speed.py --only ops,
 #                     its logprob_bwd cells; sm_90 offline: results/lmhead_bwd_ptx_offline_s29.txt)
+#   lmhead_bwd2   #19 #16 the lm_head backward's launch choices that move no bits (logprob's BWD_GW_HFAST: grad_w's grid
+#                     with the H tiles of a V tile side by side; BWD_CHUNK_T 2048 / 4096: fewer, larger dz scratches)
+#                     beside the default (the bf16 scratch since session 30) and the fp32 scratch: the GPU bit test,
+#                     bench_speed's ops (its logprob_bwd cells at hidden 4096 and 1024), then the trainer's updates part
+#                     by part ($R/train_profile_<card>_qwen3-0.6b.md)
 #   decode_regs   #19 the decode attention's short-cache launch with its registers capped (attention's decode_short_maxnreg
 #                     128 / 168, 8 warps at 64; off: 4 warps take 242 registers, two programs an SM, so a qwen3-0.6b
 #                     batch of 64's 512 programs run in two rounds): its GPU bit test, then the decode step with each
@@ -274,6 +279,14 @@ for p in "$@"; do
                 --variant dzlow=logprob.BWD_DZ_LOW=1 --variant gh64=logprob.BWD_GH_BLOCK_M=64 \
                 --variant s5=logprob.BWD_STAGES=5 --variant bk64=logprob.BWD_BLOCK_K=64,logprob.BWD_STAGES=4 \
                 --variant dzlow_gh64_s5=logprob.BWD_DZ_LOW=1,logprob.BWD_GH_BLOCK_M=64,logprob.BWD_STAGES=5 ;;
+        lmhead_bwd2)
+            part pytest_gpu_lmhead_bwd2 200 "$py" -m pytest -q -m gpu tests/kernels/test_logprob.py -k backward_launch
+            part speed_lmhead_bwd2 300 "$py" benchmarks/bench_speed.py --only ops --out "$R" --rounds 9 --budget-s 240 \
+                --variant fp32=logprob.BWD_DZ_LOW=0 --variant hfast=logprob.BWD_GW_HFAST=1 \
+                --variant c2048=logprob.BWD_CHUNK_T=2048 --variant c4096=logprob.BWD_CHUNK_T=4096 \
+                --variant hfast_c4096=logprob.BWD_GW_HFAST=1,logprob.BWD_CHUNK_T=4096
+            part "train_profile_${CARD}_qwen3-0.6b" 240 "$py" benchmarks/train_profile.py --preset qwen3-0.6b --out "$R" \
+                --name "train_profile_${CARD}_qwen3-0.6b" ;;
         decode_regs)
             part pytest_gpu_decode_regs 200 "$py" -m pytest -q -m gpu tests/kernels/test_attention.py -k register_caps
             part e2e_decode_dregs 360 "$py" benchmarks/bench_e2e.py --out "$R/e2e_decode_dregs" --only decode \
@@ -322,6 +335,6 @@ for p in "$@"; do
             part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_${CARD}
             part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs lmhead_bwd decode_regs)" >&2 ;;
+            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs lmhead_bwd lmhead_bwd2 decode_regs)" >&2 ;;
     esac
 done

@@ -108,10 +108,12 @@ def _grads(mod, h, w, t, g, temperature=0.9):
 
 
 def test_backward_launch_choices_move_no_bits(tmp_path):
-    """BWD_DZ_LOW (the dz scratch in the operands' dtype), BWD_GH_BLOCK_M (grad_hidden's rows a program) and BWD_STAGES
-    (the grad kernels' pipeline depth) give the default's gradient bits: the grad kernels round dz the same way
-    wherever it is stored, and a grad_hidden element's sum over V is the same chain whatever the tile. 40 tokens in
-    chunks of 16 (grad_w accumulates three)."""
+    """BWD_DZ_LOW (the dz scratch in the operands' dtype or fp32), BWD_GH_BLOCK_M (grad_hidden's rows a program),
+    BWD_STAGES (the grad kernels' pipeline depth), BWD_GW_HFAST (grad_w's grid order) and BWD_CHUNK_T (the tokens a
+    scratch holds) give the default's gradient bits: the grad kernels round dz the same way wherever it is stored, a
+    grad_hidden element's sum over V is the same chain whatever the tile, and grad_w's chain over the tokens goes on
+    through its fp32 buffer from chunk to chunk. 40 tokens in chunks of 16 (grad_w accumulates three), then 32 (two)
+    and 48 (one)."""
     mod = _planted(tmp_path, config=SMALL)
     gen = torch.Generator().manual_seed(3)
     h = torch.randn(40, 32, generator=gen).to(torch.bfloat16)
@@ -119,10 +121,11 @@ def test_backward_launch_choices_move_no_bits(tmp_path):
     t = torch.randint(0, 100, (40,), generator=gen)
     g = torch.randn(40, generator=gen)
     want = _grads(mod, h, w, t, g)
-    for key, value in (("BWD_DZ_LOW", 1), ("BWD_GH_BLOCK_M", 32), ("BWD_STAGES", 2)):
+    for key, value in (("BWD_DZ_LOW", 1 - mod.CONFIG["BWD_DZ_LOW"]), ("BWD_GH_BLOCK_M", 32), ("BWD_STAGES", 2),
+                       ("BWD_GW_HFAST", 1), ("BWD_CHUNK_T", 32), ("BWD_CHUNK_T", 48)):
         mod.CONFIG[key] = value
         got = _grads(mod, h, w, t, g)
-        assert all(same_bits(a, b) for a, b in zip(got, want, strict=True)), key
+        assert all(same_bits(a, b) for a, b in zip(got, want, strict=True)), (key, value)
 
 
 def test_a_low_dz_scratch_is_the_operands_dtype(tmp_path, monkeypatch):
@@ -187,8 +190,9 @@ def test_gpu_plan_passes_on_cuda():
 
 @pytest.mark.gpu
 def test_gpu_backward_launch_choices_move_no_bits(monkeypatch):
-    """At the Qwen3 lm_head (hidden 1024 and 2048, V = 151,936), 300 and 1500 tokens (two BWD_CHUNK_T chunks):
-    BWD_DZ_LOW, BWD_GH_BLOCK_M = 64 and BWD_STAGES = 5 give the default's gradient bits."""
+    """At the Qwen3 lm_head (hidden 1024 and 2048, V = 151,936), 300 and 1500 tokens (two BWD_CHUNK_T chunks of 1024,
+    one of 4096): the dz scratch in the other dtype, BWD_GH_BLOCK_M = 64, BWD_STAGES = 5, BWD_GW_HFAST and
+    BWD_CHUNK_T = 4096 give the default's gradient bits."""
     for H in (1024, 2048):
         gen = torch.Generator(device="cuda").manual_seed(H)
         w = (torch.randn(151936, H, device="cuda", generator=gen) * H**-0.5).to(torch.bfloat16)
@@ -197,7 +201,9 @@ def test_gpu_backward_launch_choices_move_no_bits(monkeypatch):
             t = torch.randint(0, 151936, (T,), device="cuda", generator=gen)
             g = torch.randn(T, device="cuda", generator=gen)
             want = _grads(root, h, w, t, g, 0.7)
-            for key, value in (("BWD_DZ_LOW", 1), ("BWD_GH_BLOCK_M", 64), ("BWD_STAGES", 5)):
+            for key, value in (("BWD_DZ_LOW", 1 - root.CONFIG["BWD_DZ_LOW"]), ("BWD_GH_BLOCK_M", 64),
+                               ("BWD_STAGES", 5), ("BWD_GW_HFAST", 1 - root.CONFIG["BWD_GW_HFAST"]),
+                               ("BWD_CHUNK_T", 4096 if root.CONFIG["BWD_CHUNK_T"] != 4096 else 1024)):
                 monkeypatch.setitem(root.CONFIG, key, value)
                 got = _grads(root, h, w, t, g, 0.7)
                 monkeypatch.undo()

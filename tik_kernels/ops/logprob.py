@@ -45,12 +45,13 @@ TUNABLES = {
     "V_CHUNK": (256, 512, 1024, 2048, 4096),
     "num_warps": (4, 8),
     "num_stages": (2, 3, 4),
-    "BWD_CHUNK_T": (256, 512, 1024, 2048),
+    "BWD_CHUNK_T": (256, 512, 1024, 2048, 4096),
     "BWD_BLOCK_M": (64, 128),
     "BWD_BLOCK_N": (64, 128),
     "BWD_BLOCK_K": (32, 64),
     "BWD_GH_BLOCK_M": (64, 128),
     "BWD_DZ_LOW": (0, 1),
+    "BWD_GW_HFAST": (0, 1),
     "BWD_STAGES": (2, 3, 4, 5, 6),
     "PDL": (0, 1),
     "CHUNKS": (1, 2, 4),
@@ -88,11 +89,25 @@ TUNABLES = {
 #: (BWD_BLOCK_M stays grad_w's): a 1024-token chunk at hidden 1024 gives 8 x 8 = 64 programs of 128 rows on 132 SMs,
 #: 128 of 64 rows; each element's sum over V is the same chain either way. BWD_STAGES: the two grad kernels'
 #: pipeline depth (num_stages stays the forward's and the dz kernel's): with BLOCK_K 32 a K step is two wgmma, so
-#: three stages keep only two steps' loads in flight. All three as before until a GPU times them
-#: (`benchmarks/bench_speed.py --only ops`, its logprob_bwd cells). Why: H100, qwen3-0.6b's 4 minibatch updates,
-#: grad_hidden 2.2 ms and grad_w 2.2 ms a 1024-token chunk, ~145 TFLOP/s, where the dz kernel ran at ~400
+#: three stages keep only two steps' loads in flight. Why: H100, qwen3-0.6b's 4 minibatch updates, grad_hidden 2.2 ms
+#: and grad_w 2.2 ms a 1024-token chunk, ~145 TFLOP/s, where the dz kernel ran at ~400
 #: (results/train_profile_h100_qwen3-0.6b_s23_fused.md); compiled for sm_90 every variant pipelines its loads and
-#: none spills (results/lmhead_bwd_ptx_offline_s29.txt)
+#: none spills (results/lmhead_bwd_ptx_offline_s29.txt). BWD_DZ_LOW on by default: H100, one run at hidden 4096,
+#: forward + backward 2.058x eager's time at 1024 tokens against 2.530x with the fp32 scratch, 2.229x against 2.697x
+#: at 4096; 64-row grad_hidden tiles were slower (2.764x, 2.966x), 5 stages about the same (2.494x, 2.511x)
+#: (`benchmarks/gpu_pending.sh lmhead_bwd`, results/speed_h100_ops_variants_s30.md).
+#: BWD_GW_HFAST: grad_w's grid with the H tiles of a V tile side by side (its program ids swapped), so the tiles that
+#: read the same dz columns run at once and the scratch comes from HBM about once instead of once per H tile (a
+#: 1024-token chunk of qwen3's dz is 311 MB in bf16, far over the 50 MB L2); who computes a tile, never its sum.
+#: BWD_CHUNK_T: tokens a dz scratch holds; grad_w's chain over the tokens runs on through an fp32 buffer from one
+#: chunk to the next in the same K steps (chunks are multiples of BWD_BLOCK_K), and grad_hidden's rows are their
+#: own, so the chunk moves no bits: at 4096 a qwen3-0.6b minibatch (~3700 answer tokens) is one chunk, grad_hidden
+#: 232 programs instead of 64 a launch and grad_w one pass over the weight's fp32 buffer instead of four.
+#: Both on by default: H100, one run, forward + backward at qwen3-0.6b's lm_head (hidden 1024) over 3680 tokens
+#: 0.818x eager's time with both against 1.438x with neither (0.882x chunks of 4096 alone, 1.342x HFAST alone), at
+#: hidden 4096 1.906x against 2.110x at 1024 tokens and 1.761x against 2.218x at 4096; bits the same
+#: (`benchmarks/gpu_pending.sh lmhead_bwd2`, results/speed_h100_ops_variants_s30_bwd2.md). A scratch of 4096 tokens
+#: is 1.24 GB at qwen3's V in bf16.
 #: MERGE_STAGES: the combine kernels' loop over the V chunks software-pipelined in this many stages (`tl.range`'s
 #: num_stages: the loads of the next chunks go out, as async copies, while one chunk merges): the same merges in the
 #: same order, so no bit changes, where the plain loop paid a global-memory round trip or two per chunk. A decode
@@ -109,12 +124,13 @@ CONFIG = {
     "V_CHUNK": 512,
     "num_warps": 8,
     "num_stages": 3,
-    "BWD_CHUNK_T": 1024,
+    "BWD_CHUNK_T": 4096,
     "BWD_BLOCK_M": 128,
     "BWD_BLOCK_N": 128,
     "BWD_BLOCK_K": 32,
     "BWD_GH_BLOCK_M": 128,
-    "BWD_DZ_LOW": 0,
+    "BWD_DZ_LOW": 1,
+    "BWD_GW_HFAST": 1,
     "BWD_STAGES": 3,
     "PDL": 1,
     "CHUNKS": 1,
@@ -340,9 +356,12 @@ def _grad_weight_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    HFAST: tl.constexpr,
 ):
-    pid_m = tl.program_id(0).to(tl.int64)
-    pid_n = tl.program_id(1).to(tl.int64)
+    # HFAST: the grid is (H tiles, V tiles), so the H tiles of one V tile run side by side and share its dz columns
+    # through L2; who computes a tile, never its sum
+    pid_m = tl.program_id(1 if HFAST else 0).to(tl.int64)
+    pid_n = tl.program_id(0 if HFAST else 1).to(tl.int64)
     o_v = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     o_h = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_v = o_v < V
@@ -412,6 +431,7 @@ def logprob_bwd(g: torch.Tensor, hidden: torch.Tensor, w: torch.Tensor, targets:
     dz = torch.empty((min(chunk, T), V), dtype=w.dtype if low else torch.float32, device=hidden.device) if T else None
     BM, BN, BK = cfg["BWD_BLOCK_M"], cfg["BWD_BLOCK_N"], cfg["BWD_BLOCK_K"]
     GM, stages = cfg.get("BWD_GH_BLOCK_M", BM), cfg.get("BWD_STAGES", cfg["num_stages"])
+    hfast = int(cfg.get("BWD_GW_HFAST", 0))
     for t0 in range(0, T, chunk):
         n = min(chunk, T - t0)
         h_c = hidden[t0 : t0 + n]
@@ -427,9 +447,10 @@ def logprob_bwd(g: torch.Tensor, hidden: torch.Tensor, w: torch.Tensor, targets:
                 BLOCK_M=GM, BLOCK_N=BN, BLOCK_K=BK, num_warps=cfg["num_warps"], num_stages=stages,
             )
         if need_w:
-            _grad_weight_kernel[(triton.cdiv(V, BM), triton.cdiv(H, BN))](
+            grid = (triton.cdiv(V, BM), triton.cdiv(H, BN))
+            _grad_weight_kernel[grid[::-1] if hfast else grid](
                 dz, h_c, gw_acc, n, V, H, hidden.stride(0), ACCUMULATE=t0 > 0,
-                BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, num_warps=cfg["num_warps"], num_stages=stages,
+                BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, HFAST=hfast, num_warps=cfg["num_warps"], num_stages=stages,
             )
     return grad_h, (gw_acc.to(w.dtype) if need_w else None)
 
