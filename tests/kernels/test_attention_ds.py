@@ -214,3 +214,29 @@ def test_ds_plan_reads_nothing_back_from_the_device(monkeypatch):
         got = _grads(A, fwd, q, k, v, go, 1, 64, monkeypatch)
         for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
             assert same_bits(a, b), f"{layout}: {name}"
+
+
+def test_ds_region_starts_are_computed_once_per_cu():
+    """The packed regions' starts come from cu on the device (a dozen small launches a layer); every layer of a
+    backward passes the same cu, so the first layer's starts serve the rest: the same tensor for the same cu, new
+    ones once cu changes in place (its version moves) or for another cu, each equal to a fresh computation."""
+    import tik_kernels.ops.attention as A
+
+    G, tm, sub, hc = 2, 16, 16, 2
+    tiles = A._ds_tile_starts(8, tm, G, sub, torch.device("cpu"))
+
+    def starts(cu, fresh=False):
+        if fresh:
+            A._DS_BASES.clear()
+        return A._ds_region_starts(cu, tiles, cu.numel() - 1, G, tm, hc, 4096, True, torch.device("cpu"))
+
+    cu = torch.tensor([0, 3, 24, 34], dtype=torch.int32)
+    first = starts(cu, fresh=True)
+    assert starts(cu) is first
+    assert starts(cu[:]) is first  # a view of the same storage, as autograd's saved copy is
+    other = torch.tensor([0, 3, 24, 34], dtype=torch.int32)
+    assert torch.equal(starts(other), first)
+    cu[2] = 30  # in place: the version moves, the starts are computed again
+    moved = starts(cu)
+    assert moved is not first and torch.equal(moved, starts(cu.clone(), fresh=True))
+    assert not torch.equal(moved, first)

@@ -1339,17 +1339,40 @@ def _ds_plan(q, cu, n_seq, max_len, seq_len, G, hk, sub, tm, bn, min_programs, v
         return None
 
     tile_start = _ds_tile_starts(n_tiles, tm, G, sub, dev)
+    base = _ds_region_starts(cu, tile_start, n_seq, G, tm, hc, per_head, varlen, dev)
+    try:
+        ds = _ds_alloc(hc * per_head, q.dtype, dev)
+    except torch.OutOfMemoryError:  # the memory is not there now: recompute dS instead (the same bits)
+        return None
+    return ds, base, tile_start, hc
+
+
+#: `_ds_region_starts`' last results: (key, cu, starts). The cu kept alive keeps its address its own: a live
+#: tensor at that address with the same version counter holds the same lengths.
+_DS_BASES: list = []
+
+
+def _ds_region_starts(cu, tile_start, n_seq, G, tm, hc, per_head, varlen, dev) -> torch.Tensor:
+    """Where each (sequence, KV head) region of the dS workspace starts (int64 [n_seq * hc]). Packed: from the
+    lengths in cu, on the device (a dozen small launches); every layer of a model's backward passes the same cu
+    and shapes, so the result of the first is reused by the rest, keyed on cu's storage, its version counter (an
+    in-place change to cu makes a new key) and the rest of the arguments. Not kept while a graph is being captured
+    (a tensor made then lives in the graph's memory pool)."""
+    key = (cu.data_ptr() if varlen else None, cu._version if varlen else None, tuple(cu.shape), n_seq, G, tm, hc,
+           per_head, varlen, dev, tile_start.data_ptr())
+    for k, _, starts in _DS_BASES:
+        if k == key:
+            return starts
     if varlen:
         need = tile_start[((cu[1:] - cu[:-1]).long() * G + tm - 1) // tm]
         starts = hc * (torch.cumsum(need, 0) - need)
         base = (starts[:, None] + torch.arange(hc, device=dev)[None, :] * need[:, None]).reshape(-1).contiguous()
     else:  # every region the same size: (b * hc + h) * per sequence
         base = torch.arange(n_seq * hc, device=dev) * (per_head // n_seq)
-    try:
-        ds = _ds_alloc(hc * per_head, q.dtype, dev)
-    except torch.OutOfMemoryError:  # the memory is not there now: recompute dS instead (the same bits)
-        return None
-    return ds, base, tile_start, hc
+    if not (dev.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        _DS_BASES.insert(0, (key, cu, base))
+        del _DS_BASES[4:]
+    return base
 
 
 def _ds_alloc(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
