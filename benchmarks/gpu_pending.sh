@@ -92,6 +92,13 @@
 #                     beside the default (the bf16 scratch since session 30) and the fp32 scratch: the GPU bit test,
 #                     bench_speed's ops (its logprob_bwd cells at hidden 4096 and 1024), then the trainer's updates part
 #                     by part ($R/train_profile_<card>_qwen3-0.6b.md)
+#   train_variants
+#                 #19 the attention backward's dS region starts computed once per cu (session 30, not yet on a GPU):
+#                     its GPU bit tests; then the trainer's updates (qwen3-0.6b, 4 minibatches) with the norms'
+#                     weight gradients in blocks of 32 / 64 rows a program (add_rmsnorm's and rmsnorm's BWD_ROWS, 128:
+#                     a minibatch's ~10.6k rows are 83 programs on 132 SMs, add_rmsnorm's backward at about a quarter of the copy
+#                     bandwidth; new dw bits, still deterministic) beside the CONFIG's, interleaved in one run
+#                     ($R/train_profile_<card>_qwen3-0.6b_variants.md)
 #   decode_regs   #19 the decode attention's short-cache launch with its registers capped (attention's decode_short_maxnreg
 #                     128 / 168, 8 warps at 64; off: 4 warps take 242 registers, two programs an SM, so a qwen3-0.6b
 #                     batch of 64's 512 programs run in two rounds): its GPU bit test, then the decode step with each
@@ -287,6 +294,12 @@ for p in "$@"; do
                 --variant hfast_c4096=logprob.BWD_GW_HFAST=1,logprob.BWD_CHUNK_T=4096
             part "train_profile_${CARD}_qwen3-0.6b" 240 "$py" benchmarks/train_profile.py --preset qwen3-0.6b --out "$R" \
                 --name "train_profile_${CARD}_qwen3-0.6b" ;;
+        train_variants)
+            part pytest_gpu_attn_ds 120 "$py" -m pytest -q -m gpu tests/kernels/test_attention_ds.py
+            part "train_profile_${CARD}_qwen3-0.6b_variants" 300 "$py" benchmarks/train_profile.py --preset qwen3-0.6b \
+                --rounds 5 --out "$R" --name "train_profile_${CARD}_qwen3-0.6b_variants" \
+                --variant rows32=add_rmsnorm.BWD_ROWS=32,rmsnorm.BWD_ROWS=32 \
+                --variant rows64=add_rmsnorm.BWD_ROWS=64,rmsnorm.BWD_ROWS=64 ;;
         decode_regs)
             part pytest_gpu_decode_regs 200 "$py" -m pytest -q -m gpu tests/kernels/test_attention.py -k register_caps
             part e2e_decode_dregs 360 "$py" benchmarks/bench_e2e.py --out "$R/e2e_decode_dregs" --only decode \
@@ -335,6 +348,6 @@ for p in "$@"; do
             part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_${CARD}
             part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs lmhead_bwd lmhead_bwd2 decode_regs)" >&2 ;;
+            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs lmhead_bwd lmhead_bwd2 train_variants decode_regs)" >&2 ;;
     esac
 done

@@ -12,6 +12,11 @@ whole sequences as `tik e2e` cuts it, one `grpo_step` each. Then, interleaved ov
   updates, yet C's train phase has come out slower (H100, qwen3-1.7b: 4.68 s against 2.44 s,
   `e2e_h100_minibatch_qwen3-1.7b_s22.json`): is it the pass before it (the caching allocator, whose counters are
   kept beside each time), or the order the modes ran in?
+With `--variant NAME=OP.KEY=VALUE[,...]` (repeatable) each round also times the updates under those CONFIG values
+(`train[NAME]`, interleaved with the rest: same run, same batch). A variant may move gradient bits where the key is
+part of a gradient's reduction tree (add_rmsnorm's and rmsnorm's BWD_ROWS: the weight gradient's row blocks), never
+a forward's: the updates stay deterministic, and a variant runs on its own copy of the parameters and optimizer, so
+the base's updates never see its steps.
 Then one pass of the updates with each part behind synchronized timers (forward + log-probs, loss, backward, gradient
 clip, optimizer step, the rest), and one under torch.profiler: the device-busy time (union of kernel intervals),
 the kernels by total device time, and the model FLOPs a pass needs (projections, attention, lm_head: forward, and
@@ -38,12 +43,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness as H  # noqa: E402
 
 from tik_kernels.e2e import trainer as trainer_mod  # noqa: E402
-from tik_kernels.e2e.model import PRESETS, init_params, make_backend  # noqa: E402
+from tik_kernels.e2e.model import PRESETS, config_overrides, init_params, make_backend  # noqa: E402
 from tik_kernels.e2e.rollout import RolloutEngine  # noqa: E402
 from tik_kernels.e2e.run import minibatches  # noqa: E402
 from tik_kernels.e2e.task import make_requests, rewards  # noqa: E402
 from tik_kernels.e2e.trainer import group_advantages, grpo_step, make_optimizer, pack, sequence_logprobs  # noqa: E402
 
+#: the operators whose CONFIG a --variant may set
+OPS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "tik_kernels" / "ops").glob("*.py")
+             if not p.stem.startswith("_"))
 ALLOC_KEYS = ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_sync_all_streams")
 
 
@@ -168,9 +176,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--foreach-adamw", action="store_true",
                     help="AdamW's foreach form instead of the trainer's (fused on CUDA), to time what fusing saves")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=OP.KEY=VALUE[,...]",
+                    type=lambda spec: H.parse_config_spec(spec, OPS, "--variant"),
+                    help="also time the updates with these CONFIG values, interleaved (train[NAME]); repeatable")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--name", default="train_profile_h200_qwen3-0.6b")
     args = ap.parse_args(argv)
+    for name, over in args.variant:
+        for op, kv in over.items():
+            unknown = [k for k in kv if k not in getattr(__import__(f"tik_kernels.ops.{op}", fromlist=["CONFIG"]),
+                                                         "CONFIG", {})]
+            if unknown:
+                ap.error(f"--variant {name}: {op} has no CONFIG key {', '.join(unknown)}")
+    if args.variant and args.backend != "unified":
+        ap.error("--variant sets the unified kernels' CONFIG: it needs --backend unified")
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
     mc = PRESETS[args.preset]
@@ -200,9 +219,23 @@ def main(argv: list[str] | None = None) -> int:
     opt = (torch.optim.AdamW(list(params.values()), lr=1e-6, betas=(0.9, 0.99), weight_decay=0.0, foreach=True)
            if args.foreach_adamw else make_optimizer(params, 1e-6))
 
-    def train():
+    def train(ps=params, o=opt):
         for mb, s, t in batches:
-            grpo_step(mc, be, params, opt, mb, old[t], adv[s])
+            grpo_step(mc, be, ps, o, mb, old[t], adv[s])
+
+    # each variant on its own parameters and optimizer (copies of the base's before any update), so that the base's
+    # timed updates see only their own steps
+    variants = []
+    for name, over in args.variant:
+        ps = {k: v.detach().clone().requires_grad_(True) for k, v in params.items()}
+        o = (torch.optim.AdamW(list(ps.values()), lr=1e-6, betas=(0.9, 0.99), weight_decay=0.0, foreach=True)
+             if args.foreach_adamw else make_optimizer(ps, 1e-6))
+
+        def run(ps=ps, o=o, over=over):
+            with config_overrides(over, be):
+                train(ps, o)
+
+        variants.append((f"train[{name}]", run))
 
     def recompute():  # as run_mode's recompute phase: grad=False runs it without the autograd graph
         sequence_logprobs(mc, be, params, packed, 1.0, grad=False)
@@ -210,8 +243,11 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(2):  # compiles, the allocator's pools, AdamW's state
         recompute()
         train()
+        for _, run in variants:
+            run()
     _sync()
-    samples: dict[str, list[float]] = {"train": [], "recompute": [], "train_after_recompute": []}
+    samples: dict[str, list[float]] = {"train": [], "recompute": [], "train_after_recompute": [],
+                                       **{name: [] for name, _ in variants}}
     allocs: dict[str, list[dict]] = {k: [] for k in samples}
 
     def timed(name, fn):
@@ -225,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         allocs[name].append({k: a1[k] - a0[k] for k in a0})
 
     for r in range(args.rounds):
-        order = [("train", train), ("recompute", recompute)]
+        order = [("train", train), ("recompute", recompute), *variants]
         if r % 2:
             order.reverse()
         for name, fn in order:

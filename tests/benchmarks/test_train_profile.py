@@ -25,3 +25,30 @@ def test_a_pass_is_timed_part_by_part_and_nothing_stays_patched(tmp_path):
     assert f["train"] > 3 * f["forward"] > 0
     assert "function calls" in doc["host_cprofile"]
     assert "| forward_logprobs |" in (tmp_path / "tp.md").read_text()
+
+
+def test_a_variant_is_timed_beside_the_base_with_its_config_and_restores_it(tmp_path, monkeypatch):
+    """--variant times the updates again under other CONFIG values, on its own parameters, in the same rounds; the
+    CONFIG is back afterwards, and the values reach the kernels' launches while the variant runs."""
+    import tik_kernels.ops.add_rmsnorm as AR
+
+    seen = []
+    bwd = AR.add_rmsnorm_bwd
+    monkeypatch.setattr(AR, "add_rmsnorm_bwd", lambda *a: seen.append(AR.CONFIG["BWD_ROWS"]) or bwd(*a))
+    before = dict(AR.CONFIG)
+    assert TP.main(["--preset", "tiny", "--prompts", "2", "--group", "2", "--prompt-len", "3", "5", "--answer-len",
+                    "2", "3", "--slots", "4", "--minibatches", "2", "--rounds", "2", "--out", str(tmp_path),
+                    "--name", "tp", "--variant", "rows32=add_rmsnorm.BWD_ROWS=32"]) == 0
+    assert AR.CONFIG == before
+    doc = json.loads((tmp_path / "tp.json").read_text())
+    assert len(doc["samples_s"]["train[rows32]"]) == 2
+    assert "| train[rows32] |" in (tmp_path / "tp.md").read_text()
+    assert 32 in seen and before["BWD_ROWS"] in seen
+
+
+def test_a_bad_variant_is_one_line(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        TP.main(["--variant", "x=add_rmsnorm.NO_SUCH_KEY=1"])
+    assert "add_rmsnorm has no CONFIG key NO_SUCH_KEY" in capsys.readouterr().err
