@@ -96,9 +96,11 @@
 #                 #19 the attention backward's dS region starts computed once per cu (session 30, not yet on a GPU):
 #                     its GPU bit tests; then the trainer's updates (qwen3-0.6b, 4 minibatches) with the norms'
 #                     weight gradients in blocks of 32 / 64 rows a program (add_rmsnorm's and rmsnorm's BWD_ROWS, 128:
-#                     a minibatch's ~10.6k rows are 83 programs on 132 SMs, add_rmsnorm's backward at about a quarter of the copy
-#                     bandwidth; new dw bits, still deterministic) beside the CONFIG's, interleaved in one run
-#                     ($R/train_profile_<card>_qwen3-0.6b_variants.md)
+#                     a minibatch's ~10.6k rows are 83 programs on 132 SMs, add_rmsnorm's backward at about a
+#                     quarter of the copy bandwidth; new dw bits, still deterministic) beside the CONFIG's, interleaved
+#                     in one run
+#                     ($R/train_profile_<card>_qwen3-0.6b_variants.md), and with the logged entropy from logprob's pass
+#                     (logprob's FWD_ENTROPY, off: one lm_head pass an update instead of two) after its GPU bit test
 #   decode_regs   #19 the decode attention's short-cache launch with its registers capped (attention's decode_short_maxnreg
 #                     128 / 168, 8 warps at 64; off: 4 warps take 242 registers, two programs an SM, so a qwen3-0.6b
 #                     batch of 64's 512 programs run in two rounds): its GPU bit test, then the decode step with each
@@ -296,10 +298,12 @@ for p in "$@"; do
                 --name "train_profile_${CARD}_qwen3-0.6b" ;;
         train_variants)
             part pytest_gpu_attn_ds 120 "$py" -m pytest -q -m gpu tests/kernels/test_attention_ds.py
+            part pytest_gpu_logprob_entropy 120 "$py" -m pytest -q -m gpu tests/kernels/test_logprob.py -k entropy
             part "train_profile_${CARD}_qwen3-0.6b_variants" 300 "$py" benchmarks/train_profile.py --preset qwen3-0.6b \
                 --rounds 5 --out "$R" --name "train_profile_${CARD}_qwen3-0.6b_variants" \
                 --variant rows32=add_rmsnorm.BWD_ROWS=32,rmsnorm.BWD_ROWS=32 \
-                --variant rows64=add_rmsnorm.BWD_ROWS=64,rmsnorm.BWD_ROWS=64 ;;
+                --variant rows64=add_rmsnorm.BWD_ROWS=64,rmsnorm.BWD_ROWS=64 --variant ent=logprob.FWD_ENTROPY=1 \
+                --variant rows32_ent=add_rmsnorm.BWD_ROWS=32,rmsnorm.BWD_ROWS=32,logprob.FWD_ENTROPY=1 ;;
         decode_regs)
             part pytest_gpu_decode_regs 200 "$py" -m pytest -q -m gpu tests/kernels/test_attention.py -k register_caps
             part e2e_decode_dregs 360 "$py" benchmarks/bench_e2e.py --out "$R/e2e_decode_dregs" --only decode \

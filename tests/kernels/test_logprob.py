@@ -128,6 +128,61 @@ def test_backward_launch_choices_move_no_bits(tmp_path):
         assert all(same_bits(a, b) for a, b in zip(got, want, strict=True)), (key, value)
 
 
+def _with_entropy(lp_mod, ent_mod, h, w, t, g, temperature):
+    """(logprob_entropy's log-probs, its entropy, its gradients) beside (logprob's, entropy's, logprob's gradients)."""
+    hh, ww = h.clone().requires_grad_(), w.clone().requires_grad_()
+    lp, ent = lp_mod.logprob_entropy(hh, ww, t, temperature)
+    assert not ent.requires_grad
+    lp.backward(g)
+    with torch.no_grad():
+        want_ent = ent_mod.entropy(h, w, temperature)
+    want_lp = lp_mod.logprob(h, w, t, temperature)
+    return (lp.detach(), ent, hh.grad, ww.grad), (want_lp, want_ent, *_grads(lp_mod, h, w, t, g, temperature))
+
+
+def test_logprob_entropy_is_logprob_and_entropy_bit_for_bit():
+    """One pass for both (FWD_ENTROPY): the log-probs and their gradients are logprob's, bit for bit, and the entropy
+    is entropy.entropy's where the two CONFIGs tile the logits alike (the roots' do): 21 tokens over a vocabulary of
+    three V chunks of 512 (the last part-filled), two temperatures."""
+    import tik_kernels.ops.entropy as ent_root
+
+    assert all(ent_root.CONFIG[k] == root.CONFIG[k] for k in ("BLOCK_T", "BLOCK_V", "BLOCK_K", "V_CHUNK"))
+    gen = torch.Generator().manual_seed(11)
+    h = torch.randn(21, 32, generator=gen).to(torch.bfloat16)
+    w = (torch.randn(1100, 32, generator=gen) * 0.7).to(torch.bfloat16)
+    t = torch.randint(0, 1100, (21,), generator=gen)
+    g = torch.randn(21, generator=gen)
+    for temperature in (1.0, 0.7):
+        got, want = _with_entropy(root, ent_root, h, w, t, g, temperature)
+        for name, a, b in zip(("logprob", "entropy", "grad hidden", "grad w"), got, want, strict=True):
+            assert same_bits(a, b), (name, temperature)
+
+
+def test_the_trainer_logs_the_entropy_from_one_lm_head_pass_where_fwd_entropy_is_on(monkeypatch):
+    """sequence_logprobs with the logged entropy: the unified backend's logprob_entropy, one logprob-module launch of
+    the forward kernel with FWD_ENTROPY, the two operators' launches without; the same bits either way."""
+    import tik_kernels.ops.entropy as ent_root
+    from tik_kernels.e2e.model import PRESETS, init_params, make_backend
+    from tik_kernels.e2e.trainer import Packed, sequence_logprobs
+
+    mc = PRESETS["tiny"]
+    params = init_params(mc, 0, "cpu")
+    packed = Packed(torch.tensor([3, 5, 7, 9, 11, 2, 4]), torch.tensor([0, 4, 7], dtype=torch.int32),
+                    torch.tensor([1, 2, 5]), torch.tensor([9, 11, 4]), torch.tensor([0, 0, 1]), [4, 3])
+    be = make_backend("unified")
+    runs = {}
+    for on in (0, 1):
+        monkeypatch.setitem(root.CONFIG, "FWD_ENTROPY", on)
+        fwd = spy_launches(monkeypatch, root, "_logprob_fwd_kernel", lambda args, kwargs: kwargs["WITH_ENT"])
+        ent = spy_launches(monkeypatch, ent_root, "_entropy_fwd_kernel", lambda args, kwargs: True)
+        lp, e = sequence_logprobs(mc, be, {k: v.detach().requires_grad_(True) for k, v in params.items()}, packed,
+                                  1.0, grad=True, with_entropy=True, entropy_grad=False)
+        runs[on] = (lp.detach(), e)
+        assert (fwd, ent) == (([True], []) if on else ([False], [True]))
+        monkeypatch.undo()
+    assert same_bits(runs[0][0], runs[1][0]) and same_bits(runs[0][1], runs[1][1])
+
+
 def test_a_low_dz_scratch_is_the_operands_dtype(tmp_path, monkeypatch):
     """BWD_DZ_LOW allocates the scratch in w's dtype when hidden shares it, fp32 otherwise (each grad kernel rounds dz
     to its own other operand's dtype, so one scratch cannot serve two)."""
@@ -162,8 +217,8 @@ def test_planted_block_dependent_order_fails_batch_invariance(tmp_path):
 
 def test_planted_input_mutation_fails_inputs_unchanged(tmp_path):
     # scaling the hidden states by 1/temperature in place instead of passing the temperature on
-    mod = _planted(tmp_path, ("    return LogprobFunction.apply(h2, _rows(w), t, float(temperature))",
-                              "    h2.div_(temperature)\n    return LogprobFunction.apply(h2, _rows(w), t, 1.0)"))
+    mod = _planted(tmp_path, ("    return LogprobFunction.apply(h2, w2, t, float(temperature))",
+                              "    h2.div_(temperature)\n    return LogprobFunction.apply(h2, w2, t, 1.0)"))
     assert "inputs_unchanged" in _failed_requirements(run_plan(_plan(), mod))
 
 
@@ -186,6 +241,24 @@ def test_gpu_plan_passes_on_cuda():
     for r in results:
         print(f"{'PASS' if r.passed else 'FAIL'} {r.name}: {r.detail}")
     assert results and not _failed(results), _failed(results)
+
+
+@pytest.mark.gpu
+def test_gpu_logprob_entropy_is_logprob_and_entropy_bit_for_bit():
+    """At the Qwen3 lm_head (hidden 1024 and 2048, V = 151,936), 300 and 1500 tokens: logprob_entropy's log-probs and
+    gradients are logprob's and its entropy is entropy.entropy's, bit for bit."""
+    import tik_kernels.ops.entropy as ent_root
+
+    for H in (1024, 2048):
+        gen = torch.Generator(device="cuda").manual_seed(H + 1)
+        w = (torch.randn(151936, H, device="cuda", generator=gen) * H**-0.5).to(torch.bfloat16)
+        for T in (300, 1500):
+            h = torch.randn(T, H, device="cuda", generator=gen).to(torch.bfloat16)
+            t = torch.randint(0, 151936, (T,), device="cuda", generator=gen)
+            g = torch.randn(T, device="cuda", generator=gen)
+            got, want = _with_entropy(root, ent_root, h, w, t, g, 0.7)
+            for name, a, b in zip(("logprob", "entropy", "grad hidden", "grad w"), got, want, strict=True):
+                assert same_bits(a, b), (name, H, T)
 
 
 @pytest.mark.gpu

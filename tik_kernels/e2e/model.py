@@ -392,6 +392,14 @@ class StockBackend:
     def entropy(self, hidden, w, temperature):
         return self.fused["entropy_rows"](F.linear(hidden, w), temperature)
 
+    def logprob_entropy(self, hidden, w, targets, temperature):
+        """(logprob with its gradient, entropy without one) from one logits matmul, as a trainer that logs the entropy
+        would write it."""
+        logits = F.linear(hidden, w)
+        lp = self.fused["logprob_rows"](logits, targets, temperature)
+        with torch.no_grad():
+            return lp, self.fused["entropy_rows"](logits, temperature)
+
     def sample(self, hidden, w, temperature, seeds):
         """The exponential race (argmax of p / Exp(1) noise, a draw from p): what serving engines run, since
         `torch.multinomial` may wait on the GPU and does not belong in a CUDA graph. The noise is drawn eagerly
@@ -517,6 +525,17 @@ class UnifiedBackend:
 
     def entropy(self, hidden, w, temperature):
         return self.m["entropy"].entropy(hidden, w, temperature)
+
+    def logprob_entropy(self, hidden, w, targets, temperature):
+        """(logprob with its gradient, entropy without one): one lm_head pass where the logprob module has
+        `logprob_entropy` and its CONFIG's FWD_ENTROPY is on, else logprob() and entropy() under no_grad."""
+        mod = self.m["logprob"]
+        fused = getattr(mod, "logprob_entropy", None)
+        if fused is not None and getattr(mod, "CONFIG", {}).get("FWD_ENTROPY", 0):
+            return fused(hidden, w, targets, temperature)
+        lp = self.logprob(hidden, w, targets, temperature)
+        with torch.no_grad():
+            return lp, self.entropy(hidden, w, temperature)
 
     def sample(self, hidden, w, temperature, seeds):
         return self.m["sample"].sample(hidden, w, temperature, seeds)

@@ -46,6 +46,9 @@ def sequence_logprobs(cfg: ModelConfig, be, params, packed: Packed, temperature:
         W = bf16_weights(params, grad=grad)
         hidden = forward_packed(cfg, be, W, packed.ids, packed.cu_seqlens, lens=packed.lens)
         h = hidden.index_select(0, packed.rows)
+        if with_entropy and not (grad and entropy_grad) and hasattr(be, "logprob_entropy"):
+            # the logged entropy: the backend's one pass over the lm_head for both where it has one
+            return be.logprob_entropy(h, W["lm_head"], packed.targets, temperature)
         lp = be.logprob(h, W["lm_head"], packed.targets, temperature)
         ent = None
         if with_entropy:

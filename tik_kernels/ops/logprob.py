@@ -59,6 +59,7 @@ TUNABLES = {
     "FLAT": (0, 1),
     "SLP_STAGES": (2, 3, 4),
     "SLP_MAXNREG": (0, 80, 128, 168),
+    "FWD_ENTROPY": (0, 1),
 }
 #: PDL: sample_logprob's kernels launched with programmatic dependent launch (ops/_common.py), no bit changes.
 #: CHUNKS: V chunks walked by one program of the forward and of sample_logprob, one after another, each from a fresh
@@ -108,6 +109,13 @@ TUNABLES = {
 #: hidden 4096 1.906x against 2.110x at 1024 tokens and 1.761x against 2.218x at 4096; bits the same
 #: (`benchmarks/gpu_pending.sh lmhead_bwd2`, results/speed_h100_ops_variants_s30_bwd2.md). A scratch of 4096 tokens
 #: is 1.24 GB at qwen3's V in bf16.
+#: FWD_ENTROPY: a trainer that logs the entropy of its log-probs' softmax (e2e's grpo_step) gets both from one pass
+#: over the lm_head (`logprob_entropy`, the backend's choice where this is 1) instead of logprob's pass and entropy's:
+#: the entropy's chunk partials beside the log-sum-exp's on the same tiles, entropy.py's merge beside logprob's. The
+#: log-probs keep their bits (their code is the same; the entropy's is added beside it), and the entropy is
+#: entropy.py's where the two CONFIGs tile the logits alike (CPU and GPU tests). Off until a GPU times it: H100,
+#: qwen3-0.6b, the entropy's own forward took 11.6 ms of a 0.45 s device-busy pass of 4 minibatch updates
+#: (results/train_profile_h100_qwen3-0.6b_s30_after.md).
 #: MERGE_STAGES: the combine kernels' loop over the V chunks software-pipelined in this many stages (`tl.range`'s
 #: num_stages: the loads of the next chunks go out, as async copies, while one chunk merges): the same merges in the
 #: same order, so no bit changes, where the plain loop paid a global-memory round trip or two per chunk. A decode
@@ -138,6 +146,7 @@ CONFIG = {
     "FLAT": 1,
     "SLP_STAGES": 4,
     "SLP_MAXNREG": 128,
+    "FWD_ENTROPY": 0,
 }
 
 
@@ -182,14 +191,28 @@ def _lse_merge(b_m, b_s, c_m, c_s):
 
 
 @triton.jit
-def _logprob_chunk(h_ptr, w_ptr, m_part_ptr, s_part_ptr, zt_ptr, o_t, m_t, b_tgt, pid_c, NC, T, V, H, stride_h,
-                   stride_w, temperature, BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
-                   V_CHUNK: tl.constexpr):
+def _ent_step(b_a, b_m_old, b_s_old, b_m, b_z, m_v):
+    """entropy.py's running a = Σ e^(z - m)·(z - m) of each row with a [BT, BV] logits tile (-inf where masked) added,
+    moved from the max b_m_old to b_m (`_lse_step`'s new max; b_s_old its sum before the tile): entropy's formula and
+    order on the same logits, so the chunk's (max, Σ exp, a) are the entropy kernel's."""
+    b_d = tl.where(m_v[None, :], b_z - b_m[:, None], 0.0)
+    b_e = tl.where(m_v[None, :], tl.exp(b_z - b_m[:, None]), 0.0)
+    b_alpha = tl.exp(b_m_old - b_m)
+    b_shift = tl.where(b_s_old > 0, b_m_old - b_m, 0.0)
+    return b_alpha * (b_a + b_shift * b_s_old) + tl.sum(b_e * b_d, axis=1)
+
+
+@triton.jit
+def _logprob_chunk(h_ptr, w_ptr, m_part_ptr, s_part_ptr, zt_ptr, a_part_ptr, o_t, m_t, b_tgt, pid_c, NC, T, V, H,
+                   stride_h, stride_w, temperature, BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr,
+                   BLOCK_K: tl.constexpr, V_CHUNK: tl.constexpr, WITH_ENT: tl.constexpr):
     """V chunk `pid_c` of a token block: its (max, Σ exp(z - max)) from a fresh state and, where it holds a token's
-    target, that target's logit, stored at the chunk's slot. A chunk past the last (pid_c >= NC) stores nothing."""
+    target, that target's logit, stored at the chunk's slot. A chunk past the last (pid_c >= NC) stores nothing.
+    WITH_ENT: also entropy.py's a = Σ e^(z - max)·(z - max) of the chunk (`_ent_step`), for the logged entropy."""
     b_m = tl.full([BLOCK_T], float("-inf"), dtype=tl.float32)
     b_s = tl.zeros([BLOCK_T], dtype=tl.float32)
     b_zt = tl.zeros([BLOCK_T], dtype=tl.float32)
+    b_a = tl.zeros([BLOCK_T], dtype=tl.float32)
     v_start = pid_c * V_CHUNK
     v_end = tl.minimum(v_start + V_CHUNK, V)
     # tiles in increasing v; the chunk's first tile always holds a valid entry, so b_m is finite after it
@@ -199,12 +222,17 @@ def _logprob_chunk(h_ptr, w_ptr, m_part_ptr, s_part_ptr, zt_ptr, o_t, m_t, b_tgt
         b_z = _logits_tile(h_ptr, w_ptr, o_t, m_t, o_v, m_v, H, stride_h, stride_w, temperature,
                            BLOCK_T, BLOCK_V, BLOCK_K)
         b_z = tl.where(m_v[None, :], b_z, float("-inf"))  # [BT, BV]
+        b_m_old, b_s_old = b_m, b_s
         b_m, b_s = _lse_step(b_m, b_s, b_z)
+        if WITH_ENT:
+            b_a = _ent_step(b_a, b_m_old, b_s_old, b_m, b_z, m_v)
         # one entry at most matches: a sum of it and exact zeros is exact
         b_zt += tl.sum(tl.where(o_v[None, :] == b_tgt[:, None], b_z, 0.0), axis=1)
     m_c = m_t & (pid_c < NC)  # a chunk past the last stores nothing
     tl.store(m_part_ptr + pid_c * T + o_t, b_m, mask=m_c)
     tl.store(s_part_ptr + pid_c * T + o_t, b_s, mask=m_c)
+    if WITH_ENT:
+        tl.store(a_part_ptr + pid_c * T + o_t, b_a, mask=m_c)
     in_chunk = (b_tgt >= v_start) & (b_tgt < v_end)
     tl.store(zt_ptr + o_t, b_zt, mask=m_c & in_chunk)
 
@@ -217,6 +245,7 @@ def _logprob_fwd_kernel(
     m_part_ptr,  # [NC, T] fp32 running max of each V chunk
     s_part_ptr,  # [NC, T] fp32 Σ exp(z - max) of each V chunk
     zt_ptr,  # [T] fp32 the target's logit, written by the chunk that holds it
+    a_part_ptr,  # [NC, T] fp32 Σ exp(z - max)·(z - max) of each V chunk (WITH_ENT; else unused)
     T,
     V,
     H,
@@ -229,6 +258,7 @@ def _logprob_fwd_kernel(
     BLOCK_K: tl.constexpr,
     V_CHUNK: tl.constexpr,
     CHUNKS: tl.constexpr = 1,  # V chunks per program, each from a fresh state: who computes a chunk, not its sum
+    WITH_ENT: tl.constexpr = False,  # the entropy's chunk partials too (`logprob_entropy`)
 ):
     pid_t = tl.program_id(0).to(tl.int64)
     pid_g = tl.program_id(1).to(tl.int64)
@@ -236,8 +266,8 @@ def _logprob_fwd_kernel(
     m_t = o_t < T
     b_tgt = tl.load(tgt_ptr + o_t, mask=m_t, other=-1)
     for j in range(CHUNKS):
-        _logprob_chunk(h_ptr, w_ptr, m_part_ptr, s_part_ptr, zt_ptr, o_t, m_t, b_tgt, pid_g * CHUNKS + j, NC, T,
-                       V, H, stride_h, stride_w, temperature, BLOCK_T, BLOCK_V, BLOCK_K, V_CHUNK)
+        _logprob_chunk(h_ptr, w_ptr, m_part_ptr, s_part_ptr, zt_ptr, a_part_ptr, o_t, m_t, b_tgt, pid_g * CHUNKS + j,
+                       NC, T, V, H, stride_h, stride_w, temperature, BLOCK_T, BLOCK_V, BLOCK_K, V_CHUNK, WITH_ENT)
 
 
 @triton.jit
@@ -247,26 +277,44 @@ def _logprob_combine_kernel(
     zt_ptr,  # [T] fp32 target logits (-inf for a target outside [0, V))
     out_ptr,  # [T] fp32 log-probabilities
     lse_ptr,  # [T] fp32 log Σ exp(z), saved for backward
+    a_part_ptr,  # [NC, T] fp32 chunk Σ e^(z-m)(z-m) (WITH_ENT; else unused)
+    ent_ptr,  # [T] fp32 entropy (WITH_ENT; else unused)
     T,
     NC,
     BLOCK: tl.constexpr,
     MERGE_STAGES: tl.constexpr = 1,  # the chunk loop's loads pipelined: the same merges in the same order
+    WITH_ENT: tl.constexpr = False,  # also entropy.py's merge of (max, Σ exp, a) and its H = log s - a / s
 ):
     pid = tl.program_id(0).to(tl.int64)
     o_t = pid * BLOCK + tl.arange(0, BLOCK)
     m_t = o_t < T
     b_m = tl.full([BLOCK], float("-inf"), dtype=tl.float32)
     b_s = tl.zeros([BLOCK], dtype=tl.float32)
+    e_m = tl.full([BLOCK], float("-inf"), dtype=tl.float32)
+    e_s = tl.zeros([BLOCK], dtype=tl.float32)
+    e_a = tl.zeros([BLOCK], dtype=tl.float32)
     # chunks in increasing order: the merge order is fixed by V and V_CHUNK
     for c in tl.range(0, NC, num_stages=MERGE_STAGES):
         c_m = tl.load(m_part_ptr + c * T + o_t, mask=m_t, other=0.0)
         c_s = tl.load(s_part_ptr + c * T + o_t, mask=m_t, other=0.0)
         b_m, b_s = _lse_merge(b_m, b_s, c_m, c_s)
+        if WITH_ENT:  # entropy.py's combine, step for step, beside (its own running sum: its formula, its bits)
+            c_a = tl.load(a_part_ptr + c * T + o_t, mask=m_t, other=0.0)
+            e_new = tl.maximum(e_m, c_m)
+            e_alpha = tl.exp(e_m - e_new)
+            e_beta = tl.exp(c_m - e_new)
+            e_shift = tl.where(e_s > 0, e_m - e_new, 0.0)
+            e_a = e_alpha * (e_a + e_shift * e_s) + e_beta * (c_a + (c_m - e_new) * c_s)
+            e_s = e_alpha * e_s + e_beta * c_s
+            e_m = e_new
     # masked rows have b_s = 0: keep log() finite there (never stored)
     b_lse = b_m + tl.log(tl.where(m_t, b_s, 1.0))
     b_zt = tl.load(zt_ptr + o_t, mask=m_t, other=0.0)
     tl.store(out_ptr + o_t, b_zt - b_lse, mask=m_t)
     tl.store(lse_ptr + o_t, b_lse, mask=m_t)
+    if WITH_ENT:
+        e_s = tl.where(m_t, e_s, 1.0)
+        tl.store(ent_ptr + o_t, tl.log(e_s) - e_a / e_s, mask=m_t)
 
 
 @triton.jit
@@ -356,7 +404,7 @@ def _grad_weight_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    HFAST: tl.constexpr,
+    HFAST: tl.constexpr = False,
 ):
     # HFAST: the grid is (H tiles, V tiles), so the H tiles of one V tile run side by side and share its dz columns
     # through L2; who computes a tile, never its sum
@@ -392,28 +440,32 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def logprob_fwd(hidden: torch.Tensor, w: torch.Tensor, targets: torch.Tensor,
-                temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logprob[T], lse[T]) for hidden[T, H]; both fp32."""
+                temperature: float, with_entropy: bool = False):
+    """(logprob[T], lse[T]) for hidden[T, H], both fp32; with_entropy: (logprob, lse, entropy[T]), the entropy from the
+    same logits tiles (entropy.py's partials and merge, beside)."""
     T, H = hidden.shape
     V = w.shape[0]
     cfg = CONFIG
     out = torch.empty((T,), dtype=torch.float32, device=hidden.device)
     lse = torch.empty((T,), dtype=torch.float32, device=hidden.device)
+    ent = torch.empty((T,), dtype=torch.float32, device=hidden.device) if with_entropy else None
     if T == 0:
-        return out, lse
+        return (out, lse, ent) if with_entropy else (out, lse)
     n_chunks = triton.cdiv(V, cfg["V_CHUNK"])
     m_part = torch.empty((n_chunks, T), dtype=torch.float32, device=hidden.device)
     s_part = torch.empty((n_chunks, T), dtype=torch.float32, device=hidden.device)
+    a_part = torch.empty((n_chunks, T), dtype=torch.float32, device=hidden.device) if with_entropy else m_part
     z_tgt = torch.full((T,), float("-inf"), dtype=torch.float32, device=hidden.device)
     chunks = cfg.get("CHUNKS", 1)
     _logprob_fwd_kernel[(triton.cdiv(T, cfg["BLOCK_T"]), triton.cdiv(n_chunks, chunks))](
-        hidden, w, targets, m_part, s_part, z_tgt, T, V, H, hidden.stride(0), w.stride(0), float(temperature),
+        hidden, w, targets, m_part, s_part, z_tgt, a_part, T, V, H, hidden.stride(0), w.stride(0), float(temperature),
         n_chunks, BLOCK_T=cfg["BLOCK_T"], BLOCK_V=cfg["BLOCK_V"], BLOCK_K=cfg["BLOCK_K"], V_CHUNK=cfg["V_CHUNK"],
-        CHUNKS=chunks, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        CHUNKS=chunks, WITH_ENT=with_entropy, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
-    _logprob_combine_kernel[(triton.cdiv(T, 128),)](m_part, s_part, z_tgt, out, lse, T, n_chunks, BLOCK=128,
-                                                     MERGE_STAGES=cfg.get("MERGE_STAGES", 1))
-    return out, lse
+    _logprob_combine_kernel[(triton.cdiv(T, 128),)](m_part, s_part, z_tgt, out, lse, a_part,
+                                                     ent if with_entropy else out, T, n_chunks, BLOCK=128,
+                                                     MERGE_STAGES=cfg.get("MERGE_STAGES", 1), WITH_ENT=with_entropy)
+    return (out, lse, ent) if with_entropy else (out, lse)
 
 
 def logprob_bwd(g: torch.Tensor, hidden: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor,
@@ -471,22 +523,55 @@ class LogprobFunction(torch.autograd.Function):
         return grad_h, grad_w, None, None
 
 
+class LogprobEntropyFunction(torch.autograd.Function):
+    """LogprobFunction's forward with the entropy of the same logits beside, as a logged figure: no gradient flows
+    through the entropy (mark_non_differentiable); the log-probs' backward is LogprobFunction's."""
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, temperature: float):
+        out, lse, ent = logprob_fwd(hidden, w, targets, temperature, with_entropy=True)
+        ctx.save_for_backward(hidden, w, targets, lse)
+        ctx.temperature = temperature
+        ctx.mark_non_differentiable(ent)
+        return out, ent
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor, g_ent: torch.Tensor | None):
+        return LogprobFunction.backward(ctx, g)
+
+
+def _entry(name: str, hidden: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, temperature: float):
+    """(leading dims, hidden rows [T, H], w, int64 targets [T]) checked as `logprob` takes them."""
+    if not temperature > 0:
+        raise ValueError(f"{name}: temperature must be > 0, got {temperature}")
+    H = hidden.shape[-1]
+    if w.dim() != 2 or w.shape[1] != H:
+        raise ValueError(f"{name}: weight shape {tuple(w.shape)} does not match hidden size {H}")
+    h2 = _rows(hidden.reshape(-1, H))
+    t = targets.reshape(-1).to(torch.int64).contiguous()
+    if t.shape[0] != h2.shape[0]:
+        raise ValueError(f"{name}: {t.shape[0]} targets for {h2.shape[0]} tokens")
+    return hidden.shape[:-1], h2, _rows(w), t
+
+
 def logprob(hidden: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """log_softmax(hidden @ w.T / temperature)[t, targets[t]] in fp32; leading dims of hidden are token dims.
 
     A target outside [0, V) gives -inf. temperature must be > 0.
     """
-    if not temperature > 0:
-        raise ValueError(f"logprob: temperature must be > 0, got {temperature}")
-    H = hidden.shape[-1]
-    if w.dim() != 2 or w.shape[1] != H:
-        raise ValueError(f"logprob: weight shape {tuple(w.shape)} does not match hidden size {H}")
-    lead = hidden.shape[:-1]
-    h2 = _rows(hidden.reshape(-1, H))
-    t = targets.reshape(-1).to(torch.int64).contiguous()
-    if t.shape[0] != h2.shape[0]:
-        raise ValueError(f"logprob: {t.shape[0]} targets for {h2.shape[0]} tokens")
-    return LogprobFunction.apply(h2, _rows(w), t, float(temperature)).reshape(lead)
+    lead, h2, w2, t = _entry("logprob", hidden, w, targets, temperature)
+    return LogprobFunction.apply(h2, w2, t, float(temperature)).reshape(lead)
+
+
+def logprob_entropy(hidden: torch.Tensor, w: torch.Tensor, targets: torch.Tensor,
+                    temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logprob, entropy) of the same logits from one pass over the lm_head: `logprob`'s log-probs, bit for bit, with
+    their gradient, and the softmax entropy as `entropy.entropy` computes it (its chunk partials and merge, the same
+    tiles: the same bits where entropy's CONFIG tiles the logits as this one does), without a gradient: the figure
+    a trainer logs, for one lm_head pass an update instead of two."""
+    lead, h2, w2, t = _entry("logprob_entropy", hidden, w, targets, temperature)
+    out, ent = LogprobEntropyFunction.apply(h2, w2, t, float(temperature))
+    return out.reshape(lead), ent.reshape(lead)
 
 
 # ----------------------------------------------------------------------------- sampling and its log-prob in one pass
