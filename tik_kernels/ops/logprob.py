@@ -59,7 +59,6 @@ TUNABLES = {
     "FLAT": (0, 1),
     "SLP_STAGES": (2, 3, 4),
     "SLP_MAXNREG": (0, 80, 128, 168),
-    "FWD_ENTROPY": (0, 1),
 }
 #: PDL: sample_logprob's kernels launched with programmatic dependent launch (ops/_common.py), no bit changes.
 #: CHUNKS: V chunks walked by one program of the forward and of sample_logprob, one after another, each from a fresh
@@ -109,13 +108,13 @@ TUNABLES = {
 #: hidden 4096 1.906x against 2.110x at 1024 tokens and 1.761x against 2.218x at 4096; bits the same
 #: (`benchmarks/gpu_pending.sh lmhead_bwd2`, results/speed_h100_ops_variants_s30_bwd2.md). A scratch of 4096 tokens
 #: is 1.24 GB at qwen3's V in bf16.
-#: FWD_ENTROPY: a trainer that logs the entropy of its log-probs' softmax (e2e's grpo_step) gets both from one pass
-#: over the lm_head (`logprob_entropy`, the backend's choice where this is 1) instead of logprob's pass and entropy's:
-#: the entropy's chunk partials beside the log-sum-exp's on the same tiles, entropy.py's merge beside logprob's. The
-#: log-probs keep their bits (their code is the same; the entropy's is added beside it), and the entropy is
-#: entropy.py's where the two CONFIGs tile the logits alike (CPU and GPU tests). Off until a GPU times it: H100,
-#: qwen3-0.6b, the entropy's own forward took 11.6 ms of a 0.45 s device-busy pass of 4 minibatch updates
-#: (results/train_profile_h100_qwen3-0.6b_s30_after.md).
+#: FWD_ENTROPY (not a tunable: the contract's entry, `logprob`, never reads it): a trainer that logs the entropy of
+#: its log-probs' softmax (e2e's grpo_step) gets both from one pass over the lm_head (`logprob_entropy`, the backend's
+#: choice where this is 1) instead of logprob's pass and entropy's: the entropy's chunk partials beside the
+#: log-sum-exp's on the same tiles, entropy.py's merge beside logprob's. The log-probs keep their bits (their code is
+#: the same; the entropy's is added beside it), and the entropy is entropy.py's where the two CONFIGs tile the logits
+#: alike (CPU and GPU tests). Off until a GPU times it: H100, qwen3-0.6b, the entropy's own forward took 11.6 ms of a
+#: 0.45 s device-busy pass of 4 minibatch updates (results/train_profile_h100_qwen3-0.6b_s30_after.md).
 #: MERGE_STAGES: the combine kernels' loop over the V chunks software-pipelined in this many stages (`tl.range`'s
 #: num_stages: the loads of the next chunks go out, as async copies, while one chunk merges): the same merges in the
 #: same order, so no bit changes, where the plain loop paid a global-memory round trip or two per chunk. A decode
