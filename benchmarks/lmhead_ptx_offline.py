@@ -1,7 +1,8 @@
 """The lm_head kernels (logprob's forward, sample_logprob's pass, sample's forward) compiled for sm_90 on this machine
 (no GPU: Triton's own ptxas), a revision's against this tree's, and this tree's with CHUNKS 2 and 4 and FLAT: PTX
 registers declared, local-memory stores, shared memory, async copies, and ptxas's registers and spills a thread: that a
-launch choice compiles, and keeps its values out of local memory, before a GPU times it.
+launch choice compiles, and keeps its values out of local memory, before a GPU times it (WITH_ENT: logprob's forward
+with the entropy's partials beside, `logprob_entropy`).
 
 Then the combine kernels (the chain over V chunks a decode batch runs in one program) at MERGE_STAGES 1 and 8: the
 async copies in their PTX (the pipelined loads), then assembled with Triton's ptxas and disassembled (nvdisasm):
@@ -39,7 +40,8 @@ RACE = {"seed_ptr": I64, "best_part_ptr": F32, "idx_part_ptr": I64, "temperature
 TILE = dict(BLOCK_T=64, BLOCK_V=128, BLOCK_K=64)
 #: (operator file, kernel, constexprs, argument types other than bf16 pointers and i32 scalars)
 CASES = [
-    ("logprob", "_logprob_fwd_kernel", dict(TILE, V_CHUNK=512), {**LSE, "tgt_ptr": I64, "zt_ptr": F32}),
+    ("logprob", "_logprob_fwd_kernel", dict(TILE, V_CHUNK=512), {**LSE, "tgt_ptr": I64, "zt_ptr": F32,
+                                                                 "a_part_ptr": F32}),
     ("logprob", "_sample_logprob_kernel", dict(TILE, V_CHUNK=512), {**LSE, **RACE, "zb_part_ptr": F32}),
     ("sample", "_sample_fwd_kernel", dict(TILE, GREEDY=False, V_CHUNK=1024), RACE),
 ]
@@ -50,8 +52,11 @@ def compiled(path: Path, kernel: str, const: dict, types: dict):
     the row strides and the hidden size divisible by 16. Without it no load is vectorized or pipelined (no cp.async),
     and the registers and spills below are not the GPU's. Also its parameters."""
     fn = oc.kernel(path, kernel)
-    k = oc.compile_sm90(fn, const, types, {"num_warps": 8, "num_stages": 3}, aligned=("stride_h", "stride_w", "H"))
-    return k, oc.signature(fn, {}, {})[1]
+    const = dict(const)
+    cap = const.pop("maxnreg", 0)  # a launch option, not a constexpr
+    opts = {"num_warps": 8, "num_stages": 3} | ({"maxnreg": cap} if cap else {})
+    k = oc.compile_sm90(fn, const, types, opts, aligned=("stride_h", "stride_w", "H"))
+    return k, set(oc.signature(fn, {}, {})[1]) | ({"maxnreg"} if cap else set())
 
 
 def ptx_stats(k) -> str:
@@ -127,7 +132,9 @@ def main() -> int:
                                           check=True, capture_output=True, text=True).stdout)
             new = ROOT / "tik_kernels" / "ops" / f"{op}.py"
             for label, path, extra in ((rev, old, {}), ("this tree", new, {}), ("CHUNKS=2", new, {"CHUNKS": 2}),
-                                       ("CHUNKS=4", new, {"CHUNKS": 4}), ("FLAT", new, {"FLAT": True})):
+                                       ("CHUNKS=4", new, {"CHUNKS": 4}), ("FLAT", new, {"FLAT": True}),
+                                       ("WITH_ENT", new, {"WITH_ENT": True}),
+                                       ("WITH_ENT128", new, {"WITH_ENT": True, "maxnreg": 128})):
                 k, params = compiled(path, kernel, {**const, **extra}, types)
                 if extra and not set(extra) <= set(params):
                     continue

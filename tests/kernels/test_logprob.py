@@ -183,6 +183,18 @@ def test_the_trainer_logs_the_entropy_from_one_lm_head_pass_where_fwd_entropy_is
     assert same_bits(runs[0][0], runs[1][0]) and same_bits(runs[0][1], runs[1][1])
 
 
+def test_the_entropy_launch_alone_takes_the_register_cap(monkeypatch):
+    """FWD_ENT_MAXNREG reaches the forward's launch with the entropy beside, and only that launch (register
+    allocation moves no bits: the cap keeps two programs an SM where the entropy's state would leave one)."""
+    seen = spy_launches(monkeypatch, root, "_logprob_fwd_kernel",
+                        lambda args, kwargs: (kwargs["WITH_ENT"], kwargs.get("maxnreg")))
+    h, w = torch.randn(5, 32).to(torch.bfloat16), torch.randn(100, 32).to(torch.bfloat16)
+    t = torch.randint(0, 100, (5,))
+    root.logprob(h, w, t)
+    root.logprob_entropy(h, w, t)
+    assert seen == [(False, None), (True, root.CONFIG["FWD_ENT_MAXNREG"] or None)]
+
+
 def test_a_low_dz_scratch_is_the_operands_dtype(tmp_path, monkeypatch):
     """BWD_DZ_LOW allocates the scratch in w's dtype when hidden shares it, fp32 otherwise (each grad kernel rounds dz
     to its own other operand's dtype, so one scratch cannot serve two)."""

@@ -115,6 +115,9 @@ TUNABLES = {
 #: the same; the entropy's is added beside it), and the entropy is entropy.py's where the two CONFIGs tile the logits
 #: alike (CPU and GPU tests). Off until a GPU times it: H100, qwen3-0.6b, the entropy's own forward took 11.6 ms of a
 #: 0.45 s device-busy pass of 4 minibatch updates (results/train_profile_h100_qwen3-0.6b_s30_after.md).
+#: FWD_ENT_MAXNREG: that launch's register cap. Compiled for sm_90 (Triton 3.6, a real launch's alignment) the forward
+#: takes 127 registers a thread without the entropy, two 8-warp programs an SM, and 154 with it, one; capped at 128
+#: it spills nothing and two fit again (`benchmarks/lmhead_ptx_offline.py`, results/lmhead_ptx_offline_s30.txt).
 #: MERGE_STAGES: the combine kernels' loop over the V chunks software-pipelined in this many stages (`tl.range`'s
 #: num_stages: the loads of the next chunks go out, as async copies, while one chunk merges): the same merges in the
 #: same order, so no bit changes, where the plain loop paid a global-memory round trip or two per chunk. A decode
@@ -146,6 +149,7 @@ CONFIG = {
     "SLP_STAGES": 4,
     "SLP_MAXNREG": 128,
     "FWD_ENTROPY": 0,
+    "FWD_ENT_MAXNREG": 128,
 }
 
 
@@ -460,6 +464,7 @@ def logprob_fwd(hidden: torch.Tensor, w: torch.Tensor, targets: torch.Tensor,
         hidden, w, targets, m_part, s_part, z_tgt, a_part, T, V, H, hidden.stride(0), w.stride(0), float(temperature),
         n_chunks, BLOCK_T=cfg["BLOCK_T"], BLOCK_V=cfg["BLOCK_V"], BLOCK_K=cfg["BLOCK_K"], V_CHUNK=cfg["V_CHUNK"],
         CHUNKS=chunks, WITH_ENT=with_entropy, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        **(maxnreg_launch(cfg.get("FWD_ENT_MAXNREG", 0)) if with_entropy else {}),
     )
     _logprob_combine_kernel[(triton.cdiv(T, 128),)](m_part, s_part, z_tgt, out, lse, a_part,
                                                      ent if with_entropy else out, T, n_chunks, BLOCK=128,
