@@ -1356,11 +1356,13 @@ def _ds_region_starts(cu, tile_start, n_seq, G, tm, hc, per_head, varlen, dev) -
     """Where each (sequence, KV head) region of the dS workspace starts (int64 [n_seq * hc]). Packed: from the
     lengths in cu, on the device (a dozen small launches); every layer of a model's backward passes the same cu
     and shapes, so the result of the first is reused by the rest, keyed on cu's storage, its version counter (an
-    in-place change to cu makes a new key) and the rest of the arguments. Not kept while a graph is being captured
-    (a tensor made then lives in the graph's memory pool)."""
+    in-place change to cu makes a new key) and the rest of the arguments. Neither read nor kept while a graph is
+    being captured: a tensor made then lives in the graph's memory pool, and one from the cache could be freed (pushed
+    out by later entries) while the graph still reads it."""
+    capturing = dev.type == "cuda" and torch.cuda.is_current_stream_capturing()
     key = (cu.data_ptr() if varlen else None, cu._version if varlen else None, tuple(cu.shape), n_seq, G, tm, hc,
            per_head, varlen, dev, tile_start.data_ptr())
-    for k, _, starts in _DS_BASES:
+    for k, _, starts in () if capturing else _DS_BASES:
         if k == key:
             return starts
     if varlen:
@@ -1369,7 +1371,7 @@ def _ds_region_starts(cu, tile_start, n_seq, G, tm, hc, per_head, varlen, dev) -
         base = (starts[:, None] + torch.arange(hc, device=dev)[None, :] * need[:, None]).reshape(-1).contiguous()
     else:  # every region the same size: (b * hc + h) * per sequence
         base = torch.arange(n_seq * hc, device=dev) * (per_head // n_seq)
-    if not (dev.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+    if not capturing:
         _DS_BASES.insert(0, (key, cu, base))
         del _DS_BASES[4:]
     return base
