@@ -46,6 +46,11 @@
 #   rollout_profile
 #                 #19 one rollout of the e2e throughput batch (qwen3-1.7b, 64 requests), prefill / decode / host, unified
 #                     and stock ($R/rollout_profile_<card>_qwen3-1.7b.{json,log})
+#   prefill_chunks
+#                 #19 the e2e batch's rollout (qwen3-0.6b, 32 prompts x 8, 256 slots) with prefills of at most 8192
+#                     prompt tokens (the engine's default: 4 prefills) and 32768 (one), back to back: its prefills took
+#                     0.19 s of a 0.52 s rollout in session 30, longer than the recompute pass over 1.5x their tokens
+#                     ($R/rollout_profile_<card>_qwen3-0.6b_prefill{8192,32768}.json)
 #   decode_breakdown
 #                 #19 one qwen3-0.6b decode step call by call, stock and unified ($R/decode_breakdown_<card>_*.md)
 #   decode_cuts   #19 the session-19 decode cuts (rope_cache, qk_norm, NARROW_PCT, the fused decode merge; their GPU
@@ -221,6 +226,12 @@ for p in "$@"; do
         rollout_profile)
             part rollout_profile_${CARD}_qwen3-1.7b 300 "$py" benchmarks/rollout_profile.py --preset qwen3-1.7b \
                 --backends unified stock --out "$R" --name rollout_profile_${CARD}_qwen3-1.7b ;;
+        prefill_chunks)
+            for n in 8192 32768; do
+                part "rollout_profile_${CARD}_qwen3-0.6b_prefill$n" 150 "$py" benchmarks/rollout_profile.py \
+                    --preset qwen3-0.6b --prompts 32 --group 8 --slots 256 --backends unified --rounds 3 \
+                    --prefill-tokens "$n" --out "$R" --name "rollout_profile_${CARD}_qwen3-0.6b_prefill$n"
+            done ;;
         decode_breakdown)
             part decode_breakdown 200 "$py" benchmarks/decode_breakdown.py --out "$R" ;;
         decode_cuts)
@@ -353,6 +364,6 @@ for p in "$@"; do
             part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_${CARD}
             part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs lmhead_bwd lmhead_bwd2 train_variants decode_regs)" >&2 ;;
+            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs lmhead_bwd lmhead_bwd2 train_variants prefill_chunks decode_regs)" >&2 ;;
     esac
 done

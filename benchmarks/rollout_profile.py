@@ -113,7 +113,8 @@ def instrument(engine: RolloutEngine, parts: Parts):
 def profile_backend(name: str, args, mc, params) -> dict:
     be = make_backend(name, stock_compiled=name == "stock")
     max_len = args.prompt_len[1] + args.answer_len[1] + 1
-    engine = RolloutEngine(mc, be, max_slots=args.slots, max_len=max_len, device=args.device)
+    engine = RolloutEngine(mc, be, max_slots=args.slots, max_len=max_len, prefill_tokens=args.prefill_tokens,
+                           device=args.device)
     rng = random.Random(0)
 
     def reqs():
@@ -200,6 +201,8 @@ def main() -> int:
     ap.add_argument("--prompt-len", type=int, nargs=2, default=[32, 192])
     ap.add_argument("--answer-len", type=int, nargs=2, default=[16, 96])
     ap.add_argument("--slots", type=int, default=64)
+    ap.add_argument("--prefill-tokens", type=int, default=8192,
+                    help="the most prompt tokens one prefill admits (the engine's prefill_tokens; tik e2e's default)")
     ap.add_argument("--rounds", type=int, default=5, help="rollouts timed with and without overlap, interleaved")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--name", default="rollout_profile_h200")
