@@ -76,6 +76,8 @@ CASES = [
     ("logprob", "_logprob_combine_kernel", dict(BLOCK=128, MERGE_STAGES=8),
      {"m_part_ptr": F32, "s_part_ptr": F32, "zt_ptr": F32, "out_ptr": F32, "lse_ptr": F32, "a_part_ptr": F32,
       "ent_ptr": F32}, dict(num_warps=4)),
+    ("entropy", "_entropy_combine_kernel", dict(BLOCK=128, MERGE_STAGES=8),
+     {"m_part_ptr": F32, "s_part_ptr": F32, "a_part_ptr": F32, "out_ptr": F32, "lse_ptr": F32}, dict(num_warps=4)),
     # the trainer's lm_head backward, its dz scratch in fp32 (the CONFIG's)
     ("logprob", "_logprob_bwd_dz_kernel", dict(BLOCK_T=64, BLOCK_V=128, BLOCK_K=64),
      {"tgt_ptr": I64, "lse_ptr": F32, "g_ptr": F32, "dz_ptr": F32, "temperature": "fp32"},

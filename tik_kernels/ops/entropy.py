@@ -126,6 +126,19 @@ def _entropy_fwd_kernel(
 
 
 @triton.jit
+def _ent_merge(b_m, b_s, b_a, c_m, c_s, c_a):
+    """A chunk's (max, Σ exp(z - max), a = Σ exp(z - max)·(z - max)) into the running one, both moved to the larger
+    max (before any chunk s = a = 0); also logprob's combine where it gives the entropy beside its log-probs."""
+    b_new = tl.maximum(b_m, c_m)
+    b_alpha = tl.exp(b_m - b_new)
+    b_beta = tl.exp(c_m - b_new)
+    b_shift = tl.where(b_s > 0, b_m - b_new, 0.0)
+    b_a = b_alpha * (b_a + b_shift * b_s) + b_beta * (c_a + (c_m - b_new) * c_s)
+    b_s = b_alpha * b_s + b_beta * c_s
+    return b_new, b_s, b_a
+
+
+@triton.jit
 def _entropy_combine_kernel(
     m_part_ptr,  # [NC, T] fp32 chunk maxima
     s_part_ptr,  # [NC, T] fp32 chunk sums
@@ -148,13 +161,7 @@ def _entropy_combine_kernel(
         c_m = tl.load(m_part_ptr + c * T + o_t, mask=m_t, other=0.0)
         c_s = tl.load(s_part_ptr + c * T + o_t, mask=m_t, other=1.0)
         c_a = tl.load(a_part_ptr + c * T + o_t, mask=m_t, other=0.0)
-        b_new = tl.maximum(b_m, c_m)
-        b_alpha = tl.exp(b_m - b_new)
-        b_beta = tl.exp(c_m - b_new)
-        b_shift = tl.where(b_s > 0, b_m - b_new, 0.0)
-        b_a = b_alpha * (b_a + b_shift * b_s) + b_beta * (c_a + (c_m - b_new) * c_s)
-        b_s = b_alpha * b_s + b_beta * c_s
-        b_m = b_new
+        b_m, b_s, b_a = _ent_merge(b_m, b_s, b_a, c_m, c_s, c_a)
     b_ent = tl.log(b_s) - b_a / b_s
     tl.store(out_ptr + o_t, b_ent, mask=m_t)
     tl.store(lse_ptr + o_t, b_m + tl.log(b_s), mask=m_t)

@@ -33,6 +33,7 @@ import triton.language as tl
 
 from tik_kernels._runtime import INTERPRET
 from tik_kernels.ops._common import maxnreg_launch, pdl_launch, pdl_start, round_to
+from tik_kernels.ops.entropy import _ent_merge
 from tik_kernels.ops.sample import _race_key, _race_merge, _race_scores, _race_step
 
 #: Triton's interpreter computes tl.dot on bf16 wrongly and truncates fp32 -> bf16 casts: fp32 there
@@ -301,15 +302,9 @@ def _logprob_combine_kernel(
         c_m = tl.load(m_part_ptr + c * T + o_t, mask=m_t, other=0.0)
         c_s = tl.load(s_part_ptr + c * T + o_t, mask=m_t, other=0.0)
         b_m, b_s = _lse_merge(b_m, b_s, c_m, c_s)
-        if WITH_ENT:  # entropy.py's combine, step for step, beside (its own running sum: its formula, its bits)
+        if WITH_ENT:  # entropy.py's merge beside (its own running sum: its formula, its bits)
             c_a = tl.load(a_part_ptr + c * T + o_t, mask=m_t, other=0.0)
-            e_new = tl.maximum(e_m, c_m)
-            e_alpha = tl.exp(e_m - e_new)
-            e_beta = tl.exp(c_m - e_new)
-            e_shift = tl.where(e_s > 0, e_m - e_new, 0.0)
-            e_a = e_alpha * (e_a + e_shift * e_s) + e_beta * (c_a + (c_m - e_new) * c_s)
-            e_s = e_alpha * e_s + e_beta * c_s
-            e_m = e_new
+            e_m, e_s, e_a = _ent_merge(e_m, e_s, e_a, c_m, c_s, c_a)
     # masked rows have b_s = 0: keep log() finite there (never stored)
     b_lse = b_m + tl.log(tl.where(m_t, b_s, 1.0))
     b_zt = tl.load(zt_ptr + o_t, mask=m_t, other=0.0)
@@ -444,8 +439,8 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 def logprob_fwd(hidden: torch.Tensor, w: torch.Tensor, targets: torch.Tensor,
                 temperature: float, with_entropy: bool = False):
-    """(logprob[T], lse[T]) for hidden[T, H], both fp32; with_entropy: (logprob, lse, entropy[T]), the entropy from the
-    same logits tiles (entropy.py's partials and merge, beside)."""
+    """(logprob[T], lse[T], entropy[T] or None) for hidden[T, H], all fp32: with_entropy, the entropy from the same
+    logits tiles (entropy.py's partials and merge, beside)."""
     T, H = hidden.shape
     V = w.shape[0]
     cfg = CONFIG
@@ -453,7 +448,7 @@ def logprob_fwd(hidden: torch.Tensor, w: torch.Tensor, targets: torch.Tensor,
     lse = torch.empty((T,), dtype=torch.float32, device=hidden.device)
     ent = torch.empty((T,), dtype=torch.float32, device=hidden.device) if with_entropy else None
     if T == 0:
-        return (out, lse, ent) if with_entropy else (out, lse)
+        return out, lse, ent
     n_chunks = triton.cdiv(V, cfg["V_CHUNK"])
     m_part = torch.empty((n_chunks, T), dtype=torch.float32, device=hidden.device)
     s_part = torch.empty((n_chunks, T), dtype=torch.float32, device=hidden.device)
@@ -469,7 +464,7 @@ def logprob_fwd(hidden: torch.Tensor, w: torch.Tensor, targets: torch.Tensor,
     _logprob_combine_kernel[(triton.cdiv(T, 128),)](m_part, s_part, z_tgt, out, lse, a_part,
                                                      ent if with_entropy else out, T, n_chunks, BLOCK=128,
                                                      MERGE_STAGES=cfg.get("MERGE_STAGES", 1), WITH_ENT=with_entropy)
-    return (out, lse, ent) if with_entropy else (out, lse)
+    return out, lse, ent
 
 
 def logprob_bwd(g: torch.Tensor, hidden: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor,
@@ -514,7 +509,7 @@ def logprob_bwd(g: torch.Tensor, hidden: torch.Tensor, w: torch.Tensor, targets:
 class LogprobFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, temperature: float):
-        out, lse = logprob_fwd(hidden, w, targets, temperature)
+        out, lse, _ = logprob_fwd(hidden, w, targets, temperature)
         ctx.save_for_backward(hidden, w, targets, lse)
         ctx.temperature = temperature
         return out
