@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import importlib
 import json
 import sys
 import time
@@ -106,9 +105,6 @@ def throughput(args, out: Path) -> dict:
 #: Each: (the backend, given whether stock compositions are compiled; the CONFIG overrides of its run)
 S18_CUTS = {"linear": {"NARROW_PCT": 0}, "attention": {"DECODE_FUSED_MAX_CHUNKS": 0, "DECODE_SHORT_KEYS": 0}}
 S18_DECODE = {op: {**kv, **S18_CUTS.get(op, {})} for op, kv in NO_PDL_CONFIG.items()}
-#: the operators whose CONFIG a --decode-variant may set
-OPS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "tik_kernels" / "ops").glob("*.py")
-             if not p.stem.startswith("_"))
 DECODE_VARIANTS = {
     "stock-s19": (lambda compiled: StockBackend(compiled=compiled, fill_in_compiled=True, fold_gqa=True), {}),
     "stock-dynamic": (lambda compiled: StockBackend(compiled=compiled, compile_dynamic=True), {}),
@@ -396,7 +392,7 @@ def main() -> int:
                     help="decode: beside stock and unified, the variants of DECODE_VARIANTS (unified-s18: the "
                          "unified step before sessions 19 and 20's cuts; stock-s19: mode A with session 19's changes)")
     ap.add_argument("--decode-variant", action="append", default=[], metavar="NAME=OP.KEY=VALUE[,...]",
-                    type=lambda spec: H.parse_config_spec(spec, OPS, "--decode-variant"),
+                    type=lambda spec: H.parse_config_spec(spec, H.OPERATORS, "--decode-variant"),
                     help="decode: also the unified step with these CONFIG launch values, as backend unified:NAME "
                          "(repeatable; e.g. short2=attention.decode_short_num_stages=2)")
     ap.add_argument("--learn-steps", type=positive_int, default=120)
@@ -413,11 +409,8 @@ def main() -> int:
     ap.add_argument("--summarize", type=Path, metavar="FILE",
                     help="no run: the summary keys of a saved full-depth throughput file, written to <out>'s summary")
     args = ap.parse_args()
-    for name, over in args.decode_variant:
-        for op, kv in over.items():
-            unknown = sorted(set(kv) - set(importlib.import_module(f"tik_kernels.ops.{op}").CONFIG))
-            if unknown:
-                ap.error(f"--decode-variant {name}: {op} has no CONFIG key {', '.join(unknown)}")
+    if (err := H.unknown_config_keys(args.decode_variant, "--decode-variant")) is not None:
+        ap.error(err)
     if args.summarize:
         try:
             saved = json.loads(args.summarize.read_text())

@@ -243,6 +243,24 @@ def with_config(mod, over: dict, fn: Callable) -> Callable:
     return call
 
 
+#: the library's operators (tik_kernels/ops' modules), whose CONFIG a benchmark's override may set (bench_e2e's
+#: --decode-variant, train_profile's --variant)
+OPERATORS = sorted(p.stem for p in (REPO / "tik_kernels" / "ops").glob("*.py") if not p.stem.startswith("_"))
+
+
+def unknown_config_keys(variants: list[tuple[str, dict[str, dict[str, int]]]], flag: str) -> str | None:
+    """The first of parsed NAME=OP.KEY=VALUE specs (`parse_config_spec`'s) that names a key the library operator's
+    CONFIG lacks, as an argparse error message ('FLAG NAME: OP has no CONFIG key K'), else None."""
+    import importlib
+
+    for name, over in variants:
+        for op, kv in over.items():
+            unknown = sorted(set(kv) - set(importlib.import_module(f"tik_kernels.ops.{op}").CONFIG))
+            if unknown:
+                return f"{flag} {name}: {op} has no CONFIG key {', '.join(unknown)}"
+    return None
+
+
 def parse_config_spec(spec: str, ops: Iterable[str], flag: str) -> tuple[str, dict[str, dict[str, int]]]:
     """NAME=OP.KEY=VALUE[,OP.KEY=VALUE...] -> (NAME, {op: {key: value}}), OP one of `ops`: a benchmark's named run
     with other CONFIG launch values (bench_speed's --variant, bench_e2e's --decode-variant). A bad spec raises

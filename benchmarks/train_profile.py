@@ -49,9 +49,6 @@ from tik_kernels.e2e.run import minibatches  # noqa: E402
 from tik_kernels.e2e.task import make_requests, rewards  # noqa: E402
 from tik_kernels.e2e.trainer import group_advantages, grpo_step, make_optimizer, pack, sequence_logprobs  # noqa: E402
 
-#: the operators whose CONFIG a --variant may set
-OPS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "tik_kernels" / "ops").glob("*.py")
-             if not p.stem.startswith("_"))
 ALLOC_KEYS = ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_sync_all_streams")
 
 
@@ -177,17 +174,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--foreach-adamw", action="store_true",
                     help="AdamW's foreach form instead of the trainer's (fused on CUDA), to time what fusing saves")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=OP.KEY=VALUE[,...]",
-                    type=lambda spec: H.parse_config_spec(spec, OPS, "--variant"),
+                    type=lambda spec: H.parse_config_spec(spec, H.OPERATORS, "--variant"),
                     help="also time the updates with these CONFIG values, interleaved (train[NAME]); repeatable")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--name", default="train_profile_h200_qwen3-0.6b")
     args = ap.parse_args(argv)
-    for name, over in args.variant:
-        for op, kv in over.items():
-            unknown = [k for k in kv if k not in getattr(__import__(f"tik_kernels.ops.{op}", fromlist=["CONFIG"]),
-                                                         "CONFIG", {})]
-            if unknown:
-                ap.error(f"--variant {name}: {op} has no CONFIG key {', '.join(unknown)}")
+    if (err := H.unknown_config_keys(args.variant, "--variant")) is not None:
+        ap.error(err)
     if args.variant and args.backend != "unified":
         ap.error("--variant sets the unified kernels' CONFIG: it needs --backend unified")
     cuda = torch.cuda.is_available()
@@ -216,8 +209,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parts = minibatches(comps, args.minibatches)
     batches = [(pack(comps[s], device), s, t) for s, t in parts]
-    opt = (torch.optim.AdamW(list(params.values()), lr=1e-6, betas=(0.9, 0.99), weight_decay=0.0, foreach=True)
-           if args.foreach_adamw else make_optimizer(params, 1e-6))
+
+    def optimizer(ps):
+        return (torch.optim.AdamW(list(ps.values()), lr=1e-6, betas=(0.9, 0.99), weight_decay=0.0, foreach=True)
+                if args.foreach_adamw else make_optimizer(ps, 1e-6))
+
+    opt = optimizer(params)
 
     def train(ps=params, o=opt):
         for mb, s, t in batches:
@@ -228,8 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     variants = []
     for name, over in args.variant:
         ps = {k: v.detach().clone().requires_grad_(True) for k, v in params.items()}
-        o = (torch.optim.AdamW(list(ps.values()), lr=1e-6, betas=(0.9, 0.99), weight_decay=0.0, foreach=True)
-             if args.foreach_adamw else make_optimizer(ps, 1e-6))
+        o = optimizer(ps)
 
         def run(ps=ps, o=o, over=over):
             with config_overrides(over, be):
