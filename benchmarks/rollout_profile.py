@@ -207,6 +207,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--name", default="rollout_profile_h200")
     args = ap.parse_args()
+    if args.prefill_tokens < 1:
+        ap.error(f"--prefill-tokens must be at least 1, got {args.prefill_tokens}")
     args.device = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU: a smoke run of the script itself
     mc = PRESETS[args.preset]
     if args.layers:
