@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -50,6 +51,34 @@ def test_same_request_same_tokens_whatever_the_batch():
     assert torch.equal(alone.old_logprobs().view(torch.int32), with_others.old_logprobs().view(torch.int32))
 
 
+def test_a_tied_lm_head_is_the_embedding_in_rollout_and_training():
+    """A tied model (the Qwen3 presets) computes what an untied copy with lm_head = embed computes, rollout log-probs
+    and training alike, and the table's gradient is the sum of its two uses' (an fp32 sum of the two casts' grads)."""
+    from tik_kernels.e2e.model import make_backend
+    from tik_kernels.e2e.trainer import sequence_logprobs
+
+    tied = replace(PRESETS["tiny"], tie_embeddings=True)
+    params = init_params(tied, 4)
+    assert "lm_head" not in params
+    untied = {k: v.detach().clone().requires_grad_(True) for k, v in params.items()}
+    untied["lm_head"] = params["embed"].detach().clone().requires_grad_(True)
+    be = make_backend("unified")
+    reqs = make_requests(tied.vocab, 2, 2, random.Random(5), answer_len=(2, 4))
+    a = RolloutEngine(tied, be, max_slots=4, max_len=16).generate(params, reqs)
+    b = RolloutEngine(PRESETS["tiny"], be, max_slots=4, max_len=16).generate(untied, reqs)
+    assert [c.tokens for c in a] == [c.tokens for c in b]
+    assert all(torch.equal(x.old_logprobs(), y.old_logprobs()) for x, y in zip(a, b, strict=True))
+    packed = pack(a, "cpu")
+    lp_t, _ = sequence_logprobs(tied, be, params, packed, 1.0, grad=True)
+    lp_u, _ = sequence_logprobs(PRESETS["tiny"], be, untied, packed, 1.0, grad=True)
+    assert torch.equal(lp_t, lp_u)
+    assert torch.equal(lp_t.detach(), torch.cat([c.old_logprobs() for c in a]))
+    lp_t.sum().backward()
+    lp_u.sum().backward()
+    assert torch.equal(params["embed"].grad, untied["embed"].grad + untied["lm_head"].grad)
+    assert untied["embed"].grad.abs().sum() > 0 and untied["lm_head"].grad.abs().sum() > 0
+
+
 def test_pack_rows_point_at_the_tokens_that_predict_the_answer():
     from tik_kernels.e2e.rollout import Completion
 
@@ -67,8 +96,9 @@ def _write_hf_checkpoint(d, mc, params):
            "num_attention_heads": mc.heads, "num_key_value_heads": mc.kv_heads, "head_dim": mc.head_dim,
            "intermediate_size": mc.ffn, "rope_theta": mc.rope_theta, "rms_norm_eps": mc.eps}
     (d / "config.json").write_text(json.dumps(cfg))
-    sd = {"model.embed_tokens.weight": params["embed"], "model.norm.weight": params["norm"],
-          "lm_head.weight": params["lm_head"]}
+    sd = {"model.embed_tokens.weight": params["embed"], "model.norm.weight": params["norm"]}
+    if "lm_head" in params:  # save_pretrained writes no tied lm_head
+        sd["lm_head.weight"] = params["lm_head"]
     for i in range(mc.layers):
         pre = f"model.layers.{i}."
         sd[pre + "input_layernorm.weight"] = params[f"l{i}.ln1"]
@@ -87,9 +117,11 @@ def _write_hf_checkpoint(d, mc, params):
     save_file({k: v.detach().to(torch.bfloat16) for k, v in items[half:]}, d / "model-00002-of-00002.safetensors")
 
 
-def test_hf_checkpoint_loader_roundtrip(tmp_path):
-    mc = PRESETS["tiny"]
+@pytest.mark.parametrize("tied", [False, True], ids=["lm_head", "tied"])
+def test_hf_checkpoint_loader_roundtrip(tmp_path, tied):
+    mc = replace(PRESETS["tiny"], tie_embeddings=tied)
     params = init_params(mc, 5)
+    assert ("lm_head" in params) != tied
     _write_hf_checkpoint(tmp_path, mc, params)
     mc2, loaded = load_hf(tmp_path)
     assert mc2 == mc

@@ -37,6 +37,9 @@ class ModelConfig:
     eps: float = 1e-6
     #: per-head RMSNorm of q and k before the rotary embedding (Qwen3); Llama has none
     qk_norm: bool = True
+    #: the lm_head is the embedding table (Qwen3-0.6B and -1.7B, `tie_word_embeddings`): one [vocab, hidden]
+    #: parameter, "embed", read by the embedding and by the lm_head, its gradient the sum of both uses
+    tie_embeddings: bool = False
 
     def with_layers(self, n: int) -> ModelConfig:
         return replace(self, layers=n)
@@ -44,7 +47,7 @@ class ModelConfig:
     def n_params(self) -> int:
         H, D = self.hidden, self.head_dim
         layer = H * D * (self.heads * 2 + self.kv_heads * 2) + 3 * H * self.ffn + 2 * H + 2 * D * self.qk_norm
-        return 2 * self.vocab * H + H + self.layers * layer
+        return (1 if self.tie_embeddings else 2) * self.vocab * H + H + self.layers * layer
 
 
 PRESETS: dict[str, ModelConfig] = {
@@ -53,22 +56,30 @@ PRESETS: dict[str, ModelConfig] = {
     # GPU learning demo: small enough to learn the synthetic task by GRPO in minutes
     "small": ModelConfig(vocab=64, hidden=256, layers=4, heads=8, kv_heads=4, head_dim=32, ffn=768,
                          rope_theta=10_000.0),
-    # real shapes (layer count is reduced by the caller to fit the time)
-    "qwen3-0.6b": ModelConfig(vocab=151936, hidden=1024, layers=28, heads=16, kv_heads=8, head_dim=128, ffn=3072),
-    "qwen3-1.7b": ModelConfig(vocab=151936, hidden=2048, layers=28, heads=16, kv_heads=8, head_dim=128, ffn=6144),
+    # real shapes, the lm_head tied to the embedding as in the published checkpoints (a caller may cut the layers)
+    "qwen3-0.6b": ModelConfig(vocab=151936, hidden=1024, layers=28, heads=16, kv_heads=8, head_dim=128, ffn=3072,
+                              tie_embeddings=True),
+    "qwen3-1.7b": ModelConfig(vocab=151936, hidden=2048, layers=28, heads=16, kv_heads=8, head_dim=128, ffn=6144,
+                              tie_embeddings=True),
 }
 
 
 def init_params(cfg: ModelConfig, seed: int = 0, device: str = "cpu") -> dict[str, torch.Tensor]:
-    """Random fp32 master weights (requires_grad), scaled so activations stay O(1)."""
+    """Random fp32 master weights (requires_grad), scaled so activations stay O(1).
+
+    A tied table is scaled as an lm_head (logits of about unit size): the embedding's rows then start the residual
+    stream small, which the first RMSNorm undoes."""
     g = torch.Generator().manual_seed(seed)
     H, D = cfg.hidden, cfg.head_dim
 
     def w(*shape, std):
         return (torch.randn(*shape, generator=g) * std).to(device)
 
-    p: dict[str, torch.Tensor] = {"embed": w(cfg.vocab, H, std=1.0), "norm": torch.ones(H, device=device),
-                                  "lm_head": w(cfg.vocab, H, std=1 / math.sqrt(H))}
+    if cfg.tie_embeddings:
+        p: dict[str, torch.Tensor] = {"embed": w(cfg.vocab, H, std=1 / math.sqrt(H))}
+    else:
+        p = {"embed": w(cfg.vocab, H, std=1.0), "lm_head": w(cfg.vocab, H, std=1 / math.sqrt(H))}
+    p["norm"] = torch.ones(H, device=device)
     for i in range(cfg.layers):
         s_in, s_attn, s_ffn = 1 / math.sqrt(H), 1 / math.sqrt(cfg.heads * D), 1 / math.sqrt(cfg.ffn)
         p |= {
@@ -129,6 +140,8 @@ def load_hf(directory: str | Path, device: str = "cpu") -> tuple[ModelConfig, di
     sd: dict[str, torch.Tensor] = {}
     for f in files:
         sd |= load_file(f)
+    # save_pretrained leaves a tied lm_head out of the files
+    cfg = replace(cfg, tie_embeddings=bool(hf.get("tie_word_embeddings")) or "lm_head.weight" not in sd)
 
     def get(name: str) -> torch.Tensor:
         for key in (name, "model." + name):
@@ -140,7 +153,8 @@ def load_hf(directory: str | Path, device: str = "cpu") -> tuple[ModelConfig, di
     biases = sorted(k for k in sd if k.endswith(".bias"))
     if biases:
         raise CheckpointError(f"{d}: checkpoint has biases ({biases[0]}, ...), which this model does not support")
-    p["lm_head"] = sd["lm_head.weight"].float() if "lm_head.weight" in sd else p["embed"].clone()
+    if not cfg.tie_embeddings:
+        p["lm_head"] = sd["lm_head.weight"].float()
     for i in range(cfg.layers):
         pre = f"layers.{i}."
         p[f"l{i}.ln1"] = get(pre + "input_layernorm.weight")
@@ -594,11 +608,20 @@ def make_backend(name: str, impl_files: dict[str, str | Path] | None = None, sto
 
 
 def bf16_weights(params: dict[str, torch.Tensor], grad: bool) -> dict[str, torch.Tensor]:
-    """The bf16 weights every kernel reads; with `grad` the cast is part of the autograd graph."""
+    """The bf16 weights every kernel reads; with `grad` the cast is part of the autograd graph.
+
+    A tied model's "lm_head" is its "embed" (no parameter of its own): the same bf16 tensor without `grad`; with it,
+    a second cast of the same bits, so that the two uses' gradients meet in the fp32 master's accumulation, not
+    summed in bf16 first."""
     if grad:
-        return {k: v.to(torch.bfloat16) for k, v in params.items()}
+        W = {k: v.to(torch.bfloat16) for k, v in params.items()}
+        if "lm_head" not in W:
+            W["lm_head"] = params["embed"].to(torch.bfloat16)
+        return W
     with torch.no_grad():
-        return {k: v.detach().to(torch.bfloat16) for k, v in params.items()}
+        W = {k: v.detach().to(torch.bfloat16) for k, v in params.items()}
+    W.setdefault("lm_head", W["embed"])
+    return W
 
 
 class KVCache:

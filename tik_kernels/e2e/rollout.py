@@ -188,8 +188,8 @@ class RolloutEngine:
             if self.W is None:
                 self.W = bf16_weights(params, grad=False)
             else:
-                for k, w in self.W.items():
-                    w.copy_(params[k].detach())
+                for k, v in params.items():  # a tied lm_head is the embed buffer itself
+                    self.W[k].copy_(v.detach())
 
     def _kv_len(self, kv_len: int) -> int:
         """The KV length a step of contexts up to `kv_len` attends over: for a backend that reads only the
