@@ -311,10 +311,9 @@ for p in "$@"; do
             part pytest_gpu_attn_ds 120 "$py" -m pytest -q -m gpu tests/kernels/test_attention_ds.py
             part pytest_gpu_logprob_entropy 120 "$py" -m pytest -q -m gpu tests/kernels/test_logprob.py -k entropy
             part "train_profile_${CARD}_qwen3-0.6b_variants" 300 "$py" benchmarks/train_profile.py --preset qwen3-0.6b \
-                --rounds 5 --out "$R" --name "train_profile_${CARD}_qwen3-0.6b_variants" \
+                --rounds 3 --out "$R" --name "train_profile_${CARD}_qwen3-0.6b_variants" \
                 --variant rows32=add_rmsnorm.BWD_ROWS=32,rmsnorm.BWD_ROWS=32 \
                 --variant rows64=add_rmsnorm.BWD_ROWS=64,rmsnorm.BWD_ROWS=64 --variant ent=logprob.FWD_ENTROPY=1 \
-                --variant rows32_ent=add_rmsnorm.BWD_ROWS=32,rmsnorm.BWD_ROWS=32,logprob.FWD_ENTROPY=1 \
                 --variant ent_uncapped=logprob.FWD_ENTROPY=1,logprob.FWD_ENT_MAXNREG=0 ;;
         decode_regs)
             part pytest_gpu_decode_regs 200 "$py" -m pytest -q -m gpu tests/kernels/test_attention.py -k register_caps
