@@ -39,7 +39,7 @@ class E2EConfig:
     answer_len: tuple[int, int] = (2, 6)
     max_slots: int = 8
     #: the most prompt tokens one prefill admits (the engine's `prefill_tokens`)
-    prefill_tokens: int = 8192
+    prefill_tokens: int = 32768
     temperature: float = 1.0
     lr: float = 1e-3
     #: passes over each rollout batch (PPO epochs); > 1 moves the ratio off 1 so the clip binds

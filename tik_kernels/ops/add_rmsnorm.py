@@ -30,7 +30,7 @@ TUNABLES = {
     "PDL": (0, 1),
 }
 #: PDL: the forward launched with programmatic dependent launch (ops/_common.py), no bit changes
-CONFIG = {"TILE_ELEMS": 4096, "MAX_WARPS": 8, "BWD_ROWS": 128, "PDL": 1}
+CONFIG = {"TILE_ELEMS": 4096, "MAX_WARPS": 8, "BWD_ROWS": 32, "PDL": 1}
 
 
 @triton.jit

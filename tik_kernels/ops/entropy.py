@@ -128,13 +128,20 @@ def _entropy_fwd_kernel(
 @triton.jit
 def _ent_merge(b_m, b_s, b_a, c_m, c_s, c_a):
     """A chunk's (max, Σ exp(z - max), a = Σ exp(z - max)·(z - max)) into the running one, both moved to the larger
-    max (before any chunk s = a = 0); also logprob's combine where it gives the entropy beside its log-probs."""
+    max (before any chunk s = a = 0); also logprob's combine where it gives the entropy beside its log-probs.
+
+    a' = α·(a + shift·s) + β·(c_a + (c_m - m')·c_s) and s' = α·s + β·c_s are each a sum of two products, which LLVM
+    fuses into one multiply-add picking the product from the code around it: in logprob's combine it fused the other
+    product of a' than here (H100, session 31: the entropies differed in the last bits). So the multiply-adds are
+    written out, as the compiler made them in this file's combine (its sm_90 PTX unchanged: ptx_unchanged.py)."""
     b_new = tl.maximum(b_m, c_m)
     b_alpha = tl.exp(b_m - b_new)
     b_beta = tl.exp(c_m - b_new)
     b_shift = tl.where(b_s > 0, b_m - b_new, 0.0)
-    b_a = b_alpha * (b_a + b_shift * b_s) + b_beta * (c_a + (c_m - b_new) * c_s)
-    b_s = b_alpha * b_s + b_beta * c_s
+    b_x = tl.fma(b_s, b_shift, b_a)
+    b_y = tl.fma(c_m - b_new, c_s, c_a)
+    b_a = tl.fma(b_beta, b_y, b_alpha * b_x)
+    b_s = tl.fma(b_s, b_alpha, c_s * b_beta)
     return b_new, b_s, b_a
 
 

@@ -149,7 +149,7 @@ CONFIG = {
     "FLAT": 1,
     "SLP_STAGES": 4,
     "SLP_MAXNREG": 128,
-    "FWD_ENTROPY": 0,
+    "FWD_ENTROPY": 1,
     "FWD_ENT_MAXNREG": 128,
 }
 
