@@ -84,10 +84,11 @@ def candidates(op: str, n: int, seed: int = 0) -> list[tuple[str, str]]:
 
 def run_op(op: str, evals: int, device: str, timeout: float, repeat: bool = False, ahead: bool = True) -> dict:
     from tik_kernels.evaluator import ahead as ahead_mod
-    from tik_kernels.evaluator import evaluate, sandbox
+    from tik_kernels.evaluator import evaluate
+    from tik_kernels.evaluator.spares import SPARES
 
     ahead_mod.ENABLED = ahead
-    before = dict(sandbox.SPARES.stats)
+    before = dict(SPARES.stats)
 
     tmp = Path(tempfile.mkdtemp(prefix=f"tik-evalrate-{op}-"))
     rows = []
@@ -119,7 +120,7 @@ def run_op(op: str, evals: int, device: str, timeout: float, repeat: bool = Fals
     fresh = [r for r in rows if not r["candidate"].endswith(" (again)")]
     later = fresh[1:] or fresh
     med = {p: round(statistics.median([r["phases"].get(p, 0.0) for r in later]), 2) for p in PHASES + PROBE_PARTS}
-    spares = {k: v - before.get(k, 0) for k, v in sandbox.SPARES.stats.items()}
+    spares = {k: v - before.get(k, 0) for k, v in SPARES.stats.items()}
     # a candidate that fails early (a tile that does not fit in shared memory) is a cheap evaluation: the search
     # pays it too, but issue #18's figure is the judged one, so the summary takes the verified evaluations only
     judged = [r["wall_s"] for r in later if r["verified"]]
@@ -276,7 +277,7 @@ def main() -> int:
     import torch
 
     from tik_kernels.contracts import UnknownOperator, get_contract
-    from tik_kernels.evaluator import sandbox
+    from tik_kernels.evaluator.spares import prestart_depth
 
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     ops = [o.strip() for o in a.ops.split(",") if o.strip()]
@@ -289,7 +290,7 @@ def main() -> int:
         raise SystemExit("bench_eval_rate: --evals must be at least 1")
     name = a.name or ("eval_rate_cpu" if device == "cpu" else "eval_rate_h200")
     doc = {"command": " ".join(["python benchmarks/bench_eval_rate.py", *sys.argv[1:]]),
-           "env": environment(device), "prestart": sandbox.prestart_depth(), "ops": []}
+           "env": environment(device), "prestart": prestart_depth(), "ops": []}
     a.out.mkdir(parents=True, exist_ok=True)
     if a.plan_bytes:
         doc["plan_bytes"] = [plan_bytes(op, "cpu" if device == "cpu" else "gpu") for op in ops]

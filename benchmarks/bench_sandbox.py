@@ -36,7 +36,7 @@ import torch  # noqa: E402
 
 import tik_kernels  # noqa: E402,F401
 from tik_kernels.contracts import all_contracts, get_contract  # noqa: E402
-from tik_kernels.evaluator import core, evaluate, sandbox  # noqa: E402
+from tik_kernels.evaluator import core, evaluate, sandbox, spawn  # noqa: E402
 from tik_kernels.evaluator.protocol import TensorWriter  # noqa: E402
 
 
@@ -78,7 +78,7 @@ def child(jailed: bool, impl: Path, device: str) -> None:
 
     job = {"mode": "probes", "impl": str(impl), "device": device, "limits": sandbox.limits(120), "graph_probes": []}
     with sandbox.policy(jailed):
-        out = sandbox.run_child(job, inputs, lambda out, doc: doc, 120.0)
+        out = spawn.run_child(job, inputs, lambda out, doc: doc, 120.0)
     assert out.failure is None, out.failure
 
 

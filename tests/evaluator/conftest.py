@@ -2,7 +2,7 @@
 
 import pytest
 
-from tik_kernels.evaluator import forkserver, sandbox
+from tik_kernels.evaluator import forkserver, sandbox, servers, spares
 
 
 @pytest.fixture(params=["launched", "forked"])
@@ -10,7 +10,7 @@ def started(request, monkeypatch):
     """A test that takes this runs twice: its candidates' children started by the launcher (a fresh interpreter),
     then forked by the fork server (`zygote.py`), each child started for its candidate (no spare). Yields the server
     in the forked run (None in the other), and checks that the children really were forked."""
-    monkeypatch.setenv(sandbox.PRESTART_ENV, "0")
+    monkeypatch.setenv(spares.PRESTART_ENV, "0")
     if request.param == "launched":
         monkeypatch.setenv(forkserver.ENV, "0")
         yield None
@@ -19,9 +19,9 @@ def started(request, monkeypatch):
     mode, why = sandbox.availability()
     if mode is None:
         pytest.skip(f"the kernel refuses the sandbox's namespaces here: {why}")
-    sandbox.SERVERS.ensure(mode, "cpu", "private")
-    server = sandbox.SERVERS.ready(mode, "cpu")
-    assert server is not None, sandbox.SERVERS.stats
+    servers.SERVERS.ensure(mode, "cpu", "private")
+    server = servers.SERVERS.ready(mode, "cpu")
+    assert server is not None, servers.SERVERS.stats
     before = server.forked
     yield server
     assert server.forked > before, "no child of this test was forked"

@@ -189,7 +189,7 @@ def private_tmp(tmp_path, monkeypatch):
 
 
 def test_nosy_candidate_finds_no_secrets_and_no_files(private_tmp):
-    from tik_kernels.evaluator.sandbox import SPARES
+    from tik_kernels.evaluator.spares import SPARES
 
     (private_tmp / "tik-eval-decoy").mkdir()  # another evaluation's directory: outside the jail
     taken = SPARES.stats["taken"]
@@ -248,6 +248,7 @@ def test_only_trusted_children_write_the_shared_triton_cache_and_seeded_ones_get
     other child into a private copy of it. A candidate that plants or deletes files there touches only its copy."""
     from tik_kernels.evaluator import sandbox
     from tik_kernels.evaluator.protocol import TensorWriter
+    from tik_kernels.evaluator.spawn import run_child
 
     impl = tmp_path / "cache_toucher.py"
     impl.write_text(
@@ -266,7 +267,7 @@ def test_only_trusted_children_write_the_shared_triton_cache_and_seeded_ones_get
     def run(mode):
         job = {"mode": "probes", "impl": str(impl), "device": "cpu", "limits": sandbox.limits(20),
                "graph_probes": []}
-        out = sandbox.run_child(job, inputs, lambda out, doc: doc, 20.0, cache=mode)
+        out = run_child(job, inputs, lambda out, doc: doc, 20.0, cache=mode)
         assert out.failure is None, out.failure
         return out.doc["import_error"].partition("seen:")[2]
 

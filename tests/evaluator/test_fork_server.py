@@ -19,7 +19,7 @@ import pytest
 from evaluator_fixtures import FIX, tiny
 from planted import WRITABLE, alive, alive_with, descendants, kill_all, planted
 
-from tik_kernels.evaluator import evaluate, sandbox
+from tik_kernels.evaluator import evaluate, sandbox, servers, spares
 from tik_kernels.evaluator.forkserver import ForkServerError
 
 ROOT = FIX / "tiny_root.py"
@@ -61,18 +61,18 @@ def look(tmp_path: Path, what: str) -> dict:
 
 
 def test_a_forked_child_sees_what_a_launched_child_sees(tmp_path, monkeypatch):
-    monkeypatch.setenv(sandbox.PRESTART_ENV, "0")
+    monkeypatch.setenv(spares.PRESTART_ENV, "0")
     monkeypatch.setenv("TIK_FORK_SERVER", "0")
     launched = {w: look(tmp_path, w) for w in ("who", "caps", "files", "tree", "env")}
     monkeypatch.delenv("TIK_FORK_SERVER")
     # spares on: a sibling forked by the same server waits while each candidate runs
-    monkeypatch.setenv(sandbox.PRESTART_ENV, "1")
-    sandbox.SERVERS.ensure(MODE, "cpu", "private")
-    server = sandbox.SERVERS.ready(MODE, "cpu")
+    monkeypatch.setenv(spares.PRESTART_ENV, "1")
+    servers.SERVERS.ensure(MODE, "cpu", "private")
+    server = servers.SERVERS.ready(MODE, "cpu")
     before = server.forked
     forked = {w: look(tmp_path, w) for w in ("who", "caps", "files", "tree", "env")}
-    assert server.forked >= before + 5 and sandbox.SERVERS.ready(MODE, "cpu") is server
-    assert sandbox.SPARES.pids(), "no sibling was alive"
+    assert server.forked >= before + 5 and servers.SERVERS.ready(MODE, "cpu") is server
+    assert spares.SPARES.pids(), "no sibling was alive"
     # the same uid, pid namespace of its own (its init and itself), cwd, an empty /dev/shm of its own, no
     # capability, no_new_privs, the same writable places, descriptors, network (loopback only) and environment
     assert forked["who"] == launched["who"] and forked["who"]["pids"] == [1, 2] and forked["who"]["shm"] == []
@@ -92,7 +92,7 @@ CHEATS = ["forges", "mutates", "segfault", "obfuscated_import", "exits", "nosy"]
 
 def test_planted_cheats_fail_the_same_way_forked(monkeypatch):
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-fake")  # nosy looks for it
-    monkeypatch.setenv(sandbox.PRESTART_ENV, "0")
+    monkeypatch.setenv(spares.PRESTART_ENV, "0")
 
     def failures() -> dict:
         reps = {name: evaluate(tiny(), FIX / f"{name}.py", root_path=ROOT, device="cpu", timeout=60)
@@ -105,8 +105,8 @@ def test_planted_cheats_fail_the_same_way_forked(monkeypatch):
     monkeypatch.setenv("TIK_FORK_SERVER", "0")
     launched = failures()
     monkeypatch.delenv("TIK_FORK_SERVER")
-    sandbox.SERVERS.ensure(MODE, "cpu", "private")
-    server = sandbox.SERVERS.ready(MODE, "cpu")
+    servers.SERVERS.ensure(MODE, "cpu", "private")
+    server = servers.SERVERS.ready(MODE, "cpu")
     before = server.forked
     forked = failures()
     assert server.forked == before + len(CHEATS) and started == [{0.0}, {1.0}]
@@ -132,18 +132,18 @@ def test_a_hanging_child_and_its_daemon_die_at_the_timeout(started, tmp_path):
 
 
 def test_a_dead_server_costs_only_the_speed_up(monkeypatch):
-    monkeypatch.setenv(sandbox.PRESTART_ENV, "0")
-    sandbox.SERVERS.ensure(MODE, "cpu", "private")
-    server = sandbox.SERVERS.ready(MODE, "cpu")
-    dropped = sandbox.SERVERS.stats["dropped"]
+    monkeypatch.setenv(spares.PRESTART_ENV, "0")
+    servers.SERVERS.ensure(MODE, "cpu", "private")
+    server = servers.SERVERS.ready(MODE, "cpu")
+    dropped = servers.SERVERS.stats["dropped"]
     os.killpg(server.proc.pid, signal.SIGKILL)
     server.proc.wait(10)
     rep = evaluate(tiny(), FIX / "good.py", root_path=ROOT, device="cpu", timeout=60)
     assert rep.verified, rep.failure
-    assert sandbox.SERVERS.stats["dropped"] == dropped + 1 and sandbox.SERVERS.ready(MODE, "cpu") is None
+    assert servers.SERVERS.stats["dropped"] == dropped + 1 and servers.SERVERS.ready(MODE, "cpu") is None
     # the spares' thread starts the next one
-    sandbox.SERVERS.ensure(MODE, "cpu", "private")
-    fresh = sandbox.SERVERS.ready(MODE, "cpu")
+    servers.SERVERS.ensure(MODE, "cpu", "private")
+    fresh = servers.SERVERS.ready(MODE, "cpu")
     assert fresh is not None and fresh is not server
     assert evaluate(tiny(), FIX / "good.py", root_path=ROOT, device="cpu", timeout=60).verified
     assert fresh.forked >= 1
@@ -153,10 +153,10 @@ def test_the_server_holds_no_secret_and_its_children_find_none(tmp_path, monkeyp
     """A key in the evaluator's environment when the server starts: not in the server's environment, and the planted
     candidate that reads every environment in its reach finds none."""
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-planted-test")
-    monkeypatch.setenv(sandbox.PRESTART_ENV, "0")
-    sandbox.SERVERS.close()
-    sandbox.SERVERS.ensure(MODE, "cpu", "private")
-    server = sandbox.SERVERS.ready(MODE, "cpu")
+    monkeypatch.setenv(spares.PRESTART_ENV, "0")
+    servers.SERVERS.close()
+    servers.SERVERS.ensure(MODE, "cpu", "private")
+    server = servers.SERVERS.ready(MODE, "cpu")
     zygotes = [p for p in descendants(server.proc.pid)
                if b"tik_kernels.evaluator.zygote" in Path(f"/proc/{p}/cmdline").read_bytes()]
     assert len(zygotes) == 1
@@ -169,8 +169,8 @@ def test_the_server_holds_no_secret_and_its_children_find_none(tmp_path, monkeyp
 
 
 def test_the_server_forks_only_a_directory_of_its_pool(tmp_path):
-    sandbox.SERVERS.ensure(MODE, "cpu", "private")
-    server = sandbox.SERVERS.ready(MODE, "cpu")
+    servers.SERVERS.ensure(MODE, "cpu", "private")
+    server = servers.SERVERS.ready(MODE, "cpu")
     with pytest.raises(ForkServerError, match="not in the fork server's pool"):
         server.spawn(tmp_path, {}, "/tmp/work")
     # a request written by hand (what a confused or hostile evaluator thread could send) is answered, not obeyed
@@ -180,7 +180,7 @@ def test_the_server_forks_only_a_directory_of_its_pool(tmp_path):
                             [out.fileno(), out.fileno()])
             reply = json.loads(server.sock.recv(4096))
         assert "not a child's directory in the pool" in reply["error"], (name, reply)
-    assert server.alive() and sandbox.SERVERS.ready(MODE, "cpu") is server
+    assert server.alive() and servers.SERVERS.ready(MODE, "cpu") is server
 
 
 def test_a_warmed_server_starts_no_thread_and_its_children_compute_the_same_bits(monkeypatch):
@@ -194,9 +194,9 @@ def test_a_warmed_server_starts_no_thread_and_its_children_compute_the_same_bits
     from tik_kernels.contract import same_bits
     from tik_kernels.evaluator import core
 
-    monkeypatch.setenv(sandbox.PRESTART_ENV, "0")
-    sandbox.SERVERS.ensure(MODE, "cpu", "private")
-    server = sandbox.SERVERS.ready(MODE, "cpu")
+    monkeypatch.setenv(spares.PRESTART_ENV, "0")
+    servers.SERVERS.ensure(MODE, "cpu", "private")
+    server = servers.SERVERS.ready(MODE, "cpu")
     assert server.warmed["errors"] == 0 and server.warmed["probes"] > 0, server.warmed
     assert server.threads[0] == server.threads[1], server.threads
     for op in ("rmsnorm", "silu_mul"):
@@ -284,7 +284,7 @@ def test_sigkill_of_the_evaluator_takes_the_server_and_a_forked_child_with_its_d
     repo = Path(__file__).resolve().parents[2]
     proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("sandbox_driver.py")), str(FIX / "good.py"),
                              str(hang)], env={**os.environ, "PYTHONPATH": str(repo), "TMPDIR": str(tmp),
-                                              sandbox.PRESTART_ENV: "1"}, stdout=subprocess.PIPE, text=True)
+                                              spares.PRESTART_ENV: "1"}, stdout=subprocess.PIPE, text=True)
     try:
         end = time.monotonic() + 120
         while not alive_with(marker) and time.monotonic() < end and proc.poll() is None:
@@ -312,29 +312,29 @@ def test_sigkill_of_the_evaluator_takes_the_server_and_a_forked_child_with_its_d
 
 
 def test_prepare_starts_the_server_in_the_background_where_children_are_forked(monkeypatch):
-    """`sandbox.prepare` (an evaluator process starting: a slot, the inline executor) starts the fork server
+    """`spares.prepare` (an evaluator process starting: a slot, the inline executor) starts the fork server
     without waiting for it, and only where a child would be forked."""
-    servers, spares = sandbox._Servers(), sandbox.Spares()
-    monkeypatch.setattr(sandbox, "SERVERS", servers)
-    monkeypatch.setattr(sandbox, "SPARES", spares)
+    own_servers, own_spares = servers._Servers(), spares.Spares()
+    monkeypatch.setattr(servers, "SERVERS", own_servers)  # read there by the spares' thread too
+    monkeypatch.setattr(spares, "SPARES", own_spares)
     try:
-        for off in ({"device": "cuda"}, {"env": ("TIK_FORK_SERVER", "0")}, {"env": (sandbox.PRESTART_ENV, "0")}):
+        for off in ({"device": "cuda"}, {"env": ("TIK_FORK_SERVER", "0")}, {"env": (spares.PRESTART_ENV, "0")}):
             with monkeypatch.context() as m:
                 if "env" in off:
                     m.setenv(*off["env"])
-                sandbox.prepare(off.get("device", "cpu"))
-            assert spares.thread is None and servers.stats["started"] == 0, off
+                spares.prepare(off.get("device", "cpu"))
+            assert own_spares.thread is None and own_servers.stats["started"] == 0, off
         t0 = time.monotonic()
-        sandbox.prepare("cpu")
+        spares.prepare("cpu")
         assert time.monotonic() - t0 < 0.5  # in the background
         deadline = time.monotonic() + 120
-        while servers.ready(MODE, "cpu") is None and time.monotonic() < deadline:
+        while own_servers.ready(MODE, "cpu") is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert servers.ready(MODE, "cpu") is not None and servers.stats["started"] == 1
-        sandbox.prepare("cpu")  # already up: nothing more
-        spares.queue.put(None)  # (after the request above, which the thread then finds already served)
-        spares.thread.join(timeout=60)
-        assert servers.stats["started"] == 1
+        assert own_servers.ready(MODE, "cpu") is not None and own_servers.stats["started"] == 1
+        spares.prepare("cpu")  # already up: nothing more
+        own_spares.queue.put(None)  # (after the request above, which the thread then finds already served)
+        own_spares.thread.join(timeout=60)
+        assert own_servers.stats["started"] == 1
     finally:
-        spares.close()
-        servers.close()
+        own_spares.close()
+        own_servers.close()

@@ -1,4 +1,4 @@
-"""One child per timed evaluation (sandbox.PhasedChild): the candidate's probes, the parent's checks, then the
+"""One child per timed evaluation (spawn.PhasedChild): the candidate's probes, the parent's checks, then the
 same child times candidate, root and incumbent, or is stopped. Spawns are counted; a child that fails a check,
 hangs while waiting or while timing, or lies in its first reply is a one-line failure and is gone when
 `evaluate` returns."""
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from evaluator_fixtures import FIX, tiny
 
-from tik_kernels.evaluator import evaluate, measure, sandbox
+from tik_kernels.evaluator import evaluate, measure, spares, spawn
 from tik_kernels.evaluator.core import warm_root
 
 ROOT = FIX / "tiny_root.py"
@@ -45,9 +45,9 @@ def _root_warm():
 def spawned(monkeypatch):
     """Every child started (job mode, Popen), in order; no spare (`test_prestart.py` tests those), so each
     evaluation starts its candidate's child (a spare started late can match the next test's world and serve it)."""
-    monkeypatch.setenv(sandbox.PRESTART_ENV, "0")
+    monkeypatch.setenv(spares.PRESTART_ENV, "0")
     seen: list[tuple[str, object]] = []
-    launch = sandbox._launch
+    launch = spawn._launch
 
     def counting(tmp, mode, job, write_inputs, cache, then=None):
         # a child starting while an earlier candidate child still runs: recorded, the GPU test forbids it
@@ -56,7 +56,7 @@ def spawned(monkeypatch):
         seen.append((job["mode"] + ("+time" if then is not None else "") + ("+alongside" if alive else ""), proc))
         return proc
 
-    monkeypatch.setattr(sandbox, "_launch", counting)
+    monkeypatch.setattr(spawn, "_launch", counting)  # where run_child and PhasedChild read it
     return seen
 
 

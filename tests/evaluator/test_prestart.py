@@ -1,4 +1,4 @@
-"""Pre-started candidate children (sandbox.Spares): a timed evaluation takes the child started during the previous
+"""Pre-started candidate children (spares.Spares): a timed evaluation takes the child started during the previous
 one, which serves that one candidate and no other; a dead spare is replaced by a fresh child; a planted cheat run
 through a spare fails exactly as it does through a fresh child; nothing is left once the evaluator exits, cleanly
 (atexit) or killed (`reap_stale`).
@@ -20,7 +20,7 @@ import pytest
 from evaluator_fixtures import FIX, tiny
 from planted import alive, child_dirs
 
-from tik_kernels.evaluator import evaluate, sandbox
+from tik_kernels.evaluator import evaluate, sandbox, servers, spares, spawn
 from tik_kernels.evaluator.core import warm_root
 
 ROOT = FIX / "tiny_root.py"
@@ -36,18 +36,18 @@ def _root_warm():
 def children(monkeypatch):
     """(launcher pid, pre-started?) of every candidate child, in order, with a pool of spares of this test's own
     (closed at the end: killed, directories removed)."""
-    monkeypatch.setenv(sandbox.PRESTART_ENV, "1")
-    pool = sandbox.Spares()
-    monkeypatch.setattr(sandbox, "SPARES", pool)
+    monkeypatch.setenv(spares.PRESTART_ENV, "1")
+    pool = spares.Spares()
+    monkeypatch.setattr(spares, "SPARES", pool)  # spawn.PhasedChild reads it there
     seen: list[tuple[int, bool]] = []
-    first = sandbox.PhasedChild.first
+    first = spawn.PhasedChild.first
 
     def spy(self, read_result, timeout):
         out = first(self, read_result, timeout)
         seen.append((self.proc.pid, self.prestarted))
         return out
 
-    monkeypatch.setattr(sandbox.PhasedChild, "first", spy)
+    monkeypatch.setattr(spawn.PhasedChild, "first", spy)
     yield seen
     pool.close()
     assert not pool.pids()
@@ -61,7 +61,7 @@ def run(name: str, **kw):
 def forked() -> bool:
     """Whether a CPU candidate's child is forked here (the jail starts): the first evaluation then waits for a
     spare (the fork server's start, then a fork) instead of starting a fresh interpreter beside it."""
-    return sandbox.forks(sandbox.isolation(False)[0], "cpu", "private")
+    return servers.forks(sandbox.isolation(False)[0], "cpu", "private")
 
 
 def test_a_spare_serves_one_candidate_and_the_next_evaluation_gets_another(children):
@@ -71,10 +71,10 @@ def test_a_spare_serves_one_candidate_and_the_next_evaluation_gets_another(child
     pids = [pid for pid, _ in children]
     assert len(set(pids)) == 3
     assert not any(alive(p) for p in pids)  # each candidate's child is gone when its evaluation returns
-    sandbox.SPARES.settle("cpu")
-    [waiting] = sandbox.SPARES.pids()  # and one spare waits for the next candidate
+    spares.SPARES.settle("cpu")
+    [waiting] = spares.SPARES.pids()  # and one spare waits for the next candidate
     assert waiting not in pids and alive(waiting)
-    assert sandbox.SPARES.stats["taken"] == 2 + forked()
+    assert spares.SPARES.stats["taken"] == 2 + forked()
 
 
 def test_the_first_forked_child_waits_for_the_fork_server_instead_of_starting_beside_it(children):
@@ -83,29 +83,29 @@ def test_the_first_forked_child_waits_for_the_fork_server_instead_of_starting_be
     rep = run("good")
     assert rep.verified, rep.failure
     assert children == [(children[0][0], True)] and rep.phases["probes_candidate_forked"] == 1.0
-    assert sandbox.SERVERS.ready(sandbox.isolation(False)[0], "cpu") is not None
+    assert servers.SERVERS.ready(sandbox.isolation(False)[0], "cpu") is not None
 
 
 def test_a_dead_spare_is_replaced_by_a_fresh_child_and_the_evaluation_verifies(children):
     assert run("good").verified
-    sandbox.SPARES.settle("cpu")  # (the spare may still be starting, with the fork server before it)
-    [spare] = [s for v in sandbox.SPARES.ready.values() for s in v]
+    spares.SPARES.settle("cpu")  # (the spare may still be starting, with the fork server before it)
+    [spare] = [s for v in spares.SPARES.ready.values() for s in v]
     os.killpg(spare.proc.pid, signal.SIGKILL)
     spare.proc.wait(timeout=10)
     rep = run("good")
     assert rep.verified, rep.failure
     assert children[1][0] != spare.proc.pid and children[1][1] is forked()  # (a fresh spare where children fork)
-    assert sandbox.SPARES.stats["discarded"] == 1 and not spare.tmp.exists()
+    assert spares.SPARES.stats["discarded"] == 1 and not spare.tmp.exists()
 
 
 def test_a_spare_whose_world_changed_is_not_used(children, monkeypatch):
     assert run("good").verified
-    sandbox.SPARES.settle("cpu")
-    [spare] = [s for v in sandbox.SPARES.ready.values() for s in v]
+    spares.SPARES.settle("cpu")
+    [spare] = [s for v in spares.SPARES.ready.values() for s in v]
     monkeypatch.setenv("TIK_SOME_SETTING", "changed")  # the child's environment would differ now
     assert run("good").verified
     assert [pre for _, pre in children] == [forked(), forked()] and not alive(spare.proc.pid)
-    assert sandbox.SPARES.stats["discarded"] == 1
+    assert spares.SPARES.stats["discarded"] == 1
 
 
 def test_a_candidate_spare_cache_is_seeded_topped_up_and_becomes_the_evaluations(children, monkeypatch, tmp_path):
@@ -115,15 +115,15 @@ def test_a_candidate_spare_cache_is_seeded_topped_up_and_becomes_the_evaluations
     monkeypatch.setattr(sandbox, "_TRUSTED_CACHE", trusted)
     mode = sandbox.isolation(False)[0]
     job = {"device": "cpu", "limits": sandbox.limits(30)}
-    sandbox.SPARES.prime(mode, "cpu", job["limits"], "candidate")
-    assert sandbox.SPARES.settle("cpu") < 30
+    spares.SPARES.prime(mode, "cpu", job["limits"], "candidate")
+    assert spares.SPARES.settle("cpu") < 30
     (trusted / "k2").mkdir()  # compiled by a trusted child after the spare was seeded
     (trusted / "k2" / "kernel.bin").write_text("another")
     with sandbox.candidate_cache():
         sandbox.triton_cache("candidate", tmp_path)  # this evaluation already has its candidate cache
-        assert sandbox.SPARES.take(mode, job, "candidate") is None
+        assert spares.SPARES.take(mode, job, "candidate") is None
     with sandbox.candidate_cache():
-        spare = sandbox.SPARES.take(mode, job, "candidate")
+        spare = spares.SPARES.take(mode, job, "candidate")
         assert spare is not None and spare.own_cache is None  # adopted by the evaluation
         assert sorted(p.name for p in spare.cache_dir.iterdir()) == ["k1", "k2"]
         assert sandbox.triton_cache("candidate", tmp_path) == spare.cache_dir  # its later children share it
@@ -134,19 +134,19 @@ def test_a_candidate_spare_cache_is_seeded_topped_up_and_becomes_the_evaluations
 def test_a_forked_copy_of_the_evaluator_neither_takes_nor_kills_its_parents_spares(children):
     mode = sandbox.isolation(False)[0]
     job = {"device": "cpu", "limits": sandbox.limits(30)}
-    sandbox.SPARES.prime(mode, "cpu", job["limits"], "private")
-    sandbox.SPARES.settle("cpu")
-    [pid] = sandbox.SPARES.pids()
-    sandbox.SPARES.cond.acquire()  # held by "another thread" when the process forks
+    spares.SPARES.prime(mode, "cpu", job["limits"], "private")
+    spares.SPARES.settle("cpu")
+    [pid] = spares.SPARES.pids()
+    spares.SPARES.cond.acquire()  # held by "another thread" when the process forks
     child = os.fork()
     if child == 0:
-        ok = sandbox.SPARES.take(mode, job, "private") is None and not sandbox.SPARES.pids()
-        sandbox.SPARES.close()
+        ok = spares.SPARES.take(mode, job, "private") is None and not spares.SPARES.pids()
+        spares.SPARES.close()
         os._exit(0 if ok else 1)
-    sandbox.SPARES.cond.release()
+    spares.SPARES.cond.release()
     _, status = os.waitpid(child, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    assert sandbox.SPARES.pids() == [pid] and alive(pid)
+    assert spares.SPARES.pids() == [pid] and alive(pid)
 
 
 #: fixtures whose cheat or crash is caught in the child or after it: the same report through a spare
@@ -155,10 +155,10 @@ CHEATS = ["forges", "mutates", "segfault", "obfuscated_import", "lazy_when_timed
 
 def test_planted_cheats_fail_the_same_way_through_a_spare(children, monkeypatch):
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-fake")  # nosy looks for it
-    monkeypatch.setenv(sandbox.PRESTART_ENV, "0")
+    monkeypatch.setenv(spares.PRESTART_ENV, "0")
     fresh = {name: run(name) for name in CHEATS}
     assert not any(pre for _, pre in children)
-    monkeypatch.setenv(sandbox.PRESTART_ENV, "1")
+    monkeypatch.setenv(spares.PRESTART_ENV, "1")
     assert run("good").verified  # starts the first spare
     del children[:]
     spared = {name: run(name) for name in CHEATS}
@@ -174,13 +174,13 @@ DRIVER = """
 import json, os, sys, time
 from evaluator_fixtures import FIX, tiny
 from planted import descendants
-from tik_kernels.evaluator import evaluate, sandbox
+from tik_kernels.evaluator import evaluate, spares
 
 for _ in range(2):
     rep = evaluate(tiny(), FIX / "good.py", root_path=FIX / "tiny_root.py", device="cpu", time_it=True, timeout=30)
     assert rep.verified, rep.failure
-assert sandbox.SPARES.settle("cpu") < 30
-print(json.dumps({"pids": descendants(os.getpid()), "spares": sandbox.SPARES.pids()}), flush=True)
+assert spares.SPARES.settle("cpu") < 30
+print(json.dumps({"pids": descendants(os.getpid()), "spares": spares.SPARES.pids()}), flush=True)
 if sys.argv[1] == "hang":
     time.sleep(600)
 sys.stdin.readline()  # exits once the test has looked (its atexit removes the spares' directories)
@@ -189,7 +189,7 @@ sys.stdin.readline()  # exits once the test has looked (its atexit removes the s
 
 @pytest.mark.parametrize("end", ["exit", "killed"])
 def test_no_spare_outlives_the_evaluator(tmp_path, end):
-    env = {**os.environ, "TMPDIR": str(tmp_path), sandbox.PRESTART_ENV: "1",
+    env = {**os.environ, "TMPDIR": str(tmp_path), spares.PRESTART_ENV: "1",
            "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests" / "evaluator")])}
     proc = subprocess.Popen([sys.executable, "-c", DRIVER, "hang" if end == "killed" else "exit"], env=env,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -231,4 +231,4 @@ def test_on_the_gpu_a_spare_serves_the_next_candidate_and_its_cache_goes_with_th
     # the used spare's seeded Triton cache was the second evaluation's candidate cache, removed with it: the one
     # left belongs to the spare waiting for a third candidate
     left = caches() - before
-    assert len(left) == 1 and len(sandbox.SPARES.pids()) == 1, (left, before)
+    assert len(left) == 1 and len(spares.SPARES.pids()) == 1, (left, before)

@@ -13,7 +13,7 @@ import pytest
 import torch
 from evaluator_fixtures import FIX, tiny
 
-from tik_kernels.evaluator import core, evaluate, protocol, sandbox
+from tik_kernels.evaluator import core, evaluate, protocol, sandbox, spares
 
 ROOT = FIX / "tiny_root.py"
 
@@ -110,9 +110,9 @@ def test_a_plan_dropped_from_the_process_takes_its_inputs_file_with_it():
 def test_on_the_gpu_a_spare_has_warmed_triton_before_its_candidate_arrives(monkeypatch):
     """A pre-started CUDA child has paid Triton's once-per-process costs (`child.warm_triton`): the candidate taken
     by it finds Triton's version key computed already."""
-    monkeypatch.setenv(sandbox.PRESTART_ENV, "1")
-    pool = sandbox.Spares()
-    monkeypatch.setattr(sandbox, "SPARES", pool)
+    monkeypatch.setenv(spares.PRESTART_ENV, "1")
+    pool = spares.Spares()
+    monkeypatch.setattr(spares, "SPARES", pool)  # spawn.PhasedChild reads it there
     try:
         first = evaluate(tiny(), FIX / "good.py", root_path=ROOT, device="cuda", time_it=True, timeout=120)
         assert first.verified, first.failure

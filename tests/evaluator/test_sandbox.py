@@ -1,4 +1,4 @@
-"""The candidate sandbox (evaluator/sandbox.py, isolate.py), attacked by planted candidates (planted.py): each
+"""The candidate sandbox (evaluator/sandbox.py, spawn.py, isolate.py), attacked by planted candidates (planted.py): each
 attack is rejected with its reason in the report, or made harmless, and the same attack without the sandbox
 shows what the sandbox stops. Also: nothing outlives a SIGKILLed evaluator, and the evaluator refuses to run
 once its trusted files changed. The attacks run in the evaluator's own process run twice (`started`, conftest.py):
@@ -20,7 +20,7 @@ import pytest
 from evaluator_fixtures import FIX, tiny
 from planted import WRITABLE, alive_with, child_dirs, kill_all, planted
 
-from tik_kernels.evaluator import evaluate, integrity, sandbox
+from tik_kernels.evaluator import evaluate, integrity, sandbox, spawn
 
 REPO = Path(__file__).resolve().parents[2]
 CHECKS = REPO / "tik_kernels" / "evaluator" / "checks.py"
@@ -146,7 +146,7 @@ def test_a_reply_that_points_elsewhere_is_not_followed(started, tmp_path, monkey
     path = write(tmp_path, "symlink", TARGET=str(target))
     rep = run(path)
     assert not rep.verified and "'result.json' is not a plain file" in rep.failure, rep.failure
-    monkeypatch.setattr(sandbox, "_plain", lambda out: None)
+    monkeypatch.setattr(spawn, "_plain", lambda out: None)  # where _read_reply reads it
     rep = run(path)
     assert rep.failure == "import failed: LEAKED the parent's file"
 
@@ -365,7 +365,7 @@ def test_an_evaluations_candidate_children_share_one_triton_cache_and_no_other_c
         return {"probes": [], "tensors": TensorWriter(tmp / "inputs.bin").close()}
 
     def seen(cache: str) -> str:
-        out = sandbox.run_child(job, inputs, lambda out, doc: doc["import_error"], 60, cache=cache)
+        out = spawn.run_child(job, inputs, lambda out, doc: doc["import_error"], 60, cache=cache)
         assert out.failure is None, out.failure
         return out.doc.partition("SEEN")[2]
 

@@ -11,10 +11,10 @@ Jobs: `probes` (run the contract's probes on one implementation), `time` (the ti
 harness of `tik_kernels.evaluator.timing` on the candidate, root, incumbent and baseline) and
 `evidence` / `ncu_cell` (compile stats and work per cell, `tik_kernels.evaluator.evidence`).
 
-A child started before its candidate existed (`sandbox.Spares`) is started on a `spare` job: it imports, initialises
+A child started before its candidate existed (`spares.Spares`) is started on a `spare` job: it imports, initialises
 its device and waits for its probes job (`_prestarted`), then runs it as above.
 
-A probes job with `next` (a path the parent writes and this process can only read, `sandbox.PhasedChild`)
+A probes job with `next` (a path the parent writes and this process can only read, `spawn.PhasedChild`)
 is the first of two: after its reply this process waits for the parent's decision there, `{"stop": true}`
 or `{"job": <a time job>}`, and runs that job on the implementation it has already imported (as
 "candidate"), replying the same way in a fresh `out/` (the parent has taken the first one away).
@@ -356,7 +356,7 @@ def warm_device(device: str) -> None:
 
 
 def _prestarted(workdir: Path, boot: dict) -> dict:
-    """A pre-started child (`sandbox.Spares`): import what a probes job imports, initialise the device, then wait
+    """A pre-started child (`spares.Spares`): import what a probes job imports, initialise the device, then wait
     for the first job, which the parent writes where this process can only read (`boot["start"]`). Nothing of a
     candidate has run here yet. The job is then this child's job.json, as if it had been started with it."""
     import torch

@@ -10,7 +10,7 @@
    outputs have the root's dtypes and shapes; every probe's inputs are bitwise unchanged; on the
    GPU a CUDA graph replayed on changed inputs matches a fresh call (`checks.py`).
 4. Only a verified candidate's timing counts, and it is timed by the child that ran its probes
-   (`sandbox.PhasedChild`), which times candidate, root and incumbent (and on the CPU stock PyTorch)
+   (`spawn.PhasedChild`), which times candidate, root and incumbent (and on the CPU stock PyTorch)
    interleaved, with the candidate module and kernels its probes loaded; one start per candidate, not two.
    On the CPU it waits while the checks run here and is told to time only when they all passed (else to
    stop, and killed); on the GPU it is told at once and timed while the checks run here (`OVERLAP_CHECKS`:
@@ -62,18 +62,9 @@ from tik_kernels.evaluator.protocol import (
     tensors_from,
 )
 from tik_kernels.evaluator.report import EvalReport, decide, environment, evaluator_fingerprint, fail
-from tik_kernels.evaluator.sandbox import (
-    ChildOutcome,
-    PhasedChild,
-    candidate_cache,
-    isolation,
-    limits,
-    owned_tempdir,
-    policy,
-    prepare,
-    run_child,
-    settle_spares,
-)
+from tik_kernels.evaluator.sandbox import candidate_cache, isolation, limits, owned_tempdir, policy
+from tik_kernels.evaluator.spares import prepare, settle_spares
+from tik_kernels.evaluator.spawn import ChildOutcome, PhasedChild, run_child
 
 #: the candidate's timing starts as soon as its probes are back, while the parent checks them; a check that fails
 #: stops it (`PhasedChild.then`'s abort), and the report is the check's failure, as without. None: on the GPU only,
@@ -319,7 +310,7 @@ def _candidate(report: EvalReport, contract: Contract, plan: Plan, cand_path: Pa
                                    timeout, key, root_sha, child, timing)
             elif _check(report, contract, plan, cand, root_path, device, timeout, key, root_sha, is_root):
                 if device.startswith("cuda"):
-                    # the next candidate's child (`sandbox.Spares`) has been starting since this one's probes began:
+                    # the next candidate's child (`spares.Spares`) has been starting since this one's probes began:
                     # the GPU is timed once it is idle, not while a CUDA context is being created beside it
                     report.phases["spare_settle"] = settle_spares(device)
                 time_candidate(report, contract, cand_path, root_path, incumbent_path, device, timeout, phased=child)
@@ -574,7 +565,7 @@ CHILD_PHASES = ("start", "inputs", "import", "ahead", "compute", "graph", "send"
 
 
 def probe_phases(parent: dict, stats: dict, prefix: str) -> dict[str, float]:
-    """A probes phase broken down: the parent's parts (`sandbox.ChildOutcome.phases`), the child's (`CHILD_PHASES`;
+    """A probes phase broken down: the parent's parts (`spawn.ChildOutcome.phases`), the child's (`CHILD_PHASES`;
     what the child says, so diagnostics only: nothing is decided on them, and a value that is not a plausible
     number of seconds is dropped), `_wait_other` (the parent's wait less the child's parts: a fresh child's
     interpreter start, polling, the reply's JSON), the megabytes each way (`_in_mb`, `_out_mb`) and how many entries
@@ -602,7 +593,7 @@ def probe_phases(parent: dict, stats: dict, prefix: str) -> dict[str, float]:
 
 
 def probes_job(plan: Plan, impl: Path, device: str, limit_s: float) -> tuple[dict, Callable, Callable]:
-    """(job, write_inputs, read_result) of a child running every probe of `plan` on `impl` (`sandbox.run_child`);
+    """(job, write_inputs, read_result) of a child running every probe of `plan` on `impl` (`spawn.run_child`);
     `limit_s` sizes the child's resource limits (`sandbox.limits`)."""
 
     sent: list[torch.Tensor] = []  # the tensors written to the child, by input index

@@ -241,7 +241,7 @@ def compile_evidence(op: Any, source: str, *, device: str, timeout: float = 300.
     """Work per cell and, on the GPU, compile stats per kernel variant of `source`; {"failure": ...} when the
     child fails. The root's compiled kernels seed the child's cache (`sandbox.triton_cache`)."""
     from tik_kernels.contracts import get_contract
-    from tik_kernels.evaluator.sandbox import run_child
+    from tik_kernels.evaluator.spawn import run_child
 
     contract = get_contract(op) if isinstance(op, str) else op
     profile = profile or ("gpu" if device.startswith("cuda") else "cpu")

@@ -2,8 +2,8 @@
 imports, and forks one child per request into namespaces of its own, so a child starts in ~10 ms of work instead of
 ~1.2 s of CPU (benchmarks/results/fork_probe_cpu.txt; issue #18).
 
-`sandbox` decides which children it serves and starts it (the launcher and jail are sandbox's); this module holds the
-protocol: `ForkServer.spawn` sends one request (the child's directory in the pool, its environment and cwd, its
+`servers` decides which children it serves and starts it (the launcher and jail are `sandbox`'s); this module holds
+the protocol: `ForkServer.spawn` sends one request (the child's directory in the pool, its environment and cwd, its
 stdout and stderr as descriptors) and gets back the child's status pipe and a pidfd of its holder, wrapped in `Forked`,
 which the sandbox handles as it handles the launcher's `Popen` (poll, wait with a timeout, kill).
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 
 #: "0": never fork children (each is started by the launcher). Only CPU children are forked: a GPU child's Triton
 #: cache is shared with its evaluation or the process (mounted from outside its scratch), and a GPU child's start is
-#: already off the critical path (a pre-started child, `sandbox.Spares`)
+#: already off the critical path (a pre-started child, `spares.Spares`)
 ENV = "TIK_FORK_SERVER"
 #: the launcher's exit status when it could not build the jail (isolate.SETUP_FAILED)
 SETUP_FAILED = 125

@@ -1,4 +1,4 @@
-"""The sandbox's launcher: `python -I -S isolate.py SPEC.json`, started by `sandbox.run_child`.
+"""The sandbox's launcher: `python -I -S isolate.py SPEC.json`, started by `sandbox._popen`.
 
 Standard library only (it runs with -I -S, before and outside the child's environment). It reads the
 spec the trusted parent wrote, then either execs the child directly (`"namespaces": false`, the

@@ -23,7 +23,8 @@ from tik_kernels.evaluator.checks import spec
 from tik_kernels.evaluator.promotion import objective_ratio_ci
 from tik_kernels.evaluator.protocol import ProtocolError, read_tensors, tensor_index
 from tik_kernels.evaluator.report import EvalReport, fail
-from tik_kernels.evaluator.sandbox import ChildOutcome, PhasedChild, limits, run_child
+from tik_kernels.evaluator.sandbox import limits
+from tik_kernels.evaluator.spawn import ChildOutcome, PhasedChild, run_child
 from tik_kernels.evaluator.timing import MAX_CALLS, summarize, variant_seeds
 
 #: a candidate's timed output must be this close (relative RMS) to the reference, at least

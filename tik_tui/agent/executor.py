@@ -242,12 +242,12 @@ class LocalPool:
 
 
 def _prepare(device: str | None) -> None:
-    """What the real evaluator's children will need, started now in the background (`sandbox.prepare`: on the CPU
+    """What the real evaluator's children will need, started now in the background (`spares.prepare`: on the CPU
     the fork server), so it overlaps the first proposal instead of the first evaluation's critical path."""
     try:
         import torch
 
-        from tik_kernels.evaluator.sandbox import prepare
+        from tik_kernels.evaluator.spares import prepare
 
         prepare(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     except Exception:  # a head start only: the first evaluation starts what it needs itself

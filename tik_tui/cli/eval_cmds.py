@@ -161,7 +161,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if interp:
         print("tik bench: no GPU: these are Triton-interpreter wall times on the CPU, not GPU timings "
               "(never compare them with GPU numbers)", file=sys.stderr)
-    from tik_kernels.evaluator.sandbox import PRESTART_ENV
+    from tik_kernels.evaluator.spares import PRESTART_ENV
     from tik_tui.cli.charts import progress
 
     # one evaluation, no next candidate: a pre-started child would start, take a CPU (and a CUDA context) and be
