@@ -232,8 +232,9 @@ def _compile_problem(raw: bytes) -> str | None:
 
 
 #: an implementation has no business naming the evaluator or the modules it loads implementations as
-_EVALUATOR_NAMES = re.compile(r"(tik_)?kernels\.evaluator|\bevaluator\.(timing|child|core|protocol|sandbox|checks"
-                              r"|measure|report)\b|\btik_(root|incumbent|candidate|impl|contract|store|tui)\b")
+_EVALUATOR_NAMES = re.compile(r"(tik_)?kernels\.evaluator|\bevaluator\.(timing|child|core|protocol|sandbox|spawn"
+                              r"|spares|servers|checks|measure|report)\b"
+                              r"|\btik_(root|incumbent|candidate|impl|contract|store|tui)\b")
 
 
 def source_policy(src: str) -> str | None:
