@@ -114,8 +114,9 @@ TUNABLES = {
 #: choice where this is 1) instead of logprob's pass and entropy's: the entropy's chunk partials beside the
 #: log-sum-exp's on the same tiles, entropy.py's merge beside logprob's. The log-probs keep their bits (their code is
 #: the same; the entropy's is added beside it), and the entropy is entropy.py's where the two CONFIGs tile the logits
-#: alike (CPU and GPU tests). Off until a GPU times it: H100, qwen3-0.6b, the entropy's own forward took 11.6 ms of a
-#: 0.45 s device-busy pass of 4 minibatch updates (results/train_profile_h100_qwen3-0.6b_s30_after.md).
+#: alike (CPU and GPU tests; the merge's multiply-adds written out in entropy._ent_merge for the GPU's). On: H100,
+#: qwen3-0.6b, 4 minibatch updates, a pass 0.455 s against 0.466 with entropy's own forward, 11.6 ms of it
+#: (results/train_profile_h100_qwen3-0.6b_s31_variants.md, _s30_after.md).
 #: FWD_ENT_MAXNREG: that launch's register cap. Compiled for sm_90 (Triton 3.6, a real launch's alignment) the forward
 #: takes 127 registers a thread without the entropy, two 8-warp programs an SM, and 154 with it, one; capped at 128
 #: it spills nothing and two fit again (`benchmarks/lmhead_ptx_offline.py`, results/lmhead_ptx_offline_s30.txt).

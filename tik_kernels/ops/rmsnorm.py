@@ -44,6 +44,8 @@ TUNABLES = {
 #: barrier; the same values, so no bit changes, and nothing but the rope's outputs written. Off: timed on an H100 it
 #: gained nothing (the qwen3-0.6b decode step 1.931 / 2.233 ms against 1.896 / 2.334 at context 128 / 256, one run;
 #: benchmarks/results/e2e_h100_decode_qk_regs_s26.json)
+#: BWD_ROWS 32 (was 128): more programs for a trainer's minibatch of rows, as add_rmsnorm's (new dw bits,
+#: deterministic; results/train_profile_h100_qwen3-0.6b_s31_variants.md)
 CONFIG = {"TILE_ELEMS": 4096, "MAX_WARPS": 8, "BWD_ROWS": 32, "PDL": 1, "ROPE_REGS": 0}
 
 
