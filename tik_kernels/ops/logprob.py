@@ -114,9 +114,11 @@ TUNABLES = {
 #: choice where this is 1) instead of logprob's pass and entropy's: the entropy's chunk partials beside the
 #: log-sum-exp's on the same tiles, entropy.py's merge beside logprob's. The log-probs keep their bits (their code is
 #: the same; the entropy's is added beside it), and the entropy is entropy.py's where the two CONFIGs tile the logits
-#: alike (CPU and GPU tests; the merge's multiply-adds written out in entropy._ent_merge for the GPU's). On: H100,
-#: qwen3-0.6b, 4 minibatch updates, a pass 0.455 s against 0.466 with entropy's own forward, 11.6 ms of it
-#: (results/train_profile_h100_qwen3-0.6b_s31_variants.md, _s30_after.md).
+#: alike (CPU and GPU tests). H100, qwen3-0.6b, 4 minibatch updates: a pass 0.455 s with it against 0.466 with
+#: entropy's own forward (results/train_profile_h100_qwen3-0.6b_s31_variants.md). Off until its GPU bit test passes:
+#: in session 31 the entropy differed from entropy.py's in its last bits on an H100
+#: (results/pytest_gpu_h100_s31_logprob_entropy_red.log); the merge's multiply-adds are now written out alike in both
+#: combines (entropy._ent_merge), a fix no GPU has run yet.
 #: FWD_ENT_MAXNREG: that launch's register cap. Compiled for sm_90 (Triton 3.6, a real launch's alignment) the forward
 #: takes 127 registers a thread without the entropy, two 8-warp programs an SM, and 154 with it, one; capped at 128
 #: it spills nothing and two fit again (`benchmarks/lmhead_ptx_offline.py`, results/lmhead_ptx_offline_s30.txt).
@@ -150,7 +152,7 @@ CONFIG = {
     "FLAT": 1,
     "SLP_STAGES": 4,
     "SLP_MAXNREG": 128,
-    "FWD_ENTROPY": 1,
+    "FWD_ENTROPY": 0,
     "FWD_ENT_MAXNREG": 128,
 }
 
