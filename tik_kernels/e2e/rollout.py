@@ -149,8 +149,7 @@ class RolloutEngine:
     prefills of 16 took 0.20 s of a 0.66 s rollout (`benchmarks/rollout_profile.py`). The default budget, 32768, takes
     a GRPO batch's prompts in one prefill: H100, qwen3-0.6b, 256 requests (32 prompts x 8, ~28k prompt tokens), the
     rollout 0.375 s in one prefill against 0.401 s in four of at most 8192 (prefills 0.075 s against 0.109 s;
-    results/rollout_profile_h100_qwen3-0.6b_prefill{32768,8192}_s31.json). vLLM's max_num_batched_tokens is this
-    budget; RL rollouts raise it above its serving default of 8192 for the same reason."""
+    results/rollout_profile_h100_qwen3-0.6b_prefill{32768,8192}_s31.json)."""
 
     def __init__(self, cfg: ModelConfig, backend, *, max_slots: int = 16, max_len: int = 256,
                  admit_per_step: int | None = None, prefill_tokens: int = 32768, temperature: float = 1.0,
