@@ -42,13 +42,14 @@
 #                     sequences (32 prompts x 8) trained in one pass of 4 minibatch updates (the clip binds from the
 #                     second), modes C and B (B/C; and A at qwen3-1.7b, B/A), 2 steps after a thrown-away run of the
 #                     same steps, results in $R/e2e_minibatch_<preset>/; on an H200 the 1.7b run writes e2e_B_over_C,
-#                     e2e_B_over_A. MINIBATCHES=N: N updates a pass instead of 4 (8 for mode A at 1.7b on an H100)
+#                     e2e_B_over_A. MINIBATCHES=N: N updates a pass instead of 4 (8 for mode A at 1.7b on an H100: its
+#                     peak was 60.2 GB at 8 with the tied presets of session 31; 4 ran out of memory untied, untried tied)
 #   rollout_profile
 #                 #19 one rollout of the e2e throughput batch (qwen3-1.7b, 64 requests), prefill / decode / host, unified
 #                     and stock ($R/rollout_profile_<card>_qwen3-1.7b.{json,log})
 #   prefill_chunks
 #                 #19 the e2e batch's rollout (qwen3-0.6b, 32 prompts x 8, 256 slots) with prefills of at most 8192
-#                     prompt tokens (the engine's default: 4 prefills) and 32768 (one), back to back: its prefills took
+#                     prompt tokens (4 prefills) and 32768 (one, the engine's default since session 31), back to back: its prefills took
 #                     0.19 s of a 0.52 s rollout in session 30, longer than the recompute pass over 1.5x their tokens
 #                     ($R/rollout_profile_<card>_qwen3-0.6b_prefill{8192,32768}.json)
 #   decode_breakdown
