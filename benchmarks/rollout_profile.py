@@ -38,7 +38,7 @@ import harness as H  # noqa: E402
 
 from tik_kernels.e2e import rollout as rollout_mod  # noqa: E402
 from tik_kernels.e2e.model import PRESETS, init_params, make_backend  # noqa: E402
-from tik_kernels.e2e.rollout import RolloutEngine  # noqa: E402
+from tik_kernels.e2e.rollout import PREFILL_TOKENS, RolloutEngine  # noqa: E402
 from tik_kernels.e2e.task import make_requests  # noqa: E402
 
 
@@ -201,7 +201,7 @@ def main() -> int:
     ap.add_argument("--prompt-len", type=int, nargs=2, default=[32, 192])
     ap.add_argument("--answer-len", type=int, nargs=2, default=[16, 96])
     ap.add_argument("--slots", type=int, default=64)
-    ap.add_argument("--prefill-tokens", type=int, default=32768,
+    ap.add_argument("--prefill-tokens", type=int, default=PREFILL_TOKENS,
                     help="the most prompt tokens one prefill admits (the engine's prefill_tokens; tik e2e's default)")
     ap.add_argument("--rounds", type=int, default=5, help="rollouts timed with and without overlap, interleaved")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))

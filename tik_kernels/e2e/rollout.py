@@ -36,6 +36,12 @@ import torch
 
 from tik_kernels.e2e.model import KVCache, ModelConfig, bf16_weights, forward_decode, forward_packed, to_device
 
+#: the prompt tokens one prefill admits by default (the engine's, `tik e2e`'s, rollout_profile.py's): a GRPO batch's
+#: prompts in one prefill. H100, qwen3-0.6b, 256 requests (32 prompts x 8, ~28k prompt tokens): the rollout 0.375 s in
+#: one prefill against 0.401 s in four of at most 8192 (prefills 0.075 s against 0.109 s;
+#: results/rollout_profile_h100_qwen3-0.6b_prefill{32768,8192}_s31.json)
+PREFILL_TOKENS = 32768
+
 
 @dataclass
 class Request:
@@ -146,13 +152,11 @@ class RolloutEngine:
     tokens in one packed prefill (always at least one request; vLLM's max_num_batched_tokens plays this part) and
     at most `admit_per_step` requests (None: no cap). A prefill is one eager pass over every layer, so its host
     cost is paid per prefill, not per token: on the H200 (qwen3-1.7b, 64 requests of 32-192 prompt tokens) four
-    prefills of 16 took 0.20 s of a 0.66 s rollout (`benchmarks/rollout_profile.py`). The default budget, 32768, takes
-    a GRPO batch's prompts in one prefill: H100, qwen3-0.6b, 256 requests (32 prompts x 8, ~28k prompt tokens), the
-    rollout 0.375 s in one prefill against 0.401 s in four of at most 8192 (prefills 0.075 s against 0.109 s;
-    results/rollout_profile_h100_qwen3-0.6b_prefill{32768,8192}_s31.json)."""
+    prefills of 16 took 0.20 s of a 0.66 s rollout (`benchmarks/rollout_profile.py`). The default budget takes
+    a GRPO batch's prompts in one prefill (`PREFILL_TOKENS`)."""
 
     def __init__(self, cfg: ModelConfig, backend, *, max_slots: int = 16, max_len: int = 256,
-                 admit_per_step: int | None = None, prefill_tokens: int = 32768, temperature: float = 1.0,
+                 admit_per_step: int | None = None, prefill_tokens: int = PREFILL_TOKENS, temperature: float = 1.0,
                  device: str = "cpu", graphs: bool | None = None, buckets: tuple[int, ...] | list[int] | None = None,
                  on_token=None, overlap: bool = True):
         self.cfg, self.be, self.device = cfg, backend, device

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from tik_kernels.e2e.model import PRESETS, ModelConfig, config_dict, init_params, make_backend
-from tik_kernels.e2e.rollout import RolloutEngine
+from tik_kernels.e2e.rollout import PREFILL_TOKENS, RolloutEngine
 from tik_kernels.e2e.task import make_requests, rewards
 from tik_kernels.e2e.trainer import group_advantages, grpo_step, make_optimizer, pack, sequence_logprobs
 
@@ -39,7 +39,7 @@ class E2EConfig:
     answer_len: tuple[int, int] = (2, 6)
     max_slots: int = 8
     #: the most prompt tokens one prefill admits (the engine's `prefill_tokens`)
-    prefill_tokens: int = 32768
+    prefill_tokens: int = PREFILL_TOKENS
     temperature: float = 1.0
     lr: float = 1e-3
     #: passes over each rollout batch (PPO epochs); > 1 moves the ratio off 1 so the clip binds
