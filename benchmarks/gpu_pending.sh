@@ -106,7 +106,7 @@
 #                     quarter of the copy bandwidth; new dw bits, still deterministic) beside the CONFIG's, interleaved
 #                     in one run
 #                     ($R/train_profile_<card>_qwen3-0.6b_variants.md), and with the logged entropy from logprob's pass
-#                     (logprob's FWD_ENTROPY, off: one lm_head pass an update instead of two) after its GPU bit test
+#                     (logprob's FWD_ENTROPY, on since session 32: one lm_head pass an update instead of two)
 #   decode_regs   #19 the decode attention's short-cache launch with its registers capped (attention's decode_short_maxnreg
 #                     128 / 168, 8 warps at 64; off: 4 warps take 242 registers, two programs an SM, so a qwen3-0.6b
 #                     batch of 64's 512 programs run in two rounds): its GPU bit test, then the decode step with each

@@ -80,6 +80,27 @@ def _logits_tile(h_ptr, w_ptr, o_t, m_t, o_v, m_v, H, stride_h, stride_w, temper
 
 
 @triton.jit
+def _ent_tile(b_m, b_s, b_a, b_z, m_v):
+    """A [BT, BV] logits tile into each row's running (m = max z, s = Σ e^(z-m), a = Σ e^(z-m)·(z-m)), the entries
+    where m_v is false left out (their logits may be anything, -inf included); also logprob's forward where it keeps
+    the entropy's partials beside its log-probs (`logprob_entropy`).
+
+    One helper for both kernels, because the bits rest on code LLVM shapes from its surroundings: b_e feeds both
+    sums, so each product e·d stays a product the sum's adds fuse into multiply-adds. In a copy of this code whose
+    s summed the exps before the mask, LLVM moved the mask past the product, so the products were rounded before
+    the adds and the entropies differed in their last bits (H100, session 32)."""
+    b_new = tl.maximum(b_m, tl.max(tl.where(m_v[None, :], b_z, float("-inf")), axis=1))
+    b_d = b_z - b_new[:, None]  # [BT, BV]
+    b_e = tl.where(m_v[None, :], tl.exp(b_d), 0.0)
+    # a, s rescaled to the new max: e^(z-m) = α e^(z-m'), (z-m) = (z-m') + (m'-m); before any tile s = a = 0
+    b_alpha = tl.exp(b_m - b_new)
+    b_shift = tl.where(b_s > 0, b_m - b_new, 0.0)
+    b_a = b_alpha * (b_a + b_shift * b_s) + tl.sum(b_e * tl.where(m_v[None, :], b_d, 0.0), axis=1)
+    b_s = b_alpha * b_s + tl.sum(b_e, axis=1)
+    return b_new, b_s, b_a
+
+
+@triton.jit
 def _entropy_fwd_kernel(
     h_ptr,  # [T, H] hidden (row stride stride_h, unit column stride)
     w_ptr,  # [V, H] lm_head weight (row stride stride_w)
@@ -111,15 +132,7 @@ def _entropy_fwd_kernel(
         m_v = o_v < v_end
         b_z = _logits_tile(h_ptr, w_ptr, o_t, m_t, o_v, m_v, H, stride_h, stride_w, temperature,
                            BLOCK_T, BLOCK_V, BLOCK_K)
-        b_new = tl.maximum(b_m, tl.max(tl.where(m_v[None, :], b_z, float("-inf")), axis=1))
-        b_d = b_z - b_new[:, None]  # [BT, BV]
-        b_e = tl.where(m_v[None, :], tl.exp(b_d), 0.0)
-        # a, s rescaled to the new max: e^(z-m) = α e^(z-m'), (z-m) = (z-m') + (m'-m); before any tile s = a = 0
-        b_alpha = tl.exp(b_m - b_new)
-        b_shift = tl.where(b_s > 0, b_m - b_new, 0.0)
-        b_a = b_alpha * (b_a + b_shift * b_s) + tl.sum(b_e * tl.where(m_v[None, :], b_d, 0.0), axis=1)
-        b_s = b_alpha * b_s + tl.sum(b_e, axis=1)
-        b_m = b_new
+        b_m, b_s, b_a = _ent_tile(b_m, b_s, b_a, b_z, m_v)
     tl.store(m_part_ptr + pid_c * T + o_t, b_m, mask=m_t)
     tl.store(s_part_ptr + pid_c * T + o_t, b_s, mask=m_t)
     tl.store(a_part_ptr + pid_c * T + o_t, b_a, mask=m_t)

@@ -33,7 +33,7 @@ import triton.language as tl
 
 from tik_kernels._runtime import INTERPRET
 from tik_kernels.ops._common import maxnreg_launch, pdl_launch, pdl_start, round_to
-from tik_kernels.ops.entropy import _ent_merge
+from tik_kernels.ops.entropy import _ent_merge, _ent_tile
 from tik_kernels.ops.sample import _race_key, _race_merge, _race_scores, _race_step
 
 #: Triton's interpreter computes tl.dot on bf16 wrongly and truncates fp32 -> bf16 casts: fp32 there
@@ -115,10 +115,10 @@ TUNABLES = {
 #: log-sum-exp's on the same tiles, entropy.py's merge beside logprob's. The log-probs keep their bits (their code is
 #: the same; the entropy's is added beside it), and the entropy is entropy.py's where the two CONFIGs tile the logits
 #: alike (CPU and GPU tests). H100, qwen3-0.6b, 4 minibatch updates: a pass 0.455 s with it against 0.466 with
-#: entropy's own forward (results/train_profile_h100_qwen3-0.6b_s31_variants.md). Off until its GPU bit test passes:
-#: in session 31 the entropy differed from entropy.py's in its last bits on an H100
-#: (results/pytest_gpu_h100_s31_logprob_entropy_red.log); the merge's multiply-adds are now written out alike in both
-#: combines (entropy._ent_merge), a fix no GPU has run yet.
+#: entropy's own forward (results/train_profile_h100_qwen3-0.6b_s31_variants.md). On since session 32, when its GPU
+#: bit test passed (results/pytest_gpu_h100_s32_logprob_entropy.log) with both kernels running one tile update
+#: (entropy._ent_tile) and one chunk merge (entropy._ent_merge); session 31's copies of them gave the entropy other
+#: last bits (results/pytest_gpu_h100_s31_logprob_entropy_red.log, results/pytest_gpu_h100_s32_suite.log).
 #: FWD_ENT_MAXNREG: that launch's register cap. Compiled for sm_90 (Triton 3.6, a real launch's alignment) the forward
 #: takes 127 registers a thread without the entropy, two 8-warp programs an SM, and 154 with it, one; capped at 128
 #: it spills nothing and two fit again (`benchmarks/lmhead_ptx_offline.py`, results/lmhead_ptx_offline_s30.txt).
@@ -152,7 +152,7 @@ CONFIG = {
     "FLAT": 1,
     "SLP_STAGES": 4,
     "SLP_MAXNREG": 128,
-    "FWD_ENTROPY": 0,
+    "FWD_ENTROPY": 1,
     "FWD_ENT_MAXNREG": 128,
 }
 
@@ -198,24 +198,12 @@ def _lse_merge(b_m, b_s, c_m, c_s):
 
 
 @triton.jit
-def _ent_step(b_a, b_m_old, b_s_old, b_m, b_z, m_v):
-    """entropy.py's running a = Σ e^(z - m)·(z - m) of each row with a [BT, BV] logits tile (-inf where masked) added,
-    moved from the max b_m_old to b_m (`_lse_step`'s new max; b_s_old its sum before the tile): entropy's formula and
-    order on the same logits, so the chunk's (max, Σ exp, a) are the entropy kernel's."""
-    b_d = tl.where(m_v[None, :], b_z - b_m[:, None], 0.0)
-    b_e = tl.where(m_v[None, :], tl.exp(b_z - b_m[:, None]), 0.0)
-    b_alpha = tl.exp(b_m_old - b_m)
-    b_shift = tl.where(b_s_old > 0, b_m_old - b_m, 0.0)
-    return b_alpha * (b_a + b_shift * b_s_old) + tl.sum(b_e * b_d, axis=1)
-
-
-@triton.jit
 def _logprob_chunk(h_ptr, w_ptr, m_part_ptr, s_part_ptr, zt_ptr, a_part_ptr, o_t, m_t, b_tgt, pid_c, NC, T, V, H,
                    stride_h, stride_w, temperature, BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr,
                    BLOCK_K: tl.constexpr, V_CHUNK: tl.constexpr, WITH_ENT: tl.constexpr):
     """V chunk `pid_c` of a token block: its (max, Σ exp(z - max)) from a fresh state and, where it holds a token's
     target, that target's logit, stored at the chunk's slot. A chunk past the last (pid_c >= NC) stores nothing.
-    WITH_ENT: also entropy.py's a = Σ e^(z - max)·(z - max) of the chunk (`_ent_step`), for the logged entropy."""
+    WITH_ENT: also entropy.py's a = Σ e^(z - max)·(z - max) of the chunk (`entropy._ent_tile`), for the entropy.
     b_m = tl.full([BLOCK_T], float("-inf"), dtype=tl.float32)
     b_s = tl.zeros([BLOCK_T], dtype=tl.float32)
     b_zt = tl.zeros([BLOCK_T], dtype=tl.float32)
@@ -229,10 +217,10 @@ def _logprob_chunk(h_ptr, w_ptr, m_part_ptr, s_part_ptr, zt_ptr, a_part_ptr, o_t
         b_z = _logits_tile(h_ptr, w_ptr, o_t, m_t, o_v, m_v, H, stride_h, stride_w, temperature,
                            BLOCK_T, BLOCK_V, BLOCK_K)
         b_z = tl.where(m_v[None, :], b_z, float("-inf"))  # [BT, BV]
-        b_m_old, b_s_old = b_m, b_s
-        b_m, b_s = _lse_step(b_m, b_s, b_z)
-        if WITH_ENT:
-            b_a = _ent_step(b_a, b_m_old, b_s_old, b_m, b_z, m_v)
+        if WITH_ENT:  # entropy.py's tile update: its (max, Σ exp) are `_lse_step`'s values, with a beside
+            b_m, b_s, b_a = _ent_tile(b_m, b_s, b_a, b_z, m_v)
+        else:
+            b_m, b_s = _lse_step(b_m, b_s, b_z)
         # one entry at most matches: a sum of it and exact zeros is exact
         b_zt += tl.sum(tl.where(o_v[None, :] == b_tgt[:, None], b_z, 0.0), axis=1)
     m_c = m_t & (pid_c < NC)  # a chunk past the last stores nothing
