@@ -203,7 +203,7 @@ def _logprob_chunk(h_ptr, w_ptr, m_part_ptr, s_part_ptr, zt_ptr, a_part_ptr, o_t
                    BLOCK_K: tl.constexpr, V_CHUNK: tl.constexpr, WITH_ENT: tl.constexpr):
     """V chunk `pid_c` of a token block: its (max, Σ exp(z - max)) from a fresh state and, where it holds a token's
     target, that target's logit, stored at the chunk's slot. A chunk past the last (pid_c >= NC) stores nothing.
-    WITH_ENT: also entropy.py's a = Σ e^(z - max)·(z - max) of the chunk (`entropy._ent_tile`), for the entropy.
+    WITH_ENT: also entropy.py's a = Σ e^(z - max)·(z - max) of the chunk (`entropy._ent_tile`), for the entropy."""
     b_m = tl.full([BLOCK_T], float("-inf"), dtype=tl.float32)
     b_s = tl.zeros([BLOCK_T], dtype=tl.float32)
     b_zt = tl.zeros([BLOCK_T], dtype=tl.float32)
