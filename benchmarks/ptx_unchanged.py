@@ -7,10 +7,12 @@ Compiles each listed kernel of this tree's operator files and of the same files 
 (no GPU needed: Triton's own ptxas) with the same constexprs, the launch options a change added left at their defaults
 (PDL and PREFETCH off), and compares the PTX instruction for instruction (source line markers, comments and debug
 sections dropped: they follow the file's line numbers). "identical" means the GPU runs the kernel it ran before
-("identical but for its parameters": the same instructions, an argument added that this launch leaves unused; "...
-in another order": the same multiset of instructions, a few lines swapped by the scheduler: read the diff); the
-PDL-on variants of the kernels that take PDL are compiled too and must hold griddepcontrol.wait (and, with PREFETCH, the
-prefetches before it).
+("identical but for its parameters": the same instructions, an argument added that this launch leaves unused;
+"identical but for register numbering": the same instructions in the same order reading and writing the same values,
+the virtual registers numbered otherwise (a renaming one to one, `canonical`; the declared counts of the classes that
+differ beside it); "... in another order": the same multiset of instructions, a few lines swapped by the scheduler:
+read the diff); the PDL-on variants of the kernels that take PDL are compiled too and must hold griddepcontrol.wait
+(and, with PREFETCH, the prefetches before it).
 """
 
 from __future__ import annotations
@@ -105,6 +107,39 @@ def instructions(text: str) -> str:
     return re.sub(r"_param_\d+", "_param", "\n".join(kept))
 
 
+#: a virtual register (`%r12`, `%rd3`, `%p1`, `%rs7`, `%f2`, ...): letters then a number; the special registers
+#: `%tid.x`, `%ctaid.y`, `%laneid`, ... have no number, and those that do are kept by name (`SPECIAL`)
+REGISTER = re.compile(r"%([A-Za-z]+)(\d+)\b")
+SPECIAL = {"clock", "pm", "envreg"}  # %clock64, %pm0..7, %envreg0..31
+#: a register class's declaration, `.reg .b32 %r<117>;`: its count changes with the numbering
+DECLARED = re.compile(r"\s*\.reg\s+\.\w+\s+%([A-Za-z]+)<(\d+)>;")
+
+
+def canonical(text: str) -> str:
+    """PTX with its virtual registers renamed `%<class>_<n>` in the order each class's registers first appear, and
+    the declarations of their counts dropped: two kernels that differ only in how LLVM numbered the registers have the
+    same canonical text, and two with the same canonical text differ only in that (each register of one is always the
+    same register of the other, and no two of one are one of the other: a renaming one to one)."""
+    names: dict[str, str] = {}
+    seen: dict[str, int] = {}
+
+    def rename(m: re.Match) -> str:
+        cls = m.group(1)
+        if cls in SPECIAL:
+            return m.group(0)
+        if m.group(0) not in names:
+            seen[cls] = seen.get(cls, 0) + 1
+            names[m.group(0)] = f"%{cls}_{seen[cls]}"
+        return names[m.group(0)]
+
+    return "\n".join(REGISTER.sub(rename, ln) for ln in text.splitlines() if not DECLARED.fullmatch(ln))
+
+
+def declared(text: str) -> dict[str, int]:
+    """The register counts PTX declares, by class (`{"r": 117, "rd": 47, ...}`)."""
+    return {m.group(1): int(m.group(2)) for m in map(DECLARED.fullmatch, text.splitlines()) if m}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rev", default="HEAD", help="the revision to compare against (default HEAD)")
@@ -122,10 +157,17 @@ def main() -> int:
             a, b = ptx(new, kernel, const, types, opts), ptx(old, kernel, const, types, opts)
             ia, ib = instructions(a), instructions(b)
             moved = sum(x != y for x, y in zip(ia.splitlines(), ib.splitlines(), strict=False))
-            same = a == b or ia == ib or sorted(ia.splitlines()) == sorted(ib.splitlines())
+            renumbered = canonical(ia) == canonical(ib)
+            same = a == b or ia == ib or renumbered or sorted(ia.splitlines()) == sorted(ib.splitlines())
             verdict = ("identical" if a == b else "identical but for its parameters" if ia == ib else
+                       "identical but for register numbering" + ("" if canonical(a) == canonical(b) else
+                                                                 " and its parameters") if renumbered else
                        f"the same instructions but for its parameters, {moved} lines in another order" if same
                        else "DIFFERENT")
+            da, db = declared(a), declared(b)
+            counts = ", ".join(f"%{c}<{da.get(c)}> here, <{db.get(c)}> at {args.rev}" for c in sorted({*da, *db})
+                               if da.get(c) != db.get(c))
+            verdict += f" (declared {counts})" if counts else ""
             flags = " ".join(k for k in ("ROPE", "ROPE_REGS") if const.get(k))  # rmsnorm's rope launches
             line = f"{op:12s} {(kernel + ' ' + flags).strip():32s} off: {verdict}"
             ok &= same

@@ -146,8 +146,9 @@ def _ent_merge(b_m, b_s, b_a, c_m, c_s, c_a):
     a' = α·(a + shift·s) + β·(c_a + (c_m - m')·c_s) and s' = α·s + β·c_s are each a sum of two products, which LLVM
     fuses into one multiply-add picking the product from the code around it: in logprob's combine it fused the other
     product of a' than here (H100, session 31: the entropies differed in the last bits). So the multiply-adds are
-    written out, as the compiler made them in this file's combine (its sm_90 PTX the same operations, registers
-    renumbered: results/ptx_entropy_combine_s31.txt)."""
+    written out, as the compiler made them in this file's combine (its sm_90 PTX the same operations on the same
+    values, registers renumbered and two multiply-adds and a select in another order:
+    results/ptx_entropy_combine_s31.txt)."""
     b_new = tl.maximum(b_m, c_m)
     b_alpha = tl.exp(b_m - b_new)
     b_beta = tl.exp(c_m - b_new)
