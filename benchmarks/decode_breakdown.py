@@ -29,8 +29,8 @@ import torch  # noqa: E402
 import tik_kernels  # noqa: E402,F401  (before triton)
 from benchmarks import harness as H  # noqa: E402
 from tik_kernels.e2e.decode_bench import time_decode  # noqa: E402
-from tik_kernels.e2e.model import PRESETS, KVCache, bf16_weights, forward_decode, init_params, make_backend  # noqa: E402
-from tik_kernels.e2e.rollout import token_seeds  # noqa: E402
+from tik_kernels.e2e.model import PRESETS, KVCache, forward_decode, init_params, make_backend  # noqa: E402
+from tik_kernels.e2e.rollout import rollout_weights, token_seeds  # noqa: E402
 
 
 class Recorder:
@@ -99,7 +99,7 @@ def top_kernels(fn, args: tuple, n: int, calls: int = 3, device: str = "cuda") -
 def breakdown(mc, backend_name: str, batch: int, context: int, device: str, rounds: int, params,
               stock_compiled: bool = False, kernels: int = 0) -> dict:
     be = make_backend(backend_name, stock_compiled=stock_compiled)
-    W = bf16_weights(params, grad=False)
+    W = rollout_weights(params, be)  # as the rollout engine holds them (its MLP's gate_up in row pairs, if fused)
     cache = KVCache(mc, batch, context, device)
     gen = torch.Generator(device=device).manual_seed(0)
     cache.k.normal_(generator=gen)

@@ -79,6 +79,34 @@ def test_a_tied_lm_head_is_the_embedding_in_rollout_and_training():
     assert untied["embed"].grad.abs().sum() > 0 and untied["lm_head"].grad.abs().sum() > 0
 
 
+def test_the_rollout_s_fused_mlp_keeps_the_bits_and_follows_weight_updates():
+    """The rollout's gate_up projection and silu_mul in one launch (its gate_up weights kept in row pairs) give the
+    two calls' tokens and log-probs, before and after load_weights copies updated weights in place."""
+    from tik_kernels.e2e.model import UnifiedBackend
+
+    mc = PRESETS["tiny"]
+    params = init_params(mc, 6)
+    reqs = make_requests(mc.vocab, 2, 2, random.Random(7), answer_len=(2, 5))
+    fused = RolloutEngine(mc, UnifiedBackend(), max_slots=4, max_len=16)
+    plain = RolloutEngine(mc, UnifiedBackend(fused_mlp=False), max_slots=4, max_len=16)
+    for step in range(2):
+        a, b = fused.generate(params, reqs), plain.generate(params, reqs)
+        assert [c.tokens for c in a] == [c.tokens for c in b], step
+        assert all(torch.equal(x.old_logprobs(), y.old_logprobs()) for x, y in zip(a, b, strict=True)), step
+        with torch.no_grad():
+            for v in params.values():
+                v.add_(0.01 * torch.randn(v.shape, generator=torch.Generator().manual_seed(step)))
+    assert "l0.w_gate_up_pairs" in fused.W and "l0.w_gate_up" not in fused.W
+    assert "l0.w_gate_up" in plain.W and "l0.w_gate_up_pairs" not in plain.W
+    # a linear or silu_mul module from a file (a candidate): not the library's epilogue, the plain weights
+    import tik_kernels.ops.linear as L
+    import tik_kernels.ops.silu_mul as S
+
+    assert UnifiedBackend().mlp_pairs
+    assert not UnifiedBackend(impl_files={"linear": L.__file__}).mlp_pairs
+    assert not UnifiedBackend(impl_files={"silu_mul": S.__file__}).mlp_pairs
+
+
 def test_pack_rows_point_at_the_tokens_that_predict_the_answer():
     from tik_kernels.e2e.rollout import Completion
 

@@ -444,7 +444,7 @@ class UnifiedBackend:
     decode_reads_kv_len = False
 
     def __init__(self, impl_files: dict[str, str | Path] | None = None, fused_launches: bool = True,
-                 fused_lmhead: bool = True, fused_qk_rope: bool = True):
+                 fused_lmhead: bool = True, fused_qk_rope: bool = True, fused_mlp: bool = True):
         """`fused_launches=False`: the rollout's rope and KV-cache fill, and its q and k norms, as separate calls
         (`rope_cache`, `qk_norm`; the same bits), to time what the fused launches save. `fused_lmhead`: the token
         and its log-prob from the logprob module's one-pass `sample_logprob` instead of `sample` then `logprob`
@@ -455,7 +455,9 @@ class UnifiedBackend:
         in one launch (the rmsnorm module's `rmsnorm_pair_rope_cache`, where the rope module is the library's, whose
         arithmetic it repeats) instead of two (on: the same bits on an H100, tests/e2e/test_rope_cache.py; a
         qwen3-0.6b decode step of 64 at context 128 / 256 replayed in 1.977 / 2.285 ms against 2.018 / 2.316 ms for
-        the two launches, results/e2e_h100_decode_qk_rope_s22.json). `fused_qk_rope=False`: the two calls."""
+        the two launches, results/e2e_h100_decode_qk_rope_s22.json). `fused_qk_rope=False`: the two calls.
+        `fused_mlp`: the rollout's gate_up projection and silu_mul in one launch (linear's `linear_silu_mul`, the
+        same bits, where linear and silu_mul are the library's: `mlp_pairs`); False: the two calls."""
         from tik_kernels.contract import load_module
 
         self.sources: dict[str, str] = {}
@@ -470,6 +472,8 @@ class UnifiedBackend:
                 self.sources[op] = f"tik_kernels.ops.{op}"
         self.m = mods
         self.fused_launches, self.fused_lmhead, self.fused_qk_rope = fused_launches, fused_lmhead, fused_qk_rope
+        #: the rollout keeps its gate_up weights in (gate, up) row pairs for `gate_up_silu` (RolloutEngine)
+        self.mlp_pairs = fused_mlp and all(self.sources[op] == f"tik_kernels.ops.{op}" for op in ("linear", "silu_mul"))
 
     def embedding(self, ids, table):
         return self.m["embedding"].embedding(ids, table)
@@ -495,6 +499,16 @@ class UnifiedBackend:
 
     def silu_mul(self, x):
         return self.m["silu_mul"].silu_mul(x)
+
+    def gate_up_silu(self, x, w_pairs):
+        """silu_mul(linear(x, w)) for w_pairs = `gate_up_pairs(w)` (the rollout's MLP, no gradient): linear's
+        `linear_silu_mul` in one launch where it applies, else the two calls on the columns put back in [gate | up]
+        order. The same bits either way (tests/kernels/test_linear.py, tests/e2e/test_rope_cache.py)."""
+        out = self.m["linear"].linear_silu_mul(x, w_pairs)
+        if out is None:
+            y = self.linear(x, w_pairs)
+            out = self.silu_mul(y.view(*y.shape[:-1], -1, 2).transpose(-1, -2).reshape(y.shape))
+        return out
 
     def rope(self, q, k, pos, theta):
         return self.m["rope"].rope(q, k, pos, theta)
@@ -658,7 +672,9 @@ def _qkv(cfg: ModelConfig, be, W, i: int, x: torch.Tensor, pos: torch.Tensor, fi
 
 
 def _mlp(cfg: ModelConfig, be, W, i: int, x: torch.Tensor) -> torch.Tensor:
-    return be.linear(be.silu_mul(be.linear(x, W[f"l{i}.w_gate_up"])), W[f"l{i}.w_down"])
+    pairs = W.get(f"l{i}.w_gate_up_pairs")  # the rollout's weights, where the backend fuses the two (`mlp_pairs`)
+    h = be.gate_up_silu(x, pairs) if pairs is not None else be.silu_mul(be.linear(x, W[f"l{i}.w_gate_up"]))
+    return be.linear(h, W[f"l{i}.w_down"])
 
 
 def forward(cfg: ModelConfig, be, W: dict[str, torch.Tensor], ids: torch.Tensor, pos: torch.Tensor,

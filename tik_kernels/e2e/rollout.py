@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tik_kernels.e2e.model import KVCache, ModelConfig, bf16_weights, forward_decode, forward_packed, to_device
+from tik_kernels.ops.linear import gate_up_pairs
 
 #: the prompt tokens one prefill admits by default (the engine's, `tik e2e`'s, rollout_profile.py's): a GRPO batch's
 #: prompts in one prefill. H100, qwen3-0.6b, 256 requests (32 prompts x 8, ~28k prompt tokens): the rollout 0.375 s in
@@ -63,6 +64,17 @@ class Completion:
 
     def old_logprobs(self) -> torch.Tensor:
         return torch.cat(self.logprob_bits)
+
+
+def rollout_weights(params: dict[str, torch.Tensor], backend) -> dict[str, torch.Tensor]:
+    """The rollout's bf16 weights (`bf16_weights`, no gradient); where the backend fuses the MLP's gate_up
+    projection and silu_mul (`mlp_pairs`), each gate_up weight with its rows in (gate, up) pairs instead, under
+    `l{i}.w_gate_up_pairs` (linear.gate_up_pairs: the same values, the layout `linear_silu_mul` reads)."""
+    W = bf16_weights(params, grad=False)
+    if getattr(backend, "mlp_pairs", False):
+        for k in [k for k in W if k.endswith(".w_gate_up")]:
+            W[k + "_pairs"] = gate_up_pairs(W.pop(k))
+    return W
 
 
 def token_seeds(seeds: list[int], positions: list[int]) -> list[int]:
@@ -190,13 +202,19 @@ class RolloutEngine:
     # ------------------------------------------------------------------ decode step
 
     def load_weights(self, params: dict[str, torch.Tensor]) -> None:
-        """Copy the fp32 master weights into the static bf16 buffers (the same rounding as `bf16_weights`)."""
+        """Copy the fp32 master weights into the static bf16 buffers (`rollout_weights`: the same rounding as
+        `bf16_weights`, the gate_up weights in row pairs where the backend fuses the MLP)."""
         with torch.no_grad():
             if self.W is None:
-                self.W = bf16_weights(params, grad=False)
-            else:
-                for k, v in params.items():  # a tied lm_head is the embed buffer itself
+                self.W = rollout_weights(params, self.be)
+                return
+            for k, v in params.items():  # a tied lm_head is the embed buffer itself
+                if k in self.W:
                     self.W[k].copy_(v.detach())
+                else:  # a gate_up in pairs: row 2j gate row j, row 2j + 1 up row j
+                    two_f, k_dim = v.shape
+                    self.W[k + "_pairs"].view(two_f // 2, 2, k_dim).copy_(
+                        v.detach().view(2, two_f // 2, k_dim).transpose(0, 1))
 
     def _kv_len(self, kv_len: int) -> int:
         """The KV length a step of contexts up to `kv_len` attends over: for a backend that reads only the

@@ -103,7 +103,8 @@ import triton
 import triton.language as tl
 
 from tik_kernels._runtime import DEFAULT_SMS, INTERPRET, sm_count
-from tik_kernels.ops._common import pdl_launch, pdl_start
+from tik_kernels.ops._common import pdl_launch, pdl_start, round_to
+from tik_kernels.ops.silu_mul import silu_mul_math
 
 try:  # Triton >= 3.4: operands described for the tensor-memory accelerator (TMA)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -302,6 +303,7 @@ def _linear_fwd_kernel(
     B_T: tl.constexpr = False,  # b's storage is [K, N]
     PDL: tl.constexpr = False,  # launched with programmatic dependent launch (ops/_common.py)
     PREFETCH: tl.constexpr = False,  # b's rows this program reads sent to L2 before the wait (b's unit stride is K)
+    SILU: tl.constexpr = False,  # `linear_silu_mul`: b's rows in (gate, up) pairs, c gets silu(gate) * up (walking)
 ):
     pid = tl.program_id(0)
     pid_c = tl.program_id(1)
@@ -393,6 +395,15 @@ def _linear_fwd_kernel(
                 b_total = _sum_chunks(ws_ptr, o_m[:, None], o_n[None, :], m_c, M, N, n_chunks)
                 tl.store(p_c, b_total.to(c_ptr.dtype.element_ty), mask=m_c)
                 tl.atomic_xchg(cnt_ptr + pid, 0)
+    elif SILU:
+        # the product rounded as it is stored below, then silu_mul's formula on each (gate, up) pair of columns:
+        # silu_mul's kernel reads those rounded values back and computes the same
+        b_c = b_total.to(c_ptr.dtype.element_ty).to(tl.float32)
+        b_gate, b_up = tl.split(tl.reshape(b_c, (BLOCK_M, BLOCK_N // 2, 2)))
+        o_f = pid_n.to(tl.int64) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        m_f = (o_m[:, None] < M) & (o_f[None, :] < N // 2)
+        tl.store(c_ptr + o_m[:, None] * stride_cm + o_f[None, :] * stride_cn,
+                 round_to(silu_mul_math(b_gate, b_up), c_ptr.dtype.element_ty), mask=m_f)
     else:
         tl.store(p_c, b_total.to(c_ptr.dtype.element_ty), mask=m_c)
 
@@ -520,23 +531,34 @@ def _matmul(
     chunks_per_prog: int | None = None,
     fused: bool | None = None,
     tma: bool | None = None,
-) -> torch.Tensor:
+    silu: bool = False,
+) -> torch.Tensor | None:
     """a[M, K] @ b[N, K].T -> [M, N] in `out_dtype` (default a's), any strides.
 
     `tile`, `chunks_per_prog`, `fused` and `tma` override CONFIG's launch (the CPU tests and
     benchmarks/sweep_linear_tree.py use them; none changes bits); `block_k` overrides the frozen
     BLOCK_K (tests only: it does change bits). The entry point passes none of them.
+    `silu`: b's rows are (gate, up) pairs and the result is silu(gate) * up, [M, N / 2] (`linear_silu_mul`); None
+    where the launch would split K (the epilogue is the walking program's).
     """
     M, K = a.shape
     N, K2 = b.shape
     if K != K2:
         raise ValueError(f"linear: inner dims differ: {tuple(a.shape)} @ {tuple(b.shape)}.T")
-    c = torch.empty((M, N), device=a.device, dtype=out_dtype or a.dtype)
+    if silu and (N % 2 or M == 0 or K == 0):
+        return None
+    sms = sm_count(a.device)
+    if silu:
+        tile = tile or _tile(M, N, sms)
+        per = chunks_per_prog or _chunks_per_program(triton.cdiv(M, tile[0]) * triton.cdiv(N, tile[1]),
+                                                     triton.cdiv(K, _kchunk(N)), tile[5], sms)
+        if triton.cdiv(triton.cdiv(K, _kchunk(N)), per) > 1 or tile[1] < 2:
+            return None
+    c = torch.empty((M, N // 2 if silu else N), device=a.device, dtype=out_dtype or a.dtype)
     if M == 0 or N == 0:
         return c
     if K == 0:
         return c.zero_()
-    sms = sm_count(a.device)
     BLOCK_M, BLOCK_N, num_warps, num_stages, K_UNROLL, SPLIT = tile or _tile(M, N, sms)
     BLOCK_K = block_k or CONFIG["BLOCK_K"]
     KCHUNK = _kchunk(N)
@@ -564,7 +586,7 @@ def _matmul(
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, KCHUNK=KCHUNK, K_UNROLL=K_UNROLL, GROUP_M=GROUP_M,
         SPLIT=split, FUSED=bool(fuse), EVEN_K=K % (BLOCK_K * K_UNROLL) == 0, UPCAST=INTERPRET,
         TMA=use_tma, A_T=use_tma and da[1], B_T=use_tma and db[1],
-        PREFETCH=prefetch, num_warps=num_warps, num_stages=num_stages, **pdl,
+        PREFETCH=prefetch, SILU=silu, num_warps=num_warps, num_stages=num_stages, **pdl,
     )  # fmt: skip
     if split and not fuse:
         _linear_combine_kernel[(triton.cdiv(M * N, COMBINE_BLOCK),)](
@@ -590,6 +612,32 @@ class LinearFunction(torch.autograd.Function):
             # dw[N, K] = dy.T[N, T] @ x[T, K]: reduce over the tokens in the fixed tree, deterministic
             dw = _matmul(dy.t(), x.t(), out_dtype=w.dtype)
         return dx, dw
+
+
+def gate_up_pairs(w: torch.Tensor) -> torch.Tensor:
+    """A gate_up weight [2F, K] = [gate | up] with its rows in (gate, up) pairs, the layout `linear_silu_mul` reads:
+    row 2j is gate row j, row 2j + 1 up row j."""
+    two_f, k = w.shape
+    if two_f % 2:
+        raise ValueError(f"gate_up_pairs: {two_f} rows is no [gate | up] pair of halves")
+    return w.view(2, two_f // 2, k).transpose(0, 1).reshape(two_f, k)
+
+
+def linear_silu_mul(x: torch.Tensor, w_pairs: torch.Tensor) -> torch.Tensor | None:
+    """silu_mul(linear(x, w)) bit for bit, in one launch, for w_pairs = gate_up_pairs(w): no gradient (the rollout's
+    MLP), or None where it does not apply (the launch would split K, as a small batch's over a K of more than one
+    chunk does; an odd number of weight rows): then the caller makes the two calls.
+
+    Why the bits are the two calls': the product's columns are computed as linear computes them (a column's sum
+    never depends on the tile it falls in or its neighbours: permuting the weight's rows permutes the output's
+    columns), each rounded to x's dtype as linear stores it, and then each (gate, up) pair, side by side in one
+    tile, goes through silu_mul's formula (`silu_mul.silu_mul_math`) and its rounding. Saves the [T, 2F] product's
+    round trip through memory and silu_mul's launch: a decode step's 28 (qwen3) of ~250."""
+    if w_pairs.dim() != 2 or x.shape[-1] != w_pairs.shape[1]:
+        raise ValueError(f"linear_silu_mul: x {tuple(x.shape)} and w {tuple(w_pairs.shape)} do not match")
+    x2 = x.reshape(-1, x.shape[-1])
+    y = _matmul(x2, w_pairs, silu=True)
+    return None if y is None else y.view(*x.shape[:-1], w_pairs.shape[0] // 2)
 
 
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -38,6 +38,13 @@ def _block_t(T: int, F: int, device: torch.device) -> int:
 
 
 @triton.jit
+def silu_mul_math(b_a, b_b):
+    """silu(a) * b in fp32, a and b fp32 (the gate and up values read from bf16): this operator's formula, also the
+    epilogue of linear's `linear_silu_mul`, which must give this kernel's bits."""
+    return b_a / (1.0 + tl.exp(-b_a)) * b_b
+
+
+@triton.jit
 def _silu_mul_fwd_kernel(
     x_ptr,  # [T, 2F] gate | up (row stride stride_x, unit column stride)
     y_ptr,  # [T, F] output, contiguous
@@ -55,7 +62,7 @@ def _silu_mul_fwd_kernel(
     p_x = x_ptr + o_t[:, None] * stride_x + o_f[None, :]  # [BT, BF]
     b_a = tl.load(p_x, mask=m, other=0.0).to(tl.float32)  # gate
     b_b = tl.load(p_x + F, mask=m, other=0.0).to(tl.float32)  # up
-    b_y = b_a / (1.0 + tl.exp(-b_a)) * b_b
+    b_y = silu_mul_math(b_a, b_b)
     tl.store(y_ptr + o_t[:, None] * F + o_f[None, :], round_to(b_y, y_ptr.dtype.element_ty), mask=m)
 
 
