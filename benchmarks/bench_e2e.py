@@ -96,8 +96,8 @@ def throughput(args, out: Path) -> dict:
 #: `unified-qk-rope` with the q / k norms, rope and cache fill in one launch (`UnifiedBackend(fused_qk_rope=True)`, the
 #: default since session 22: the same as `unified`); `unified-two-qk-launches` with them in two (as until then);
 #: `unified-qk-regs` with that launch's rope reading the normed halves from registers (rmsnorm's ROPE_REGS);
-#: `unified-two-mlp-launches` with the MLP's gate_up projection and silu_mul as two calls (`UnifiedBackend(fused_mlp=
-#: False)`; one launch, linear's `linear_silu_mul`, is the default since session 32: the same as `unified`);
+#: `unified-fused-mlp` with the MLP's gate_up projection and silu_mul in one launch (`UnifiedBackend(fused_mlp=True)`,
+#: linear's `linear_silu_mul`; off by default: no faster on an H100 in session 32);
 #: `unified-narrow512`, `unified-narrow1024` with linear's narrow-output rule on (a weight of at most 2048 rows
 #: reduces K in chunks of 512 / 1024: new bits for the o and down projections of qwen3-0.6b and 1.7b;
 #: tik_kernels/ops/linear.py); `stock-scatter` mode A with its KV-cache fill as two scatters after its compiled rope
@@ -122,7 +122,7 @@ DECODE_VARIANTS = {
     "unified-qk-rope": (lambda _: UnifiedBackend(fused_qk_rope=True), {}),
     "unified-qk-regs": (lambda _: UnifiedBackend(), {"rmsnorm": {"ROPE_REGS": 1}}),
     "unified-two-qk-launches": (lambda _: UnifiedBackend(fused_qk_rope=False), {}),
-    "unified-two-mlp-launches": (lambda _: UnifiedBackend(fused_mlp=False), {}),
+    "unified-fused-mlp": (lambda _: UnifiedBackend(fused_mlp=True), {}),
     "unified-narrow512": (lambda _: UnifiedBackend(), {"linear": {"NARROW_N": 2048, "NARROW_KCHUNK": 512}}),
     "unified-narrow1024": (lambda _: UnifiedBackend(), {"linear": {"NARROW_N": 2048, "NARROW_KCHUNK": 1024}}),
 }

@@ -108,8 +108,8 @@
 #                     ($R/train_profile_<card>_qwen3-0.6b_variants.md), and with the logged entropy from logprob's pass
 #                     (logprob's FWD_ENTROPY, on since session 32: one lm_head pass an update instead of two)
 #   mlp_fused     #19 the rollout's MLP gate_up projection and silu_mul in one launch (linear's linear_silu_mul, the
-#                     gate_up weights in row pairs; session 32, the default): its GPU bit test at the qwen3 MLPs, then
-#                     the decode step with it and with the two launches ($R/e2e_decode_mlp_fused/)
+#                     gate_up weights in row pairs; session 32, off: no faster on an H100): its GPU bit test at the
+#                     qwen3 MLPs, then the decode step with it and with the two launches ($R/e2e_decode_mlp_fused/)
 #   decode_regs   #19 the decode attention's short-cache launch with its registers capped (attention's decode_short_maxnreg
 #                     128 / 168, 8 warps at 64; off: 4 warps take 242 registers, two programs an SM, so a qwen3-0.6b
 #                     batch of 64's 512 programs run in two rounds): its GPU bit test, then the decode step with each
@@ -263,7 +263,7 @@ for p in "$@"; do
         mlp_fused)
             part pytest_gpu_${CARD}_mlp_fused 200 "$py" -m pytest -q -m gpu tests/kernels/test_linear.py -k silu
             part e2e_decode_mlp_fused 200 "$py" benchmarks/bench_e2e.py --out "$R/e2e_decode_mlp_fused" --only decode \
-                --decode-backends unified unified-two-mlp-launches --decode-context 128 256 ;;
+                --decode-backends unified unified-fused-mlp --decode-context 128 256 ;;
         qk_rope)
             part pytest_gpu_qk_rope 300 "$py" -m pytest -q -m gpu tests/e2e/test_rope_cache.py \
                 tests/kernels/test_sample_logprob.py tests/kernels/test_sample.py tests/kernels/test_logprob.py

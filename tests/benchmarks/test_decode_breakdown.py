@@ -21,10 +21,8 @@ def test_every_call_of_a_step_is_recorded_and_grouped(tmp_path):
     counts = {}
     for r in b["rows"]:
         counts[r["op"]] = counts.get(r["op"], 0) + r["count"]
-    # per layer: the stacked qkv, o and down projections, gate_up with silu_mul in one call (the rollout's fused MLP);
-    # one attention; the step: one embedding, one token with its log-prob
-    assert counts["linear"] == 3 * mc.layers
-    assert counts["gate_up_silu"] == mc.layers and "silu_mul" not in counts
+    # per layer: the stacked qkv, o, gate_up, down; one attention; the step: one embedding, one token with its log-prob
+    assert counts["linear"] == 4 * mc.layers
     assert counts["attention_decode"] == mc.layers
     assert counts["embedding"] == counts["sample_logprob"] == 1
     assert sum(r["count"] for r in b["rows"]) == b["calls"]

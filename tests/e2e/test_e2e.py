@@ -87,8 +87,8 @@ def test_the_rollout_s_fused_mlp_keeps_the_bits_and_follows_weight_updates():
     mc = PRESETS["tiny"]
     params = init_params(mc, 6)
     reqs = make_requests(mc.vocab, 2, 2, random.Random(7), answer_len=(2, 5))
-    fused = RolloutEngine(mc, UnifiedBackend(), max_slots=4, max_len=16)
-    plain = RolloutEngine(mc, UnifiedBackend(fused_mlp=False), max_slots=4, max_len=16)
+    fused = RolloutEngine(mc, UnifiedBackend(fused_mlp=True), max_slots=4, max_len=16)
+    plain = RolloutEngine(mc, UnifiedBackend(), max_slots=4, max_len=16)
     for step in range(2):
         a, b = fused.generate(params, reqs), plain.generate(params, reqs)
         assert [c.tokens for c in a] == [c.tokens for c in b], step
@@ -102,9 +102,9 @@ def test_the_rollout_s_fused_mlp_keeps_the_bits_and_follows_weight_updates():
     import tik_kernels.ops.linear as L
     import tik_kernels.ops.silu_mul as S
 
-    assert UnifiedBackend().mlp_pairs
-    assert not UnifiedBackend(impl_files={"linear": L.__file__}).mlp_pairs
-    assert not UnifiedBackend(impl_files={"silu_mul": S.__file__}).mlp_pairs
+    assert UnifiedBackend(fused_mlp=True).mlp_pairs and not UnifiedBackend().mlp_pairs
+    assert not UnifiedBackend(impl_files={"linear": L.__file__}, fused_mlp=True).mlp_pairs
+    assert not UnifiedBackend(impl_files={"silu_mul": S.__file__}, fused_mlp=True).mlp_pairs
 
 
 def test_pack_rows_point_at_the_tokens_that_predict_the_answer():

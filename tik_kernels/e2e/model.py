@@ -444,7 +444,7 @@ class UnifiedBackend:
     decode_reads_kv_len = False
 
     def __init__(self, impl_files: dict[str, str | Path] | None = None, fused_launches: bool = True,
-                 fused_lmhead: bool = True, fused_qk_rope: bool = True, fused_mlp: bool = True):
+                 fused_lmhead: bool = True, fused_qk_rope: bool = True, fused_mlp: bool = False):
         """`fused_launches=False`: the rollout's rope and KV-cache fill, and its q and k norms, as separate calls
         (`rope_cache`, `qk_norm`; the same bits), to time what the fused launches save. `fused_lmhead`: the token
         and its log-prob from the logprob module's one-pass `sample_logprob` instead of `sample` then `logprob`
@@ -457,7 +457,9 @@ class UnifiedBackend:
         qwen3-0.6b decode step of 64 at context 128 / 256 replayed in 1.977 / 2.285 ms against 2.018 / 2.316 ms for
         the two launches, results/e2e_h100_decode_qk_rope_s22.json). `fused_qk_rope=False`: the two calls.
         `fused_mlp`: the rollout's gate_up projection and silu_mul in one launch (linear's `linear_silu_mul`, the
-        same bits, where linear and silu_mul are the library's: `mlp_pairs`); False: the two calls."""
+        same bits, where linear and silu_mul are the library's: `mlp_pairs`); off: on an H100 the qwen3-0.6b decode
+        step of 64 replayed in 3.43x / 2.85x its floor at context 128 / 256 with it against 3.39x / 2.86x with the
+        two calls, bits the same (results/e2e_h100_decode_mlp_fused_s32.json)."""
         from tik_kernels.contract import load_module
 
         self.sources: dict[str, str] = {}
