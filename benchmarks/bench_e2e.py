@@ -19,7 +19,9 @@ learning part), e2e_learning_seeds.csv / .png. A full GPU run of a part also wri
 summary, <out>/summary_<card>.json (summary_h200.json holds the issues' figures): e2e_B_over_C (paired: B and C's
 identical rollout and train phases averaged, only the recompute differing, `tik_kernels.e2e.run.speedups`),
 e2e_B_over_C_unpaired and e2e_B_over_A (throughput, qwen3-1.7b at full depth; steps/s over steps/s, higher is better)
-and e2e_decode_floor_ratio (decode, unified kernels with graphs: step time over the floor, lower is better).
+and e2e_decode_floor_ratio (decode, unified kernels with graphs: step time over the floor at the H200's copy
+bandwidth, lower is better; e2e_decode_card_floor_ratio the same over the floor at the run's card's own copy bandwidth,
+measured in the run: `card_tbps` in the file).
 `--summarize FILE` writes a saved throughput file's keys (into the summary of the card that file was measured on).
 """
 
@@ -147,6 +149,8 @@ def decode(args) -> dict:
     contenders += [(f"unified:{name}", lambda _: UnifiedBackend(), over) for name, over in args.decode_variant]
     reps = args.decode_reps if cuda else 1
     rounds = args.decode_rounds or (5 if cuda else 1)
+    # the floor at this card's own copy bandwidth beside the issue's (at the H200's, H.COPY_TBPS)
+    res["card_tbps"] = card_tbps = H.measure_copy_tbps(args.device)
     for context in args.decode_context:
         for graphs in ((True, False) if cuda else (False,)):
             runs: list[dict] = []
@@ -176,14 +180,25 @@ def decode(args) -> dict:
             for run, _, timer in timers:
                 if "error" not in run:
                     run |= timer.result() | {"backend": run["backend"]}
+                    if card_tbps:
+                        run |= card_floor(run, card_tbps)
             del timers
             for r in runs:
                 res["runs"].append(r)
                 print(json.dumps({k: r[k] for k in ("backend", "graphs", "batch", "context", "step_ms", "floor_ms",
-                                                    "step_over_floor", "overlap_over_floor", "error") if k in r}
-                                 | ({"replay_over_floor": r["replay_over_floor"]} if "replay_over_floor" in r else {})),
-                      flush=True)
+                                                    "step_over_floor", "overlap_over_floor", "replay_over_floor",
+                                                    "card_tbps", "step_over_card_floor", "replay_over_card_floor",
+                                                    "error") if k in r}), flush=True)
     return res
+
+
+def card_floor(run: dict, card_tbps: float) -> dict:
+    """A decode run's floor at this card's measured copy bandwidth, and its times over it."""
+    floor_ms = run["floor_ms"] * run["tbps"] / card_tbps
+    out = {"card_tbps": card_tbps, "card_floor_ms": floor_ms, "step_over_card_floor": run["step_ms"] / floor_ms}
+    if "replay_ms" in run:
+        out["replay_over_card_floor"] = run["replay_ms"] / floor_ms
+    return out
 
 
 def _seed_stats(curves: list[list[float]]) -> tuple[list[float], list[float], list[float]]:
@@ -353,8 +368,10 @@ def summary_keys(part: str, doc: dict, args) -> dict:
         runs = [r for r in doc["runs"] if r["graphs"] and r["batch"] == 64 and "error" not in r]
         uni = [r["step_over_floor"] for r in runs if r["backend"] == "unified"]
         stock = [r["step_over_floor"] for r in runs if r["backend"] == "stock"]
+        card = [r["step_over_card_floor"] for r in runs if r["backend"] == "unified" and "step_over_card_floor" in r]
         return ({"e2e_decode_floor_ratio": max(uni)} if uni else {}) | (
-            {"e2e_decode_floor_ratio_stock": max(stock)} if stock else {})
+            {"e2e_decode_floor_ratio_stock": max(stock)} if stock else {}) | (
+            {"e2e_decode_card_floor_ratio": max(card)} if card else {})
     return {}
 
 

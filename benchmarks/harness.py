@@ -92,6 +92,28 @@ def rates(us: float, nbytes: float | None = None, flops: float | None = None) ->
     return out
 
 
+def measure_copy_tbps(device: str | torch.device, nbytes: int = 1 << 30, reps: int = 9) -> float | None:
+    """This card's copy bandwidth, TB/s of bytes read and written by a device-to-device copy of `nbytes` (far over
+    L2), the median of `reps` copies timed with CUDA events; None off CUDA. COPY_TBPS is the H200's: a floor taken
+    at it is the issue's definition, this one is the floor of the card a run had (an H100 copies at ~3 TB/s)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # warm
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        dst.copy_(src)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e-3)
+    del src, dst
+    return 2 * nbytes / quantile(times, 0.5) / 1e12
+
+
 # ----------------------------------------------------------------------------- bits
 
 

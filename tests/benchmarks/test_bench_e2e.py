@@ -55,6 +55,15 @@ def test_decode_bench_cpu_path(tmp_path, monkeypatch):
     assert runs[0]["step_over_floor"] == runs[0]["step_ms"] / runs[0]["floor_ms"]
     assert runs[1]["bytes"]["kv_read"] == 2 * runs[0]["bytes"]["kv_read"]
     assert not (tmp_path / "summary_h200.json").exists()  # a CPU run writes no GPU summary keys
+    assert doc["decode"]["card_tbps"] is None and "step_over_card_floor" not in runs[0]  # no card bandwidth here
+
+
+def test_the_card_floor_scales_the_floor_by_the_measured_bandwidth():
+    run = {"floor_ms": 1.0, "tbps": 4.2, "step_ms": 3.0, "replay_ms": 2.8}
+    out = bench_e2e.card_floor(run, 3.0)
+    assert out["card_floor_ms"] == pytest.approx(1.4) and out["step_over_card_floor"] == pytest.approx(3.0 / 1.4)
+    assert out["replay_over_card_floor"] == pytest.approx(2.8 / 1.4)
+    assert "replay_over_card_floor" not in bench_e2e.card_floor({k: v for k, v in run.items() if k != "replay_ms"}, 3)
 
 
 def test_summary_keys_only_from_full_depth_gpu_runs():
@@ -84,6 +93,9 @@ def test_summary_keys_only_from_full_depth_gpu_runs():
     # the worst context of the graphed unified step; eager steps are not the figure
     assert bench_e2e.summary_keys("decode", dec, gpu) == {"e2e_decode_floor_ratio": 2.5,
                                                           "e2e_decode_floor_ratio_stock": 1.5}
+    for r, c in zip(runs, (1.5, 1.8, 7.0, 1.1), strict=True):
+        r["step_over_card_floor"] = c
+    assert bench_e2e.summary_keys("decode", dec, gpu)["e2e_decode_card_floor_ratio"] == 1.8
     assert bench_e2e.summary_keys("decode", dec | {"preset": "qwen3-1.7b"}, gpu) == {}
 
 
