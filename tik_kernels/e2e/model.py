@@ -505,7 +505,7 @@ class UnifiedBackend:
     def gate_up_silu(self, x, w_pairs):
         """silu_mul(linear(x, w)) for w_pairs = `gate_up_pairs(w)` (the rollout's MLP, no gradient): linear's
         `linear_silu_mul` in one launch where it applies, else the two calls on the columns put back in [gate | up]
-        order. The same bits either way (tests/kernels/test_linear.py, tests/e2e/test_rope_cache.py)."""
+        order. The same bits either way (tests/kernels/test_linear.py, tests/e2e/test_e2e.py)."""
         out = self.m["linear"].linear_silu_mul(x, w_pairs)
         if out is None:
             y = self.linear(x, w_pairs)

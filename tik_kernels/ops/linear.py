@@ -94,6 +94,10 @@ are batch-invariant too.
 
 The fused combine keeps one int32 counter per output tile per device, zero between launches:
 launches that overlap on two streams of one device must not both split.
+
+`linear_silu_mul` (not the contract's entry: the rollout's MLP, off by default in tik e2e) is the walking launch
+with silu_mul's formula as its epilogue, for a gate_up weight whose rows are in (gate, up) pairs: linear then
+silu_mul's bits in one launch.
 """
 
 from __future__ import annotations
