@@ -217,14 +217,15 @@ for p in "$@"; do
             done ;;
         e2e_minibatch)
             # mode A beside B and C at qwen3-1.7b: the run that writes e2e_B_over_C on an H200 writes e2e_B_over_A too.
-            # That run needs more than an H100's 80 GB (mode A's eager training forward ran out of memory there,
-            # session 28): PRESETS=qwen3-1.7b on an H200 alone. On an H100, MINIBATCHES=8 halves a minibatch's
-            # activations (each mode's peak is in its results, peak_gpu_bytes)
+            # Untied, that run needed more than an H100's 80 GB (session 28); with the tied presets mode A peaks at
+            # 74.9 GB of an H100 at 4 minibatches (session 32), and MINIBATCHES=8 halves a minibatch's activations
+            # (each mode's peak is in its results, peak_gpu_bytes). STEPS=4: less run-to-run spread (H100,
+            # qwen3-0.6b: B/C 1.132 over 2 steps, 1.143 over 4 on another start, session 32), about 30 s more a preset
             for preset in ${PRESETS:-qwen3-0.6b qwen3-1.7b}; do
                 modes="C B"
                 [[ $preset == qwen3-1.7b ]] && modes="C B A"
                 part "e2e_minibatch_$preset" 280 "$py" benchmarks/bench_e2e.py --out "$R/e2e_minibatch_$preset" \
-                    --only throughput --shapes "$preset" --steps 2 --prompts 32 --group 8 --max-slots 256 \
+                    --only throughput --shapes "$preset" --steps "${STEPS:-2}" --prompts 32 --group 8 --max-slots 256 \
                     --ppo-epochs 1 --minibatches "${MINIBATCHES:-4}" --modes $modes
             done ;;
         rollout_profile)
