@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 import json
 import math
 import sys
@@ -263,6 +264,36 @@ class _Fused:
         return self.fn(*args)
 
 
+def varlen_flash():
+    """torch's flash attention over packed sequences (`torch.nn.attention.varlen.varlen_attn`, what RL trainers run
+    as flash-attn's varlen kernel) as attend(q[T, Hq, D], k[T, Hk, D], v, cu_seqlens, max_len) -> [T, Hq, D], causal;
+    None where this torch has none. Its keywords moved between releases (causal: `is_causal`, then `window_size`
+    (-1, 0); GQA: `enable_gqa` from 2.12), so they are read from its signature; without GQA the KV heads are
+    repeated for their query heads (a copy, as a user of that release would make)."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    params = inspect.signature(varlen_attn).parameters
+    if "window_size" in params:
+        causal = {"window_size": (-1, 0)}
+    elif "is_causal" in params:
+        causal = {"is_causal": True}
+    else:
+        return None
+    gqa = {"enable_gqa": True} if "enable_gqa" in params else {}
+
+    def attend(q, k, v, cu_seqlens, max_len: int):
+        if not gqa and k.shape[1] != q.shape[1]:
+            rep = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+        cu = cu_seqlens.to(torch.int32)
+        return varlen_attn(q, k, v, cu, cu, max_len, max_len, **causal, **gqa)
+
+    return attend
+
+
 class StockBackend:
     """Stock PyTorch kernels: what rollout engines and trainers run without TIK.
 
@@ -276,7 +307,8 @@ class StockBackend:
     decode_reads_kv_len = True
 
     def __init__(self, compiled: bool = False, compile_backend: str = "inductor", fill_in_compiled: bool = True,
-                 fold_gqa: bool = False, compile_dynamic: bool | None = None, fill_rows: bool = False):
+                 fold_gqa: bool = False, compile_dynamic: bool | None = None, fill_rows: bool = False,
+                 varlen: bool | None = None):
         """`fill_in_compiled`: the KV-cache fill inside the compiled rope (`STOCK_FUSED["rope_cache"]`) instead of the
         compiled rope then two scatters; `fill_rows`: the two scatters as row copies into the flattened cache
         (`index_copy_` of each token's [Hk, D] rows at indices built once a step) instead of advanced-index
@@ -296,8 +328,16 @@ class StockBackend:
         compilation (the default until session 21; `bench_e2e.py --decode-backends stock-dynamic`). Timed alone on an
         H100, mode A's lm_head at a decode batch of 64 took 365 us with True and 297 us with None
         (lmhead_decode_h100_s21.json); inside the decode step it took 4.9 ms (with True), which neither explains
-        (decode_breakdown_h100_qwen3-0.6b_s21_stock_unified.md)."""
+        (decode_breakdown_h100_qwen3-0.6b_s21_stock_unified.md).
+
+        `varlen`: the packed forward's attention (the trainer's, the prefill's) through torch's flash varlen kernel
+        (`varlen_flash`) instead of SDPA over a padded batch. None: on CUDA where this torch has it and a first small
+        case agrees with the padded path (`attention_path` says which ran, and why not); False: never; True: always
+        (the CPU tests, with a stand-in)."""
         self.compiled = compiled
+        self.varlen = varlen
+        self._varlen_fn = None  # the varlen attend once chosen; `attention_path` names the path
+        self.attention_path: str | None = None
         self.fill_in_compiled, self.fold_gqa = fill_in_compiled, fold_gqa
         self.fill_rows = fill_rows
         self._memos: dict[str, tuple] = {}  # what `_once_a_step` built for the step in progress, by name
@@ -364,6 +404,55 @@ class StockBackend:
         return self.rmsnorm(q, wq, eps), self.rmsnorm(k, wk, eps)
 
     def attention_varlen(self, q, k, v, cu_seqlens, lens: list[int]):
+        """Causal attention over packed sequences: torch's flash varlen kernel where it is chosen (`varlen`), else
+        SDPA over a padded batch (`attention_padded`)."""
+        if self.attention_path is None:
+            self._choose_attention(q, k, v)
+        if self._varlen_fn is not None:
+            return self._varlen_fn(q, k, v, cu_seqlens, max(lens))
+        return self.attention_padded(q, k, v, cu_seqlens, lens)
+
+    def _choose_attention(self, q, k, v) -> None:
+        """The packed attention's path, once: varlen where asked (True), or where available on CUDA and a small case
+        (two sequences, the model's heads) agrees with the padded path within bf16's rounding (None)."""
+        fn = varlen_flash() if self.varlen is not False else None
+        if fn is None:
+            self.attention_path = "sdpa_padded" + ("" if self.varlen is False else " (this torch has no varlen_attn)")
+            return
+        if self.varlen is None and not q.is_cuda:
+            self.attention_path = "sdpa_padded (varlen_attn is CUDA's)"
+            return
+        if self.varlen is None:
+            why = self.varlen_probe(fn, q, k, v)
+            if why is not None:
+                self.attention_path = f"sdpa_padded (varlen: {why})"
+                return
+        self._varlen_fn, self.attention_path = fn, "varlen_flash"
+
+    def varlen_probe(self, fn, q, k, v) -> str | None:
+        """None where `fn` runs a small case with q, k, v's heads and dtype (two sequences, views of one stacked
+        projection, as the trainer has them), agrees with the padded path within bf16's rounding and gives a finite
+        gradient; else why not (the kernel missing on this device, a signature this torch does not take, ...)."""
+        try:
+            # q, k, v as the trainer has them: views of one stacked projection, with a gradient
+            g = torch.Generator(device=q.device).manual_seed(0)
+            hq, hk, d = q.shape[1], k.shape[1], q.shape[2]
+            qkv = torch.randn(14, hq + 2 * hk, d, generator=g, device=q.device).to(q.dtype).requires_grad_()
+            qs, ks, vs = qkv.split([hq, hk, hk], dim=1)
+            cu = torch.tensor([0, 5, 14], device=q.device, dtype=torch.int32)
+            got = fn(qs, ks, vs, cu, 9)
+            with torch.no_grad():
+                want = self.attention_padded(qs, ks, vs, cu, [5, 9])
+            if not torch.allclose(got.float(), want.float(), atol=2e-2, rtol=2e-2):
+                raise RuntimeError(f"differs from the padded path by {(got - want).abs().max().item():.3g}")
+            got.float().square().sum().backward()
+            if qkv.grad is None or not torch.isfinite(qkv.grad).all():
+                raise RuntimeError("no finite gradient")
+        except Exception as e:
+            return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
+        return None
+
+    def attention_padded(self, q, k, v, cu_seqlens, lens: list[int]):
         """Causal attention over packed sequences the way a trainer runs stock kernels: the sequences padded
         (at the right) into one [B, H, S_max, D] batch for SDPA's flash backend, the valid rows gathered back.
         Right padding keeps every valid query's causal window free of padding, so no mask is needed; the

@@ -242,6 +242,7 @@ def run_mode(mode: str, cfg: E2EConfig, mc: ModelConfig, params0: dict, device: 
         "kernels": getattr(be, "sources", {}),
         "stock_compiled": getattr(be, "compiled", None),
         "stock_compile_errors": be.compile_errors() if hasattr(be, "compile_errors") else {},
+        "stock_attention": getattr(be, "attention_path", None),  # mode A's packed attention: varlen flash or padded
     }
 
 
