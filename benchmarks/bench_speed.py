@@ -16,6 +16,10 @@ Sections (Qwen3-8B: hidden 4096, 32 query heads, 8 KV heads, head dim 128, ffn 1
   and say so);
 - prefill: causal `attention_prefill` vs SDPA flash (enable_gqa);
 - fwdbwd: prefill forward + backward (torch.autograd.grad) vs SDPA flash's;
+- varlen: forward + backward of causal attention over packed sequences as an RL trainer has them (64 or 256
+  sequences of 48-288 tokens, as the e2e minibatches; 32 of 512-2048), `attention_varlen` vs the faster of torch's
+  flash varlen kernel (`torch.nn.attention.varlen`, where this torch has one) and SDPA flash over the right-padded
+  batch (the scatter and gather inside the call, as tik e2e's mode A has them);
 - ops: rmsnorm vs F.rms_norm, silu_mul vs F.silu(gate) * up, logprob vs eager log_softmax + gather, and
   logprob's forward + backward (the trainer's lm_head: gradients of hidden and of the weight) vs eager
   log_softmax + gather's (issue 16: every other operator no slower).
@@ -24,7 +28,8 @@ Timing is benchmarks/harness.py's: CUDA-graph replay of many calls back to back 
 the inputs (working set ≥ 4 × L2, so weights and KV come from HBM), contenders interleaved over rounds,
 medians. Before a cell is timed TIK's output is checked for bitwise batch invariance there (linear: rows
 of M alone; decode: member 0 alone, and equal to the matching row of prefill; prefill: the last member
-alone, the first half of the sequence alone; fwdbwd: gradients twice, the last member alone). A cell
+alone, the first half of the sequence alone; fwdbwd: gradients twice, the last member alone; varlen: gradients
+twice, the last sequence alone). A cell
 whose check fails is reported RED with no ratio, and its section's summary figures are withheld.
 
 --variant NAME=OP.KEY=VALUE[,OP.KEY=VALUE...] (repeatable) adds a contender `tik:NAME` to every cell of a section that
@@ -67,6 +72,8 @@ DECODE_B = (1, 8, 32, 128)
 DECODE_L = (1024, 4096, 8192, 16384, 32768)
 PREFILL_BS = ((1, 1024), (4, 1024), (16, 1024), (1, 4096), (4, 4096), (1, 16384), (2, 16384))
 FWDBWD_BS = ((1, 1024), (8, 1024), (1, 4096), (4, 4096), (1, 8192), (1, 16384))
+#: (sequences, shortest, longest): packed batches of lengths drawn uniformly between the two (seeded)
+VARLEN = ((64, 48, 288), (256, 48, 288), (32, 512, 2048))
 OPS_M = {"rmsnorm": (1, 64, 4096, 16384), "silu_mul": (1, 64, 4096), "logprob": (1, 16, 256, 1024),
          "logprob_bwd": (1024, 4096), "logprob_bwd_h1024": (3680,)}
 #: the hidden size of an ops cell whose op names one (logprob_bwd_h1024: qwen3-0.6b's lm_head, a minibatch of the
@@ -75,10 +82,10 @@ OPS_HIDDEN = {"logprob_bwd_h1024": 1024}
 
 #: the issue's targets, per summary key: (bound, "≤" means the figure must not exceed it)
 TARGETS = {"linear_geomean": 1.05, "linear_worst": 1.20, "linear_m_le_16_geomean": 0.95, "decode_geomean": 1.05,
-           "decode_worst": 1.25, "prefill_geomean": 0.85, "fwd_bwd_geomean": 1.15}
-SECTIONS = ("linear", "decode", "prefill", "fwdbwd", "ops")
+           "decode_worst": 1.25, "prefill_geomean": 0.85, "fwd_bwd_geomean": 1.15, "fwd_bwd_varlen_geomean": 1.15}
+SECTIONS = ("linear", "decode", "prefill", "fwdbwd", "varlen", "ops")
 #: share of --budget-s each section may use (what one leaves is the next one's)
-SHARE = {"linear": 0.33, "decode": 0.30, "prefill": 0.10, "fwdbwd": 0.15, "ops": 0.12}
+SHARE = {"linear": 0.31, "decode": 0.28, "prefill": 0.10, "fwdbwd": 0.13, "varlen": 0.06, "ops": 0.12}
 IMPL_MODULES = {"linear": "tik_kernels.ops.linear", "attention": "tik_kernels.ops.attention",
                 "rmsnorm": "tik_kernels.ops.rmsnorm", "silu_mul": "tik_kernels.ops.silu_mul",
                 "logprob": "tik_kernels.ops.logprob"}
@@ -91,19 +98,19 @@ class Shapes:
         self.hq, self.hk, self.d = HQ, HK, D
         self.proj, self.linear_m, self.lm_head, self.lm_head_m = PROJ, LINEAR_M, (VOCAB, HIDDEN), LM_HEAD_M
         self.decode = [(B, L) for L in DECODE_L for B in DECODE_B]
-        self.prefill, self.fwdbwd = PREFILL_BS, FWDBWD_BS
+        self.prefill, self.fwdbwd, self.varlen = PREFILL_BS, FWDBWD_BS, VARLEN
         self.hidden, self.ffn, self.vocab, self.ops_m = HIDDEN, FFN, VOCAB, OPS_M
         if mode == "quick":
             self.proj = {k: PROJ[k] for k in ("qkv", "down")}
             self.linear_m, self.lm_head_m = (1, 16, 256, 4096), (16,)
             self.decode = [(1, 1024), (1, 32768), (8, 4096), (128, 8192)]
-            self.prefill, self.fwdbwd = ((1, 4096), (4, 1024)), ((1, 4096),)
+            self.prefill, self.fwdbwd, self.varlen = ((1, 4096), (4, 1024)), ((1, 4096),), ((64, 48, 288),)
             self.ops_m = {"rmsnorm": (1, 4096), "silu_mul": (64,), "logprob": (256,), "logprob_bwd": (1024,)}
         elif mode == "smoke":
             self.hq, self.hk, self.d = 4, 2, 16
             self.proj, self.linear_m, self.lm_head, self.lm_head_m = {"tiny": (40, 32)}, (1, 3), (72, 32), (2,)
             self.decode = [(1, 24), (2, 16)]
-            self.prefill, self.fwdbwd = ((2, 16),), ((1, 16),)
+            self.prefill, self.fwdbwd, self.varlen = ((2, 16),), ((1, 16),), ((3, 3, 9),)
             self.hidden, self.ffn, self.vocab = 32, 16, 40
             self.ops_m = {"rmsnorm": (3,), "silu_mul": (2,), "logprob": (2,), "logprob_bwd": (3,)}
 
@@ -163,6 +170,25 @@ def decode_stock(cuda: bool) -> dict:
 
 def prefill_stock(q, k, v):
     return _sdpa(SDPBackend.FLASH_ATTENTION, q, k, v, is_causal=True, enable_gqa=True)
+
+
+def padded_stock(lens: list[int], device) -> Callable:
+    """Causal attention over packed sequences as mode A's padded path runs it (tik_kernels/e2e/model.py,
+    `StockBackend.attention_padded`): scattered into a right-padded [B, H, S_max, D] batch, SDPA flash, gathered
+    back; the row indices built once, outside the timed call."""
+    B, S = len(lens), max(lens)
+    rows = torch.tensor([b * S + i for b, n in enumerate(lens) for i in range(n)], device=device)
+
+    def fn(q, k, v):
+        def pad(t):
+            out = t.new_zeros(B * S, t.shape[1], t.shape[2])
+            out[rows] = t
+            return out.view(B, S, t.shape[1], t.shape[2]).transpose(1, 2)
+
+        o = _sdpa(SDPBackend.FLASH_ATTENTION, pad(q), pad(k), pad(v), is_causal=True, enable_gqa=True)
+        return o.transpose(1, 2).reshape(B * S, q.shape[1], q.shape[2])[rows]
+
+    return fn
 
 
 def fwdbwd(attend):
@@ -335,6 +361,37 @@ class Bench:
         return self.timed(row, gate, {"tik": tik, "sdpa_flash": fwdbwd(prefill_stock)}, (q, k, v, do),
                           ["sdpa_flash"], op="attention", flops=3.5 * self.attn_flops(B, S))  # backward ≈ 2.5 forwards
 
+    def varlen(self, n: int, lo: int, hi: int) -> dict:
+        """Forward + backward over n packed sequences of lo..hi tokens (an RL trainer's minibatch)."""
+        from tik_kernels.e2e.model import varlen_flash
+
+        att = self.mods["attention"].attention_varlen
+        rng = torch.Generator().manual_seed(hash((self.args.seed, n, lo, hi)) % (2**31))
+        lens = torch.randint(lo, hi + 1, (n,), generator=rng).tolist()
+        T, S, hq, hk, d = sum(lens), max(lens), self.s.hq, self.s.hk, self.s.d
+        row = {"cell": f"varlen[n={n},L={lo}-{hi}]", "n": n, "tokens": T}
+        if not self.fits(12 * T * hq * d * 2 + 4 * n * S * hq * d * 2):
+            return {**row, "skipped": "does not fit in GPU memory"}
+        g = self.gen(n, lo, hi)
+        q, k, v = (self.randn(T, h, d, gen=g, grad=True) for h in (hq, hk, hk))
+        do = self.randn(T, hq, d, gen=g)
+        cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device=self.device, dtype=torch.int32)
+        tik = fwdbwd(lambda q, k, v: att(q, k, v, cu, max_seqlen=S))
+        fns = {"tik": tik, "sdpa_flash_padded": fwdbwd(padded_stock(lens, self.device))}
+        flash = varlen_flash() if self.cuda else None
+        if flash is not None:
+            fns["varlen_flash"] = fwdbwd(lambda q, k, v: flash(q, k, v, cu, S))
+        a = tik(q, k, v, do)
+        a0 = cu[-2].item()  # the last sequence alone: its rows of the packed call's output
+        gate = {"deterministic": H.tree_bits_equal(a, tik(q, k, v, do))}
+        with torch.no_grad():
+            last = att(q[a0:], k[a0:], v[a0:], cu[-2:] - a0, max_seqlen=lens[-1])
+            gate["last_sequence_alone"] = H.bits_equal(last, att(q, k, v, cu, max_seqlen=S)[a0:])
+        del a
+        flops = 3.5 * sum(2 * hq * L * L * d for L in lens)  # causal forward, the backward ≈ 2.5 forwards
+        return self.timed(row, gate, fns, (q, k, v, do), [k_ for k_ in fns if k_ != "tik"], op="attention",
+                          flops=flops)
+
     # -- other operators
 
     def logprob_bwd(self, M: int, name: str = "logprob_bwd") -> dict:
@@ -424,6 +481,8 @@ def section_summary(section: str, rows: list[dict]) -> dict:
         return {"prefill_geomean": gm(timed)}
     if section == "fwdbwd":
         return {"fwd_bwd_geomean": gm(timed)}
+    if section == "varlen":
+        return {"fwd_bwd_varlen_geomean": gm(timed)}
     return {f"{op}_geomean": gm([r for r in timed if r["op"] == op]) for op in sorted({r["op"] for r in rows})}
 
 
@@ -433,6 +492,7 @@ def run_section(bench: Bench, section: str, deadline: float) -> list[dict]:
             "decode": [(bench.decode, c) for c in s.decode],
             "prefill": [(bench.prefill, c) for c in s.prefill],
             "fwdbwd": [(bench.fwdbwd, c) for c in s.fwdbwd],
+            "varlen": [(bench.varlen, c) for c in s.varlen],
             "ops": [(bench.op, (op, m)) for op, ms in s.ops_m.items() for m in ms]}[section]
     rows = []
     for fn, cell in jobs:

@@ -13,7 +13,7 @@ from benchmarks import harness as H
 
 ROOT = Path(__file__).resolve().parents[2]
 SUMMARY_KEYS = {"linear_geomean", "linear_worst", "linear_m_le_16_geomean", "decode_geomean", "decode_worst",
-                "prefill_geomean", "fwd_bwd_geomean"}
+                "prefill_geomean", "fwd_bwd_geomean", "fwd_bwd_varlen_geomean"}
 
 #: a linear whose rows follow the batch size (a split that changes with M): the gate must go red
 BATCH_VARIANT_LINEAR = '''
