@@ -107,6 +107,9 @@
 #                     in one run
 #                     ($R/train_profile_<card>_qwen3-0.6b_variants.md), and with the logged entropy from logprob's pass
 #                     (logprob's FWD_ENTROPY, on since session 32: one lm_head pass an update instead of two)
+#   varlen        #16 #19 mode A's packed attention through torch's flash varlen kernel (StockBackend's default where the
+#                     probe passes, session 32): its GPU test; then bench_speed's varlen section (forward + backward
+#                     over an RL minibatch's packed sequences vs that kernel and the padded SDPA path; $R/speed_<card>_varlen.md)
 #   mlp_fused     #19 the rollout's MLP gate_up projection and silu_mul in one launch (linear's linear_silu_mul, the
 #                     gate_up weights in row pairs; session 32, off: no faster on an H100): its GPU bit test at the
 #                     qwen3 MLPs, then the decode step with it and with the two launches ($R/e2e_decode_mlp_fused/)
@@ -261,6 +264,9 @@ for p in "$@"; do
             part lmhead_decode 150 "$py" benchmarks/bench_lmhead_decode.py --out "$R"
             part decode_breakdown_stock 240 "$py" benchmarks/decode_breakdown.py --out "$R" --backends stock \
                 --name _stock_auto --kernels 6 ;;
+        varlen)
+            part pytest_gpu_${CARD}_stock_varlen 120 "$py" -m pytest -q -m gpu tests/e2e/test_stock_varlen.py
+            part "speed_${CARD}_varlen" 300 "$py" benchmarks/bench_speed.py --only varlen --rounds 9 --out "$R" ;;
         mlp_fused)
             part pytest_gpu_${CARD}_mlp_fused 200 "$py" -m pytest -q -m gpu tests/kernels/test_linear.py -k silu
             part e2e_decode_mlp_fused 200 "$py" benchmarks/bench_e2e.py --out "$R/e2e_decode_mlp_fused" --only decode \
@@ -372,6 +378,6 @@ for p in "$@"; do
             part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_${CARD}
             part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs lmhead_bwd lmhead_bwd2 train_variants prefill_chunks decode_regs mlp_fused)" >&2 ;;
+            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs lmhead_bwd lmhead_bwd2 train_variants prefill_chunks decode_regs mlp_fused varlen)" >&2 ;;
     esac
 done

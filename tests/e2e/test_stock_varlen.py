@@ -137,3 +137,23 @@ def test_this_torch_s_varlen_attn_is_one_the_wrapper_reads():
     params = inspect.signature(varlen_mod.varlen_attn).parameters
     assert "window_size" in params or "is_causal" in params
     assert varlen_flash() is not None
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_mode_a_runs_the_varlen_kernel_where_torch_has_one():
+    """At qwen3's heads (16 / 8, head dim 128) and an RL minibatch's lengths: mode A's packed attention goes through
+    torch's flash varlen kernel where this torch has one, agrees with the padded path and has gradients."""
+    lens = [48, 200, 97, 288, 51]
+    q, k, v, cu = (t.cuda() for t in _packed(lens, hq=16, hk=8, d=128, seed=3))
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    be = StockBackend()
+    got = be.attention_varlen(q, k, v, cu, lens)
+    if varlen_flash() is None:
+        assert be.attention_path == "sdpa_padded (this torch has no varlen_attn)"
+        return
+    assert be.attention_path == "varlen_flash", be.attention_path
+    with torch.no_grad():
+        want = StockBackend(varlen=False).attention_varlen(q, k, v, cu, lens)
+    assert torch.allclose(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+    got.float().square().sum().backward()
+    assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in (q, k, v))
