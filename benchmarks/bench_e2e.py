@@ -38,17 +38,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import tik_kernels  # noqa: E402,F401
 from benchmarks import harness as H  # noqa: E402
-from tik_kernels.e2e.decode_bench import DecodeTimer  # noqa: E402
-from tik_kernels.e2e.model import (  # noqa: E402
+from tik_kernels.e2e.backends import (  # noqa: E402
     NO_PDL_CONFIG,
     PDL_PREFETCH_CONFIG,
-    PRESETS,
     StockBackend,
     UnifiedBackend,
     config_overrides,
-    init_params,
     make_backend,
 )
+from tik_kernels.e2e.decode_bench import DecodeTimer  # noqa: E402
+from tik_kernels.e2e.model import PRESETS, init_params  # noqa: E402
 from tik_kernels.e2e.profile import profile_layer  # noqa: E402
 from tik_kernels.e2e.run import E2EConfig, run_e2e, speedups  # noqa: E402
 from tik_kernels.e2e.task import REWARDS  # noqa: E402

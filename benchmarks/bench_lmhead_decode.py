@@ -22,7 +22,7 @@ import torch  # noqa: E402
 
 import tik_kernels  # noqa: E402,F401
 from benchmarks import harness as H  # noqa: E402
-from tik_kernels.e2e.model import StockBackend, config_overrides  # noqa: E402
+from tik_kernels.e2e.backends import StockBackend, config_overrides  # noqa: E402
 from tik_kernels.ops import logprob as LP  # noqa: E402
 from tik_kernels.ops import sample as SA  # noqa: E402
 
@@ -138,7 +138,7 @@ def main() -> int:
     contenders = {name: variant(call, over) for name, (call, over) in VARIANTS.items()
                   if name == "sample_logprob" or chosen(name)}
     contenders["stock (cuBLAS logits, log_softmax, gumbel argmax)"] = stock
-    # mode A's own lm_head (tik_kernels/e2e/model.py StockBackend.sample_logprob), eager and through torch.compile:
+    # mode A's own lm_head (tik_kernels/e2e/backends.py StockBackend.sample_logprob), eager and through torch.compile:
     # with automatic dynamic shapes (compiled first at half the batch, then at this one: the batch goes symbolic, the
     # vocabulary stays a constant, as in the decode engine's buckets) and with every dimension symbolic
     stocks = {"mode A eager": StockBackend()}

@@ -173,7 +173,7 @@ def prefill_stock(q, k, v):
 
 
 def padded_stock(lens: list[int], device) -> Callable:
-    """Causal attention over packed sequences as mode A's padded path runs it (tik_kernels/e2e/model.py,
+    """Causal attention over packed sequences as mode A's padded path runs it (tik_kernels/e2e/backends.py,
     `StockBackend.attention_padded`): scattered into a right-padded [B, H, S_max, D] batch, SDPA flash, gathered
     back; the row indices built once, outside the timed call."""
     B, S = len(lens), max(lens)
@@ -363,7 +363,7 @@ class Bench:
 
     def varlen(self, n: int, lo: int, hi: int) -> dict:
         """Forward + backward over n packed sequences of lo..hi tokens (an RL trainer's minibatch)."""
-        from tik_kernels.e2e.model import varlen_flash
+        from tik_kernels.e2e.backends import varlen_flash
 
         att = self.mods["attention"].attention_varlen
         rng = torch.Generator().manual_seed(hash((self.args.seed, n, lo, hi)) % (2**31))

@@ -28,8 +28,9 @@ import torch  # noqa: E402
 
 import tik_kernels  # noqa: E402,F401  (before triton)
 from benchmarks import harness as H  # noqa: E402
+from tik_kernels.e2e.backends import make_backend  # noqa: E402
 from tik_kernels.e2e.decode_bench import time_decode  # noqa: E402
-from tik_kernels.e2e.model import PRESETS, KVCache, forward_decode, init_params, make_backend  # noqa: E402
+from tik_kernels.e2e.model import PRESETS, KVCache, forward_decode, init_params  # noqa: E402
 from tik_kernels.e2e.rollout import rollout_weights, token_seeds  # noqa: E402
 
 

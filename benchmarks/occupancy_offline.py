@@ -73,7 +73,8 @@ def record(preset: str, batch: int, context: int, overrides: list[str], train: t
     from triton.runtime.interpreter import InterpretedFunction
 
     import tik_kernels.ops
-    from tik_kernels.e2e.model import PRESETS, KVCache, bf16_weights, init_params, make_backend
+    from tik_kernels.e2e.backends import make_backend
+    from tik_kernels.e2e.model import PRESETS, KVCache, bf16_weights, init_params
 
     launches: list[dict] = []
 

@@ -37,7 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness as H  # noqa: E402
 
 from tik_kernels.e2e import rollout as rollout_mod  # noqa: E402
-from tik_kernels.e2e.model import PRESETS, init_params, make_backend  # noqa: E402
+from tik_kernels.e2e.backends import make_backend  # noqa: E402
+from tik_kernels.e2e.model import PRESETS, init_params  # noqa: E402
 from tik_kernels.e2e.rollout import PREFILL_TOKENS, RolloutEngine  # noqa: E402
 from tik_kernels.e2e.task import make_requests  # noqa: E402
 

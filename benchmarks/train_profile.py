@@ -43,7 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness as H  # noqa: E402
 
 from tik_kernels.e2e import trainer as trainer_mod  # noqa: E402
-from tik_kernels.e2e.model import PRESETS, config_overrides, init_params, make_backend  # noqa: E402
+from tik_kernels.e2e.backends import config_overrides, make_backend  # noqa: E402
+from tik_kernels.e2e.model import PRESETS, init_params  # noqa: E402
 from tik_kernels.e2e.rollout import RolloutEngine  # noqa: E402
 from tik_kernels.e2e.run import minibatches  # noqa: E402
 from tik_kernels.e2e.task import make_requests, rewards  # noqa: E402

@@ -8,15 +8,14 @@ import random
 import pytest
 import torch
 
-from tik_kernels.e2e.model import (
+from tik_kernels.e2e.backends import (
     NO_PDL_CONFIG,
     PDL_CONFIG,
     PDL_PREFETCH_CONFIG,
-    PRESETS,
     config_overrides,
-    init_params,
     make_backend,
 )
+from tik_kernels.e2e.model import PRESETS, init_params
 from tik_kernels.e2e.rollout import RolloutEngine
 from tik_kernels.e2e.run import E2EConfig, run_e2e
 from tik_kernels.e2e.task import make_requests

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import tik_kernels  # noqa: F401
-from tik_kernels.e2e.model import PRESETS, StockBackend, bf16_weights, forward_packed, init_params, load_hf
+from tik_kernels.e2e.backends import StockBackend
+from tik_kernels.e2e.model import PRESETS, bf16_weights, forward_packed, init_params, load_hf
 from tik_kernels.e2e.rollout import Request, RolloutEngine
 from tik_kernels.e2e.run import E2EConfig, run_e2e
 from tik_kernels.e2e.safetensors_io import CheckpointError, load_file, save_file
@@ -35,7 +36,7 @@ def test_mode_b_rollout_logprobs_equal_trainer_bitwise_under_changing_batches():
 
 def test_same_request_same_tokens_whatever_the_batch():
     """A request's tokens and log-probs do not depend on which other requests share its batches."""
-    from tik_kernels.e2e.model import make_backend
+    from tik_kernels.e2e.backends import make_backend
 
     mc = PRESETS["tiny"]
     params = init_params(mc, 1)
@@ -54,7 +55,7 @@ def test_same_request_same_tokens_whatever_the_batch():
 def test_a_tied_lm_head_is_the_embedding_in_rollout_and_training():
     """A tied model (the Qwen3 presets) computes what an untied copy with lm_head = embed computes, rollout log-probs
     and training alike, and the table's gradient is the sum of its two uses' (an fp32 sum of the two casts' grads)."""
-    from tik_kernels.e2e.model import make_backend
+    from tik_kernels.e2e.backends import make_backend
     from tik_kernels.e2e.trainer import sequence_logprobs
 
     tied = replace(PRESETS["tiny"], tie_embeddings=True)
@@ -82,7 +83,7 @@ def test_a_tied_lm_head_is_the_embedding_in_rollout_and_training():
 def test_the_rollout_s_fused_mlp_keeps_the_bits_and_follows_weight_updates():
     """The rollout's gate_up projection and silu_mul in one launch (its gate_up weights kept in row pairs) give the
     two calls' tokens and log-probs, before and after load_weights copies updated weights in place."""
-    from tik_kernels.e2e.model import UnifiedBackend
+    from tik_kernels.e2e.backends import UnifiedBackend
 
     mc = PRESETS["tiny"]
     params = init_params(mc, 6)

@@ -15,7 +15,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from tik_kernels.e2e.model import StockBackend, bf16_weights, forward_packed, load_hf  # noqa: E402
+from tik_kernels.e2e.backends import StockBackend  # noqa: E402
+from tik_kernels.e2e.model import bf16_weights, forward_packed, load_hf  # noqa: E402
 from tik_kernels.e2e.safetensors_io import CheckpointError  # noqa: E402
 
 TINY = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

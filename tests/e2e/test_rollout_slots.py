@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tik_kernels.e2e.model import PRESETS, KVCache, init_params, make_backend
+from tik_kernels.e2e.backends import make_backend
+from tik_kernels.e2e.model import PRESETS, KVCache, init_params
 from tik_kernels.e2e.rollout import (
     DEFAULT_BUCKETS,
     Request,

@@ -18,7 +18,7 @@ import torch
 
 import tik_kernels.ops.rmsnorm as N
 import tik_kernels.ops.rope as R
-from tik_kernels.e2e.model import UnifiedBackend, _rope_then_scatter
+from tik_kernels.e2e.backends import UnifiedBackend, _rope_then_scatter
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tik_kernels.e2e.model import StockBackend
+from tik_kernels.e2e.backends import StockBackend
 
 
 def _inputs(T: int, seed: int):
@@ -113,13 +113,14 @@ def test_the_decode_key_mask_is_built_once_a_step_and_gives_the_same_bits(monkey
     """Every layer of a decode step gets the step's one `lens` tensor: the stock backend builds its key mask at the
     first layer's call and reuses it, for the same outputs as a mask built at every call; a later step's `lens` (a
     new tensor, even with equal values) gets its own mask."""
+    from tik_kernels.e2e import backends as B
     from tik_kernels.e2e import model as M
 
     cfg = M.PRESETS["tiny"]
     W = M.bf16_weights(M.init_params(cfg, 0), grad=False)
     built = []
-    real = M._key_mask
-    monkeypatch.setattr(M, "_key_mask", lambda lens, kv_len: built.append(kv_len) or real(lens, kv_len))
+    real = B._key_mask
+    monkeypatch.setattr(B, "_key_mask", lambda lens, kv_len: built.append(kv_len) or real(lens, kv_len))
 
     def step(be):
         cache = M.KVCache(cfg, 3, 16, "cpu")

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import tik_kernels  # noqa: F401
-from tik_kernels.e2e.model import StockBackend, varlen_flash
+from tik_kernels.e2e.backends import StockBackend, varlen_flash
 
 varlen_mod = pytest.importorskip("torch.nn.attention.varlen")
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from tik_kernels.e2e.model import PRESETS, StockBackend, init_params
+from tik_kernels.e2e.backends import StockBackend
+from tik_kernels.e2e.model import PRESETS, init_params
 from tik_kernels.e2e.rollout import Completion, Request
 from tik_kernels.e2e.trainer import grpo_step, pack, sequence_logprobs
 

@@ -162,7 +162,8 @@ def test_the_trainer_logs_the_entropy_from_one_lm_head_pass_where_fwd_entropy_is
     """sequence_logprobs with the logged entropy: the unified backend's logprob_entropy, one logprob-module launch of
     the forward kernel with FWD_ENTROPY, the two operators' launches without; the same bits either way."""
     import tik_kernels.ops.entropy as ent_root
-    from tik_kernels.e2e.model import PRESETS, init_params, make_backend
+    from tik_kernels.e2e.backends import make_backend
+    from tik_kernels.e2e.model import PRESETS, init_params
     from tik_kernels.e2e.trainer import Packed, sequence_logprobs
 
     mc = PRESETS["tiny"]

@@ -8,7 +8,7 @@ import importlib
 import pytest
 import torch
 
-from tik_kernels.e2e.model import NO_PDL_CONFIG, PDL_PREFETCH_CONFIG, config_overrides
+from tik_kernels.e2e.backends import NO_PDL_CONFIG, PDL_PREFETCH_CONFIG, config_overrides
 from tik_kernels.ops import _common
 
 

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from tik_kernels.e2e.model import PRESETS, ModelConfig, config_dict, init_params, make_backend
+from tik_kernels.e2e.backends import make_backend
+from tik_kernels.e2e.model import PRESETS, ModelConfig, config_dict, init_params
 from tik_kernels.e2e.rollout import PREFILL_TOKENS, RolloutEngine
 from tik_kernels.e2e.task import make_requests, rewards
 from tik_kernels.e2e.trainer import group_advantages, grpo_step, make_optimizer, pack, sequence_logprobs
