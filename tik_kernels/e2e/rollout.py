@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 import torch
 
 from tik_kernels.e2e.model import KVCache, ModelConfig, bf16_weights, forward_decode, forward_packed, to_device
-from tik_kernels.ops.linear import gate_up_pairs
 
 #: the prompt tokens one prefill admits by default (the engine's, `tik e2e`'s, rollout_profile.py's): a GRPO batch's
 #: prompts in one prefill. H100, qwen3-0.6b, 256 requests (32 prompts x 8, ~28k prompt tokens): the rollout 0.375 s in
@@ -71,9 +70,9 @@ def rollout_weights(params: dict[str, torch.Tensor], backend) -> dict[str, torch
     projection and silu_mul (`mlp_pairs`), each gate_up weight with its rows in (gate, up) pairs instead, under
     `l{i}.w_gate_up_pairs` (linear.gate_up_pairs: the same values, the layout `linear_silu_mul` reads)."""
     W = bf16_weights(params, grad=False)
-    if getattr(backend, "mlp_pairs", False):
+    if getattr(backend, "mlp_pairs", False):  # the library's linear (UnifiedBackend.mlp_pairs): its pairs layout
         for k in [k for k in W if k.endswith(".w_gate_up")]:
-            W[k + "_pairs"] = gate_up_pairs(W.pop(k))
+            W[k + "_pairs"] = backend.m["linear"].gate_up_pairs(W.pop(k))
     return W
 
 
