@@ -179,6 +179,14 @@ def test_safetensors_rejects_garbage(tmp_path):
         load_hf(tmp_path)
 
 
+def test_cli_e2e_names_mode_a_s_attention_path(capsys):
+    """The summary says which stock attention mode A ran over the packed sequences (on the CPU: the padded path)."""
+    from tik_tui.cli.main import main
+
+    assert main(["e2e", "--modes", "A", "--steps", "1", "--prompts", "1", "--group", "2", "--ppo-epochs", "1"]) == 0
+    assert "mode A: packed attention sdpa_padded (varlen_attn is CUDA's)" in capsys.readouterr().out
+
+
 def test_cli_e2e_json_and_errors(capsys):
     from tik_tui.cli.main import main
 

@@ -102,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
     for k, r in out["modes"].items():
         if r.get("graph_error"):
             print(f"mode {k}: decode steps ran eagerly, a capture failed: {r['graph_error']}")
+        if r.get("stock_attention"):  # which stock attention ran over the packed sequences, and why not the other
+            print(f"mode {k}: packed attention {r['stock_attention']}")
     for k, v in out["speedup"].items():
         # a time ratio, like every ratio TIK prints (the run reports steps/s over steps/s)
         new, _, ref = k.partition("_over_")
