@@ -266,7 +266,8 @@ for p in "$@"; do
                 --name _stock_auto --kernels 6 ;;
         varlen)
             part pytest_gpu_${CARD}_stock_varlen 120 "$py" -m pytest -q -m gpu tests/e2e/test_stock_varlen.py
-            part "speed_${CARD}_varlen" 300 "$py" benchmarks/bench_speed.py --only varlen --rounds 9 --out "$R" ;;
+            part "speed_${CARD}_varlen" 300 "$py" benchmarks/bench_speed.py --only varlen --rounds 9 --budget-s 240 \
+                --out "$R" ;;
         mlp_fused)
             part pytest_gpu_${CARD}_mlp_fused 200 "$py" -m pytest -q -m gpu tests/kernels/test_linear.py -k silu
             part e2e_decode_mlp_fused 200 "$py" benchmarks/bench_e2e.py --out "$R/e2e_decode_mlp_fused" --only decode \
