@@ -18,8 +18,8 @@ Sections (Qwen3-8B: hidden 4096, 32 query heads, 8 KV heads, head dim 128, ffn 1
 - fwdbwd: prefill forward + backward (torch.autograd.grad) vs SDPA flash's;
 - varlen: forward + backward of causal attention over packed sequences as an RL trainer has them (64 or 256
   sequences of 48-288 tokens, as the e2e minibatches; 32 of 512-2048), `attention_varlen` vs the faster of torch's
-  flash varlen kernel (`torch.nn.attention.varlen`, where this torch has one) and SDPA flash over the right-padded
-  batch (the scatter and gather inside the call, as tik e2e's mode A has them);
+  flash varlen kernel (`torch.nn.attention.varlen`, where this torch has one) and SDPA over the right-padded batch
+  (tik e2e's mode A's `padded_attention`, the scatter and gather inside the call);
 - ops: rmsnorm vs F.rms_norm, silu_mul vs F.silu(gate) * up, logprob vs eager log_softmax + gather, and
   logprob's forward + backward (the trainer's lm_head: gradients of hidden and of the weight) vs eager
   log_softmax + gather's (issue 16: every other operator no slower).
@@ -171,25 +171,6 @@ def decode_stock(cuda: bool) -> dict:
 
 def prefill_stock(q, k, v):
     return _sdpa(SDPBackend.FLASH_ATTENTION, q, k, v, is_causal=True, enable_gqa=True)
-
-
-def padded_stock(lens: list[int], device) -> Callable:
-    """Causal attention over packed sequences as mode A's padded path runs it (tik_kernels/e2e/backends.py,
-    `StockBackend.attention_padded`): scattered into a right-padded [B, H, S_max, D] batch, SDPA flash, gathered
-    back; the row indices built once, outside the timed call."""
-    B, S = len(lens), max(lens)
-    rows = torch.tensor([b * S + i for b, n in enumerate(lens) for i in range(n)], device=device)
-
-    def fn(q, k, v):
-        def pad(t):
-            out = t.new_zeros(B * S, t.shape[1], t.shape[2])
-            out[rows] = t
-            return out.view(B, S, t.shape[1], t.shape[2]).transpose(1, 2)
-
-        o = _sdpa(SDPBackend.FLASH_ATTENTION, pad(q), pad(k), pad(v), is_causal=True, enable_gqa=True)
-        return o.transpose(1, 2).reshape(B * S, q.shape[1], q.shape[2])[rows]
-
-    return fn
 
 
 def fwdbwd(attend):
@@ -364,7 +345,7 @@ class Bench:
 
     def varlen(self, n: int, lo: int, hi: int) -> dict:
         """Forward + backward over n packed sequences of lo..hi tokens (an RL trainer's minibatch)."""
-        from tik_kernels.e2e.backends import varlen_flash
+        from tik_kernels.e2e.backends import padded_attention, padded_rows, varlen_flash
 
         att = self.mods["attention"].attention_varlen
         rng = torch.Generator().manual_seed(hash((self.args.seed, n, lo, hi)) % (2**31))
@@ -378,7 +359,8 @@ class Bench:
         do = self.randn(T, hq, d, gen=g)
         cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device=self.device, dtype=torch.int32)
         tik = fwdbwd(lambda q, k, v: att(q, k, v, cu, max_seqlen=S))
-        fns = {"tik": tik, "sdpa_flash_padded": fwdbwd(padded_stock(lens, self.device))}
+        rows = torch.tensor(padded_rows(lens), device=self.device)  # built once, outside the timed call
+        fns = {"tik": tik, "sdpa_padded": fwdbwd(lambda q, k, v: padded_attention(q, k, v, rows, n, S))}
         flash = varlen_flash() if self.cuda else None
         if flash is not None:
             fns["varlen_flash"] = fwdbwd(lambda q, k, v: flash(q, k, v, cu, S))

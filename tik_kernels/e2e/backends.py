@@ -109,6 +109,25 @@ class _Fused:
         return self.fn(*args)
 
 
+def padded_rows(lens: list[int]) -> list[int]:
+    """Where each row of sequences packed one after another goes in their right-padded [len(lens), max(lens)] batch."""
+    S = max(lens)
+    return [b * S + s for b, n in enumerate(lens) for s in range(n)]
+
+
+def padded_attention(q, k, v, rows: torch.Tensor, batch: int, max_len: int):
+    """Causal attention over packed sequences (q [T, Hq, D], k / v [T, Hk, D]) through SDPA: scattered into a
+    right-padded [batch, H, max_len, D] batch at `rows` (`padded_rows`, on q's device), gathered back."""
+
+    def pad(t):
+        out = t.new_zeros(batch * max_len, t.shape[1], t.shape[2])
+        out[rows] = t
+        return out.view(batch, max_len, t.shape[1], t.shape[2]).transpose(1, 2)
+
+    o = F.scaled_dot_product_attention(pad(q), pad(k), pad(v), is_causal=True, enable_gqa=True)
+    return o.transpose(1, 2).reshape(batch * max_len, q.shape[1], q.shape[2])[rows]
+
+
 def varlen_flash():
     """torch's flash attention over packed sequences (`torch.nn.attention.varlen.varlen_attn`, what RL trainers run
     as flash-attn's varlen kernel) as attend(q[T, Hq, D], k[T, Hk, D], v, cu_seqlens, max_len) -> [T, Hq, D], causal;
@@ -302,17 +321,7 @@ class StockBackend:
         (at the right) into one [B, H, S_max, D] batch for SDPA's flash backend, the valid rows gathered back.
         Right padding keeps every valid query's causal window free of padding, so no mask is needed; the
         scatter/gather indices come from the host-side lengths, so nothing waits on the GPU."""
-        B, S = len(lens), max(lens)
-        T, hq, D = q.shape
-        rows = to_device([b * S + s for b, n in enumerate(lens) for s in range(n)], q.device)
-
-        def pad(t):
-            out = t.new_zeros(B * S, t.shape[1], D)
-            out[rows] = t
-            return out.view(B, S, t.shape[1], D).transpose(1, 2)
-
-        o = F.scaled_dot_product_attention(pad(q), pad(k), pad(v), is_causal=True, enable_gqa=True)
-        return o.transpose(1, 2).reshape(B * S, hq, D)[rows]
+        return padded_attention(q, k, v, to_device(padded_rows(lens), q.device), len(lens), max(lens))
 
     def attention_decode(self, q, k_cache, v_cache, lens, kv_len: int):
         """SDPA over the first `kv_len` (the longest active context, known on the host) cache entries, a key

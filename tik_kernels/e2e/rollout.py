@@ -210,10 +210,8 @@ class RolloutEngine:
             for k, v in params.items():  # a tied lm_head is the embed buffer itself
                 if k in self.W:
                     self.W[k].copy_(v.detach())
-                else:  # a gate_up in pairs: row 2j gate row j, row 2j + 1 up row j
-                    two_f, k_dim = v.shape
-                    self.W[k + "_pairs"].view(two_f // 2, 2, k_dim).copy_(
-                        v.detach().view(2, two_f // 2, k_dim).transpose(0, 1))
+                else:  # a gate_up kept in (gate, up) row pairs (`rollout_weights`)
+                    self.W[k + "_pairs"].copy_(self.be.m["linear"].gate_up_pairs(v.detach()))
 
     def _kv_len(self, kv_len: int) -> int:
         """The KV length a step of contexts up to `kv_len` attends over: for a backend that reads only the

@@ -551,18 +551,12 @@ def _matmul(
         raise ValueError(f"linear: inner dims differ: {tuple(a.shape)} @ {tuple(b.shape)}.T")
     if silu and (N % 2 or M == 0 or K == 0):
         return None
-    sms = sm_count(a.device)
-    if silu:
-        tile = tile or _tile(M, N, sms)
-        per = chunks_per_prog or _chunks_per_program(triton.cdiv(M, tile[0]) * triton.cdiv(N, tile[1]),
-                                                     triton.cdiv(K, _kchunk(N)), tile[5], sms)
-        if triton.cdiv(triton.cdiv(K, _kchunk(N)), per) > 1 or tile[1] < 2:
-            return None
-    c = torch.empty((M, N // 2 if silu else N), device=a.device, dtype=out_dtype or a.dtype)
+    shape, dtype = (M, N // 2 if silu else N), out_dtype or a.dtype
     if M == 0 or N == 0:
-        return c
+        return torch.empty(shape, device=a.device, dtype=dtype)
     if K == 0:
-        return c.zero_()
+        return torch.zeros(shape, device=a.device, dtype=dtype)
+    sms = sm_count(a.device)
     BLOCK_M, BLOCK_N, num_warps, num_stages, K_UNROLL, SPLIT = tile or _tile(M, N, sms)
     BLOCK_K = block_k or CONFIG["BLOCK_K"]
     KCHUNK = _kchunk(N)
@@ -573,6 +567,9 @@ def _matmul(
     per_prog = chunks_per_prog or _chunks_per_program(tiles, n_chunks, SPLIT, sms)
     groups = triton.cdiv(n_chunks, per_prog)
     split = groups > 1
+    if silu and split:  # the epilogue is the walking program's
+        return None
+    c = torch.empty(shape, device=a.device, dtype=dtype)
     fuse = split and (CONFIG["FUSED_COMBINE"] and M <= CONFIG["FUSED_MAX_M"] if fused is None else fused)
     # only a split launch touches the workspace and the counters
     ws = torch.empty((n_chunks, M, N), device=a.device, dtype=torch.float32) if split else _dummy(a.device)
