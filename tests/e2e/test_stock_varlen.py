@@ -109,6 +109,11 @@ def test_the_probe_accepts_a_right_kernel_and_names_what_is_wrong_with_others(mo
     calls: list = []
     monkeypatch.setattr(varlen_mod, "varlen_attn", _stand_ins(calls)["2.12"])
     assert be.varlen_probe(varlen_flash(), q, k, v) is None
+    # mode A's first packed call is its recompute pass, without gradients: the probe turns them on for its case
+    with torch.no_grad():
+        assert be.varlen_probe(varlen_flash(), q, k, v) is None
+    with torch.inference_mode():
+        assert be.varlen_probe(varlen_flash(), q, k, v) is None
 
     def wrong(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, window_size=(-1, -1), enable_gqa=False):
         return _per_sequence(query, key, value, cu_seq_q) + 1.0
@@ -147,6 +152,8 @@ def test_on_the_gpu_mode_a_runs_the_varlen_kernel_where_torch_has_one():
     q, k, v, cu = (t.cuda() for t in _packed(lens, hq=16, hk=8, d=128, seed=3))
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
     be = StockBackend()
+    with torch.no_grad():  # the first call comes without gradients, as mode A's recompute pass makes it
+        be.attention_varlen(q, k, v, cu, lens)
     got = be.attention_varlen(q, k, v, cu, lens)
     if varlen_flash() is None:
         assert be.attention_path == "sdpa_padded (this torch has no varlen_attn)"

@@ -296,25 +296,32 @@ class StockBackend:
     def varlen_probe(self, fn, q, k, v) -> str | None:
         """None where `fn` runs a small case with q, k, v's heads and dtype (two sequences, views of one stacked
         projection, as the trainer has them), agrees with the padded path within bf16's rounding and gives a finite
-        gradient; else why not (the kernel missing on this device, a signature this torch does not take, ...)."""
+        gradient; else why not (the kernel missing on this device, a signature this torch does not take, ...).
+        The first packed call may come from a pass without gradients (mode A's recompute runs under no_grad before
+        any update), so the case turns gradients on for itself."""
         try:
-            # q, k, v as the trainer has them: views of one stacked projection, with a gradient
-            g = torch.Generator(device=q.device).manual_seed(0)
-            hq, hk, d = q.shape[1], k.shape[1], q.shape[2]
-            qkv = torch.randn(14, hq + 2 * hk, d, generator=g, device=q.device).to(q.dtype).requires_grad_()
-            qs, ks, vs = qkv.split([hq, hk, hk], dim=1)
-            cu = torch.tensor([0, 5, 14], device=q.device, dtype=torch.int32)
-            got = fn(qs, ks, vs, cu, 9)
-            with torch.no_grad():
-                want = self.attention_padded(qs, ks, vs, cu, [5, 9])
-            if not torch.allclose(got.float(), want.float(), atol=2e-2, rtol=2e-2):
-                raise RuntimeError(f"differs from the padded path by {(got - want).abs().max().item():.3g}")
-            got.float().square().sum().backward()
-            if qkv.grad is None or not torch.isfinite(qkv.grad).all():
-                raise RuntimeError("no finite gradient")
+            with torch.inference_mode(False), torch.enable_grad():
+                self._varlen_case(fn, q, k, v)
         except Exception as e:
             return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
         return None
+
+    def _varlen_case(self, fn, q, k, v) -> None:
+        """The probe's case: raises where `fn` is wrong or gives no finite gradient."""
+        # q, k, v as the trainer has them: views of one stacked projection, with a gradient
+        g = torch.Generator(device=q.device).manual_seed(0)
+        hq, hk, d = q.shape[1], k.shape[1], q.shape[2]
+        qkv = torch.randn(14, hq + 2 * hk, d, generator=g, device=q.device).to(q.dtype).requires_grad_()
+        qs, ks, vs = qkv.split([hq, hk, hk], dim=1)
+        cu = torch.tensor([0, 5, 14], device=q.device, dtype=torch.int32)
+        got = fn(qs, ks, vs, cu, 9)
+        with torch.no_grad():
+            want = self.attention_padded(qs, ks, vs, cu, [5, 9])
+        if not torch.allclose(got.float(), want.float(), atol=2e-2, rtol=2e-2):
+            raise RuntimeError(f"differs from the padded path by {(got - want).abs().max().item():.3g}")
+        got.float().square().sum().backward()
+        if qkv.grad is None or not torch.isfinite(qkv.grad).all():
+            raise RuntimeError("no finite gradient")
 
     def attention_padded(self, q, k, v, cu_seqlens, lens: list[int]):
         """Causal attention over packed sequences the way a trainer runs stock kernels: the sequences padded
