@@ -145,6 +145,9 @@
 #                     $R/speed_<card>.{md,json} and its keys of $R/summary_<card>.json
 #   hf            #20 apply_tik on a random-init Qwen3-0.6B (transformers): bitwise log-probs, time vs stock,
 #                     then the GPU test of tests/hf
+#   keys          #16 #19 every figure of summary_<card>.json that bench_speed and bench_e2e write, in one call (on an
+#                     H100, session 33: speed 63 s, decode 88 s, the qwen3-1.7b step of 4 timed steps with mode A 192 s,
+#                     qwen3-0.6b 53 s): speed, e2e_decode, then STEPS=4 e2e_minibatch at qwen3-1.7b and qwen3-0.6b
 # Needs no package beyond torch and triton (the store uses only the standard library and GitPython:
 # carry GitPython, gitdb and smmap as wheels where they are missing).
 set -u
@@ -375,10 +378,20 @@ for p in "$@"; do
             part attn_bwd 400 "$py" benchmarks/bench_attn_bwd.py --out "$R" ;;
         speed)
             part speed 590 "$py" benchmarks/bench_speed.py --out "$R" ;;
+        keys)
+            part speed 240 "$py" benchmarks/bench_speed.py --out "$R"
+            part e2e_decode 200 "$py" benchmarks/bench_e2e.py --out "$R" --only decode
+            for preset in qwen3-1.7b qwen3-0.6b; do
+                modes="C B"
+                [[ $preset == qwen3-1.7b ]] && modes="C B A"
+                part "e2e_minibatch_$preset" 260 "$py" benchmarks/bench_e2e.py --out "$R/e2e_minibatch_$preset" \
+                    --only throughput --shapes "$preset" --steps 4 --prompts 32 --group 8 --max-slots 256 \
+                    --ppo-epochs 1 --minibatches 4 --modes $modes
+            done ;;
         hf)
             part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_${CARD}
             part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs lmhead_bwd lmhead_bwd2 train_variants prefill_chunks decode_regs mlp_fused varlen)" >&2 ;;
+            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs lmhead_bwd lmhead_bwd2 train_variants prefill_chunks decode_regs mlp_fused varlen keys)" >&2 ;;
     esac
 done
