@@ -207,11 +207,12 @@ class RolloutEngine:
             if self.W is None:
                 self.W = rollout_weights(params, self.be)
                 return
-            for k, v in params.items():  # a tied lm_head is the embed buffer itself
-                if k in self.W:
-                    self.W[k].copy_(v.detach())
-                else:  # a gate_up kept in (gate, up) row pairs (`rollout_weights`)
-                    self.W[k + "_pairs"].copy_(self.be.m["linear"].gate_up_pairs(v.detach()))
+            # one multi-tensor copy (on CUDA one launch, not one a weight; a tied lm_head is the embed buffer itself)
+            same = [k for k in params if k in self.W]
+            torch._foreach_copy_([self.W[k] for k in same], [params[k].detach() for k in same])
+            for k in params:
+                if k not in self.W:  # a gate_up kept in (gate, up) row pairs (`rollout_weights`)
+                    self.W[k + "_pairs"].copy_(self.be.m["linear"].gate_up_pairs(params[k].detach()))
 
     def _kv_len(self, kv_len: int) -> int:
         """The KV length a step of contexts up to `kv_len` attends over: for a backend that reads only the
