@@ -7,7 +7,7 @@
 # Parts (run in the order given; one that fails or runs out of time does not stop the next):
 #   suite         #23 the GPU suite (benchmarks/gpu_suite.sh), log $R/pytest_gpu_<card>_run<N>.log (N=${RUN:-2})
 #   eval_rate     #18 seconds per evaluation in a running search, linear / attention / rmsnorm, phase by phase
-#                     ($R/eval_rate_<card>.{json,md}; eval_s_* keys of $R/summary_<card>.json by hand)
+#                     ($R/eval_rate_<card>.{json,md}; it writes the eval_s_* keys of $R/summary_<card>.json)
 #   eval_rate_rmsnorm, eval_rate_attention, eval_rate_linear
 #                 #18 the same, one operator per part (EVALS=3 evaluations; an attention or linear part fills a call)
 #   eval_repeat_rmsnorm, eval_repeat_attention, eval_repeat_linear
@@ -148,6 +148,8 @@
 #   keys          #16 #19 every figure of summary_<card>.json that bench_speed and bench_e2e write, in one call (on an
 #                     H100, session 33: speed 63 s, decode 88 s, the qwen3-1.7b step of 4 timed steps with mode A 192 s,
 #                     qwen3-0.6b 53 s): speed, e2e_decode, then STEPS=4 e2e_minibatch at qwen3-1.7b and qwen3-0.6b
+# Each call brings back its own copy of $R/summary_<card>.json: benchmarks/summary_merge.py merges the copies into the
+# repository's, key by key by provenance date, and renames the files they cite to where the results were saved.
 # Needs no package beyond torch and triton (the store uses only the standard library and GitPython:
 # carry GitPython, gitdb and smmap as wheels where they are missing).
 set -u
