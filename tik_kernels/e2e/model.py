@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -177,8 +178,9 @@ class _CastGroup(torch.autograd.Function):
     layer's weights where it takes several of the same source and destination dtype, else one copy each), and in
     the backward their bf16 gradients to fp32 the same way. Each element is cast exactly as `Tensor.to` casts it
     (round to nearest even; bf16 to fp32 exact), so the weights, gradients and updates are the bits per-tensor casts
-    give, in a tenth of the launches. A group's backward runs once all its outputs' gradients are in: a layer's
-    weights form one group, so each layer's bf16 gradients are converted as soon as that layer's backward is done."""
+    give, in one launch a layer instead of one a weight. A group's backward runs once all its outputs' gradients
+    are in: a layer's weights form one group, so its bf16 gradients are converted once that layer's backward is
+    done."""
 
     @staticmethod
     def forward(ctx, *masters: torch.Tensor):
@@ -199,8 +201,8 @@ def cast_groups(names) -> list[list[str]]:
     produced early in the backward (the lm_head's) is not held until the last one (the embedding's)."""
     groups: dict[str, list[str]] = {}
     for k in names:
-        layer = k.split(".", 1)[0] if k.startswith("l") and "." in k and k[1:].split(".", 1)[0].isdigit() else k
-        groups.setdefault(layer, []).append(k)
+        layer = re.match(r"l\d+\.", k)
+        groups.setdefault(layer.group() if layer else k, []).append(k)
     return list(groups.values())
 
 
