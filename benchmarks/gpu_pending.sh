@@ -3,6 +3,9 @@
 #
 #     R=benchmarks/results bash benchmarks/gpu_pending.sh tuner_linear scaleout attention e2e
 #
+# On the device machine, R=$OUT/r (with summary_<card>.json copied there first): a call stopped at its time limit
+# still brings back what its finished parts wrote, where an archive made at the end of the command would be lost.
+#
 # Files a part writes carry the card's name (<card>: h200, h100; $CARD below) where they say one.
 # Parts (run in the order given; one that fails or runs out of time does not stop the next):
 #   suite         #23 the GPU suite (benchmarks/gpu_suite.sh), log $R/pytest_gpu_<card>_run<N>.log (N=${RUN:-2})

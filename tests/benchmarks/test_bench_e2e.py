@@ -96,6 +96,10 @@ def test_summary_keys_only_from_full_depth_gpu_runs():
     for r, c in zip(runs, (1.5, 1.8, 7.0, 1.1), strict=True):
         r["step_over_card_floor"] = c
     assert bench_e2e.summary_keys("decode", dec, gpu)["e2e_decode_card_floor_ratio"] == 1.8
+    for r, c in zip(runs, (1.7, 2.2, 8.0, 1.2), strict=True):
+        r["overlap_over_floor"] = c
+    assert bench_e2e.summary_keys("decode", dec, gpu)["e2e_decode_queued_floor_ratio"] == 2.2
+    assert bench_e2e.summary_keys("decode", dec, gpu)["e2e_decode_floor_ratio"] == 2.5  # the key unchanged
     assert bench_e2e.summary_keys("decode", dec | {"preset": "qwen3-1.7b"}, gpu) == {}
 
 
