@@ -164,3 +164,23 @@ def test_on_the_gpu_mode_a_runs_the_varlen_kernel_where_torch_has_one():
     assert torch.allclose(got.float(), want.float(), atol=2e-2, rtol=2e-2)
     got.float().square().sum().backward()
     assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+def test_mode_a_s_run_chooses_the_varlen_kernel_though_its_first_call_has_no_gradients(monkeypatch):
+    """Mode A end to end with the varlen kernel chosen as on a GPU (the probe, not an explicit varlen=True): its first
+    packed call is the rollout's prefill, under no_grad; the probe's case still has a gradient, so the kernel is
+    chosen, the recompute and the updates run through it, and the results say so. On session 33's first H100 run the
+    probe inherited no_grad and mode A fell back to the padded path."""
+    from tik_kernels.e2e.run import E2EConfig, model_for, run_mode
+
+    calls: list = []
+    monkeypatch.setattr(varlen_mod, "varlen_attn", _stand_ins(calls)["2.12"])
+    monkeypatch.setattr(StockBackend, "varlen_device", staticmethod(lambda q: True))
+    cfg = E2EConfig(preset="tiny", modes=("A",), steps=1, prompts=2, group=2, max_slots=4, answer_len=(2, 4),
+                    ppo_epochs=2, minibatches=2)
+    mc, params = model_for(cfg, "cpu")
+    res = run_mode("A", cfg, mc, params, "cpu")
+    assert res["stock_attention"] == "varlen_flash"
+    assert res["equal_tokens"] >= 0 and res["tokens"] > 0
+    # the probe's case, the rollout's prefills, the recompute and the updates' forwards all went through it
+    assert len(calls) >= 1 + 1 + 1 + 2

@@ -283,7 +283,7 @@ class StockBackend:
         if fn is None:
             self.attention_path = "sdpa_padded" + ("" if self.varlen is False else " (this torch has no varlen_attn)")
             return
-        if self.varlen is None and not q.is_cuda:
+        if self.varlen is None and not self.varlen_device(q):
             self.attention_path = "sdpa_padded (varlen_attn is CUDA's)"
             return
         if self.varlen is None:
@@ -292,6 +292,11 @@ class StockBackend:
                 self.attention_path = f"sdpa_padded (varlen: {why})"
                 return
         self._varlen_fn, self.attention_path = fn, "varlen_flash"
+
+    @staticmethod
+    def varlen_device(q) -> bool:
+        """Whether the varlen kernel may be chosen for q's device without being asked for (torch's is CUDA's)."""
+        return q.is_cuda
 
     def varlen_probe(self, fn, q, k, v) -> str | None:
         """None where `fn` runs a small case with q, k, v's heads and dtype (two sequences, views of one stacked
