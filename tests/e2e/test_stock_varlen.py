@@ -109,7 +109,7 @@ def test_the_probe_accepts_a_right_kernel_and_names_what_is_wrong_with_others(mo
     calls: list = []
     monkeypatch.setattr(varlen_mod, "varlen_attn", _stand_ins(calls)["2.12"])
     assert be.varlen_probe(varlen_flash(), q, k, v) is None
-    # mode A's first packed call is its recompute pass, without gradients: the probe turns them on for its case
+    # mode A's first packed call is the rollout's prefill, without gradients: the probe turns them on for its case
     with torch.no_grad():
         assert be.varlen_probe(varlen_flash(), q, k, v) is None
     with torch.inference_mode():
@@ -152,7 +152,7 @@ def test_on_the_gpu_mode_a_runs_the_varlen_kernel_where_torch_has_one():
     q, k, v, cu = (t.cuda() for t in _packed(lens, hq=16, hk=8, d=128, seed=3))
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
     be = StockBackend()
-    with torch.no_grad():  # the first call comes without gradients, as mode A's recompute pass makes it
+    with torch.no_grad():  # the first call comes without gradients, as the rollout's prefill makes it
         be.attention_varlen(q, k, v, cu, lens)
     got = be.attention_varlen(q, k, v, cu, lens)
     if varlen_flash() is None:

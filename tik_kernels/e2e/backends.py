@@ -302,8 +302,8 @@ class StockBackend:
         """None where `fn` runs a small case with q, k, v's heads and dtype (two sequences, views of one stacked
         projection, as the trainer has them), agrees with the padded path within bf16's rounding and gives a finite
         gradient; else why not (the kernel missing on this device, a signature this torch does not take, ...).
-        The first packed call may come from a pass without gradients (mode A's recompute runs under no_grad before
-        any update), so the case turns gradients on for itself."""
+        The first packed call comes from a pass without gradients (the rollout's prefill, under no_grad, before
+        any update or recompute), so the case turns gradients on for itself."""
         try:
             with torch.inference_mode(False), torch.enable_grad():
                 self._varlen_case(fn, q, k, v)
