@@ -118,6 +118,29 @@ def test_pack_rows_point_at_the_tokens_that_predict_the_answer():
     assert p.cu_seqlens.tolist() == [0, 4, 8]
     assert p.rows.tolist() == [2, 3, 5, 6, 7]
     assert p.targets.tolist() == [7, 8, 9, 10, 11]
+    assert p.seq_of_row.tolist() == [0, 0, 1, 1, 1] and p.lens == [4, 4] and p.cu_seqlens.dtype == torch.int32
+
+
+def test_pack_is_the_loop_it_replaced_on_many_sequences():
+    """pack's array operations give, sequence by sequence, what a plain loop over the completions gives (prompts and
+    answers of one token among them)."""
+    from tik_kernels.e2e.rollout import Completion
+
+    rng = random.Random(5)
+    comps = [Completion(Request([rng.randrange(1000) for _ in range(rng.choice([1, 2, 40]))], 9, i),
+                        tokens=[rng.randrange(1000) for _ in range(rng.choice([1, 2, 9]))]) for i in range(50)]
+    ids, cu, rows, targets, seq = [], [0], [], [], []
+    for j, c in enumerate(comps):
+        P, A = len(c.request.prompt), len(c.tokens)
+        rows += range(cu[-1] + P - 1, cu[-1] + P - 1 + A)
+        targets += c.tokens
+        seq += [j] * A
+        ids += c.request.prompt + c.tokens[:-1]
+        cu.append(len(ids))
+    p = pack(comps, "cpu")
+    assert (p.ids.tolist(), p.cu_seqlens.tolist(), p.rows.tolist(), p.targets.tolist(), p.seq_of_row.tolist()) == (
+        ids, cu, rows, targets, seq)
+    assert p.lens == [b - a for a, b in zip(cu[:-1], cu[1:], strict=True)]
 
 
 def _write_hf_checkpoint(d, mc, params):

@@ -293,9 +293,10 @@ def forward(cfg: ModelConfig, be, W: dict[str, torch.Tensor], ids: torch.Tensor,
     return out
 
 
-def to_device(values: list[int], device, dtype=torch.int64) -> torch.Tensor:
-    """A host list as a device tensor without waiting for the GPU (pinned memory, asynchronous copy)."""
-    t = torch.tensor(values, dtype=dtype)
+def to_device(values: list[int] | torch.Tensor, device, dtype=torch.int64) -> torch.Tensor:
+    """A host list (or CPU tensor) as a device tensor without waiting for the GPU (pinned memory, asynchronous
+    copy)."""
+    t = values.to(dtype) if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
     if torch.device(device).type == "cuda":
         return t.pin_memory().to(device, non_blocking=True)
     return t.to(device)

@@ -3,8 +3,10 @@ the answer tokens, a GRPO loss with importance ratios and clipping, backward, Ad
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from tik_kernels.e2e.model import ModelConfig, bf16_weights, forward_packed, to_device
@@ -22,19 +24,27 @@ class Packed:
 
 
 def pack(completions: list[Completion], device) -> Packed:
-    ids, cu, rows, targets, seq = [], [0], [], [], []
-    for j, c in enumerate(completions):
-        P, A = len(c.request.prompt), len(c.tokens)
-        toks = c.request.prompt + c.tokens[:-1]
-        start = cu[-1]
-        rows.extend(range(start + P - 1, start + P - 1 + A))
-        targets.extend(c.tokens)
-        seq.extend([j] * A)
-        ids.extend(toks)
-        cu.append(start + len(toks))
-    t = lambda v, dt=torch.int64: to_device(v, device, dt)  # noqa: E731
-    lens = [b - a for a, b in zip(cu[:-1], cu[1:], strict=True)]
-    return Packed(t(ids), t(cu, torch.int32), t(rows), t(targets), t(seq), lens)
+    """The completions as one packed batch: each sequence's prompt and answer but its last token, back to back.
+
+    Built with array and numpy operations, not a Python loop over tokens: it runs on the host between the rollout
+    and the updates of every mode, with the GPU idle (256 sequences of 42k tokens: 9 ms as a loop on this project's
+    CPU machine, 1.3 ms now)."""
+    n = len(completions)
+    P = np.fromiter((len(c.request.prompt) for c in completions), dtype=np.int64, count=n)
+    A = np.fromiter((len(c.tokens) for c in completions), dtype=np.int64, count=n)
+    L = P + np.maximum(A - 1, 0)  # an answer's last token is predicted, not read
+    cu = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(L, out=cu[1:])
+    ids = np.fromiter(itertools.chain.from_iterable(
+        itertools.chain(c.request.prompt, itertools.islice(c.tokens, max(len(c.tokens) - 1, 0)))
+        for c in completions), dtype=np.int64, count=int(cu[-1]))
+    targets = np.fromiter(itertools.chain.from_iterable(c.tokens for c in completions), dtype=np.int64,
+                          count=int(A.sum()))
+    seq = np.repeat(np.arange(n, dtype=np.int64), A)
+    # the row predicting answer token a of sequence j: its start + P_j - 1 + a
+    rows = np.repeat(cu[:-1] + P - 1 - (np.cumsum(A) - A), A) + np.arange(int(A.sum()), dtype=np.int64)
+    t = lambda v, dt=torch.int64: to_device(torch.from_numpy(v).to(dt), device, dt)  # noqa: E731
+    return Packed(t(ids), t(cu, torch.int32), t(rows), t(targets), t(seq), L.tolist())
 
 
 def sequence_logprobs(cfg: ModelConfig, be, params, packed: Packed, temperature: float, *, grad: bool,
