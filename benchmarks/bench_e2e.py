@@ -63,7 +63,7 @@ def throughput(args, out: Path) -> dict:
                         group=args.group, prompt_len=(32, 192), answer_len=(16, 96), max_slots=args.max_slots,
                         ppo_epochs=args.ppo_epochs, minibatches=args.minibatches, device=args.device,
                         graphs=False if args.eager_decode else None, reward=args.reward,
-                        stock_compiled=False if args.stock_eager else None)
+                        stock_compiled=False if args.stock_eager else None, share_prompts=not args.no_share_prompts)
         # the whole run once first, thrown away: the first mode run in a process paid the process's one-time costs
         # (cuBLAS/SDPA initialisation, Triton compiles, the allocator's growth) inside its measured steps. One step of
         # each mode was not enough: every step draws a new batch, whose shapes (packed lengths, minibatches, decode
@@ -403,6 +403,8 @@ def main() -> int:
                     help="throughput: the reward (parity: signal from step one, so every update moves the policy; "
                          "copy: the learning task, whose reward a random model at a real vocabulary never earns)")
     ap.add_argument("--eager-decode", action="store_true", help="throughput: no CUDA graphs in the rollout")
+    ap.add_argument("--no-share-prompts", action="store_true",
+                    help="throughput: every request's prompt prefilled on its own, not once for its GRPO group")
     ap.add_argument("--stock-eager", action="store_true",
                     help="mode A / the stock decode step without torch.compile of its norms, rope and softmax rows")
     ap.add_argument("--decode-preset", default="qwen3-0.6b", choices=list(PRESETS))

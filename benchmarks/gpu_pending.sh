@@ -148,6 +148,11 @@
 #                     $R/speed_<card>.{md,json} and its keys of $R/summary_<card>.json
 #   hf            #20 apply_tik on a random-init Qwen3-0.6B (transformers): bitwise log-probs, time vs stock,
 #                     then the GPU test of tests/hf
+#   shared_prompts
+#                 #19 a GRPO group's prompt prefilled once (RolloutEngine(share_prompts=True), session 33, not yet on a
+#                     GPU): its GPU bit test, the qwen3-0.6b rollout of 256 requests with and without it
+#                     ($R/rollout_profile_<card>_qwen3-0.6b_shared{,_off}.json), then the RL step without it (the
+#                     keys part's qwen3-0.6b run is the one with it; $R/e2e_minibatch_qwen3-0.6b_noshare/)
 #   keys          #16 #19 every figure of summary_<card>.json that bench_speed and bench_e2e write, in one call (on an
 #                     H100, session 33: speed 63 s, decode 88 s, the qwen3-1.7b step of 4 timed steps with mode A 192 s,
 #                     qwen3-0.6b 53 s): speed, e2e_decode, then STEPS=4 e2e_minibatch at qwen3-1.7b and qwen3-0.6b
@@ -383,6 +388,18 @@ for p in "$@"; do
             part attn_bwd 400 "$py" benchmarks/bench_attn_bwd.py --out "$R" ;;
         speed)
             part speed 590 "$py" benchmarks/bench_speed.py --out "$R" ;;
+        shared_prompts)
+            part "pytest_gpu_${CARD}_shared_prompts" 150 "$py" -m pytest -q -m gpu tests/e2e/test_shared_prompts.py
+            for share in shared shared_off; do
+                flag=""
+                [[ $share == shared_off ]] && flag="--no-share-prompts"
+                part "rollout_profile_${CARD}_qwen3-0.6b_$share" 150 "$py" benchmarks/rollout_profile.py \
+                    --preset qwen3-0.6b --prompts 32 --group 8 --slots 256 --backends unified --rounds 3 $flag \
+                    --out "$R" --name "rollout_profile_${CARD}_qwen3-0.6b_$share"
+            done
+            part e2e_minibatch_qwen3-0.6b_noshare 200 "$py" benchmarks/bench_e2e.py \
+                --out "$R/e2e_minibatch_qwen3-0.6b_noshare" --only throughput --shapes qwen3-0.6b --steps 4 \
+                --prompts 32 --group 8 --max-slots 256 --ppo-epochs 1 --minibatches 4 --modes C B --no-share-prompts ;;
         keys)
             part speed 240 "$py" benchmarks/bench_speed.py --out "$R"
             part e2e_decode 200 "$py" benchmarks/bench_e2e.py --out "$R" --only decode
@@ -397,6 +414,6 @@ for p in "$@"; do
             part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_${CARD}
             part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs lmhead_bwd lmhead_bwd2 train_variants prefill_chunks decode_regs mlp_fused varlen keys)" >&2 ;;
+            echo "unknown part $p (suite eval_rate eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs lmhead_bwd lmhead_bwd2 train_variants prefill_chunks decode_regs mlp_fused varlen keys shared_prompts)" >&2 ;;
     esac
 done

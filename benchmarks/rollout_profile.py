@@ -115,7 +115,7 @@ def profile_backend(name: str, args, mc, params) -> dict:
     be = make_backend(name, stock_compiled=name == "stock")
     max_len = args.prompt_len[1] + args.answer_len[1] + 1
     engine = RolloutEngine(mc, be, max_slots=args.slots, max_len=max_len, prefill_tokens=args.prefill_tokens,
-                           device=args.device)
+                           device=args.device, share_prompts=not args.no_share_prompts)
     rng = random.Random(0)
 
     def reqs():
@@ -204,6 +204,8 @@ def main() -> int:
     ap.add_argument("--slots", type=int, default=64)
     ap.add_argument("--prefill-tokens", type=int, default=PREFILL_TOKENS,
                     help="the most prompt tokens one prefill admits (the engine's prefill_tokens; tik e2e's default)")
+    ap.add_argument("--no-share-prompts", action="store_true",
+                    help="every request's prompt prefilled on its own, not once for its GRPO group")
     ap.add_argument("--rounds", type=int, default=5, help="rollouts timed with and without overlap, interleaved")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--name", default="rollout_profile_h200")

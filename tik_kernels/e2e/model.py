@@ -243,6 +243,24 @@ class KVCache:
         self.k[:, dst] = self.k[:, src]
         self.v[:, dst] = self.v[:, src]
 
+    #: slots one gather-and-scatter of `copy_prefix` moves at a time (its temporary holds their prefixes)
+    COPY_SLOTS = 32
+
+    def copy_prefix(self, src: list[int], dst: list[int], lens: list[int]) -> None:
+        """Slot dst[j] gets slot src[j]'s first lens[j] positions, every layer (a prompt prefilled once for several
+        requests): one gather and one scatter of keys and of values per prompt length (a GRPO group's copies share
+        theirs) and at most COPY_SLOTS slots."""
+        by_len: dict[int, list[int]] = {}
+        for j, n in enumerate(lens):
+            by_len.setdefault(n, []).append(j)
+        for n, js in by_len.items():
+            for a in range(0, len(js), self.COPY_SLOTS):
+                part = js[a:a + self.COPY_SLOTS]
+                s = to_device([src[j] for j in part], self.k.device)  # pinned and asynchronous: no host wait
+                d = to_device([dst[j] for j in part], self.k.device)
+                for cache in (self.k, self.v):
+                    cache[:, d, :, :n] = cache[:, s, :, :n]
+
 
 def _qkv(cfg: ModelConfig, be, W, i: int, x: torch.Tensor, pos: torch.Tensor, fill=None):
     """q, k, v of layer i, q and k normed (Qwen3) and roped; `fill` (k_cache, v_cache, slots) also writes the roped k

@@ -150,6 +150,9 @@ class RolloutStats:
     buckets: list[int] = field(default_factory=list)
     graphs_captured: int = 0
     capture_s: float = 0.0
+    #: prompt tokens the prefills computed, and requests whose prompt was another's copy (`share_prompts`)
+    prefill_tokens: int = 0
+    shared_prompts: int = 0
     #: why decode steps fell back to eager launches (a capture failed), None while graphs work
     graph_error: str | None = None
 
@@ -169,8 +172,9 @@ class RolloutEngine:
     def __init__(self, cfg: ModelConfig, backend, *, max_slots: int = 16, max_len: int = 256,
                  admit_per_step: int | None = None, prefill_tokens: int = PREFILL_TOKENS, temperature: float = 1.0,
                  device: str = "cpu", graphs: bool | None = None, buckets: tuple[int, ...] | list[int] | None = None,
-                 on_token=None, overlap: bool = True):
+                 on_token=None, overlap: bool = True, share_prompts: bool = True):
         self.cfg, self.be, self.device = cfg, backend, device
+        self.share_prompts = share_prompts
         self.max_slots, self.max_len, self.temperature = max_slots, max_len, temperature
         self.admit_per_step = admit_per_step or max_slots
         if prefill_tokens < 1:
@@ -322,12 +326,41 @@ class RolloutEngine:
         lp = self._lp[:n].clone()
         return self._tok[:n].tolist(), lp
 
+    def _prefill(self, joining: list[Completion], taken: list[int], lens: list[int]) -> torch.Tensor:
+        """One packed prefill of the joining requests' prompts into their slots `taken`; the hidden state of each
+        one's last prompt token (the row its first token is sampled from), in `joining`'s order.
+
+        With `share_prompts`, requests with the same prompt (a GRPO group: n samples of one prompt) share one
+        prefill: only the first of them is computed, into its slot, and the others' slots get a copy of its keys
+        and values (`KVCache.copy_prefix`) and its last row. The kernels' results do not depend on what else is in
+        the batch (TIK's contract), so every slot holds the bits its own prefill would have written, and every
+        token sampled from it is the one it would have been; a stock backend's prefill may differ with the batch,
+        so there the shared prompt is one of the values its separate prefills could have had."""
+        cfg, be, W = self.cfg, self.be, self.W
+        first: dict[tuple, int] = {}
+        src = [first.setdefault(tuple(c.request.prompt), i) if self.share_prompts else i
+               for i, c in enumerate(joining)]
+        uniq = [i for i, s in enumerate(src) if s == i]
+        ulens = [lens[i] for i in uniq]
+        ids = to_device([t for i in uniq for t in joining[i].request.prompt], self.device)
+        cu = to_device([0, *itertools.accumulate(ulens)], self.device, torch.int32)
+        hidden = forward_packed(cfg, be, W, ids, cu, self.cache, [taken[i] for i in uniq], ulens)
+        last = hidden.index_select(0, (cu[1:] - 1).long())
+        self.stats.prefill_tokens += sum(ulens)
+        if len(uniq) == len(joining):
+            return last
+        dup = [i for i, s in enumerate(src) if s != i]
+        self.cache.copy_prefix([taken[src[i]] for i in dup], [taken[i] for i in dup], [lens[i] for i in dup])
+        self.stats.shared_prompts += len(dup)
+        row = {u: r for r, u in enumerate(uniq)}
+        return last.index_select(0, to_device([row[s] for s in src], self.device))
+
     # ------------------------------------------------------------------ the loop
 
     @torch.no_grad()
     def generate(self, params: dict[str, torch.Tensor], requests: list[Request]) -> list[Completion]:
         self.load_weights(params)
-        W, be, cfg = self.W, self.be, self.cfg
+        W, be = self.W, self.be
         for r in requests:
             if len(r.prompt) + r.max_new > self.max_len:
                 raise ValueError(f"request of {len(r.prompt)}+{r.max_new} tokens exceeds max_len {self.max_len}")
@@ -362,18 +395,19 @@ class RolloutEngine:
                     j += 1
 
         while waiting or len(slots):
-            joining, budget = [], self.prefill_tokens
-            while waiting and len(joining) < min(slots.free(), self.admit_per_step) and (
-                    not joining or len(waiting[0].request.prompt) <= budget):
-                budget -= len(waiting[0].request.prompt)
+            joining, budget, seen = [], self.prefill_tokens, set()
+            while waiting and len(joining) < min(slots.free(), self.admit_per_step):
+                key = tuple(waiting[0].request.prompt)
+                cost = 0 if self.share_prompts and key in seen else len(key)  # a shared prompt is prefilled once
+                if joining and cost > budget:
+                    break
+                budget -= cost
+                seen.add(key)
                 joining.append(waiting.popleft())
             if joining:
                 taken = [slots.admit(c) for c in joining]  # consecutive: slots are taken from len(slots) on
                 lens = [len(c.request.prompt) for c in joining]
-                ids = to_device([t for c in joining for t in c.request.prompt], self.device)
-                cu = to_device([0, *itertools.accumulate(lens)], self.device, torch.int32)
-                hidden = forward_packed(cfg, be, W, ids, cu, self.cache, taken, lens)
-                last = hidden.index_select(0, (cu[1:] - 1).long())
+                last = self._prefill(joining, taken, lens)
                 pos = [n - 1 for n in lens]
                 seeds = to_device(token_seeds([c.request.seed for c in joining], pos), self.device)
                 tok, lp = be.sample_logprob(last, W["lm_head"], self.temperature, seeds)

@@ -59,6 +59,9 @@ class E2EConfig:
     checkpoint: str | None = None
     #: replay decode steps as CUDA graphs (None: on CUDA)
     graphs: bool | None = None
+    #: a GRPO group's prompt prefilled once for the group (the engine's `share_prompts`, as vLLM's n samples of a
+    #: prompt share its prefill); False: every request prefilled on its own, the engine before session 33
+    share_prompts: bool = True
     #: mode A's norms, rope, SwiGLU product and log-softmax / sampling rows through torch.compile, as a tuned stock
     #: engine runs them (None: on CUDA; `StockBackend`)
     stock_compiled: bool | None = None
@@ -70,12 +73,13 @@ class E2EConfig:
 #: reached 16, so stock showed no mismatch at all. Measured (`tik e2e --modes A`, tiny model, seeds 0-3): 6/34,
 #: 29/30, 11/35 and 26/33 rollout log-probs differ from the trainer's. The CPU default runs modes A and B for one
 #: step: the unified kernels run in Triton's interpreter there (~35 s a mode-step), and mode C's equality is B's.
-#: It admits at most 40 prompt tokens per prefill (about two requests), so requests join a batch that is already
-#: decoding, as in a busy engine: admitting all 8 at once (the engine's default budget) left seed 0 at 34/34 equal,
-#: seeds 1-3 at 0/30, 35/35 and 10/33; with 40: 28/34, 2/30, 29/35, 8/33.
+#: It admits at most 24 prompt tokens per prefill (one prompt of up to 20; its group's other requests join as copies
+#: of it, `share_prompts`), so requests join a batch that is already decoding, as in a busy engine. Equal at seeds 0-3
+#: (session 33, the group's prompt prefilled once): 19/34, 0/30, 19/35, 10/33 with 24 tokens; with 40, the default
+#: before, 34/34, 0/30, 35/35, 10/33 (without shared prompts 40 gave 28/34, 2/30, 29/35, 8/33).
 CLI_DEFAULTS = {
     "cpu": {"modes": ("A", "B"), "steps": 1, "prompts": 2, "group": 4, "prompt_len": (8, 20), "answer_len": (2, 6),
-            "prefill_tokens": 40},
+            "prefill_tokens": 24},
     "cuda": {"modes": ("A", "C", "B"), "steps": 2, "prompts": 4, "group": 4, "prompt_len": (8, 20),
              "answer_len": (2, 6)},
 }
@@ -126,7 +130,8 @@ def run_mode(mode: str, cfg: E2EConfig, mc: ModelConfig, params0: dict, device: 
         report(0)
 
     engine = RolloutEngine(mc, be, max_slots=cfg.max_slots, max_len=max_len, prefill_tokens=cfg.prefill_tokens,
-                           temperature=cfg.temperature, device=device, graphs=cfg.graphs, on_token=report)
+                           temperature=cfg.temperature, device=device, graphs=cfg.graphs, on_token=report,
+                           share_prompts=cfg.share_prompts)
     ref_params = {k: v.detach().clone() for k, v in params0.items()} if cfg.kl_coef else None
     rng = random.Random(cfg.seed)
     clip_fracs: list[float] = []
@@ -238,6 +243,9 @@ def run_mode(mode: str, cfg: E2EConfig, mc: ModelConfig, params0: dict, device: 
         "graphs_captured": engine.stats.graphs_captured,
         "graph_capture_s": engine.stats.capture_s,
         "graph_error": engine.stats.graph_error,
+        #: prompt tokens the rollout's prefills computed, and requests that took a copy of their group's prompt
+        "prefill_tokens": engine.stats.prefill_tokens,
+        "shared_prompts": engine.stats.shared_prompts,
         #: captures that happened in timed steps (left out of their times)
         "graph_capture_in_timed_steps_s": capture_timed,
         "kernels": getattr(be, "sources", {}),
