@@ -11,7 +11,8 @@ CUDA each (bucket, KV-length bucket) is captured once as a CUDA graph and replay
 costs one graph launch instead of hundreds of kernel launches from Python; with `graphs=False`
 the same padded step runs eagerly (the CPU tests check the bookkeeping that way). Padding rows
 sit in free slots (>= n) at position 0: what they write there is overwritten by the prefill of
-the request that next takes the slot, and nothing reads it before.
+the request that next takes the slot (or by the copy of its group's prompt, `share_prompts`), and nothing reads it
+before.
 
 The host never waits for a step (`overlap`, on by default). What the loop decides between steps (who joins,
 who leaves, positions, seeds) follows from token counts alone: a request ends after `max_new` tokens. So
