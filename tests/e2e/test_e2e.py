@@ -207,7 +207,10 @@ def test_cli_e2e_names_mode_a_s_attention_path(capsys):
     from tik_tui.cli.main import main
 
     assert main(["e2e", "--modes", "A", "--steps", "1", "--prompts", "1", "--group", "2", "--ppo-epochs", "1"]) == 0
-    assert "mode A: packed attention sdpa_padded (varlen_attn is CUDA's)" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "mode A: packed attention sdpa_padded (varlen_attn is CUDA's)" in text
+    # one prompt, two samples: the second took a copy of the first's prefill
+    assert "prefill (A): " in text and "1 request took a copy of their group's prompt" in text
 
 
 def test_cli_e2e_json_and_errors(capsys):

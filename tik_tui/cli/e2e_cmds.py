@@ -96,6 +96,14 @@ def run(args: argparse.Namespace) -> int:
         print("decode steps replayed as CUDA graphs (" + ", ".join(
             f"{k}: {r['graphs_captured']} captured in {r['graph_capture_s']:.1f} s" for k, r in graphed.items())
               + "; captures are not in the step times)")
+    shared: dict[tuple, list[str]] = {}  # a group's prompt prefilled once (the engine's share_prompts)
+    for k, r in out["modes"].items():
+        if r.get("shared_prompts"):
+            shared.setdefault((r["prefill_tokens"], r["shared_prompts"]), []).append(k)
+    for (computed, copies), modes in shared.items():
+        who = "1 request" if copies == 1 else f"{copies} requests"
+        print(f"prefill ({', '.join(modes)}): {computed} prompt tokens computed; {who} took a copy of their group's "
+              f"prompt")
     peaks = {k: r["peak_gpu_bytes"] for k, r in out["modes"].items() if r.get("peak_gpu_bytes")}
     if peaks:
         print("peak GPU memory: " + ", ".join(f"{k} {b / 2**30:.1f} GiB" for k, b in peaks.items()))
