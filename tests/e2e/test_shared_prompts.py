@@ -50,6 +50,9 @@ def test_a_shared_prompt_costs_no_prefill_budget():
     _, sa = _run(True, reqs, prefill_tokens=6, max_slots=9)
     _, sb = _run(False, reqs, prefill_tokens=6, max_slots=9)
     assert (sa.prefills, sa.shared_prompts, sb.prefills) == (3, 6, 9)
+    # a budget below one prompt: the first request of a prefill joins whatever its length, and its copies with it
+    _, s1 = _run(True, reqs, prefill_tokens=1, max_slots=9)
+    assert (s1.prefills, s1.shared_prompts) == (3, 6)
 
 
 def test_copy_prefix_copies_every_layer_s_first_positions():

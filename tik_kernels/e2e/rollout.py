@@ -400,7 +400,7 @@ class RolloutEngine:
             while waiting and len(joining) < min(slots.free(), self.admit_per_step):
                 key = tuple(waiting[0].request.prompt)
                 cost = 0 if self.share_prompts and key in seen else len(key)  # a shared prompt is prefilled once
-                if joining and cost > budget:
+                if joining and cost and cost > budget:  # a copy joins even after a first prompt over the budget
                     break
                 budget -= cost
                 seen.add(key)
