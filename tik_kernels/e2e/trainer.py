@@ -43,7 +43,7 @@ def pack(completions: list[Completion], device) -> Packed:
     seq = np.repeat(np.arange(n, dtype=np.int64), A)
     # the row predicting answer token a of sequence j: its start + P_j - 1 + a
     rows = np.repeat(cu[:-1] + P - 1 - (np.cumsum(A) - A), A) + np.arange(int(A.sum()), dtype=np.int64)
-    t = lambda v, dt=torch.int64: to_device(torch.from_numpy(v).to(dt), device, dt)  # noqa: E731
+    t = lambda v, dt=torch.int64: to_device(torch.from_numpy(v), device, dt)  # noqa: E731
     return Packed(t(ids), t(cu, torch.int32), t(rows), t(targets), t(seq), L.tolist())
 
 
