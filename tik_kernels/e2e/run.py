@@ -225,6 +225,9 @@ def run_mode(mode: str, cfg: E2EConfig, mc: ModelConfig, params0: dict, device: 
         "steps": cfg.steps,
         "steps_per_s": cfg.steps / total_t if total_t > 0 else None,
         "time_s": {k: sum(v) for k, v in times.items()},
+        #: each timed step's phases, in step order: a drift over the steps (clocks, the allocator) shows here, where
+        #: the sums above hide it
+        "time_s_steps": {k: [round(x, 6) for x in v] for k, v in times.items()},
         #: of time_s["train"]: rewards, advantages, the minibatches' packing (and the KL reference forward with
         #: kl_coef), until the first update is launched
         "train_prep_s": sum(train_prep),
