@@ -320,12 +320,18 @@ class RolloutEngine:
     def decode(self, ids: list[int], positions: list[int], seeds: list[int]) -> tuple[list[int], torch.Tensor]:
         """One decode step for the requests in slots 0..n-1, waited for: their sampled tokens (host) and
         log-probs (device). What one step of `generate` costs with `overlap=False` (`decode_bench`)."""
+        n = self._start_decode(ids, positions, seeds)
+        lp = self._lp[:n].clone()
+        return self._tok[:n].tolist(), lp
+
+    def _start_decode(self, ids: list[int], positions: list[int], seeds: list[int]) -> int:
+        """`decode`'s host part: the ids copied in, the step launched; returns without waiting (`decode_bench` times
+        it apart from the wait, to see what of a waited-for step is the host's)."""
         n = len(ids)
         src = torch.tensor(ids, dtype=torch.int64)
         self._tok[:n].copy_(src.pin_memory() if self._cuda else src, non_blocking=True)
         self._launch(n, positions, seeds)
-        lp = self._lp[:n].clone()
-        return self._tok[:n].tolist(), lp
+        return n
 
     def _prefill(self, joining: list[Completion], taken: list[int], lens: list[int]) -> torch.Tensor:
         """One packed prefill of the joining requests' prompts into their slots `taken`; the hidden state of each
