@@ -174,3 +174,24 @@ def test_neighbours_slowed_is_the_geometric_mean_over_the_cells_of_root_and_incu
     partial["cells"]["c0"] = {"error": "boom"}
     assert abs(neighbours_slowed(partial, alone) - 1.2) < 1e-9
     assert neighbours_slowed({"cells": {}}, alone) is None
+
+
+def test_kernels_one_stream_runs_overlapped_count_once():
+    """Programmatic dependent launch: a kernel's programs start (and wait) while the kernel before it on the same
+    stream finishes, so their profiled intervals overlap. The call's busy time counts that overlap once; the same
+    overlap between two streams is two streams' work and counts twice (the check it feeds catches side work)."""
+    pdl = [("linear", TIMED, 1001.0, 1030.0), ("combine", TIMED, 1002.0, 1033.0)]
+    ev = window_evidence(_call(pdl, marker_at=1033.5), 32.5, True)
+    assert abs(ev["kernel_us"] - 32.0) < 1e-9 and abs(ev["kernel_sum_us"] - 60.0) < 1e-9
+    cell = _cell([33.0] * 9, [33.0] * 9, {"candidate": ev, "root": _honest()})
+    ok, why = integrity_ok(cell, {})
+    assert ok, why
+    # the same two kernels, one of them on a side stream joined back before the end event: 60 us in a 32.5 us window
+    side = [("linear", TIMED, 1001.0, 1030.0), ("combine", SIDE, 1002.0, 1033.0)]
+    ev = window_evidence(_call(side, marker_at=1033.5), 32.5, True)
+    assert abs(ev["kernel_us"] - 60.0) < 1e-9 and ev["escaped"] == 0
+    ok, why = integrity_ok(_cell([33.0] * 9, [33.0] * 9, {"candidate": ev, "root": _honest()}), {})
+    assert not ok and "work on another stream escapes the timing events" in why
+    # gaps and nested intervals on one stream
+    from tik_kernels.evaluator.timing import busy_us
+    assert busy_us([("a", 1, 0.0, 10.0), ("b", 1, 2.0, 5.0), ("c", 1, 12.0, 13.0), ("d", 2, 0.0, 1.0)]) == 12.0

@@ -212,12 +212,37 @@ class Timer:
             return {"error": f"{type(e).__name__}: {e}"[:200]}
 
 
+def busy_us(events: list[tuple[str, Any, float, float]]) -> float:
+    """Device time the kernels kept busy, stream by stream, summed over the streams: on one stream the union of the
+    kernels' intervals, so that kernels a stream runs overlapped (programmatic dependent launch: the next kernel's
+    programs start, and wait, while the one before finishes; linear's split and its combine, the decode step's
+    launches) count once; kernels on two streams at once count on each. A call's busy time above its event window is
+    then work the timed stream did not contain, as the plain sum was before PDL (H100, session 34: linear's root at
+    M = 64, its main kernel and its combine, 49.3 us of kernels summed in a 38.4 us window, every tuner candidate
+    failed on it: results/eval_rate_h100_s34.md)."""
+    total, by_stream = 0.0, {}
+    for e in events:
+        by_stream.setdefault(e[1], []).append((e[2], e[3]))
+    for spans in by_stream.values():
+        end = None
+        for a, b in sorted(spans):
+            if end is None or a >= end:
+                total += b - a
+                end = b
+            elif b > end:
+                total += b - end
+                end = b
+    return float(total)
+
+
 def window_evidence(events: list[tuple[str, Any, float, float]], window_us: float, covered: bool) -> dict:
     """Device activity (name, stream, start µs, end µs; sorted by start) of one profiled call, bounded by the
-    harness's spin (the first spin kernel) and marker (the last kernel on the spin's stream, also a spin)."""
+    harness's spin (the first spin kernel) and marker (the last kernel on the spin's stream, also a spin).
+    `kernel_us` is the call's busy time (`busy_us`), `kernel_sum_us` its kernels' durations summed."""
     spin = next((i for i, e in enumerate(events) if "spin" in e[0].lower()), None)
     if spin is None:
-        return {"kernels": len(events), "kernel_us": float(sum(e[3] - e[2] for e in events)),
+        return {"kernels": len(events), "kernel_us": busy_us(events),
+                "kernel_sum_us": float(sum(e[3] - e[2] for e in events)),
                 "window_us": float(window_us), "overlap_spin": 0, "escaped": 0, "saw_spin": False,
                 "saw_marker": False, "spin_covered": covered, "streams": 0}
     stream = events[spin][1]
@@ -233,7 +258,8 @@ def window_evidence(events: list[tuple[str, Any, float, float]], window_us: floa
     # µs: every stream's timestamps come from one device clock, and a kernel the timed stream waited for ends
     # before the marker starts; the slack only absorbs rounding
     slack = 0.05
-    return {"kernels": len(call), "kernel_us": float(sum(e[3] - e[2] for e in call)), "window_us": float(window_us),
+    return {"kernels": len(call), "kernel_us": busy_us(call), "kernel_sum_us": float(sum(e[3] - e[2] for e in call)),
+            "window_us": float(window_us),
             "overlap_spin": sum(1 for e in call if e[2] < s1 - slack and e[3] > s0),
             "escaped": sum(1 for e in call if m0 is not None and e[3] > m0 + slack),
             "saw_spin": True, "saw_marker": marker is not None, "spin_covered": covered,
@@ -310,12 +336,20 @@ def _time_cell(contract, cell, mods, job, timer: Timer, w, check_outputs, flatte
     t_start = time.perf_counter()
     device = job["device"]
     seeds = variant_seeds(job["seed"], job["variants"])
-    cases = [contract.bench_case(cell, s, device) for s in seeds]
-    case = cases[0]
-    pools = [[t.clone() for t in tensors_of(c.args, c.kwargs)] for c in cases]
-    del cases[1:]
+    case = contract.bench_case(cell, seeds[0], device)
     # the input sets a sample calls on: call k of a sample reads set k, which holds variant (v + k) mod len(pools)
     sets = [tensors_of(case.args, case.kwargs)]
+    # variant v's inputs, copied into the sets before a sample (`load`): variant 0 a copy of the set, the others the
+    # tensors their cases were built with (a copy only of one that shares storage with the set). A cell's inputs are
+    # then held 1 + variants times, not 2 x variants + 1 at the peak (H100, 80 GB: attention's decode at B = 128,
+    # L = 32768, 17 GB of KV a variant, ran out of memory building a second copy of each, every candidate's
+    # evaluation failed: results/eval_rate_h100_s34.md)
+    live = {t.untyped_storage().data_ptr() for t in sets[0]}
+    pools = [[t.clone() for t in sets[0]]]
+    for sd in seeds[1:]:
+        c = contract.bench_case(cell, sd, device)
+        pools.append([t.clone() if t.untyped_storage().data_ptr() in live else t for t in tensors_of(c.args, c.kwargs)])
+        del c
 
     def load(v: int) -> None:
         dst = [b for bufs in sets for b in bufs]
