@@ -5,6 +5,9 @@
 #
 # On the device machine, R=$OUT/r (with summary_<card>.json copied there first): a call stopped at its time limit
 # still brings back what its finished parts wrote, where an archive made at the end of the command would be lost.
+# A call brings back at most 8 files, so where the parts write more (keys: a dozen), PACK=$OUT/r.tgz with R outside
+# $OUT: after every part, $R as one archive (made aside, then moved into place), so a call cut short still brings
+# back every finished part's files (session 34: an e2e run's JSON was the ninth file, left behind).
 #
 # Files a part writes carry the card's name (<card>: h200, h100; $CARD below) where they say one.
 # Parts (run in the order given; one that fails or runs out of time does not stop the next):
@@ -177,6 +180,9 @@ part() {  # part NAME SECONDS CMD...: run CMD under a limit, log to $R/NAME.log,
     local rc=$?
     echo "== $name: rc=$rc in $((SECONDS - t0))s" | tee -a "$R/$name.log"
     tail -4 "$R/$name.log"
+    if [[ -n ${PACK:-} ]]; then
+        tar czf "$PACK.part" -C "$R" . && mv -f "$PACK.part" "$PACK"
+    fi
 }
 
 for p in "$@"; do
