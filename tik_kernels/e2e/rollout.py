@@ -320,9 +320,7 @@ class RolloutEngine:
     def decode(self, ids: list[int], positions: list[int], seeds: list[int]) -> tuple[list[int], torch.Tensor]:
         """One decode step for the requests in slots 0..n-1, waited for: their sampled tokens (host) and
         log-probs (device). What one step of `generate` costs with `overlap=False` (`decode_bench`)."""
-        n = self._start_decode(ids, positions, seeds)
-        lp = self._lp[:n].clone()
-        return self._tok[:n].tolist(), lp
+        return self._finish_decode(self._start_decode(ids, positions, seeds))
 
     def _start_decode(self, ids: list[int], positions: list[int], seeds: list[int]) -> int:
         """`decode`'s host part: the ids copied in, the step launched; returns without waiting (`decode_bench` times
@@ -332,6 +330,11 @@ class RolloutEngine:
         self._tok[:n].copy_(src.pin_memory() if self._cuda else src, non_blocking=True)
         self._launch(n, positions, seeds)
         return n
+
+    def _finish_decode(self, n: int) -> tuple[list[int], torch.Tensor]:
+        """`decode`'s wait: the step's tokens read back (host), its log-probs copied aside (device)."""
+        lp = self._lp[:n].clone()
+        return self._tok[:n].tolist(), lp
 
     def _prefill(self, joining: list[Completion], taken: list[int], lens: list[int]) -> torch.Tensor:
         """One packed prefill of the joining requests' prompts into their slots `taken`; the hidden state of each
