@@ -11,7 +11,9 @@
 #
 # Files a part writes carry the card's name (<card>: h200, h100; $CARD below) where they say one.
 # Parts (run in the order given; one that fails or runs out of time does not stop the next):
-#   suite         #23 the GPU suite (benchmarks/gpu_suite.sh), log $R/pytest_gpu_<card>_run<N>.log (N=${RUN:-2})
+#   suite         #23 the GPU suite (benchmarks/gpu_suite.sh), log $R/pytest_gpu_<card>_run<N>.log (N=${RUN:-2}); 362 s on
+#                     an H100 in session 34, before the library roots' timed evaluations joined its timing part (3 more
+#                     evaluations, ~50 s each): under a 600 s call, PARTS=1 in one call and PARTS=2 in the next
 #   eval_rate     #18 seconds per evaluation in a running search, linear / attention / rmsnorm, phase by phase
 #                     ($R/eval_rate_<card>.{json,md}; it writes the eval_s_* keys of $R/summary_<card>.json)
 #   eval_rate_rmsnorm, eval_rate_attention, eval_rate_linear
