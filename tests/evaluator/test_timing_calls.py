@@ -100,3 +100,27 @@ def test_a_replay_returns_the_tensors_its_capture_returned():
 
     out = [torch.zeros(2)]
     assert timing._replay((Graph(), out)) is out and Graph.replays == 1
+
+
+def test_variant_inputs_are_held_once_each_beside_the_timed_set():
+    """The timed set (the first case's tensors), a copy of it, and each other variant's tensors as its case built
+    them: no second copy of a variant (attention's 32k decode cell ran an 80 GB card out of memory with one).
+    A tensor a later case shares with the timed set (a cached weight, say) is copied: `load` overwrites the set."""
+    shared = torch.ones(3)
+    built = {}
+
+    class Case:
+        def __init__(self, seed):
+            self.args = (torch.full((4,), float(seed)), shared)
+            self.kwargs = {"scale": torch.tensor(float(seed))}
+            built[seed] = self
+
+    contract = type("C", (), {"bench_case": staticmethod(lambda cell, seed, device: Case(seed))})()
+    case, pools = timing.variant_pools(contract, None, [5, 6, 7], "cpu")
+    assert case is built[5] and len(pools) == 3
+    ptr = [[t.untyped_storage().data_ptr() for t in p] for p in pools]
+    timed = [t.untyped_storage().data_ptr() for t in timing.tensors_of(case.args, case.kwargs)]
+    assert not set(ptr[0]) & set(timed) and torch.equal(pools[0][0], case.args[0])  # a copy of the set
+    for seed, p in zip((6, 7), pools[1:], strict=True):
+        assert p[0] is built[seed].args[0] and p[2] is built[seed].kwargs["scale"]  # as built, not copied
+        assert p[1] is not shared and torch.equal(p[1], shared)  # shares storage with the set: copied

@@ -330,26 +330,32 @@ def _dry_cells(contract, cells: dict, mods: dict, job: dict) -> list:
     return [(lambda c=cells[name]: call(c)) for name in job["cells"]]
 
 
+def variant_pools(contract, cell, seeds: list[int], device: str) -> tuple[Any, list[list[torch.Tensor]]]:
+    """The case of the first seed (its tensors are the set the calls read) and every seed's inputs, copied into the
+    set before a sample (`load` in `_time_cell`): the first seed's a copy of the set, the others the tensors their
+    cases were built with (a copy only of one that shares storage with the set). A cell's inputs are then held
+    1 + len(seeds) times, where building every case and then a copy of each held them 2 x len(seeds) + 1 times at
+    the peak (H100, 80 GB: attention's decode at B = 128, L = 32768, 17 GB of KV a seed, ran out of memory, and every
+    candidate's evaluation failed: results/eval_rate_h100_s34.md)."""
+    case = contract.bench_case(cell, seeds[0], device)
+    first = tensors_of(case.args, case.kwargs)
+    live = {t.untyped_storage().data_ptr() for t in first}
+    pools = [[t.clone() for t in first]]
+    for sd in seeds[1:]:
+        c = contract.bench_case(cell, sd, device)
+        pools.append([t.clone() if t.untyped_storage().data_ptr() in live else t for t in tensors_of(c.args, c.kwargs)])
+    return case, pools
+
+
 def _time_cell(contract, cell, mods, job, timer: Timer, w, check_outputs, flatten_outputs,
                profiled_root: list[str]) -> dict:
     """`profiled_root`: the cell whose timing profiled the root, once per run (empty before)."""
     t_start = time.perf_counter()
     device = job["device"]
     seeds = variant_seeds(job["seed"], job["variants"])
-    case = contract.bench_case(cell, seeds[0], device)
+    case, pools = variant_pools(contract, cell, seeds, device)
     # the input sets a sample calls on: call k of a sample reads set k, which holds variant (v + k) mod len(pools)
     sets = [tensors_of(case.args, case.kwargs)]
-    # variant v's inputs, copied into the sets before a sample (`load`): variant 0 a copy of the set, the others the
-    # tensors their cases were built with (a copy only of one that shares storage with the set). A cell's inputs are
-    # then held 1 + variants times, not 2 x variants + 1 at the peak (H100, 80 GB: attention's decode at B = 128,
-    # L = 32768, 17 GB of KV a variant, ran out of memory building a second copy of each, every candidate's
-    # evaluation failed: results/eval_rate_h100_s34.md)
-    live = {t.untyped_storage().data_ptr() for t in sets[0]}
-    pools = [[t.clone() for t in sets[0]]]
-    for sd in seeds[1:]:
-        c = contract.bench_case(cell, sd, device)
-        pools.append([t.clone() if t.untyped_storage().data_ptr() in live else t for t in tensors_of(c.args, c.kwargs)])
-        del c
 
     def load(v: int) -> None:
         dst = [b for bufs in sets for b in bufs]
