@@ -75,6 +75,25 @@ def test_a_spare_serves_one_candidate_and_the_next_evaluation_gets_another(child
     [waiting] = spares.SPARES.pids()  # and one spare waits for the next candidate
     assert waiting not in pids and alive(waiting)
     assert spares.SPARES.stats["taken"] == 2 + forked()
+    # a spare taken ready reported the parts of its start: its own (the CPU has no device parts) and the parent's
+    # (one taken while still starting, as the first can be, had none to report yet)
+    st = spares.SPARES.stats
+    assert 2 <= st["boot_n"] <= st["taken"] and set(st["boot_s"]) == {"start", "imports", "spawn"}, st
+    assert all(v >= 0 for v in st["boot_s"].values())
+
+
+def test_spare_settle_can_be_turned_off(monkeypatch):
+    pool = spares.Spares()
+    try:
+        monkeypatch.setenv(spares.SETTLE_ENV, "0")
+        pool.pending[("cuda:0", "candidate")] = 1  # one starting: settling would wait for it
+        t = time.monotonic()
+        assert pool.settle("cuda:0", limit_s=5.0) == 0.0 and time.monotonic() - t < 1.0
+        monkeypatch.delenv(spares.SETTLE_ENV)
+        assert pool.settle("cuda:0", limit_s=0.3) >= 0.3
+    finally:
+        pool.pending.clear()
+        pool.close()
 
 
 def test_the_first_forked_child_waits_for_the_fork_server_instead_of_starting_beside_it(children):

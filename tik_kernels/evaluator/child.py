@@ -359,17 +359,26 @@ def _prestarted(workdir: Path, boot: dict) -> dict:
     """A pre-started child (`spares.Spares`): import what a probes job imports, initialise the device, then wait
     for the first job, which the parent writes where this process can only read (`boot["start"]`). Nothing of a
     candidate has run here yet. The job is then this child's job.json, as if it had been started with it."""
+    marks = [time.monotonic()]
     import torch
     import triton  # noqa: F401 (what a candidate imports first)
 
     import tik_kernels.contract  # noqa: F401
 
+    marks.append(time.monotonic())
     if str(boot["device"]).startswith("cuda"):
         torch.empty(1, device=boot["device"]).cpu()  # the CUDA context, and a first copy back
+        marks.append(time.monotonic())
         warm_triton()
+        marks.append(time.monotonic())
         warm_device(boot["device"])
+        marks.append(time.monotonic())
     ready = workdir / "ready"
-    ready.write_text("")
+    # the seconds of each part of this start, from this process's own start (`_HELD["claimed"]`), for the parent's
+    # statistics (`Spares.stats["boot_s"]`): what an evaluation waits for when it settles the spares
+    parts = ("start", "imports", "cuda_context", "warm_triton", "warm_device")
+    marks.insert(0, _HELD.get("claimed", marks[0]))
+    ready.write_text(json.dumps({k: round(b - a, 4) for k, a, b in zip(parts, marks, marks[1:], strict=False)}))
     doc = await_next(Path(boot["start"]), limit_s=float(boot["idle_s"]))
     _HELD["claimed"] = time.monotonic()
     job = doc.get("job")

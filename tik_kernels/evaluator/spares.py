@@ -11,6 +11,7 @@ This module starts, keeps and discards the spares; the evaluation takes one and 
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import shutil
@@ -48,6 +49,8 @@ PRESTART_ENV = "TIK_PRESTART"
 SPARE_MAX_AGE_S = 600.0
 #: at most this long an evaluation waits for a spare that is being started (`Spares.take`, `Spares.settle`)
 SETTLE_S = 60.0
+#: "0": evaluations time a candidate without waiting for spares being started (`Spares.settle`)
+SETTLE_ENV = "TIK_SPARE_SETTLE"
 #: the spares' pending count of a fork server being started early (`Spares.serve_early`), beside the cache modes
 SERVER = "server"
 #: the cache modes a spare can serve ("trusted" children run the root, never a candidate)
@@ -75,6 +78,7 @@ class Spare:
     cache_dir: Path
     own_cache: Path | None  # a "candidate" cache: its directory outside the scratch
     born: float
+    spawn_s: float | None = None  # the parent's part of its start (`Spares._run`)
 
     def discard(self) -> None:
         _kill(self.proc)
@@ -112,7 +116,9 @@ class Spares:
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.thread: threading.Thread | None = None
         self.closed = False
-        self.stats = {"started": 0, "taken": 0, "discarded": 0, "failed": 0}
+        #: boot_s: the seconds of each part of the taken spares' starts, summed (`boot_parts`; "spawn", the parent's
+        #: part: its scratch, its seeded Triton cache, its launch); boot_n: how many spares they sum over
+        self.stats = {"started": 0, "taken": 0, "discarded": 0, "failed": 0, "boot_s": {}, "boot_n": 0}
 
     def _mine(self) -> None:
         """A forked copy of this process starts with none (its parent's spares are not its children), and with a
@@ -154,6 +160,12 @@ class Spares:
             if chosen is not None or not start or attempt:
                 break
             self.prime(mode, job["device"], job["limits"], cache)
+        if chosen is not None:
+            parts = boot_parts(chosen)
+            with self.cond:
+                self.stats["boot_n"] += bool(parts)
+                for k, v in parts.items():
+                    self.stats["boot_s"][k] = round(self.stats["boot_s"].get(k, 0.0) + v, 4)
         if chosen is not None and cache != "private":
             _top_up(chosen.cache_dir, mode)
         if chosen is not None and holder is not None and chosen.own_cache is not None:
@@ -224,7 +236,9 @@ class Spares:
             spare = None
             if not self.closed:
                 try:
+                    t = time.monotonic()
                     spare = _spawn_spare(mode, device, limits, cache)
+                    spare.spawn_s = time.monotonic() - t
                 except Exception:  # it only costs the speed-up: the next evaluation starts its own child
                     self.stats["failed"] += 1
             with self.cond:
@@ -239,8 +253,12 @@ class Spares:
 
     def settle(self, device: str, limit_s: float = SETTLE_S) -> float:
         """Wait (at most `limit_s`) until no spare for `device` is starting: a GPU is timed without a CUDA context
-        being created beside it. The seconds waited."""
+        being created beside it. The seconds waited. `TIK_SPARE_SETTLE=0` waits for none (an experiment: does a
+        spare's start beside the timing move the root timed against itself? H100, session 34: 3.3-6.6 s of an
+        evaluation's 14-18 s were this wait, `benchmarks/results/eval_rate_h100_s34.md`)."""
         t0 = time.monotonic()
+        if os.environ.get(SETTLE_ENV, "").strip() == "0":
+            return 0.0
         self._mine()
         while time.monotonic() - t0 < limit_s:
             with self.cond:
@@ -285,6 +303,21 @@ def prepare(device: str) -> None:
     mode = isolation(trusted=False)[0]
     if prestart_depth() and forks(mode, device, "private"):
         SPARES.serve_early(mode, device)
+
+
+def boot_parts(spare: Spare) -> dict[str, float]:
+    """The seconds of each part of a ready spare's start: the parent's ("spawn") and those the child wrote into its
+    READY file (`child._prestarted`); {} where it wrote none (not ready, or an older child)."""
+    try:
+        parts = json.loads((spare.tmp / "scratch" / READY).read_text() or "{}")
+    except (OSError, ValueError):
+        parts = {}
+    if not isinstance(parts, dict) or not parts:
+        return {}
+    out = {k: float(v) for k, v in parts.items() if isinstance(v, (int, float))}
+    if spare.spawn_s is not None:
+        out["spawn"] = round(spare.spawn_s, 4)
+    return out
 
 
 def settle_spares(device: str) -> float:
