@@ -16,11 +16,16 @@
 #                     evaluations, ~50 s each): under a 600 s call, PARTS=1 in one call and PARTS=2 in the next
 #   eval_rate     #18 seconds per evaluation in a running search, linear / attention / rmsnorm, phase by phase
 #                     ($R/eval_rate_<card>.{json,md}; it writes the eval_s_* keys of $R/summary_<card>.json)
+#   eval_rate_prestart3
+#                 #18 eval_rate with 3 pre-started candidate children (--prestart 3): since session 34 a GPU is timed
+#                     with the spares still starting paused (`spares.Spares.quiet`) instead of waiting for them (3.3-6.6 s
+#                     of 14-18 s an evaluation on an H100), so a spare's start spreads over the evaluations' untimed
+#                     parts; with one spare the next evaluation may wait for it instead ($R/eval_rate_<card>_prestart3.*)
 #   eval_rate_nosettle
-#                 #18 eval_rate with TIK_SPARE_SETTLE=0: the candidate timed while the next candidate's spare child starts
-#                     beside it ($R/eval_rate_<card>_nosettle.{json,md}; H100, session 34: the wait for the spare was
-#                     3.3-6.6 s of 14-18 s an evaluation); it counts only with the root against itself within +-1%
-#                     and every cheat caught the same way: TIK_SPARE_SETTLE=0 CHEATS_SUFFIX=_nosettle ... cheats
+#                 #18 eval_rate with TIK_SPARE_SETTLE=0: the candidate timed while spares start beside it, neither paused
+#                     nor waited for ($R/eval_rate_<card>_nosettle.{json,md}): it counts only with the root against
+#                     itself within +-1% and every cheat caught the same way: TIK_SPARE_SETTLE=0 CHEATS_SUFFIX=_nosettle
+#                     ... cheats
 #   eval_rate_rmsnorm, eval_rate_attention, eval_rate_linear
 #                 #18 the same, one operator per part (EVALS=3 evaluations; an attention or linear part fills a call)
 #   eval_repeat_rmsnorm, eval_repeat_attention, eval_repeat_linear
@@ -198,6 +203,9 @@ for p in "$@"; do
             part "pytest_gpu_${CARD}_run${RUN:-2}" 590 bash benchmarks/gpu_suite.sh "$R/pytest_gpu_${CARD}_run${RUN:-2}_suite.log" ;;
         eval_rate)
             part eval_rate 590 "$py" benchmarks/bench_eval_rate.py --evals 3 --out "$R" --name eval_rate_${CARD} ;;
+        eval_rate_prestart3)
+            part eval_rate_prestart3 590 "$py" benchmarks/bench_eval_rate.py --evals 3 --prestart 3 --out "$R" \
+                --name "eval_rate_${CARD}_prestart3" ;;
         eval_rate_nosettle)
             part eval_rate_nosettle 590 env TIK_SPARE_SETTLE=0 "$py" benchmarks/bench_eval_rate.py --evals 3 --out "$R" \
                 --name "eval_rate_${CARD}_nosettle" ;;
@@ -430,6 +438,6 @@ for p in "$@"; do
             part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_${CARD}
             part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (suite eval_rate eval_rate_nosettle eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs lmhead_bwd lmhead_bwd2 train_variants prefill_chunks decode_regs mlp_fused varlen keys shared_prompts)" >&2 ;;
+            echo "unknown part $p (suite eval_rate eval_rate_prestart3 eval_rate_nosettle eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs lmhead_bwd lmhead_bwd2 train_variants prefill_chunks decode_regs mlp_fused varlen keys shared_prompts)" >&2 ;;
     esac
 done

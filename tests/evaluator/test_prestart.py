@@ -251,3 +251,60 @@ def test_on_the_gpu_a_spare_serves_the_next_candidate_and_its_cache_goes_with_th
     # left belongs to the spare waiting for a third candidate
     left = caches() - before
     assert len(left) == 1 and len(spares.SPARES.pids()) == 1, (left, before)
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_quiet_pauses_starting_spares_and_no_spare_starts_within_it(tmp_path, monkeypatch):
+    """A GPU is timed with the spares still starting paused (SIGSTOP to their process group) and none spawned; a
+    spare already waiting for its job is left alone; all go on when the last timing of the device ends."""
+    pool = spares.Spares()
+    procs = []
+
+    def spare(name: str, ready: bool) -> spares.Spare:
+        tmp = tmp_path / name
+        (tmp / "scratch").mkdir(parents=True)
+        if ready:
+            (tmp / "scratch" / spares.READY).write_text("{}")
+        # a group of two processes, as a launcher and its child
+        proc = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                                 "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+                                 "time.sleep(60)"], start_new_session=True)
+        procs.append(proc)
+        return spares.Spare(tmp, proc, ("m", "cuda:0", "candidate", "{}"), {}, tmp, None, time.monotonic())
+
+    starting, waiting = spare("starting", False), spare("waiting", True)
+    pool.ready[("cuda:0", "candidate")] = [starting, waiting]
+    spawned = []
+    monkeypatch.setattr(spares, "_spawn_spare", lambda *a: spawned.append(time.monotonic()) or waiting)
+    monkeypatch.setenv(spares.PRESTART_ENV, "3")  # two kept: one more to start
+    time.sleep(0.3)  # both groups up
+    try:
+        with pool.quiet("cuda:0") as q:
+            assert q["s"] < 2.0 and spares._group_stopped(starting.proc.pid)
+            assert _state(waiting.proc.pid) != "T"
+            with pool.quiet("cuda:0"):  # a second timing of the device, ending first: nothing goes on yet
+                pool.prime("m", "cuda:0", {}, "candidate")
+            assert _state(starting.proc.pid) == "T"
+            time.sleep(0.3)
+            assert not spawned  # the spawn waits for the timing's end
+            t_end = time.monotonic()
+        deadline = time.monotonic() + 5
+        while _state(starting.proc.pid) == "T" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _state(starting.proc.pid) != "T"
+        while not spawned and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert spawned and spawned[0] >= t_end
+        # TIK_SPARE_SETTLE=0: nothing paused
+        monkeypatch.setenv(spares.SETTLE_ENV, "0")
+        with pool.quiet("cuda:0"):
+            assert _state(starting.proc.pid) != "T"
+    finally:
+        pool.ready.clear()
+        pool.close()
+        for p in procs:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()

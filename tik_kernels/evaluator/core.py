@@ -28,6 +28,7 @@ A bad candidate never raises: every failure is a one-line `failure` and failed c
 from __future__ import annotations
 
 import atexit
+import contextlib
 import contextvars
 import functools
 import hashlib
@@ -63,7 +64,7 @@ from tik_kernels.evaluator.protocol import (
 )
 from tik_kernels.evaluator.report import EvalReport, decide, environment, evaluator_fingerprint, fail
 from tik_kernels.evaluator.sandbox import candidate_cache, isolation, limits, owned_tempdir, policy
-from tik_kernels.evaluator.spares import prepare, settle_spares
+from tik_kernels.evaluator.spares import prepare, quiet_spares, settle_spares
 from tik_kernels.evaluator.spawn import ChildOutcome, PhasedChild, run_child
 
 #: the candidate's timing starts as soon as its probes are back, while the parent checks them; a check that fails
@@ -310,11 +311,12 @@ def _candidate(report: EvalReport, contract: Contract, plan: Plan, cand_path: Pa
                 _check_while_timed(report, contract, plan, cand, cand_path, root_path, incumbent_path, device,
                                    timeout, key, root_sha, child, timing)
             elif _check(report, contract, plan, cand, root_path, device, timeout, key, root_sha, is_root):
-                if device.startswith("cuda"):
-                    # the next candidate's child (`spares.Spares`) has been starting since this one's probes began:
-                    # the GPU is timed once it is idle, not while a CUDA context is being created beside it
-                    report.phases["spare_settle"] = settle_spares(device)
-                time_candidate(report, contract, cand_path, root_path, incumbent_path, device, timeout, phased=child)
+                # the next candidate's child (`spares.Spares`) has been starting since this one's probes began: the
+                # GPU is timed with it paused, not while a CUDA context is being created beside it
+                with _quiet(device) as q:
+                    report.phases["spare_settle"] = q["s"]
+                    time_candidate(report, contract, cand_path, root_path, incumbent_path, device, timeout,
+                                   phased=child)
             else:
                 child.stop()
             t = time.monotonic()
@@ -338,8 +340,21 @@ def _check_while_timed(report: EvalReport, contract: Contract, plan: Plan, cand:
     """`OVERLAP_CHECKS`: the candidate's child told to time (in a thread, which alone handles the child from then
     on) while this thread checks its probes; a failed check stops the timing and is the report's failure. `timing`:
     the child's timing job (`candidate_timing_job`: job, wall-clock limit, reader of the reply)."""
-    if device.startswith("cuda"):
-        report.phases["spare_settle"] = settle_spares(device)  # as below: no CUDA context created beside the timing
+    with _quiet(device) as q:  # as in `_candidate`: no CUDA context created beside the timing
+        report.phases["spare_settle"] = q["s"]
+        _timed_while_checked(report, contract, plan, cand, cand_path, root_path, incumbent_path, device, timeout,
+                             key, root_sha, child, timing)
+
+
+def _quiet(device: str):
+    """On a GPU, `spares.quiet_spares`; elsewhere a block that does nothing (the CPU times the interpreter)."""
+    return quiet_spares(device) if device.startswith("cuda") else contextlib.nullcontext({"s": 0.0})
+
+
+def _timed_while_checked(report: EvalReport, contract: Contract, plan: Plan, cand: dict[str, ProbeResult],
+                         cand_path: Path, root_path: Path, incumbent_path, device: str, timeout: float, key: tuple,
+                         root_sha: str, child: PhasedChild, timing: tuple) -> None:
+    """`_check_while_timed`'s body, within its quiet block."""
     _, wall, read_result = timing
     abort, got = threading.Event(), {}
     timing = threading.Thread(target=lambda: got.update(outcome=child.then(read_result, wall, abort)),

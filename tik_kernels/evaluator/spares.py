@@ -1,8 +1,9 @@
 """Pre-started candidate children (`Spares`, `SPARES`): a timed evaluation's candidate child is usually started while
 the previous candidate was evaluated: the same child in the same jail, waiting for its first job, so its start
 (Python, torch, Triton, the harness, the CUDA context: seconds) is off its evaluation's critical path; each serves one
-candidate. The same background thread starts an evaluator process's fork server early (`prepare`), and `settle_spares`
-waits until no spare is being started beside a GPU about to be timed.
+candidate. The same background thread starts an evaluator process's fork server early (`prepare`). A GPU is timed
+within `quiet_spares`: the spares still starting are paused and none is spawned until the timing ends, so no CUDA
+context is created beside it (`settle_spares`, which waits for the spares' whole start, serves the CPU's root probes).
 
 This module starts, keeps and discards the spares; the evaluation takes one and hands it its job
 (`spawn.PhasedChild`), which is why it sits below `spawn.py`, on the jail (`sandbox.py`) and the fork servers
@@ -11,13 +12,16 @@ This module starts, keeps and discards the spares; the evaluation takes one and 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
 import shutil
+import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,8 +53,11 @@ PRESTART_ENV = "TIK_PRESTART"
 SPARE_MAX_AGE_S = 600.0
 #: at most this long an evaluation waits for a spare that is being started (`Spares.take`, `Spares.settle`)
 SETTLE_S = 60.0
-#: "0": evaluations time a candidate without waiting for spares being started (`Spares.settle`)
+#: "0": evaluations time a candidate beside spares being started, neither waiting for them nor pausing them
+#: (`Spares.settle`, `Spares.quiet`): an experiment for a GPU
 SETTLE_ENV = "TIK_SPARE_SETTLE"
+#: `Spares.quiet`: how long a paused spare's GPU work already queued may take to drain, after its processes stopped
+DRAIN_S = 0.02
 #: the spares' pending count of a fork server being started early (`Spares.serve_early`), beside the cache modes
 SERVER = "server"
 #: the cache modes a spare can serve ("trusted" children run the root, never a candidate)
@@ -119,6 +126,11 @@ class Spares:
         #: boot_s: the seconds of each part of the taken spares' starts, summed (`boot_parts`; "spawn", the parent's
         #: part: its scratch, its seeded Triton cache, its launch); boot_n: how many spares they sum over
         self.stats = {"started": 0, "taken": 0, "discarded": 0, "failed": 0, "boot_s": {}, "boot_n": 0}
+        #: `quiet`: per device, how many timings are in progress, how many spares are being spawned, and the spares
+        #: paused until the last timing ends
+        self.quiet_n: dict[str, int] = {}
+        self.spawning: dict[str, int] = {}
+        self.paused: dict[str, list[Spare]] = {}
 
     def _mine(self) -> None:
         """A forked copy of this process starts with none (its parent's spares are not its children), and with a
@@ -234,6 +246,10 @@ class Spares:
                     self.cond.notify_all()
                 continue
             spare = None
+            with self.cond:  # no child starts while its device is timed (`quiet`): it waits for the timing's end
+                while self.quiet_n.get(device) and not self.closed:
+                    self.cond.wait(0.1)
+                self.spawning[device] = self.spawning.get(device, 0) + 1
             if not self.closed:
                 try:
                     t = time.monotonic()
@@ -242,6 +258,7 @@ class Spares:
                 except Exception:  # it only costs the speed-up: the next evaluation starts its own child
                     self.stats["failed"] += 1
             with self.cond:
+                self.spawning[device] -= 1
                 self.pending[(device, cache)] -= 1
                 if spare is not None and not self.closed:
                     self.ready.setdefault((device, cache), []).append(spare)
@@ -250,6 +267,52 @@ class Spares:
                 self.cond.notify_all()
             if spare is not None:
                 spare.discard()
+
+    @contextlib.contextmanager
+    def quiet(self, device: str, limit_s: float = SETTLE_S) -> Iterator[dict]:
+        """A GPU timed with no spare starting beside it, without waiting for the spares to finish starting: within
+        this block, the spares of `device` that are still starting are paused (SIGSTOP to their process group: no
+        CPU, no new GPU work; a stopped process holds no kernel lock, it stops on its way back to user space) and no
+        new one is spawned; when the last such block of the device ends, they go on (SIGCONT). Before pausing, a
+        spawn in progress (the parent's part: a scratch, a Triton cache copied, the launch) is let finish; after,
+        GPU work they had queued is given `DRAIN_S` to end. Yields {"s": the seconds that took} (the evaluation's
+        `spare_settle`). A spare waiting for its job (READY) does nothing and is left alone. `settle` waited for
+        the spares' whole start instead: 3.3-6.6 s of every evaluation on an H100 (session 34,
+        results/eval_rate_h100_s34.md); a start paused here goes on while the next candidate's probes run.
+        `TIK_SPARE_SETTLE=0`: neither pause nor wait."""
+        out = {"s": 0.0}
+        if os.environ.get(SETTLE_ENV, "").strip() == "0":
+            yield out
+            return
+        t0 = time.monotonic()
+        self._mine()
+        with self.cond:
+            self.quiet_n[device] = self.quiet_n.get(device, 0) + 1
+            while self.spawning.get(device) and time.monotonic() - t0 < limit_s:
+                self.cond.wait(0.02)
+            starting = [sp for (d, _), v in self.ready.items() if d == device for sp in v
+                        if sp.proc.poll() is None and not (sp.tmp / "scratch" / READY).exists()]
+            paused = self.paused.setdefault(device, [])
+            held = {id(sp) for sp in paused}
+            starting = [sp for sp in starting if id(sp) not in held]
+            paused.extend(starting)
+        try:
+            for sp in starting:
+                _signal_group(sp.proc.pid, signal.SIGSTOP)
+            deadline = time.monotonic() + 1.0
+            while starting and not all(_group_stopped(sp.proc.pid) for sp in starting) and time.monotonic() < deadline:
+                time.sleep(0.002)
+            if starting:
+                time.sleep(DRAIN_S)
+            out["s"] = time.monotonic() - t0
+            yield out
+        finally:
+            with self.cond:
+                self.quiet_n[device] -= 1
+                resume = self.paused.pop(device, []) if not self.quiet_n[device] else []
+                self.cond.notify_all()
+            for sp in resume:
+                _signal_group(sp.proc.pid, signal.SIGCONT)
 
     def settle(self, device: str, limit_s: float = SETTLE_S) -> float:
         """Wait (at most `limit_s`) until no spare for `device` is starting: a GPU is timed without a CUDA context
@@ -305,6 +368,26 @@ def prepare(device: str) -> None:
         SPARES.serve_early(mode, device)
 
 
+def _signal_group(pgid: int, sig: int) -> None:
+    """`sig` to a spare's process group (its launcher leads one, as does a fork server's holder); gone is fine."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _group_stopped(pgid: int) -> bool:
+    """Every process of the group stopped (or gone): /proc's state of each process whose group is `pgid`."""
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("T", "t", "Z", "X"):
+            return False
+    return True
+
+
 def boot_parts(spare: Spare) -> dict[str, float]:
     """The seconds of each part of a ready spare's start: the parent's ("spawn") and those the child wrote into its
     READY file (`child._prestarted`); {} where it wrote none (not ready, or an older child)."""
@@ -318,6 +401,11 @@ def boot_parts(spare: Spare) -> dict[str, float]:
     if spare.spawn_s is not None:
         out["spawn"] = round(spare.spawn_s, 4)
     return out
+
+
+def quiet_spares(device: str):
+    """`SPARES.quiet(device)`: a block within which `device` is timed with its starting spares paused."""
+    return SPARES.quiet(device)
 
 
 def settle_spares(device: str) -> float:
