@@ -56,7 +56,7 @@ PROBE_PARTS = ("probes_candidate", "probes_candidate_start", "probes_candidate_i
                "probes_candidate_child_send", "probes_candidate_read", "probes_candidate_compiled",
                "probes_candidate_ahead_record_s", "probes_candidate_ahead_compiled", "probes_candidate_ahead_kernels",
                "probes_candidate_ahead_cached", "probes_candidate_ahead_workers",
-               "probes_candidate_ahead_failed", "probes_candidate_ahead_wait_s",
+               "probes_candidate_ahead_failed", "probes_candidate_ahead_wait_s", "probes_candidate_child_boot_wait",
                "probes_candidate_in_mb", "probes_candidate_out_mb")
 #: the phases that follow each other (the timing_cells_* parts lie inside timing_child): "other" is the wall time
 #: none of them covers (the source checks, the child's start and exit, the temporary files); checks that ran while the

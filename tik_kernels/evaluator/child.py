@@ -22,6 +22,7 @@ or `{"job": <a time job>}`, and runs that job on the implementation it has alrea
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -197,7 +198,8 @@ def run_probes_job(workdir: Path, job: dict) -> dict:
               "compiled": _cache_entries() - cached, "ahead_compiled": compiled_ahead,
               "ahead_kernels": ahead.get("kernels", 0), "ahead_cached": ahead.get("cached", 0),
               "ahead_workers": ahead.get("workers", 0), "ahead_failed": ahead.get("failed", 0),
-              "ahead_record_s": recorded, "ahead_wait_s": ahead.get("wait_s", 0.0)}
+              "ahead_record_s": recorded, "ahead_wait_s": ahead.get("wait_s", 0.0),
+              "boot_wait": _HELD.pop("boot_wait", 0.0)}
     return {"import_error": None, "probes": results, "graphs": graphs, "tensors": entries, "phases": phases,
             "via": "memfd" if shared is not None else "file"}
 
@@ -394,6 +396,10 @@ def _prestarted(workdir: Path, boot: dict) -> dict:
     ready.write_text(json.dumps({"launch": round(_launch_s(), 4), **took}))
     doc = await_next(Path(boot["start"]), limit_s=float(boot["idle_s"]))
     _HELD["claimed"] = time.monotonic()
+    # how long the job waited for this start to end (the job file's age when read: one host clock), the part of a
+    # spare's start an evaluation still waits for once timings pause the spares instead (`spares.Spares.quiet`)
+    with contextlib.suppress(OSError):
+        _HELD["boot_wait"] = max(0.0, time.time() - Path(boot["start"]).stat().st_mtime - NEXT_POLL_S)
     job = doc.get("job")
     if not isinstance(job, dict) or job.get("mode") != "probes":
         os._exit(0)  # never taken (the parent stopped waiting for it), or nothing this child serves

@@ -576,8 +576,9 @@ def probe_outcome(outcome: ChildOutcome, phases: dict | None = None,
 
 #: the parts of a probes job the child reports (`child.run_probes_job`), in its own clock: "start" (from the job
 #: taken to its inputs: a fresh child's imports), "inputs" (read and decoded), "import" (the implementation),
-#: "compute" (the probes, their outputs copied to the CPU), "graph" (the CUDA graph replays), "send" (outputs written)
-CHILD_PHASES = ("start", "inputs", "import", "ahead", "compute", "graph", "send")
+#: "compute" (the probes, their outputs copied to the CPU), "graph" (the CUDA graph replays), "send" (outputs written),
+#: "boot_wait" (a pre-started child's: how long its job waited for its start to end)
+CHILD_PHASES = ("start", "inputs", "import", "ahead", "compute", "graph", "send", "boot_wait")
 
 
 def probe_phases(parent: dict, stats: dict, prefix: str) -> dict[str, float]:
