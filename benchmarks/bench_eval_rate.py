@@ -211,8 +211,8 @@ def markdown(doc: dict) -> str:
         sp = r.get("spares") or {}
         if sp.get("boot_n"):
             parts = ", ".join(f"{k} {v / sp['boot_n']:.2f}" for k, v in sp["boot_s"].items())
-            boot += [f"{r['op']}: a spare's start, seconds by part (mean over the {sp['boot_n']} taken ready; "
-                     f"`spare_settle` waits for them): {parts}.", ""]
+            boot += [f"{r['op']}: a spare's start, seconds by part (mean over the {sp['boot_n']} taken ready; what "
+                     f"an evaluation may still wait for: `spare_settle`, `child_boot_wait`): {parts}.", ""]
     lines[6:6] = boot
     for r in doc["ops"]:
         cells = [f"{r['median_phases_after_first'].get(p, 0):.1f} ({r['first_phases'].get(p, 0):.1f})"

@@ -358,13 +358,13 @@ def warm_device(device: str) -> None:
 
 
 def _launch_s() -> float:
-    """Seconds from this process's creation to now (`main`'s start when it sets `_HELD["launched"]`): the
-    interpreter's start and the imports before `main` (a fresh interpreter's torch, Triton; almost none in a fork of
-    the fork server). Linux's /proc (clock ticks since boot against the boot clock); 0.0 where it cannot be read."""
+    """Seconds from this process's creation to now (called at `main`'s start: the interpreter's start and the
+    imports before `main`, a fresh interpreter's torch and Triton, almost none in a fork of the fork server). Linux's
+    /proc (clock ticks since boot against the boot clock); 0.0 where it cannot be read."""
     try:
         fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
         born = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of stat: the start time
-        return max(0.0, _HELD.get("launched", time.clock_gettime(time.CLOCK_BOOTTIME)) - born)
+        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - born)
     except (OSError, ValueError, IndexError, AttributeError):
         return 0.0
 
@@ -388,12 +388,12 @@ def _prestarted(workdir: Path, boot: dict) -> dict:
         warm_device(boot["device"])
         marks.append(time.monotonic())
     ready = workdir / "ready"
-    # the seconds of each part of this start, from this process's own start (`_HELD["claimed"]`), for the parent's
-    # statistics (`Spares.stats["boot_s"]`): what an evaluation waits for when it settles the spares
+    # the seconds of each part of this start, from this process's creation, for the parent's statistics
+    # (`Spares.stats["boot_s"]`): what an evaluation may still wait for (`spare_settle`, `boot_wait`)
     parts = ("start", "imports", "cuda_context", "warm_triton", "warm_device")
     marks.insert(0, _HELD.get("claimed", marks[0]))
     took = {k: round(b - a, 4) for k, a, b in zip(parts, marks, marks[1:], strict=False)}
-    ready.write_text(json.dumps({"launch": round(_launch_s(), 4), **took}))
+    ready.write_text(json.dumps({"launch": round(_HELD.get("launch_s", 0.0), 4), **took}))
     doc = await_next(Path(boot["start"]), limit_s=float(boot["idle_s"]))
     _HELD["claimed"] = time.monotonic()
     # how long the job waited for this start to end (the job file's age when read: one host clock), the part of a
@@ -411,8 +411,7 @@ def _prestarted(workdir: Path, boot: dict) -> dict:
 def main(argv: list[str]) -> int:
     workdir = Path(argv[1])
     _HELD["claimed"] = time.monotonic()  # a pre-started child's job is claimed later (`_prestarted`)
-    if hasattr(time, "CLOCK_BOOTTIME"):
-        _HELD["launched"] = time.clock_gettime(time.CLOCK_BOOTTIME)
+    _HELD["launch_s"] = _launch_s()
     job = json.loads((workdir / "job.json").read_text())
     _limit_resources(job)
     # kernels first: it sets TRITON_INTERPRET before anything imports Triton

@@ -342,37 +342,29 @@ def _check_while_timed(report: EvalReport, contract: Contract, plan: Plan, cand:
     the child's timing job (`candidate_timing_job`: job, wall-clock limit, reader of the reply)."""
     with _quiet(device) as q:  # as in `_candidate`: no CUDA context created beside the timing
         report.phases["spare_settle"] = q["s"]
-        _timed_while_checked(report, contract, plan, cand, cand_path, root_path, incumbent_path, device, timeout,
-                             key, root_sha, child, timing)
+        _, wall, read_result = timing
+        abort, got = threading.Event(), {}
+        timing = threading.Thread(target=lambda: got.update(outcome=child.then(read_result, wall, abort)),
+                                  name="tik-timing", daemon=True)
+        timing.start()
+        try:
+            passed = _check(report, contract, plan, cand, root_path, device, timeout, key, root_sha, False)
+        except BaseException:
+            abort.set()
+            timing.join()
+            raise
+        if not passed:
+            abort.set()
+        timing.join()
+        report.phases["checks_overlapped"] = 1.0
+        if passed:
+            time_candidate(report, contract, cand_path, root_path, incumbent_path, device, timeout,
+                           phased=child, outcome=got["outcome"])
 
 
 def _quiet(device: str):
     """On a GPU, `spares.quiet_spares`; elsewhere a block that does nothing (the CPU times the interpreter)."""
     return quiet_spares(device) if device.startswith("cuda") else contextlib.nullcontext({"s": 0.0})
-
-
-def _timed_while_checked(report: EvalReport, contract: Contract, plan: Plan, cand: dict[str, ProbeResult],
-                         cand_path: Path, root_path: Path, incumbent_path, device: str, timeout: float, key: tuple,
-                         root_sha: str, child: PhasedChild, timing: tuple) -> None:
-    """`_check_while_timed`'s body, within its quiet block."""
-    _, wall, read_result = timing
-    abort, got = threading.Event(), {}
-    timing = threading.Thread(target=lambda: got.update(outcome=child.then(read_result, wall, abort)),
-                              name="tik-timing", daemon=True)
-    timing.start()
-    try:
-        passed = _check(report, contract, plan, cand, root_path, device, timeout, key, root_sha, False)
-    except BaseException:
-        abort.set()
-        timing.join()
-        raise
-    if not passed:
-        abort.set()
-    timing.join()
-    report.phases["checks_overlapped"] = 1.0
-    if passed:
-        time_candidate(report, contract, cand_path, root_path, incumbent_path, device, timeout,
-                       phased=child, outcome=got["outcome"])
 
 
 def _check(report: EvalReport, contract: Contract, plan: Plan, cand: dict[str, ProbeResult], root_path: Path,

@@ -53,8 +53,8 @@ PRESTART_ENV = "TIK_PRESTART"
 SPARE_MAX_AGE_S = 600.0
 #: at most this long an evaluation waits for a spare that is being started (`Spares.take`, `Spares.settle`)
 SETTLE_S = 60.0
-#: "0": evaluations time a candidate beside spares being started, neither waiting for them nor pausing them
-#: (`Spares.settle`, `Spares.quiet`): an experiment for a GPU
+#: "0": evaluations time a candidate beside spares being started, without pausing them (`Spares.quiet`): an experiment
+#: for a GPU
 SETTLE_ENV = "TIK_SPARE_SETTLE"
 #: `Spares.quiet`: how long a paused spare's GPU work already queued may take to drain, after its processes stopped
 DRAIN_S = 0.02
@@ -300,7 +300,7 @@ class Spares:
             for sp in starting:
                 _signal_group(sp.proc.pid, signal.SIGSTOP)
             deadline = time.monotonic() + 1.0
-            while starting and not all(_group_stopped(sp.proc.pid) for sp in starting) and time.monotonic() < deadline:
+            while starting and not _groups_stopped({sp.proc.pid for sp in starting}) and time.monotonic() < deadline:
                 time.sleep(0.002)
             if starting:
                 time.sleep(DRAIN_S)
@@ -316,12 +316,9 @@ class Spares:
 
     def settle(self, device: str, limit_s: float = SETTLE_S) -> float:
         """Wait (at most `limit_s`) until no spare for `device` is starting: a GPU is timed without a CUDA context
-        being created beside it. The seconds waited. `TIK_SPARE_SETTLE=0` waits for none (an experiment: does a
-        spare's start beside the timing move the root timed against itself? H100, session 34: 3.3-6.6 s of an
-        evaluation's 14-18 s were this wait, `benchmarks/results/eval_rate_h100_s34.md`)."""
+        being created beside it. The seconds waited. A GPU's timings use `quiet` instead, which pauses them; this
+        serves the CPU's root probes (`core._root_ahead`), which wait for the fork server and the candidate's spare."""
         t0 = time.monotonic()
-        if os.environ.get(SETTLE_ENV, "").strip() == "0":
-            return 0.0
         self._mine()
         while time.monotonic() - t0 < limit_s:
             with self.cond:
@@ -374,8 +371,9 @@ def _signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
-def _group_stopped(pgid: int) -> bool:
-    """Every process of the group stopped (or gone): /proc's state of each process whose group is `pgid`."""
+def _groups_stopped(pgids: set[int]) -> bool:
+    """Every process of these groups stopped (or gone): /proc's state of each process whose group is among them,
+    read in one pass."""
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -383,7 +381,7 @@ def _group_stopped(pgid: int) -> bool:
             fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("T", "t", "Z", "X"):
+        if len(fields) > 2 and int(fields[2]) in pgids and fields[0] not in ("T", "t", "Z", "X"):
             return False
     return True
 
