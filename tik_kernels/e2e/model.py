@@ -173,6 +173,14 @@ def config_dict(cfg: ModelConfig) -> dict:
 # ----------------------------------------------------------------------------- the decoder
 
 
+def _foreach_cast(src: list[torch.Tensor], dtype: torch.dtype) -> list[torch.Tensor]:
+    """Each tensor cast to `dtype` as `Tensor.to` casts it, in one multi-tensor copy (on CUDA one kernel where the
+    tensors share their source and destination dtypes)."""
+    out = [torch.empty_like(t, dtype=dtype) for t in src]
+    torch._foreach_copy_(out, src)
+    return out
+
+
 class _CastGroup(torch.autograd.Function):
     """fp32 masters to bf16 copies in one multi-tensor launch (`torch._foreach_copy_`: on CUDA one kernel for a
     layer's weights where it takes several of the same source and destination dtype, else one copy each), and in
@@ -184,15 +192,11 @@ class _CastGroup(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, *masters: torch.Tensor):
-        out = [torch.empty_like(m, dtype=torch.bfloat16) for m in masters]
-        torch._foreach_copy_(out, list(masters))
-        return tuple(out)
+        return tuple(_foreach_cast(list(masters), torch.bfloat16))
 
     @staticmethod
     def backward(ctx, *grads: torch.Tensor):
-        out = [torch.empty_like(g, dtype=torch.float32) for g in grads]
-        torch._foreach_copy_(out, list(grads))
-        return tuple(out)
+        return tuple(_foreach_cast(list(grads), torch.float32))
 
 
 def cast_groups(names) -> list[list[str]]:
@@ -221,10 +225,7 @@ def bf16_weights(params: dict[str, torch.Tensor], grad: bool) -> dict[str, torch
             W["lm_head"] = params["embed"].to(torch.bfloat16)
         return W
     with torch.no_grad():
-        src = [v.detach() for v in params.values()]
-        out = [torch.empty_like(v, dtype=torch.bfloat16) for v in src]
-        torch._foreach_copy_(out, src)
-        W = dict(zip(params, out, strict=True))
+        W = dict(zip(params, _foreach_cast([v.detach() for v in params.values()], torch.bfloat16), strict=True))
     W.setdefault("lm_head", W["embed"])
     return W
 
