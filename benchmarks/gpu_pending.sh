@@ -137,6 +137,12 @@
 #                     ($R/e2e_decode_dregs/; sm_90 offline: results/attn_decode_regs_offline_s29.txt), and with linear's
 #                     NARROW_PCT 50 / 100 beside (at 25, the CONFIG's, qkv at a batch of 64 is 64 programs on 132 SMs,
 #                     gate_up 96: narrower tiles give 128 / 256 and 192)
+#   decode_combine
+#                 #19 the decode step with linear's split sums combined by the tile's last program at a batch of 64
+#                     (FUSED_MAX_M 64; the CONFIG's 16 keeps a second kernel there, chosen on Qwen3-8B's widths): a
+#                     qwen3-0.6b layer's o and down projections split K (2 and 3 chunks) and each takes two launches, 56
+#                     of the step's ~280 kernels; and with NARROW_PCT 50 beside. Who adds the chunk sums, never their
+#                     order: no bits ($R/e2e_decode_combine/)
 #   qk_regs       #19 the one-launch q / k norms + rope + cache fill with the halves from registers (rmsnorm's ROPE_REGS,
 #                     off: no gain on an H100 in session 26): its GPU bit tests, then the decode step with and without,
 #                     one run ($R/e2e_decode_qk_regs/)
@@ -375,6 +381,10 @@ for p in "$@"; do
                 --decode-variant c168=attention.decode_short_maxnreg=168 \
                 --decode-variant w8c64=attention.decode_short_num_warps=8,attention.decode_short_maxnreg=64 \
                 --decode-variant narrow50=linear.NARROW_PCT=50 --decode-variant narrow100=linear.NARROW_PCT=100 ;;
+        decode_combine)
+            part e2e_decode_combine 300 "$py" benchmarks/bench_e2e.py --out "$R/e2e_decode_combine" --only decode \
+                --decode-backends unified --decode-variant fused64=linear.FUSED_MAX_M=64 \
+                --decode-variant fused64n50=linear.FUSED_MAX_M=64,linear.NARROW_PCT=50 ;;
         qk_regs)
             part pytest_gpu_qk_regs 240 "$py" -m pytest -q -m gpu tests/e2e/test_rope_cache.py
             part e2e_decode_qk_regs 300 "$py" benchmarks/bench_e2e.py --out "$R/e2e_decode_qk_regs" --only decode \
@@ -438,6 +448,6 @@ for p in "$@"; do
             part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_${CARD}
             part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (suite eval_rate eval_rate_prestart3 eval_rate_nosettle eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs lmhead_bwd lmhead_bwd2 train_variants prefill_chunks decode_regs mlp_fused varlen keys shared_prompts)" >&2 ;;
+            echo "unknown part $p (suite eval_rate eval_rate_prestart3 eval_rate_nosettle eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs lmhead_bwd lmhead_bwd2 train_variants prefill_chunks decode_regs decode_combine mlp_fused varlen keys shared_prompts)" >&2 ;;
     esac
 done
