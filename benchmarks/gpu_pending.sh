@@ -141,8 +141,11 @@
 #                 #19 the decode step with linear's split sums combined by the tile's last program at a batch of 64
 #                     (FUSED_MAX_M 64; the CONFIG's 16 keeps a second kernel there, chosen on Qwen3-8B's widths): a
 #                     qwen3-0.6b layer's o and down projections split K (2 and 3 chunks) and each takes two launches, 56
-#                     of the step's ~280 kernels; and with NARROW_PCT 50 beside. Who adds the chunk sums, never their
-#                     order: no bits ($R/e2e_decode_combine/)
+#                     of the step's ~280 kernels; and with NARROW_PCT 50, and with every batch-of-64 tile 32 wide
+#                     (fused64n32: the down projection's 3 chunks x 32 tiles = 96 programs, each reading the batch's
+#                     [64, 1024] x chunk from L2 once, where NARROW_PCT 25 halves its tiles to 16 wide: 192 programs
+#                     and twice the x re-reads, 25 MB of L2 traffic for 6 MB of weights). Who computes a chunk and who
+#                     adds the chunk sums, never their order: no bits ($R/e2e_decode_combine/)
 #   qk_regs       #19 the one-launch q / k norms + rope + cache fill with the halves from registers (rmsnorm's ROPE_REGS,
 #                     off: no gain on an H100 in session 26): its GPU bit tests, then the decode step with and without,
 #                     one run ($R/e2e_decode_qk_regs/)
@@ -382,9 +385,10 @@ for p in "$@"; do
                 --decode-variant w8c64=attention.decode_short_num_warps=8,attention.decode_short_maxnreg=64 \
                 --decode-variant narrow50=linear.NARROW_PCT=50 --decode-variant narrow100=linear.NARROW_PCT=100 ;;
         decode_combine)
-            part e2e_decode_combine 300 "$py" benchmarks/bench_e2e.py --out "$R/e2e_decode_combine" --only decode \
+            part e2e_decode_combine 400 "$py" benchmarks/bench_e2e.py --out "$R/e2e_decode_combine" --only decode \
                 --decode-backends unified --decode-variant fused64=linear.FUSED_MAX_M=64 \
-                --decode-variant fused64n50=linear.FUSED_MAX_M=64,linear.NARROW_PCT=50 ;;
+                --decode-variant fused64n50=linear.FUSED_MAX_M=64,linear.NARROW_PCT=50 \
+                --decode-variant fused64n32=linear.FUSED_MAX_M=64,linear.M64_BLOCK_N=32,linear.M64_FILL_BLOCK_N=32,linear.NARROW_PCT=0 ;;
         qk_regs)
             part pytest_gpu_qk_regs 240 "$py" -m pytest -q -m gpu tests/e2e/test_rope_cache.py
             part e2e_decode_qk_regs 300 "$py" benchmarks/bench_e2e.py --out "$R/e2e_decode_qk_regs" --only decode \
