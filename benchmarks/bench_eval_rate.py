@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.harness import environment, gpu_tag, summary_path, update_summary  # noqa: E402
 
 #: the phases in table order (a report records those that ran)
-PHASES = ("plan", "probes_root", "probes_candidate", "checks", "spare_settle", "timing_child", "timing_ahead",
-          "timing_ahead_record_s", "timing_ahead_kernels", "timing_ahead_cached", "timing_cells_warmup",
+PHASES = ("plan", "probes_root", "probes_candidate", "checks", "spare_settle", "device_wait", "timing_child",
+          "timing_ahead", "timing_ahead_record_s", "timing_ahead_kernels", "timing_ahead_cached", "timing_cells_warmup",
           "timing_cells_warm_calls", "timing_cells_capture", "timing_cells_profile", "timing_cells_eager",
           "timing_cells_timed", "timing_cells_after", "timing_exit", "timing_read", "control_child", "judge",
           "child_close", "other")
@@ -61,8 +61,8 @@ PROBE_PARTS = ("probes_candidate", "probes_candidate_start", "probes_candidate_i
 #: the phases that follow each other (the timing_cells_* parts lie inside timing_child): "other" is the wall time
 #: none of them covers (the source checks, the child's start and exit, the temporary files); checks that ran while the
 #: candidate was timed (`checks_overlapped`, the GPU's order) are inside timing_child and not counted again
-TOP = ("plan", "probes_root", "probes_candidate", "checks", "spare_settle", "timing_child", "control_child", "judge",
-       "child_close")
+TOP = ("plan", "probes_root", "probes_candidate", "checks", "spare_settle", "device_wait", "timing_child",
+       "control_child", "judge", "child_close")
 
 
 def candidates(op: str, n: int, seed: int = 0) -> list[tuple[str, str]]:

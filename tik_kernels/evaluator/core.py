@@ -48,7 +48,7 @@ import torch
 from tik_kernels.contract import Contract, Plan, ProbeResult, evaluate_checks
 from tik_kernels.contracts import get_contract
 from tik_kernels.evaluator import ahead as _AHEAD
-from tik_kernels.evaluator import integrity
+from tik_kernels.evaluator import devlock, integrity
 from tik_kernels.evaluator.checks import GRAPH_PREFIX, all_inputs_unchanged, graph_replay_check, output_spec
 from tik_kernels.evaluator.measure import candidate_timing_job, time_candidate
 from tik_kernels.evaluator.protocol import (
@@ -192,7 +192,8 @@ def evaluate(
                         contract_fingerprint=contract.fingerprint(), evaluator_fingerprint=evaluator_fingerprint(),
                         profile=profile, seed=seed)
     try:
-        with policy(sandbox), candidate_cache():
+        # another TIK process's timing on this GPU waits for this evaluation, and this one's timing for theirs
+        with policy(sandbox), candidate_cache(), devlock.shared(device):
             _evaluate(report, contract, Path(candidate_path), root_path, incumbent_path, device, timeout, time_it)
     except Exception as e:  # an evaluator bug must still leave a report, and never pass
         report.failure = "evaluator error: " + one_line(e)
@@ -313,8 +314,7 @@ def _candidate(report: EvalReport, contract: Contract, plan: Plan, cand_path: Pa
             elif _check(report, contract, plan, cand, root_path, device, timeout, key, root_sha, is_root):
                 # the next candidate's child (`spares.Spares`) has been starting since this one's probes began: the
                 # GPU is timed with it paused, not while a CUDA context is being created beside it
-                with _quiet(device) as q:
-                    report.phases["spare_settle"] = q["s"]
+                with _quiet(device, report):
                     time_candidate(report, contract, cand_path, root_path, incumbent_path, device, timeout,
                                    phased=child)
             else:
@@ -331,7 +331,8 @@ def _candidate(report: EvalReport, contract: Contract, plan: Plan, cand_path: Pa
         return fail(report, "run", "runs", failure)
     if _check(report, contract, plan, cand, root_path, device, timeout, key, root_sha, is_root) and time_it:
         # the root as its own candidate (trusted: its probe child wrote the trusted cache): a timing child of its own
-        time_candidate(report, contract, cand_path, root_path, incumbent_path, device, timeout)
+        with _quiet(device, report):
+            time_candidate(report, contract, cand_path, root_path, incumbent_path, device, timeout)
 
 
 def _check_while_timed(report: EvalReport, contract: Contract, plan: Plan, cand: dict[str, ProbeResult],
@@ -340,8 +341,7 @@ def _check_while_timed(report: EvalReport, contract: Contract, plan: Plan, cand:
     """`OVERLAP_CHECKS`: the candidate's child told to time (in a thread, which alone handles the child from then
     on) while this thread checks its probes; a failed check stops the timing and is the report's failure. `timing`:
     the child's timing job (`candidate_timing_job`: job, wall-clock limit, reader of the reply)."""
-    with _quiet(device) as q:  # as in `_candidate`: no CUDA context created beside the timing
-        report.phases["spare_settle"] = q["s"]
+    with _quiet(device, report):  # as in `_candidate`: no CUDA context created beside the timing
         _, wall, read_result = timing
         abort, got = threading.Event(), {}
         timing = threading.Thread(target=lambda: got.update(outcome=child.then(read_result, wall, abort)),
@@ -362,9 +362,22 @@ def _check_while_timed(report: EvalReport, contract: Contract, plan: Plan, cand:
                            phased=child, outcome=got["outcome"])
 
 
-def _quiet(device: str):
-    """On a GPU, `spares.quiet_spares`; elsewhere a block that does nothing (the CPU times the interpreter)."""
-    return quiet_spares(device) if device.startswith("cuda") else contextlib.nullcontext({"s": 0.0})
+@contextlib.contextmanager
+def _quiet(device: str, report: EvalReport):
+    """A GPU timed alone: this process's spares still starting paused (`spares.quiet_spares`), then the device's lock
+    held exclusive (`devlock`: no other TIK process's GPU work beside it). Its phases: `spare_settle`, `device_wait`
+    (and `device_wait_gave_up`, 1, where the lock was not had in time). Elsewhere a block that does nothing (the CPU
+    times the interpreter)."""
+    if not device.startswith("cuda"):
+        yield {"s": 0.0}
+        return
+    with quiet_spares(device) as q:
+        report.phases["spare_settle"] = q["s"]
+        with devlock.exclusive(device) as lock:
+            report.phases["device_wait"] = lock["wait_s"]
+            if lock["gave_up"]:
+                report.phases["device_wait_gave_up"] = 1.0
+            yield q
 
 
 def _check(report: EvalReport, contract: Contract, plan: Plan, cand: dict[str, ProbeResult], root_path: Path,

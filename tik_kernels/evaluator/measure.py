@@ -19,6 +19,7 @@ import torch
 
 from tik_kernels.contract import CheckResult, Contract, bitwise_equal, error_stats, flatten_outputs
 from tik_kernels.evaluator import ahead as _AHEAD
+from tik_kernels.evaluator import devlock
 from tik_kernels.evaluator.checks import spec
 from tik_kernels.evaluator.promotion import objective_ratio_ci
 from tik_kernels.evaluator.protocol import ProtocolError, read_tensors, tensor_index
@@ -106,8 +107,11 @@ def run_timing(contract: Contract, impls: list[tuple[str, Path]], *, device: str
     job, wall, read_result = timing_job(contract, impls, device=device, profile=profile, seed=seed, timeout=timeout,
                                         return_outputs=return_outputs, profile_kernels=profile_kernels, reps=reps,
                                         fixed_reps=fixed_reps, baseline=baseline)
-    # a copy of the root's compiled kernels: the timing child never recompiles what the root's probes compiled
-    outcome = run_child(job, lambda tmp: {}, read_result, wall, cache=cache if device.startswith("cuda") else "private")
+    # a copy of the root's compiled kernels: the timing child never recompiles what the root's probes compiled; the
+    # device alone meanwhile (`devlock`; a block of this thread's that holds it already, `core._quiet`, keeps it)
+    with devlock.exclusive(device):
+        outcome = run_child(job, lambda tmp: {}, read_result, wall,
+                            cache=cache if device.startswith("cuda") else "private")
     return outcome.doc, outcome.failure
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 # the modules, not their names: `sandbox._TRUSTED_CACHE` is bound only when the trusted cache is first made, and
 # `servers.SERVERS` is looked up at each call, so one binding serves every reader (a test that replaces it replaces
 # it here too)
-from tik_kernels.evaluator import sandbox, servers
+from tik_kernels.evaluator import devlock, sandbox, servers
 from tik_kernels.evaluator.sandbox import (
     _CANDIDATE_CACHE,
     JAIL_IMPL,
@@ -250,6 +250,11 @@ class Spares:
                 while self.quiet_n.get(device) and not self.closed:
                     self.cond.wait(0.1)
                 self.spawning[device] = self.spawning.get(device, 0) + 1
+            # nor while another TIK process times it; and that process's timing waits until this one has started
+            lock = devlock.for_device(device)
+            hold = lock.shared() if lock is not None else None
+            if hold is not None:
+                hold.__enter__()
             if not self.closed:
                 try:
                     t = time.monotonic()
@@ -257,6 +262,11 @@ class Spares:
                     spare.spawn_s = time.monotonic() - t
                 except Exception:  # it only costs the speed-up: the next evaluation starts its own child
                     self.stats["failed"] += 1
+            if hold is not None and spare is None:
+                hold.__exit__(None, None, None)
+            elif hold is not None:
+                threading.Thread(target=_hold_until_ready, args=(spare, hold), name="tik-spare-start",
+                                 daemon=True).start()
             with self.cond:
                 self.spawning[device] -= 1
                 self.pending[(device, cache)] -= 1
@@ -399,6 +409,18 @@ def boot_parts(spare: Spare) -> dict[str, float]:
     if spare.spawn_s is not None:
         out["spawn"] = round(spare.spawn_s, 4)
     return out
+
+
+def _hold_until_ready(spare: Spare, hold) -> None:
+    """Let go of `hold` (the device's lock, shared: `devlock`) once `spare` has started (READY), ended, or had
+    SETTLE_S: its start (a CUDA context, warm-up kernels) is GPU work another TIK process's timing waits for."""
+    try:
+        deadline = time.monotonic() + SETTLE_S
+        while (time.monotonic() < deadline and spare.proc.poll() is None
+               and not (spare.tmp / "scratch" / READY).exists()):
+            time.sleep(POLL_S)
+    finally:
+        hold.__exit__(None, None, None)
 
 
 def quiet_spares(device: str):
