@@ -90,3 +90,35 @@ def test_address_cache_fails_graph_replay(tmp_path):
     rep = evaluate(tiny(), tmp_path / "address_cache.py", root_path=FIX / "tiny_root.py", device="cuda", time_it=False)
     assert not rep.verified
     assert any(c.name == "cuda_graph_replay" and not c.passed for c in rep.checks), rep.failure
+
+
+_TWO_PROCESSES = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from evaluator_fixtures import FIX, tiny
+from tik_kernels.evaluator import evaluate
+rep = evaluate(tiny(), FIX / "good.py", root_path=FIX / "tiny_root.py", device="cuda", time_it=True)
+print(json.dumps({"verified": rep.verified, "failure": rep.failure,
+                  "device_wait": rep.phases.get("device_wait"), "gave_up": rep.phases.get("device_wait_gave_up")}))
+"""
+
+
+@pytest.mark.gpu_timing
+def test_two_processes_on_one_gpu_take_turns(tmp_path):
+    """Two evaluator processes on one GPU at once (two searches, or `tik bench` beside a search): each timing waits
+    for the other's GPU work (`devlock`), both candidates verify, neither is failed for the other's load."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "TIK_DEVICE_LOCK_DIR": str(tmp_path / "locks"), "TIK_PRESTART": "0"}
+    here = str(Path(__file__).resolve().parent)
+    procs = [subprocess.Popen([sys.executable, "-c", _TWO_PROCESSES, here], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=900) for p in procs]
+    docs = [json.loads(o[0].strip().splitlines()[-1]) for o in outs]
+    assert all(d["verified"] for d in docs), (docs, [o[1][-2000:] for o in outs])
+    assert not any(d["gave_up"] for d in docs)
+    assert all(d["device_wait"] is not None for d in docs)
