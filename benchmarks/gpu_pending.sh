@@ -43,6 +43,9 @@
 #                     from $R/$SEARCH_NAME_workspace.tgz (default tuner_<card>_<op>_20min) when .gpu_ws/<op> is absent
 #                     and saves it again (copy it back with the results). Needs GitPython, gitdb and
 #                     smmap, which the GPU image lacks: carry them as wheels (.whl, see the device notes)
+#   search_pair   #18 search_linear and search_attention at once on one GPU (two processes, their timings taking turns
+#                     through the device lock, the rest overlapping): two calls make both 20-minute searches in the
+#                     device time of one ($R/tuner_<card>_pair_20min_{linear,attention}_run<RUN>.*, one workspace archive)
 #   tuner_linear  #6  tik search --proposer tuner on linear, best vs root in the same evaluation;
 #                     exports the incumbent to $R/incumbents_<card>/linear.py
 #   scaleout      #9  evaluations per hour on the visible GPUs (1, and more where lent)
@@ -243,6 +246,19 @@ for p in "$@"; do
             if [[ ! -d .gpu_ws/$op && -f $ws_saved ]]; then tar xzf "$ws_saved"; fi
             part "$name" 580 "$py" benchmarks/tuner_search.py --ops "$op" --budget 200 \
                 --max-time 1200 --wall 530 --timeout 240 --screen 12 --workspace .gpu_ws --out "$R/${name}_run${RUN:-1}"
+            tar czf "$ws_saved" .gpu_ws ;;
+        search_pair)
+            # linear's and attention's searches at once on one GPU, each its own `tik search` process and workspace
+            # (.gpu_ws/<op>): their timings take turns at the device (tik_kernels/evaluator/devlock.py), the rest of
+            # their evaluations (probes, checks, compiles, proposals) overlap; two calls make their 20 minutes
+            name=${SEARCH_NAME:-tuner_${CARD}_pair_20min}
+            ws_saved="$R/${name}_workspace.tgz"
+            if [[ ! -d .gpu_ws/linear && ! -d .gpu_ws/attention && -f $ws_saved ]]; then tar xzf "$ws_saved"; fi
+            for op in linear attention; do
+                part "${name}_$op" 580 "$py" benchmarks/tuner_search.py --ops "$op" --budget 200 --max-time 1200 \
+                    --wall 530 --timeout 240 --screen 12 --workspace .gpu_ws --out "$R/${name}_${op}_run${RUN:-1}" &
+            done
+            wait
             tar czf "$ws_saved" .gpu_ws ;;
         tuner_linear)
             part tuner_linear 570 "$py" benchmarks/tuner_search.py --ops linear --budget 10 --max-time 360 \
@@ -452,6 +468,6 @@ for p in "$@"; do
             part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_${CARD}
             part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (suite eval_rate eval_rate_prestart3 eval_rate_nosettle eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs lmhead_bwd lmhead_bwd2 train_variants prefill_chunks decode_regs decode_combine mlp_fused varlen keys shared_prompts)" >&2 ;;
+            echo "unknown part $p (suite eval_rate eval_rate_prestart3 eval_rate_nosettle eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention search_pair tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs lmhead_bwd lmhead_bwd2 train_variants prefill_chunks decode_regs decode_combine mlp_fused varlen keys shared_prompts)" >&2 ;;
     esac
 done
