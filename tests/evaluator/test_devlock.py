@@ -233,3 +233,14 @@ def test_the_lock_files_are_shared_by_any_user(tmp_path):
         pass
     assert (tmp_path / "locks" / "GPU-x.lock").stat().st_mode & 0o666 == 0o666
     assert Path(tmp_path / "locks").stat().st_mode & 0o1777 == 0o1777
+
+
+def test_no_lock_can_be_made_then_it_goes_on_without_one(tmp_path):
+    """A lock directory that cannot be made (a file in its place, as a read-only /tmp would refuse it): every block
+    goes on at once, marked as without the lock, and nothing raises."""
+    (tmp_path / "taken").write_text("a file, not a directory")
+    lock = DeviceLock(tmp_path / "taken" / "GPU-x.lock")
+    with lock.shared() as sh, lock.exclusive() as ex:
+        assert sh["gave_up"] and ex["gave_up"]
+    with lock.exclusive() as ex:
+        assert ex["gave_up"] and ex["wait_s"] < 1

@@ -108,17 +108,14 @@ class DeviceLock:
     def _acquire(self, op: int) -> dict:
         """The lock as `op` (holding nothing now): through the turnstile, polling until WAIT_S in all."""
         t0 = time.monotonic()
-        try:
-            if not self._poll(self.queue_path, fcntl.LOCK_EX, t0):
-                return {"wait_s": time.monotonic() - t0, "gave_up": True}
-            try:
-                if op == fcntl.LOCK_SH:  # passed: the shared lock needs no place in the queue
-                    self._flock(self.queue_path, fcntl.LOCK_UN)
-                ok = self._poll(self.path, op, t0)
-            finally:
-                self._flock(self.queue_path, fcntl.LOCK_UN)
-        except OSError:  # no lock file can be made here: go on as before there was a lock
+        if not self._poll(self.queue_path, fcntl.LOCK_EX, t0):
             return {"wait_s": time.monotonic() - t0, "gave_up": True}
+        try:
+            if op == fcntl.LOCK_SH:  # passed: the shared lock needs no place in the queue
+                self._flock(self.queue_path, fcntl.LOCK_UN)
+            ok = self._poll(self.path, op, t0)
+        finally:
+            self._flock(self.queue_path, fcntl.LOCK_UN)
         return {"wait_s": time.monotonic() - t0, "gave_up": not ok}
 
     def _poll(self, path: Path, op: int, t0: float) -> bool:
@@ -130,6 +127,8 @@ class DeviceLock:
                 return True
             except BlockingIOError:
                 pass
+            except OSError:  # no lock file can be made here (a read-only /tmp): go on as before there was a lock
+                return False
             if time.monotonic() - t0 >= self.wait_s:
                 return False
             time.sleep(pause)
