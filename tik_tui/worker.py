@@ -279,7 +279,7 @@ def add_search_options(p: argparse.ArgumentParser) -> None:
                    help="the Ray cluster's head, host:port or ray://host:port (default $RAY_ADDRESS); --executor ray")
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="evaluations in flight (default: one per visible GPU, 1 on the CPU; with ray: the "
-                   "cluster's GPUs)")
+                   "cluster's GPUs); more than the GPUs: several evaluator processes a GPU, taking turns to time")
     p.add_argument("--unsafe-no-sandbox", action="store_true",
                    help="evaluate candidates in plain child processes where the kernel refuses the sandbox's "
                         "namespaces (a candidate can then read and write whatever this user can)")

@@ -279,3 +279,25 @@ def test_cpu_slots_compute_the_roots_probes_once_and_remove_what_they_shared():
     assert sorted(o.worker["slot"] for o in outs) == [0, 1]
     assert sorted(o.report["phases"].get("probes_root_shared", 0.0) for o in outs) == [0.0, 1.0]
     assert not share.exists()
+
+
+def test_more_workers_than_gpus_share_them_round_robin(monkeypatch):
+    """`--workers N` beyond the visible GPUs: N evaluator processes pinned round-robin (the device lock makes their
+    timings take turns on a shared GPU, tests/evaluator/test_devlock.py), where it used to be refused."""
+    import torch
+
+    from tik_tui.agent import executor as ex
+
+    assert ex.gpu_pins(["0", "1"], 2) == ["0", "1"]
+    assert ex.gpu_pins(["0", "1"], 5) == ["0", "1", "0", "1", "0"]
+    made = {}
+
+    class Pool:
+        def __init__(self, n, *, evaluate=None, pins=None, device=None):
+            made.update(n=n, pins=pins, device=device)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(ex, "visible_gpus", lambda: ["3"])
+    monkeypatch.setattr(ex, "LocalPool", Pool)
+    ex.make_executor("local", workers=2, device="cuda")
+    assert made == {"n": 2, "pins": ["3", "3"], "device": "cuda"}

@@ -303,6 +303,11 @@ def visible_gpus() -> list[str]:
     return [str(i) for i in range(n)]
 
 
+def gpu_pins(gpus: list[str], n: int) -> list[str]:
+    """The GPU of each of n evaluator processes: one each while there are GPUs enough, else round-robin."""
+    return [gpus[k % len(gpus)] for k in range(n)]
+
+
 def _validate(kind: str, address: str | None, workers: int | None) -> None:
     if kind not in EXECUTORS:
         raise ExecutorError(f"unknown executor {kind!r} (use {' or '.join(EXECUTORS)})")
@@ -341,9 +346,10 @@ def make_executor(executor: str | None = "local", *, address: str | None = None,
         raise ExecutorError("--device cuda but no GPU is visible")
     if gpus:
         n = workers or len(gpus)
-        if n > len(gpus):
-            raise ExecutorError(f"--workers {n} but {len(gpus)} GPU(s) visible: each worker owns one GPU")
-        return InlineExecutor(evaluate, device) if n == 1 else LocalPool(n, evaluate=evaluate, pins=gpus[:n],
+        # more workers than GPUs: evaluator processes pinned round-robin, several to a GPU, whose timings and GPU work
+        # take turns there (tik_kernels/evaluator/devlock.py) while their CPU work (checks, compiles, the judge's
+        # host side) overlaps the others'
+        return InlineExecutor(evaluate, device) if n == 1 else LocalPool(n, evaluate=evaluate, pins=gpu_pins(gpus, n),
                                                                          device=device)
     n = workers or 1
     return InlineExecutor(evaluate, device) if n == 1 else LocalPool(n, evaluate=evaluate, device=device)
