@@ -15,6 +15,9 @@ markdown, with the environment line) are written after
 every count, so an interrupted run keeps what it measured; a count that fails is recorded with
 its error and the next one still runs.
 
+A count above the visible GPUs (`--gpus 1,2` on one GPU) runs that many evaluator processes sharing the GPUs
+round-robin (`tik search --workers N`): their timings take turns through the device lock, their CPU work overlaps.
+
 `--device cpu --evals 4` is a smoke test in Triton's interpreter ("GPUs" are then interpreter
 processes, default counts 1 and 2): it checks the command, not a figure.
 """
@@ -134,7 +137,12 @@ def main(argv: list[str] | None = None) -> int:
     doc = {"bench": "scaleout", "op": args.op, "evals": args.evals, "device": device, "env": env,
            "gpus_visible": torch.cuda.device_count(), "command": " ".join(["python", *sys.argv]),
            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "runs": []}
-    if device == "cuda" and available < 2:
+    if device == "cuda" and max(counts) > available:
+        # `tik search --workers N` beyond the GPUs: evaluator processes share them round-robin, their timings taking
+        # turns through the device lock (tik_kernels/evaluator/devlock.py)
+        doc["note"] = (f"{available} GPU(s) visible: a count above it is that many evaluator processes sharing the "
+                       "GPUs round-robin, their timings taking turns (the 'GPUs' column counts workers).")
+    elif device == "cuda" and available < 2:
         doc["note"] = "blocked: only one GPU visible here, so no count above 1 was run."
     for n in counts:
         print(f"scaleout: {args.op}, {n} worker(s), {args.evals} evaluations ...", file=sys.stderr, flush=True)

@@ -46,6 +46,10 @@
 #   search_pair   #18 search_linear and search_attention at once on one GPU (two processes, their timings taking turns
 #                     through the device lock, the rest overlapping): two calls make both 20-minute searches in the
 #                     device time of one ($R/tuner_<card>_pair_20min_{linear,attention}_run<RUN>.*, one workspace archive)
+#   scaleout_shared
+#                 #18 evaluations an hour with one and two evaluator processes on one GPU (`tik search --workers 2`:
+#                     timings taking turns through the device lock, CPU work overlapping): rmsnorm, 12 derivations each
+#                     ($R/scaleout_<card>_shared.{json,md})
 #   tuner_linear  #6  tik search --proposer tuner on linear, best vs root in the same evaluation;
 #                     exports the incumbent to $R/incumbents_<card>/linear.py
 #   scaleout      #9  evaluations per hour on the visible GPUs (1, and more where lent)
@@ -266,6 +270,9 @@ for p in "$@"; do
         scaleout)
             part scaleout 250 "$py" benchmarks/bench_scaleout.py --op rmsnorm --evals 3 --timeout 120 \
                 --out "$R/scaleout_${CARD}.json" ;;
+        scaleout_shared)
+            part scaleout_shared 590 "$py" benchmarks/bench_scaleout.py --op rmsnorm --evals 12 --gpus 1,2 --timeout 120 \
+                --out "$R/scaleout_${CARD}_shared.json" ;;
         attention)
             part attention 590 "$py" benchmarks/bench_attention.py --out "$R" --budget 540 ;;
         e2e)
@@ -468,6 +475,6 @@ for p in "$@"; do
             part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_${CARD}
             part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (suite eval_rate eval_rate_prestart3 eval_rate_nosettle eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention search_pair tuner_linear scaleout attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs lmhead_bwd lmhead_bwd2 train_variants prefill_chunks decode_regs decode_combine mlp_fused varlen keys shared_prompts)" >&2 ;;
+            echo "unknown part $p (suite eval_rate eval_rate_prestart3 eval_rate_nosettle eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention search_pair tuner_linear scaleout scaleout_shared attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs lmhead_bwd lmhead_bwd2 train_variants prefill_chunks decode_regs decode_combine mlp_fused varlen keys shared_prompts)" >&2 ;;
     esac
 done
