@@ -369,7 +369,7 @@ def _quiet(device: str, report: EvalReport):
     (and `device_wait_gave_up`, 1, where the lock was not had in time). Elsewhere a block that does nothing (the CPU
     times the interpreter)."""
     if not device.startswith("cuda"):
-        yield {"s": 0.0}
+        yield
         return
     with quiet_spares(device) as q:
         report.phases["spare_settle"] = q["s"]
@@ -377,7 +377,7 @@ def _quiet(device: str, report: EvalReport):
             report.phases["device_wait"] = lock["wait_s"]
             if lock["gave_up"]:
                 report.phases["device_wait_gave_up"] = 1.0
-            yield q
+            yield
 
 
 def _check(report: EvalReport, contract: Contract, plan: Plan, cand: dict[str, ProbeResult], root_path: Path,
