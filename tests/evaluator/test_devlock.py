@@ -208,16 +208,14 @@ def test_a_starting_spare_holds_the_device_until_it_is_ready(tmp_path):
         def poll(self):
             return None
 
-    class FakeSpare:
-        proc = Proc()
-        tmp = tmp_path
-
+    spare = spares.Spare(tmp=tmp_path, proc=Proc(), key=(), spec={}, cache_dir=tmp_path, own_cache=None,
+                         born=time.monotonic())
     (tmp_path / "scratch").mkdir()
     path = tmp_path / "GPU-x.lock"
     mine, other = DeviceLock(path), DeviceLock(path, wait_s=0.2)
     hold = mine.shared()
     hold.__enter__()
-    t = _later(spares._hold_until_ready, FakeSpare(), hold)
+    t = _later(spares._hold_until_ready, spare, hold)
     with other.exclusive() as g:
         assert g["gave_up"]  # still starting: another process's timing waits
     (tmp_path / "scratch" / spares.READY).write_text("")

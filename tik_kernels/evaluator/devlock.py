@@ -198,22 +198,23 @@ def gpu_key(device: str) -> str:
     import torch
 
     index = torch.device(device).index
+    if index is None:
+        index = torch.cuda.current_device() if torch.cuda.is_initialized() else 0
     try:
-        if index is None:
-            index = torch.cuda.current_device() if torch.cuda.is_initialized() else 0
         uuids = torch.cuda._raw_device_uuid_nvml()  # NVML: no CUDA context; torch's private helpers, hence the guard
         if uuids:
             return _safe(uuids[torch.cuda._get_nvml_device_index(index)])
     except Exception:
         pass
     try:
-        uuid = getattr(torch.cuda.get_device_properties(index or 0), "uuid", None)
+        uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
         if uuid is not None:
             return _safe(f"GPU-{uuid}")
     except Exception:
         pass
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    entry = visible.split(",")[index or 0].strip() if visible and len(visible.split(",")) > (index or 0) else index
+    entries = visible.split(",") if visible else []
+    entry = entries[index].strip() if index < len(entries) else index
     return _safe(f"cuda-{entry}")
 
 

@@ -87,6 +87,11 @@ class Spare:
     born: float
     spawn_s: float | None = None  # the parent's part of its start (`Spares._run`)
 
+    def starting(self) -> bool:
+        """Still starting: alive, and not yet READY (its start is GPU work on a GPU: `quiet`, `settle`, the device
+        lock's hold)."""
+        return self.proc.poll() is None and not (self.tmp / "scratch" / READY).exists()
+
     def discard(self) -> None:
         _kill(self.proc)
         shutil.rmtree(self.tmp, ignore_errors=True)
@@ -300,8 +305,7 @@ class Spares:
             self.quiet_n[device] = self.quiet_n.get(device, 0) + 1
             while self.spawning.get(device) and time.monotonic() - t0 < limit_s:
                 self.cond.wait(0.02)
-            starting = [sp for (d, _), v in self.ready.items() if d == device for sp in v
-                        if sp.proc.poll() is None and not (sp.tmp / "scratch" / READY).exists()]
+            starting = [sp for (d, _), v in self.ready.items() if d == device for sp in v if sp.starting()]
             paused = self.paused.setdefault(device, [])
             held = {id(sp) for sp in paused}
             starting = [sp for sp in starting if id(sp) not in held]
@@ -333,8 +337,7 @@ class Spares:
         while time.monotonic() - t0 < limit_s:
             with self.cond:
                 busy = any(n for (d, _), n in self.pending.items() if d == device) or any(
-                    s.proc.poll() is None and not (s.tmp / "scratch" / READY).exists()
-                    for (d, _), v in self.ready.items() if d == device for s in v)
+                    s.starting() for (d, _), v in self.ready.items() if d == device for s in v)
             if not busy:
                 break
             time.sleep(POLL_S)
@@ -416,8 +419,7 @@ def _hold_until_ready(spare: Spare, hold) -> None:
     SETTLE_S: its start (a CUDA context, warm-up kernels) is GPU work another TIK process's timing waits for."""
     try:
         deadline = time.monotonic() + SETTLE_S
-        while (time.monotonic() < deadline and spare.proc.poll() is None
-               and not (spare.tmp / "scratch" / READY).exists()):
+        while time.monotonic() < deadline and spare.starting():
             time.sleep(POLL_S)
     finally:
         hold.__exit__(None, None, None)
