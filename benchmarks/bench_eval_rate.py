@@ -14,9 +14,9 @@ prints the first evaluation and the median of the rest. Results: `<out>/<name>.j
 `probes_candidate` is broken down in a table of its own (`PROBE_PARTS`), with the megabytes each way; `--plan-bytes`
 adds what each op's plan moves, worked out on the CPU (`plan_bytes`).
 
-`--prestart N` keeps N pre-started candidate children ready (`TIK_PRESTART`, default 1; 0: every candidate's
-child starts on its evaluation's critical path); the JSON records how many candidates each op's evaluations took
-from a spare (`spares`).
+`--prestart N` keeps N pre-started candidate children ready (`TIK_PRESTART`, default 2 on a GPU, 1 on the CPU; 0:
+every candidate's child starts on its evaluation's critical path); the JSON records how many candidates each op's
+evaluations took from a spare (`spares`).
 """
 
 from __future__ import annotations
@@ -299,7 +299,7 @@ def main() -> int:
         raise SystemExit("bench_eval_rate: --evals must be at least 1")
     name = a.name or ("eval_rate_cpu" if device == "cpu" else "eval_rate_h200")
     doc = {"command": " ".join(["python benchmarks/bench_eval_rate.py", *sys.argv[1:]]),
-           "env": environment(device), "prestart": prestart_depth(), "ops": []}
+           "env": environment(device), "prestart": prestart_depth(device), "ops": []}
     a.out.mkdir(parents=True, exist_ok=True)
     if a.plan_bytes:
         doc["plan_bytes"] = [plan_bytes(op, "cpu" if device == "cpu" else "gpu") for op in ops]

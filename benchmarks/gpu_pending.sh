@@ -32,6 +32,8 @@
 #                 #18 each of EVALS=2 candidates evaluated twice in a row (--repeat): the second finds its kernels
 #                     compiled, so the phases' differences are what compiling a candidate costs
 #   rvi           #18 the root timed against itself (rmsnorm, 7 cells): within ±1% per cell?
+#   reply_copy    #18 a device tensor copied into a reply file's pages: faulted by the copy, populated first, registered
+#                     with the driver, both; a pinned buffer as the bound ($R/reply_copy_<card>.json)
 #   probe_times   #18 where a probes child's compute goes, probe by probe, linear's root (eval_phases.py --probe-times;
 #                     $R/probe_times_<card>_linear.json)
 #   cheats        #18 every planted timing cheat and the root against itself, 100 rounds
@@ -236,6 +238,8 @@ for p in "$@"; do
         rvi)
             part rvi 300 "$py" benchmarks/bench_evaluator_cheats.py --scenarios root_vs_itself \
                 --out "$R/evaluator_rvi_${CARD}" ;;
+        reply_copy)
+            part reply_copy 90 "$py" benchmarks/bench_reply_copy.py --out "$R/reply_copy_${CARD}.json" ;;
         probe_times)
             part probe_times 300 "$py" benchmarks/eval_phases.py --probe-times --op linear \
                 --out "$R/probe_times_${CARD}_linear.json" ;;

@@ -307,3 +307,61 @@ def test_quiet_pauses_starting_spares_and_no_spare_starts_within_it(tmp_path, mo
         for p in procs:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
+
+
+def test_quiet_holds_a_spare_still_importing_at_its_gate_and_pauses_one_past_it(tmp_path):
+    """A spare still importing (CPU only) is not paused by a timing: it goes on, and waits at its gate before its
+    device (`child.device_gate`) until the timing ends; one already past its gate is paused (SIGSTOP)."""
+    pool = spares.Spares()
+    procs = []
+
+    def spare(name: str, at_device: bool) -> spares.Spare:
+        tmp = tmp_path / name
+        (tmp / "scratch").mkdir(parents=True)
+        (tmp / "impl").mkdir()
+        if at_device:
+            (tmp / "scratch" / spares.AT_DEVICE).write_text("")
+        # imports stand-in: wait for "go", then the gate, then "passed"
+        code = ("import sys, time; from pathlib import Path; from tik_kernels.evaluator.child import device_gate; "
+                "t = Path(sys.argv[1])\n"
+                "while not (t / 'go').exists(): time.sleep(0.01)\n"
+                "device_gate(t / 'scratch' / sys.argv[2], t / 'impl' / sys.argv[3], 30.0)\n"
+                "(t / 'passed').write_text(''); time.sleep(60)")
+        proc = subprocess.Popen([sys.executable, "-c", code, str(tmp), spares.AT_DEVICE, spares.HOLD],
+                                start_new_session=True)
+        procs.append(proc)
+        return spares.Spare(tmp, proc, ("m", "cuda:0", "candidate", "{}"), {}, tmp, None, time.monotonic())
+
+    importing, past = spare("importing", False), spare("past", True)
+    pool.ready[("cuda:0", "candidate")] = [importing, past]
+
+    def wait_for(cond, limit=20.0):
+        deadline = time.monotonic() + limit
+        while not cond() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return cond()
+
+    try:
+        with pool.quiet("cuda:0"):
+            assert wait_for(lambda: spares._groups_stopped({past.proc.pid}), 2.0)
+            assert _state(importing.proc.pid) != "T" and (importing.tmp / "impl" / spares.HOLD).exists()
+            (importing.tmp / "go").write_text("")  # its imports end within the timing: it stops at its gate
+            assert wait_for(lambda: (importing.tmp / "scratch" / spares.AT_DEVICE).exists())
+            time.sleep(0.3)
+            assert not (importing.tmp / "passed").exists() and _state(importing.proc.pid) != "T"
+        assert not (importing.tmp / "impl" / spares.HOLD).exists()
+        assert wait_for(lambda: (importing.tmp / "passed").exists())
+        assert wait_for(lambda: _state(past.proc.pid) != "T", 5.0)
+    finally:
+        pool.ready.clear()
+        pool.close()
+        for p in procs:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def test_a_gpu_keeps_two_spares_by_default_the_cpu_one(monkeypatch):
+    monkeypatch.delenv(spares.PRESTART_ENV, raising=False)
+    assert spares.prestart_depth("cuda:0") == 2 and spares.prestart_depth("cpu") == 1 and spares.prestart_depth() == 1
+    monkeypatch.setenv(spares.PRESTART_ENV, "0")
+    assert spares.prestart_depth("cuda:0") == 0

@@ -357,6 +357,18 @@ def warm_device(device: str) -> None:
         pass
 
 
+def device_gate(mark: Path, hold: Path, limit_s: float) -> None:
+    """A pre-started child's last step before its device: write `mark` (in its scratch: it is here), then wait while
+    `hold` exists (in its read-only job directory: its parent is timing the device, `spares.Spares.quiet`). Its start
+    up to here (the interpreter, torch, Triton: seconds of CPU) runs beside a timing; its device work waits for the
+    timing's end. The mark is written before the hold is looked at, and the parent writes the hold before it looks
+    at the mark, so one of the two sees the other: a child already past this gate is one the parent pauses instead."""
+    mark.write_text("")
+    deadline = time.monotonic() + limit_s
+    while hold.exists() and time.monotonic() < deadline:
+        _sleep(NEXT_POLL_S)
+
+
 def _launch_s() -> float:
     """Seconds from this process's creation to now (called at `main`'s start: the interpreter's start and the
     imports before `main`, a fresh interpreter's torch and Triton, almost none in a fork of the fork server). Linux's
@@ -381,6 +393,9 @@ def _prestarted(workdir: Path, boot: dict) -> dict:
 
     marks.append(time.monotonic())
     if str(boot["device"]).startswith("cuda"):
+        if "gate" in boot:
+            device_gate(workdir / boot["gate"]["mark"], Path(boot["gate"]["hold"]), limit_s=float(boot["idle_s"]))
+        marks.append(time.monotonic())
         torch.empty(1, device=boot["device"]).cpu()  # the CUDA context, and a first copy back
         marks.append(time.monotonic())
         warm_triton()
@@ -390,7 +405,7 @@ def _prestarted(workdir: Path, boot: dict) -> dict:
     ready = workdir / "ready"
     # the seconds of each part of this start, from this process's creation, for the parent's statistics
     # (`Spares.stats["boot_s"]`): what an evaluation may still wait for (`spare_settle`, `boot_wait`)
-    parts = ("start", "imports", "cuda_context", "warm_triton", "warm_device")
+    parts = ("start", "imports", "gate", "cuda_context", "warm_triton", "warm_device")
     marks.insert(0, _HELD.get("claimed", marks[0]))
     took = {k: round(b - a, 4) for k, a, b in zip(parts, marks, marks[1:], strict=False)}
     ready.write_text(json.dumps({"launch": round(_HELD.get("launch_s", 0.0), 4), **took}))

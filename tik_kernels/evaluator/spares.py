@@ -67,11 +67,23 @@ START = "start.json"
 #: a pre-started child writes this in its scratch once started (imports done, device initialised) and removes it
 #: when it takes its job: read only to wait until a starting child has gone quiet (`Spares.settle`), never to decide
 READY = "ready"
+#: a GPU spare's gate before its device (`child.device_gate`): the parent writes HOLD into its implementation
+#: directory while the device is timed, the spare writes AT_DEVICE into its scratch once its imports are done and
+#: waits there while HOLD exists (`Spares.quiet`)
+HOLD = "hold"
+AT_DEVICE = "at-device"
 
 
-def prestart_depth() -> int:
+def prestart_depth(device: str | None = None) -> int:
+    """Spares kept ready or starting (`TIK_PRESTART`; 0: none). By default 2 for a GPU: a GPU spare's start (~5 s
+    of imports, then its CUDA context and warm-ups) goes on only outside the device's timings (`Spares.quiet`), so
+    one spare was still starting when the next evaluation wanted it (2.7-5.1 s waited of 15-19 s an evaluation on an
+    H100, results/eval_rate_h100.md); a second has two evaluations' untimed parts. 1 elsewhere (the CPU machine's
+    two cores: 1.61 s an evaluation with one, results/eval_rate_cpu_prestart1_evals8.md)."""
     v = os.environ.get(PRESTART_ENV, "").strip()
-    return int(v) if v.isdigit() else 1
+    if v.isdigit():
+        return int(v)
+    return 2 if device is not None and str(device).startswith("cuda") else 1
 
 
 @dataclass
@@ -91,6 +103,19 @@ class Spare:
         """Still starting: alive, and not yet READY (its start is GPU work on a GPU: `quiet`, `settle`, the device
         lock's hold)."""
         return self.proc.poll() is None and not (self.tmp / "scratch" / READY).exists()
+
+    def hold(self) -> bool:
+        """Hold this starting spare back from its device (`HOLD`); True where it may already be past its gate
+        (`AT_DEVICE` there, or the hold could not be written): such a spare is paused instead."""
+        try:
+            (self.tmp / "impl" / HOLD).write_text("")
+        except OSError:
+            return True
+        return (self.tmp / "scratch" / AT_DEVICE).exists()
+
+    def release(self) -> None:
+        with contextlib.suppress(OSError):
+            (self.tmp / "impl" / HOLD).unlink()
 
     def discard(self) -> None:
         _kill(self.proc)
@@ -208,7 +233,7 @@ class Spares:
             spares = self.ready.pop(slot, [])
             self.ready[slot] = [s for s in spares if s.key == key]
             drop = [s for s in spares if s.key != key]
-            want = prestart_depth() - len(self.ready[slot]) - self.pending.get(slot, 0)
+            want = prestart_depth(device) - len(self.ready[slot]) - self.pending.get(slot, 0)
             self.stats["discarded"] += len(drop)
             if want > 0:
                 self.pending[slot] = self.pending.get(slot, 0) + want
@@ -286,9 +311,11 @@ class Spares:
     @contextlib.contextmanager
     def quiet(self, device: str, limit_s: float = SETTLE_S) -> Iterator[dict]:
         """A GPU timed with no spare starting beside it, without waiting for the spares to finish starting: within
-        this block, the spares of `device` that are still starting are paused (SIGSTOP to their process group: no
-        CPU, no new GPU work; a stopped process holds no kernel lock, it stops on its way back to user space) and no
-        new one is spawned; when the last such block of the device ends, they go on (SIGCONT). Before pausing, a
+        this block, no spare of `device` touches it. One still importing (the interpreter, torch, Triton: CPU only,
+        ~4 s of a GPU spare's start on an H100) goes on, and waits at its gate before its device (`HOLD`,
+        `child.device_gate`); one past its gate is paused (SIGSTOP to its process group: no CPU, no new GPU work; a
+        stopped process holds no kernel lock, it stops on its way back to user space). No new one is spawned. When the
+        last such block of the device ends, they go on (the hold removed, SIGCONT). Before pausing, a
         spawn in progress (the parent's part: a scratch, a Triton cache copied, the launch) is let finish; after,
         GPU work they had queued is given `DRAIN_S` to end. Yields {"s": the seconds that took} (the evaluation's
         `spare_settle`). A spare waiting for its job (READY) does nothing and is left alone. `settle` waited for
@@ -311,12 +338,15 @@ class Spares:
             starting = [sp for sp in starting if id(sp) not in held]
             paused.extend(starting)
         try:
-            for sp in starting:
+            # a spare still importing is held at its gate (`child.device_gate`) and goes on with its CPU work; one
+            # already at its device is paused
+            stop = [sp for sp in starting if sp.hold()]
+            for sp in stop:
                 _signal_group(sp.proc.pid, signal.SIGSTOP)
             deadline = time.monotonic() + 1.0
-            while starting and not _groups_stopped({sp.proc.pid for sp in starting}) and time.monotonic() < deadline:
+            while stop and not _groups_stopped({sp.proc.pid for sp in stop}) and time.monotonic() < deadline:
                 time.sleep(0.002)
-            if starting:
+            if stop:
                 time.sleep(DRAIN_S)
             out["s"] = time.monotonic() - t0
             yield out
@@ -326,6 +356,7 @@ class Spares:
                 resume = self.paused.pop(device, []) if not self.quiet_n[device] else []
                 self.cond.notify_all()
             for sp in resume:
+                sp.release()
                 _signal_group(sp.proc.pid, signal.SIGCONT)
 
     def settle(self, device: str, limit_s: float = SETTLE_S) -> float:
@@ -447,7 +478,8 @@ def _spawn_spare(mode: str | None, device: str, limits: dict, cache: str) -> Spa
         (tmp / "impl").mkdir()
         inside = JAIL_IMPL if mode is not None else str(tmp / "impl")
         (scratch / "job.json").write_text(_dumps({"mode": "spare", "device": device, "limits": limits,
-                                                  "start": f"{inside}/{START}", "idle_s": SPARE_MAX_AGE_S + 60}))
+                                                  "start": f"{inside}/{START}", "idle_s": SPARE_MAX_AGE_S + 60,
+                                                  "gate": {"hold": f"{inside}/{HOLD}", "mark": AT_DEVICE}}))
         if cache == "candidate":
             own = owned_tempdir("tik-cand-triton-")
             cache_dir = _seeded(own / "triton-cache")
