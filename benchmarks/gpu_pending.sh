@@ -220,7 +220,7 @@ for p in "$@"; do
         suite)
             part "pytest_gpu_${CARD}_run${RUN:-2}" 590 bash benchmarks/gpu_suite.sh "$R/pytest_gpu_${CARD}_run${RUN:-2}_suite.log" ;;
         eval_rate)
-            part eval_rate 590 "$py" benchmarks/bench_eval_rate.py --evals 3 --out "$R" --name eval_rate_${CARD} ;;
+            part eval_rate 590 "$py" benchmarks/bench_eval_rate.py --evals "${EVALS:-3}" --out "$R" --name "eval_rate_${CARD}${NAME_SUFFIX:-}" ;;
         eval_rate_prestart3)
             part eval_rate_prestart3 590 "$py" benchmarks/bench_eval_rate.py --evals 3 --prestart 3 --out "$R" \
                 --name "eval_rate_${CARD}_prestart3" ;;
