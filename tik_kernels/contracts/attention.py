@@ -133,6 +133,16 @@ def _qkv(B: int, hq: int, hk: int, S: int, d: int, amp: float, gen: torch.Genera
     return r(hq), r(hk), r(hk)
 
 
+def _cache(B: int, h: int, S: int, d: int, gen: torch.Generator, device: str) -> torch.Tensor:
+    """A [B, h, S, d] bf16 KV cache of standard normals, drawn a sequence at a time: drawn whole in float32 the
+    largest decode cell's (B 128, L 32768) took 16 GiB for one draw beside the timing child's other input sets, and ran
+    an H100 out of memory (results/eval_rate_h100_s36_before.log)."""
+    out = torch.empty(B, h, S, d, dtype=torch.bfloat16, device=device)
+    for b in range(B):
+        out[b] = torch.randn(h, S, d, generator=gen, device=device)
+    return out
+
+
 def _pack(parts: list[torch.Tensor]) -> torch.Tensor:
     """[H, n_i, D] pieces -> packed token-major [sum n_i, H, D]."""
     return torch.cat([p.transpose(0, 1) for p in parts]).contiguous()
@@ -377,7 +387,7 @@ def bench_case(cell: Cell, seed: int, device: str) -> BenchCase:
             flops=2 * B * hq * S * S * d,
         )
     q, _, _ = _qkv(B, hq, hk, 1, d, 1.0, gen, device)
-    kc, vc = _qkv(B, hk, hk, S, d, 1.0, gen, device)[1:]
+    kc, vc = _cache(B, hk, S, d, gen, device), _cache(B, hk, S, d, gen, device)
     # mixed lengths, as in a rollout batch: each sequence a little shorter than the cache
     lens = (S - (torch.arange(B, device=device) * 37) % max(1, min(64, S // 2))).to(torch.int32)
     mask = (torch.arange(S, device=device)[None, :] < lens[:, None])[:, None, None, :]
