@@ -479,6 +479,6 @@ for p in "$@"; do
             part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_${CARD}
             part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (suite eval_rate eval_rate_prestart3 eval_rate_nosettle eval_rate_OP eval_repeat_OP rvi probe_times cheats search_linear search_attention search_pair tuner_linear scaleout scaleout_shared attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs lmhead_bwd lmhead_bwd2 train_variants prefill_chunks decode_regs decode_combine mlp_fused varlen keys shared_prompts)" >&2 ;;
+            echo "unknown part $p (suite eval_rate eval_rate_prestart3 eval_rate_nosettle eval_rate_OP eval_repeat_OP rvi reply_copy probe_times cheats search_linear search_attention search_pair tuner_linear scaleout scaleout_shared attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs lmhead_bwd lmhead_bwd2 train_variants prefill_chunks decode_regs decode_combine mlp_fused varlen keys shared_prompts)" >&2 ;;
     esac
 done
