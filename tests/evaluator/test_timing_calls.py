@@ -70,6 +70,23 @@ def test_parent_refuses_variants_that_do_not_fit_the_calls(tmp_path, calls, n_se
         read(tmp_path / "out", doc)
 
 
+def test_a_cell_of_one_variant_is_timed_on_one_and_the_parent_holds_it_to_that(tmp_path):
+    """`Cell.variants`: the child rotates over the cell's own number of input variants, and the parent refuses
+    a reply that used another number for it (the job's default, here) as it refuses any seeds it did not ask for."""
+    (tmp_path / "out").mkdir()
+    job, _, read = timing_job(tiny(), [("root", FIX / "tiny_root.py"), ("candidate", FIX / "good.py")],
+                              device="cpu", profile="one_variant", seed=3, timeout=60, reps=2,
+                              return_outputs=("candidate", "root"))
+    doc = timing.run_timing_job(tmp_path, job)
+    got = read(tmp_path / "out", doc)["cells"]
+    assert got["tiny[T=32]"]["seeds"] == timing.variant_seeds(3, 1)
+    assert len(got["tiny[T=32]"]["outputs"]["candidate"]) == 1
+    assert got["tiny[T=8]"]["seeds"] == timing.variant_seeds(3, job["variants"]) and job["variants"] > 1
+    doc["cells"]["tiny[T=32]"]["seeds"] = timing.variant_seeds(3, job["variants"])
+    with pytest.raises(ProtocolError):
+        read(tmp_path / "out", doc)
+
+
 def test_rounds_are_precise_once_every_median_is_pinned_down():
     steady = {"event_us": [10.0, 10.01, 9.99, 10.0] * 5}
     noisy = {"event_us": [10.0, 12.0, 8.0, 11.0] * 5}

@@ -35,6 +35,7 @@ from tik_kernels.contract.model import (
     Requirement,
     Results,
     Tolerance,
+    variants_of,
 )
 from tik_kernels.contract.runner import (
     Staged,
@@ -100,5 +101,6 @@ __all__ = [
     "same_bits",
     "tokenwise_plan",
     "upcast64",
+    "variants_of",
     "with_grad_mode_check",
 ]

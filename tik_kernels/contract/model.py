@@ -41,6 +41,16 @@ class Cell:
     coeff: float = 1.0
     #: a candidate is admissible only if no cell is slower than root × (1 + limit)
     limit: float = 0.05
+    #: the input variants its timing rotates over (`variants_of`); None: the timing job's. The rotation keeps a
+    #: small cell's inputs out of the L2 cache between rounds; a cell whose one input set is many times any GPU's
+    #: L2 needs none, and each variant is another copy of it on the device
+    variants: int | None = None
+
+
+def variants_of(cell: Cell, default: int) -> int:
+    """The input variants a timing of `cell` rotates over: the cell's own, else the job's `default`; the timing
+    child and the parent's check of its seeds both ask here."""
+    return cell.variants if cell.variants is not None else default
 
 
 @dataclass

@@ -356,6 +356,10 @@ DECODE = tuple((B, L) for B in (1, 8, 32, 128) for L in (1024, 2048, 4096, 8192,
 DECODE_SMALL = ((1, 4096), (1, 32768), (8, 8192), (32, 16384), (128, 4096))
 
 
+#: a decode cell whose KV cache is at least this large is timed on one input variant (`cells`)
+LARGE_KV_BYTES = 4 << 30
+
+
 def cells(profile: str) -> list[Cell]:
     """Prefill (= training forward) and decode per model head layout, coefficient 1.0 each (AReaL-TIK's choice)."""
     if profile == "cpu":
@@ -369,7 +373,11 @@ def cells(profile: str) -> list[Cell]:
         for B, S in PREFILL:
             out.append(Cell(f"{m.name}/prefill[B={B},S={S}]", {"kind": "prefill", "B": B, "S": S, **heads}))
         for B, L in DECODE if m is QWEN3_8B else DECODE_SMALL:
-            out.append(Cell(f"{m.name}/decode[B={B},L={L}]", {"kind": "decode", "B": B, "S": L, **heads}))
+            # a KV cache of GiBs is far past any L2: one input variant (`Cell.variants`), one copy fewer on the
+            # device (the 16 GiB of B 128 x L 32768: three copies ran an H100's timing child out of memory)
+            kv_bytes = 2 * B * L * m.n_kv_heads * m.head_dim * 2
+            out.append(Cell(f"{m.name}/decode[B={B},L={L}]", {"kind": "decode", "B": B, "S": L, **heads},
+                            variants=1 if kv_bytes >= LARGE_KV_BYTES else None))
     return out
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from tik_kernels.contract import CheckResult, Contract, bitwise_equal, error_stats, flatten_outputs
+from tik_kernels.contract import CheckResult, Contract, bitwise_equal, error_stats, flatten_outputs, variants_of
 from tik_kernels.evaluator import ahead as _AHEAD
 from tik_kernels.evaluator import devlock
 from tik_kernels.evaluator.checks import spec
@@ -127,7 +127,8 @@ def timing_job(contract: Contract, impls: list[tuple[str, Path]], *, device: str
     """(job, wall-clock limit, reader of the reply) of a timing run (see `run_timing`): the job a timing child
     runs, or the second job of the candidate's own child (`time_candidate`)."""
     cuda = device.startswith("cuda")
-    cells = [c.name for c in contract.cells(profile)]
+    by_name = {c.name: c for c in contract.cells(profile)}
+    cells = list(by_name)
     wall = timing_wall(timeout, len(cells), cuda)
     n_reps = reps or (GPU_REPS if cuda else CPU_REPS)
     early = cuda and not fixed_reps
@@ -159,7 +160,7 @@ def timing_job(contract: Contract, impls: list[tuple[str, Path]], *, device: str
             if type(calls) is not int or not 1 <= calls <= MAX_CALLS:
                 raise ProtocolError(f"cell {name}: calls per sample out of range")
             # a multi-call sample reads one variant per call (timing._calls_per_sample)
-            if c.get("seeds") != variant_seeds(seed, max(job["variants"], calls)):
+            if c.get("seeds") != variant_seeds(seed, max(variants_of(by_name[name], job["variants"]), calls)):
                 raise ProtocolError(f"cell {name}: wrong input seeds")
             parsed[name] = {
                 "samples": {str(k): {"event_us": _floats(v["event_us"]), "wall_us": _floats(v["wall_us"])}

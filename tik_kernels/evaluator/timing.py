@@ -41,7 +41,7 @@ import torch
 
 # imported here, not where used: once the child guards the harness's modules (child.guard_imports) they can
 # no longer be imported
-from tik_kernels.contract import Contract, flatten_outputs, load_module
+from tik_kernels.contract import Contract, flatten_outputs, load_module, variants_of
 from tik_kernels.evaluator import ahead as _AHEAD
 from tik_kernels.evaluator.outputs import check_outputs, one_line
 from tik_kernels.evaluator.protocol import TensorWriter
@@ -352,7 +352,8 @@ def _time_cell(contract, cell, mods, job, timer: Timer, w, check_outputs, flatte
     """`profiled_root`: the cell whose timing profiled the root, once per run (empty before)."""
     t_start = time.perf_counter()
     device = job["device"]
-    seeds = variant_seeds(job["seed"], job["variants"])
+    n_variants = variants_of(cell, job["variants"])
+    seeds = variant_seeds(job["seed"], n_variants)
     case, pools = variant_pools(contract, cell, seeds, device)
     # the input sets a sample calls on: call k of a sample reads set k, which holds variant (v + k) mod len(pools)
     sets = [tensors_of(case.args, case.kwargs)]
@@ -523,7 +524,7 @@ def _time_cell(contract, cell, mods, job, timer: Timer, w, check_outputs, flatte
         for name in outs:
             if name in entries and name not in errors:
                 try:
-                    rows[name] = _rows_again(entries[name], case, outs[name][:job["variants"]], load, picks, w,
+                    rows[name] = _rows_again(entries[name], case, outs[name][:n_variants], load, picks, w,
                                              flatten_outputs)
                 except Exception as e:
                     rows[name] = {"error": one_line_(e)}
