@@ -141,3 +141,16 @@ def test_variant_inputs_are_held_once_each_beside_the_timed_set():
     for seed, p in zip((6, 7), pools[1:], strict=True):
         assert p[0] is built[seed].args[0] and p[2] is built[seed].kwargs["scale"]  # as built, not copied
         assert p[1] is not shared and torch.equal(p[1], shared)  # shares storage with the set: copied
+
+
+def test_out_of_memory_names_what_the_process_still_holds():
+    """`_held_on_device`: large storages by dtype and shape, largest first, each storage once (a view of one is
+    not counted again), small ones left out."""
+    a = [torch.zeros(1 << 18) for _ in range(3)]  # 3 x 1 MiB
+    b = torch.zeros(1 << 19, dtype=torch.float64)  # 4 MiB
+    views = [b[:10], a[0][1:]]
+    small = torch.zeros(16)
+    got = timing._held_on_device(min_bytes=1 << 20, device_type="cpu")
+    assert got.startswith("1 x float64[524288] 0.0 GiB, 3 x float32[262144] 0.0 GiB"), got
+    assert "[10]" not in got and "[16]" not in got
+    del a, b, views, small

@@ -300,9 +300,43 @@ def run_timing_job(workdir: Path, job: dict, imported: dict[str, Any] | None = N
             doc["cells"][cname] = _time_cell(contract, cells[cname], mods, job, timer, w, check_outputs,
                                              flatten_outputs, profiled_root)
         except Exception as e:
-            doc["cells"][cname] = {"error": one_line(e)}
+            # out of memory: what held it, first (the parent keeps an error's first 300 characters)
+            held = _held_on_device() if isinstance(e, torch.cuda.OutOfMemoryError) else ""
+            doc["cells"][cname] = {"error": (f"out of memory; held: {held}; " if held else "") + one_line(e)}
     doc["tensors"] = w.close()
     return doc
+
+
+def _held_on_device(min_bytes: int = 256 << 20, most: int = 6, device_type: str = "cuda") -> str:
+    """The device memory this process's Python objects still reach, largest first, by dtype and shape: "3 x
+    bfloat16[128, 8, 32768, 128] 24.0 GiB, ...", storages of at least `min_bytes` each counted once. Said when a cell
+    runs out of memory (an attention timing on an H100 held 9 GiB no one could name: docs/MEASUREMENTS.md, session
+    36); memory only C++ holds (a CUDA graph's pool, autograd's saved tensors) is not seen."""
+    import gc
+    import warnings
+
+    whole: dict[int, tuple[int, int, str]] = {}  # storage -> (bytes, elements, label of its largest tensor)
+    with warnings.catch_warnings():  # isinstance on some of torch's deprecated module attributes warns
+        warnings.simplefilter("ignore")
+        objects = [o for o in gc.get_objects() if isinstance(o, torch.Tensor)]
+    for o in objects:
+        try:
+            if o.device.type != device_type:
+                continue
+            st = o.untyped_storage()
+            if st.nbytes() < min_bytes:
+                continue
+            key, n = st.data_ptr(), o.numel()
+            if key not in whole or n > whole[key][1]:  # a view of it is named by the tensor it is a view of
+                whole[key] = (st.nbytes(), n, f"{str(o.dtype).removeprefix('torch.')}{list(o.shape)}")
+        except Exception:  # an object half torn down, a subclass that refuses: not worth the diagnosis
+            continue
+    groups: dict[str, list[int]] = {}
+    for nbytes, _, label in whole.values():
+        g = groups.setdefault(label, [0, 0])
+        g[0], g[1] = g[0] + 1, g[1] + nbytes
+    top = sorted(groups.items(), key=lambda kv: -kv[1][1])[:most]
+    return ", ".join(f"{n} x {label} {b / 2**30:.1f} GiB" for label, (n, b) in top)
 
 
 def _dry_cells(contract, cells: dict, mods: dict, job: dict) -> list:
