@@ -214,6 +214,18 @@ def markdown(doc: dict) -> str:
             boot += [f"{r['op']}: a spare's start, seconds by part (mean over the {sp['boot_n']} taken ready; what "
                      f"an evaluation may still wait for: `spare_settle`, `child_boot_wait`): {parts}.", ""]
     lines[6:6] = boot
+    # each evaluation's seconds and its wait for a pre-started child: a median of two hides an alternation (session
+    # 36: every second evaluation waited 5-10 s for its child, the one before it none)
+    each = []
+    for r in doc["ops"]:
+        evs = r.get("evaluations") or []
+        if len(evs) > 1:
+            each.append(f"{r['op']}: " + ", ".join(
+                f"{e['wall_s']:.1f}{'' if e.get('verified') else ' (not verified)'}"
+                f" [{e.get('phases', {}).get('probes_candidate_child_boot_wait', 0.0):.1f}]" for e in evs[1:]) + ".")
+    if each:
+        lines[6:6] = ["Each evaluation after the first, seconds [of them waiting for its pre-started child]: "
+                      + " ".join(each), ""]
     for r in doc["ops"]:
         cells = [f"{r['median_phases_after_first'].get(p, 0):.1f} ({r['first_phases'].get(p, 0):.1f})"
                  for p in PHASES]
