@@ -75,11 +75,12 @@ AT_DEVICE = "at-device"
 
 
 def prestart_depth(device: str | None = None) -> int:
-    """Spares kept ready or starting (`TIK_PRESTART`; 0: none). By default 2 for a GPU: a GPU spare's start (~5 s
-    of imports, then its CUDA context and warm-ups) goes on only outside the device's timings (`Spares.quiet`), so
-    one spare was still starting when the next evaluation wanted it (2.7-5.1 s waited of 15-19 s an evaluation on an
-    H100, results/eval_rate_h100.md); a second has two evaluations' untimed parts. 1 elsewhere (the CPU machine's
-    two cores: 1.61 s an evaluation with one, results/eval_rate_cpu_prestart1_evals8.md)."""
+    """Spares kept ready or starting (`TIK_PRESTART`; 0: none). By default 2 for a GPU: a GPU spare's device work
+    (its CUDA context and warm-ups, after 3-4 s of imports) goes on only outside the device's timings
+    (`Spares.quiet`), so with one spare every second evaluation waited 5-10 s for it on an H100
+    (results/eval_rate_h100_s36_before.md); with two, and the imports beside the timings, none waited more than
+    0.2 s (results/eval_rate_h100_s36_*.md). 1 elsewhere (the CPU machine's two cores: 1.61 s an evaluation with
+    one, results/eval_rate_cpu_prestart1_evals8.md)."""
     v = os.environ.get(PRESTART_ENV, "").strip()
     if v.isdigit():
         return int(v)
