@@ -154,3 +154,17 @@ def test_out_of_memory_names_what_the_process_still_holds():
     assert got.startswith("1 x float64[524288] 0.0 GiB, 3 x float32[262144] 0.0 GiB"), got
     assert "[10]" not in got and "[16]" not in got
     del a, b, views, small
+
+
+def test_out_of_memory_diagnosis_steps_over_dead_weak_proxies():
+    import weakref
+
+    class Thing:
+        pass
+
+    t = Thing()
+    proxy = weakref.proxy(t)
+    del t  # the proxy now raises ReferenceError on any use, isinstance included
+    holder = [proxy]
+    assert timing._held_on_device(min_bytes=1 << 40, device_type="cpu") == ""
+    del holder

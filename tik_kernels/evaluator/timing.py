@@ -316,9 +316,15 @@ def _held_on_device(min_bytes: int = 256 << 20, most: int = 6, device_type: str 
     import warnings
 
     whole: dict[int, tuple[int, int, str]] = {}  # storage -> (bytes, elements, label of its largest tensor)
+    objects = []
     with warnings.catch_warnings():  # isinstance on some of torch's deprecated module attributes warns
         warnings.simplefilter("ignore")
-        objects = [o for o in gc.get_objects() if isinstance(o, torch.Tensor)]
+        for o in gc.get_objects():
+            try:
+                if isinstance(o, torch.Tensor):
+                    objects.append(o)
+            except Exception:  # a weak proxy whose object is gone raises ReferenceError, others their own
+                continue
     for o in objects:
         try:
             if o.device.type != device_type:
