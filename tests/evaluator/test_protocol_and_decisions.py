@@ -49,6 +49,32 @@ def test_a_tensor_referenced_again_crosses_once_and_entries_are_aligned(tmp_path
     assert back[2][0].tolist() == [0, 1, 2]
 
 
+def test_a_writer_that_keeps_nothing_lets_a_written_tensor_go_and_still_sends_a_live_one_once(tmp_path):
+    """`keep=False` (the timing child's writer, alive through every cell): a tensor written is not held, so its
+    memory goes when its owner lets it go; one still alive and referenced again crosses once; a later tensor that
+    reuses a dead one's id is written as itself."""
+    import gc
+    import weakref
+
+    w = TensorWriter(tmp_path / "t.bin", keep=False)
+    live = torch.arange(4, dtype=torch.int32)
+    assert w.ref(live) == w.ref(live) == 0
+    gone = torch.arange(5, dtype=torch.int32)
+    seen = weakref.ref(gone)
+    assert w.ref(gone) == 1
+    del gone
+    gc.collect()
+    assert seen() is None and not w.tensors
+    # every id the dead tensor could have left is written anew
+    later = [torch.full((3,), k, dtype=torch.int32) for k in range(50)]
+    idx = [w.ref(t) for t in later]
+    assert idx == list(range(2, 52))
+    entries = w.close()
+    back = read_tensors(tmp_path / "t.bin", entries)
+    assert back[0].tolist() == [0, 1, 2, 3] and back[1].tolist() == [0, 1, 2, 3, 4]
+    assert [b.tolist() for b in back[2:]] == [[k] * 3 for k in range(50)]
+
+
 @pytest.mark.parametrize("shared", [False, True])
 def test_a_device_tensor_copied_into_mapped_pages_gives_the_bytes_a_write_gives(tmp_path, shared, monkeypatch):
     """A GPU tensor's bytes go straight into the file's (or memfd's) pages through a mapping (`TensorWriter._mapped`);

@@ -16,6 +16,7 @@ import mmap
 import os
 import socket
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -54,18 +55,21 @@ class TensorWriter:
 
     The same tensor object referenced again (a weight shared by many probes) is written once and
     gets the same index: what crosses the boundary is each distinct tensor's bytes, once. Every
-    entry starts at a multiple of ALIGN bytes. `tensors[i]` is the object entry i was written from.
+    entry starts at a multiple of ALIGN bytes. `tensors[i]` is the object entry i was written from (`keep`; else
+    the writer holds none of them, and a tensor is known again only while it lives: the timing child's writer, which
+    lives through every cell, kept each cell's sent outputs on the device until its last).
     `nbytes` is the file's size so far; `write_s` the seconds spent copying tensors to the CPU and writing them
     (what sending costs, apart from computing them: the phase tables report it).
     """
 
-    def __init__(self, path: Path | None, fd: int | None = None):
-        self.path, self.fd = path, fd
+    def __init__(self, path: Path | None, fd: int | None = None, keep: bool = True):
+        self.path, self.fd, self.keep = path, fd, keep
         # a path: a file of its own; fd: an open file (a memfd, `SharedOutputs`) it writes to and leaves open
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644) if path is not None else fd
         self.entries: list[dict] = []
         self.tensors: list[torch.Tensor] = []
-        self._by_id: dict[int, int] = {}
+        # id -> (index, None where the tensor is kept, else a weak reference that says whether it is still the same)
+        self._by_id: dict[int, tuple[int, Any]] = {}
         self._offset = 0
         self.write_s = 0.0
 
@@ -75,8 +79,8 @@ class TensorWriter:
 
     def ref(self, t: torch.Tensor) -> int:
         known = self._by_id.get(id(t))
-        if known is not None:
-            return known
+        if known is not None and (known[1] is None or known[1]() is t):
+            return known[0]
         if t.dtype not in DTYPE_NAMES:
             raise TypeError(f"dtype {t.dtype} cannot cross the process boundary")
         t0 = time.monotonic()
@@ -90,9 +94,11 @@ class TensorWriter:
         self.entries.append({"dtype": DTYPE_NAMES[t.dtype], "shape": list(t.shape), "offset": self._offset,
                              "nbytes": nbytes})
         self._offset += nbytes
-        # kept alive with the index, so id(t) cannot be reused by another tensor while this writer lives
-        self.tensors.append(t)
-        self._by_id[id(t)] = len(self.entries) - 1
+        if self.keep:  # kept alive with the index, so id(t) cannot be reused by another tensor while this writer lives
+            self.tensors.append(t)
+            self._by_id[id(t)] = (len(self.entries) - 1, None)
+        else:  # an id reused by a later tensor finds this reference dead
+            self._by_id[id(t)] = (len(self.entries) - 1, weakref.ref(t))
         self.write_s += time.monotonic() - t0
         return len(self.entries) - 1
 

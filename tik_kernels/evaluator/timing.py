@@ -285,7 +285,7 @@ def run_timing_job(workdir: Path, job: dict, imported: dict[str, Any] | None = N
         except BaseException as e:  # noqa: B036
             errors[name] = "import failed: " + one_line(e)
     timer = Timer(device)
-    w = TensorWriter(workdir / "out" / "outputs.bin")
+    w = TensorWriter(workdir / "out" / "outputs.bin", keep=False)  # a cell's outputs go with the cell
     doc: dict = {"import_errors": errors, "cells": {}, "floor_us": None, "spin_us": getattr(timer, "spin_us", None)}
     if timer.cuda and job.get("compile_ahead"):
         # every implementation's kernels at every cell's shapes (and at the rows computed again), compiled first on
