@@ -256,11 +256,22 @@ def _state(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
-def test_quiet_pauses_starting_spares_and_no_spare_starts_within_it(tmp_path, monkeypatch):
+@pytest.fixture
+def pool():
+    """A pool of spares and the process groups a test starts as them (`pool.procs`), all gone after the test."""
+    pool = spares.Spares()
+    pool.procs = []
+    yield pool
+    pool.ready.clear()
+    pool.close()
+    for p in pool.procs:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+
+def test_quiet_pauses_starting_spares_and_no_spare_starts_within_it(tmp_path, monkeypatch, pool):
     """A GPU is timed with the spares still starting paused (SIGSTOP to their process group) and none spawned; a
     spare already waiting for its job is left alone; all go on when the last timing of the device ends."""
-    pool = spares.Spares()
-    procs = []
 
     def spare(name: str, ready: bool) -> spares.Spare:
         tmp = tmp_path / name
@@ -271,7 +282,7 @@ def test_quiet_pauses_starting_spares_and_no_spare_starts_within_it(tmp_path, mo
         proc = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
                                  "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
                                  "time.sleep(60)"], start_new_session=True)
-        procs.append(proc)
+        pool.procs.append(proc)
         return spares.Spare(tmp, proc, ("m", "cuda:0", "candidate", "{}"), {}, tmp, None, time.monotonic())
 
     starting, waiting = spare("starting", False), spare("waiting", True)
@@ -280,40 +291,31 @@ def test_quiet_pauses_starting_spares_and_no_spare_starts_within_it(tmp_path, mo
     monkeypatch.setattr(spares, "_spawn_spare", lambda *a: spawned.append(time.monotonic()) or waiting)
     monkeypatch.setenv(spares.PRESTART_ENV, "3")  # two kept: one more to start
     time.sleep(0.3)  # both groups up
-    try:
-        with pool.quiet("cuda:0") as q:
-            assert q["s"] < 2.0 and spares._groups_stopped({starting.proc.pid})
-            assert _state(waiting.proc.pid) != "T"
-            with pool.quiet("cuda:0"):  # a second timing of the device, ending first: nothing goes on yet
-                pool.prime("m", "cuda:0", {}, "candidate")
-            assert _state(starting.proc.pid) == "T"
-            time.sleep(0.3)
-            assert not spawned  # the spawn waits for the timing's end
-            t_end = time.monotonic()
-        deadline = time.monotonic() + 5
-        while _state(starting.proc.pid) == "T" and time.monotonic() < deadline:
-            time.sleep(0.01)
+    with pool.quiet("cuda:0") as q:
+        assert q["s"] < 2.0 and spares._groups_stopped({starting.proc.pid})
+        assert _state(waiting.proc.pid) != "T"
+        with pool.quiet("cuda:0"):  # a second timing of the device, ending first: nothing goes on yet
+            pool.prime("m", "cuda:0", {}, "candidate")
+        assert _state(starting.proc.pid) == "T"
+        time.sleep(0.3)
+        assert not spawned  # the spawn waits for the timing's end
+        t_end = time.monotonic()
+    deadline = time.monotonic() + 5
+    while _state(starting.proc.pid) == "T" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _state(starting.proc.pid) != "T"
+    while not spawned and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert spawned and spawned[0] >= t_end
+    # TIK_SPARE_SETTLE=0: nothing paused
+    monkeypatch.setenv(spares.SETTLE_ENV, "0")
+    with pool.quiet("cuda:0"):
         assert _state(starting.proc.pid) != "T"
-        while not spawned and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert spawned and spawned[0] >= t_end
-        # TIK_SPARE_SETTLE=0: nothing paused
-        monkeypatch.setenv(spares.SETTLE_ENV, "0")
-        with pool.quiet("cuda:0"):
-            assert _state(starting.proc.pid) != "T"
-    finally:
-        pool.ready.clear()
-        pool.close()
-        for p in procs:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
 
 
-def test_quiet_holds_a_spare_still_importing_at_its_gate_and_pauses_one_past_it(tmp_path):
+def test_quiet_holds_a_spare_still_importing_at_its_gate_and_pauses_one_past_it(tmp_path, pool):
     """A spare still importing (CPU only) is not paused by a timing: it goes on, and waits at its gate before its
     device (`child.device_gate`) until the timing ends; one already past its gate is paused (SIGSTOP)."""
-    pool = spares.Spares()
-    procs = []
 
     def spare(name: str, at_device: bool) -> spares.Spare:
         tmp = tmp_path / name
@@ -329,7 +331,7 @@ def test_quiet_holds_a_spare_still_importing_at_its_gate_and_pauses_one_past_it(
                 "(t / 'passed').write_text(''); time.sleep(60)")
         proc = subprocess.Popen([sys.executable, "-c", code, str(tmp), spares.AT_DEVICE, spares.HOLD],
                                 start_new_session=True)
-        procs.append(proc)
+        pool.procs.append(proc)
         return spares.Spare(tmp, proc, ("m", "cuda:0", "candidate", "{}"), {}, tmp, None, time.monotonic())
 
     importing, past = spare("importing", False), spare("past", True)
@@ -341,23 +343,16 @@ def test_quiet_holds_a_spare_still_importing_at_its_gate_and_pauses_one_past_it(
             time.sleep(0.01)
         return cond()
 
-    try:
-        with pool.quiet("cuda:0"):
-            assert wait_for(lambda: spares._groups_stopped({past.proc.pid}), 2.0)
-            assert _state(importing.proc.pid) != "T" and (importing.tmp / "impl" / spares.HOLD).exists()
-            (importing.tmp / "go").write_text("")  # its imports end within the timing: it stops at its gate
-            assert wait_for(lambda: (importing.tmp / "scratch" / spares.AT_DEVICE).exists())
-            time.sleep(0.3)
-            assert not (importing.tmp / "passed").exists() and _state(importing.proc.pid) != "T"
-        assert not (importing.tmp / "impl" / spares.HOLD).exists()
-        assert wait_for(lambda: (importing.tmp / "passed").exists())
-        assert wait_for(lambda: _state(past.proc.pid) != "T", 5.0)
-    finally:
-        pool.ready.clear()
-        pool.close()
-        for p in procs:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+    with pool.quiet("cuda:0"):
+        assert wait_for(lambda: spares._groups_stopped({past.proc.pid}), 2.0)
+        assert _state(importing.proc.pid) != "T" and (importing.tmp / "impl" / spares.HOLD).exists()
+        (importing.tmp / "go").write_text("")  # its imports end within the timing: it stops at its gate
+        assert wait_for(lambda: (importing.tmp / "scratch" / spares.AT_DEVICE).exists())
+        time.sleep(0.3)
+        assert not (importing.tmp / "passed").exists() and _state(importing.proc.pid) != "T"
+    assert not (importing.tmp / "impl" / spares.HOLD).exists()
+    assert wait_for(lambda: (importing.tmp / "passed").exists())
+    assert wait_for(lambda: _state(past.proc.pid) != "T", 5.0)
 
 
 def test_a_gpu_keeps_two_spares_by_default_the_cpu_one(monkeypatch):

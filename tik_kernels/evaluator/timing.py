@@ -316,27 +316,22 @@ def _held_on_device(min_bytes: int = 256 << 20, most: int = 6, device_type: str 
     import warnings
 
     whole: dict[int, tuple[int, int, str]] = {}  # storage -> (bytes, elements, label of its largest tensor)
-    objects = []
     with warnings.catch_warnings():  # isinstance on some of torch's deprecated module attributes warns
         warnings.simplefilter("ignore")
         for o in gc.get_objects():
+            # a dead weak proxy raises ReferenceError at isinstance, a tensor half torn down or a subclass that
+            # refuses its own: not worth the diagnosis
             try:
-                if isinstance(o, torch.Tensor):
-                    objects.append(o)
-            except Exception:  # a weak proxy whose object is gone raises ReferenceError, others their own
+                if not isinstance(o, torch.Tensor) or o.device.type != device_type:
+                    continue
+                st = o.untyped_storage()
+                if st.nbytes() < min_bytes:
+                    continue
+                key, n = st.data_ptr(), o.numel()
+                if key not in whole or n > whole[key][1]:  # a view of it is named by the tensor it is a view of
+                    whole[key] = (st.nbytes(), n, f"{str(o.dtype).removeprefix('torch.')}{list(o.shape)}")
+            except Exception:
                 continue
-    for o in objects:
-        try:
-            if o.device.type != device_type:
-                continue
-            st = o.untyped_storage()
-            if st.nbytes() < min_bytes:
-                continue
-            key, n = st.data_ptr(), o.numel()
-            if key not in whole or n > whole[key][1]:  # a view of it is named by the tensor it is a view of
-                whole[key] = (st.nbytes(), n, f"{str(o.dtype).removeprefix('torch.')}{list(o.shape)}")
-        except Exception:  # an object half torn down, a subclass that refuses: not worth the diagnosis
-            continue
     groups: dict[str, list[int]] = {}
     for nbytes, _, label in whole.values():
         g = groups.setdefault(label, [0, 0])
