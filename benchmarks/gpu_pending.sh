@@ -15,7 +15,8 @@
 #                     an H100 in session 34, before the library roots' timed evaluations joined its timing part (3 more
 #                     evaluations, ~50 s each): under a 600 s call, PARTS=1 in one call and PARTS=2 in the next
 #   eval_rate     #18 seconds per evaluation in a running search, linear / attention / rmsnorm, phase by phase
-#                     ($R/eval_rate_<card>.{json,md}; it writes the eval_s_* keys of $R/summary_<card>.json)
+#                     ($R/eval_rate_<card>${NAME_SUFFIX}.{json,md}; EVALS=3 evaluations an op; it writes the eval_s_*
+#                     keys of $R/summary_<card>.json)
 #   eval_rate_prestart3
 #                 #18 eval_rate with 3 pre-started candidate children (--prestart 3): since session 34 a GPU is timed
 #                     with the spares still starting paused (`spares.Spares.quiet`) instead of waiting for them (3.3-6.6 s
