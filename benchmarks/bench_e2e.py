@@ -100,7 +100,8 @@ def throughput(args, out: Path) -> dict:
 #: default since session 22: the same as `unified`); `unified-two-qk-launches` with them in two (as until then);
 #: `unified-qk-regs` with that launch's rope reading the normed halves from registers (rmsnorm's ROPE_REGS);
 #: `unified-fused-mlp` with the MLP's gate_up projection and silu_mul in one launch (`UnifiedBackend(fused_mlp=True)`,
-#: linear's `linear_silu_mul`; off by default: no faster on an H100 in session 32);
+#: linear's `linear_silu_mul`; off by default: session 32's row-pair launch was no faster on an H100, the
+#: two-accumulator launch of session 37 not yet timed);
 #: `unified-narrow512`, `unified-narrow1024` with linear's narrow-output rule on (a weight of at most 2048 rows
 #: reduces K in chunks of 512 / 1024: new bits for the o and down projections of qwen3-0.6b and 1.7b;
 #: tik_kernels/ops/linear.py); `stock-scatter` mode A with its KV-cache fill as two scatters after its compiled rope

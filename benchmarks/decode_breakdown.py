@@ -100,7 +100,7 @@ def top_kernels(fn, args: tuple, n: int, calls: int = 3, device: str = "cuda") -
 def breakdown(mc, backend_name: str, batch: int, context: int, device: str, rounds: int, params,
               stock_compiled: bool = False, kernels: int = 0) -> dict:
     be = make_backend(backend_name, stock_compiled=stock_compiled)
-    W = rollout_weights(params, be)  # as the rollout engine holds them (its MLP's gate_up in row pairs, if fused)
+    W = rollout_weights(params)  # as the rollout engine holds them
     cache = KVCache(mc, batch, context, device)
     gen = torch.Generator(device=device).manual_seed(0)
     cache.k.normal_(generator=gen)

@@ -138,9 +138,10 @@
 #   varlen        #16 #19 mode A's packed attention through torch's flash varlen kernel (StockBackend's default where the
 #                     probe passes, session 32): its GPU test; then bench_speed's varlen section (forward + backward
 #                     over an RL minibatch's packed sequences vs that kernel and the padded SDPA path; $R/speed_<card>_varlen.md)
-#   mlp_fused     #19 the rollout's MLP gate_up projection and silu_mul in one launch (linear's linear_silu_mul, the
-#                     gate_up weights in row pairs; session 32, off: no faster on an H100): its GPU bit test at the
-#                     qwen3 MLPs, then the decode step with it and with the two launches ($R/e2e_decode_mlp_fused/)
+#   mlp_fused     #19 the rollout's MLP gate_up projection and silu_mul in one launch (linear's linear_silu_mul; session
+#                     32's launch over row pairs was no faster on an H100, its epilogue split the pairs apart; since
+#                     session 37 two accumulators, gate rows and up rows, and the weight as it is): its GPU bit test at
+#                     the qwen3 MLPs, then the decode step with it and with the two launches ($R/e2e_decode_mlp_fused/)
 #   decode_regs   #19 the decode attention's short-cache launch with its registers capped (attention's decode_short_maxnreg
 #                     128 / 168, 8 warps at 64; off: 4 warps take 242 registers, two programs an SM, so a qwen3-0.6b
 #                     batch of 64's 512 programs run in two rounds): its GPU bit test, then the decode step with each

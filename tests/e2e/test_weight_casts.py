@@ -95,7 +95,7 @@ def test_a_grpo_update_is_the_per_tensor_one(monkeypatch):
 
 def test_the_rollout_s_weight_update_is_a_fresh_cast():
     """RolloutEngine.load_weights copies updated masters into its static bf16 buffers in one multi-tensor copy:
-    afterwards they hold what a fresh `rollout_weights` gives, tied or not, gate_up in pairs or not."""
+    afterwards they hold what a fresh `rollout_weights` gives, tied or not, the MLP fused or not."""
     from tik_kernels.e2e.backends import UnifiedBackend
     from tik_kernels.e2e.rollout import RolloutEngine, rollout_weights
 
@@ -109,7 +109,7 @@ def test_the_rollout_s_weight_update_is_a_fresh_cast():
             for v in params.values():
                 v.add_(torch.randn(v.shape, generator=torch.Generator().manual_seed(1)) * 2.0 ** -7)
         eng.load_weights(params)
-        want = rollout_weights(params, be)
+        want = rollout_weights(params)
         assert eng.W.keys() == want.keys()
         assert {k: v.data_ptr() for k, v in eng.W.items()} == buffers  # in place: the graphs read these buffers
         for k in want:

@@ -412,9 +412,11 @@ class UnifiedBackend:
         qwen3-0.6b decode step of 64 at context 128 / 256 replayed in 1.977 / 2.285 ms against 2.018 / 2.316 ms for
         the two launches, results/e2e_h100_decode_qk_rope_s22.json). `fused_qk_rope=False`: the two calls.
         `fused_mlp`: the rollout's gate_up projection and silu_mul in one launch (linear's `linear_silu_mul`, the
-        same bits, where linear and silu_mul are the library's: `mlp_pairs`); off: on an H100 the qwen3-0.6b decode
-        step of 64 replayed in 3.43x / 2.85x its floor at context 128 / 256 with it against 3.39x / 2.86x with the
-        two calls, bits the same (results/e2e_h100_decode_mlp_fused_s32.json)."""
+        same bits, where linear and silu_mul are the library's and no gradient is needed); off: on an H100 the
+        qwen3-0.6b decode step of 64 replayed in 3.43x / 2.85x its floor at context 128 / 256 with session 32's launch
+        (the weight's rows in (gate, up) pairs, the pairs split apart in the epilogue) against 3.39x / 2.86x with the
+        two calls, bits the same (results/e2e_h100_decode_mlp_fused_s32.json); the launch with two accumulators (no
+        reshuffle, the weight as it is) is not yet timed."""
         from tik_kernels.contract import load_module
 
         self.sources: dict[str, str] = {}
@@ -429,8 +431,8 @@ class UnifiedBackend:
                 self.sources[op] = f"tik_kernels.ops.{op}"
         self.m = mods
         self.fused_launches, self.fused_lmhead, self.fused_qk_rope = fused_launches, fused_lmhead, fused_qk_rope
-        #: the rollout keeps its gate_up weights in (gate, up) row pairs for `gate_up_silu` (RolloutEngine)
-        self.mlp_pairs = fused_mlp and all(self.sources[op] == f"tik_kernels.ops.{op}" for op in ("linear", "silu_mul"))
+        #: `gate_up_silu` in one launch (linear's `linear_silu_mul` computes the library's silu_mul formula)
+        self.fused_mlp = fused_mlp and all(self.sources[op] == f"tik_kernels.ops.{op}" for op in ("linear", "silu_mul"))
 
     def embedding(self, ids, table):
         return self.m["embedding"].embedding(ids, table)
@@ -457,15 +459,14 @@ class UnifiedBackend:
     def silu_mul(self, x):
         return self.m["silu_mul"].silu_mul(x)
 
-    def gate_up_silu(self, x, w_pairs):
-        """silu_mul(linear(x, w)) for w_pairs = `gate_up_pairs(w)` (the rollout's MLP, no gradient): linear's
-        `linear_silu_mul` in one launch where it applies, else the two calls on the columns put back in [gate | up]
-        order. The same bits either way (tests/kernels/test_linear.py, tests/e2e/test_e2e.py)."""
-        out = self.m["linear"].linear_silu_mul(x, w_pairs)
-        if out is None:
-            y = self.linear(x, w_pairs)
-            out = self.silu_mul(y.view(*y.shape[:-1], -1, 2).transpose(-1, -2).reshape(y.shape))
-        return out
+    def gate_up_silu(self, x, w):
+        """silu_mul(linear(x, w)) for the MLP's gate_up weight: linear's `linear_silu_mul` in one launch with
+        `fused_mlp`, no gradient needed and where the launch applies, else the two calls. The same bits either way
+        (tests/kernels/test_linear.py, tests/e2e/test_e2e.py)."""
+        out = None
+        if self.fused_mlp and not _needs_grad(x, w):
+            out = self.m["linear"].linear_silu_mul(x, w)
+        return self.silu_mul(self.linear(x, w)) if out is None else out
 
     def rope(self, q, k, pos, theta):
         return self.m["rope"].rope(q, k, pos, theta)

@@ -282,8 +282,9 @@ def _qkv(cfg: ModelConfig, be, W, i: int, x: torch.Tensor, pos: torch.Tensor, fi
 
 
 def _mlp(cfg: ModelConfig, be, W, i: int, x: torch.Tensor) -> torch.Tensor:
-    pairs = W.get(f"l{i}.w_gate_up_pairs")  # the rollout's weights, where the backend fuses the two (`mlp_pairs`)
-    h = be.gate_up_silu(x, pairs) if pairs is not None else be.silu_mul(be.linear(x, W[f"l{i}.w_gate_up"]))
+    w = W[f"l{i}.w_gate_up"]
+    fused = getattr(be, "gate_up_silu", None)  # a backend that may make the two calls one launch
+    h = fused(x, w) if fused is not None else be.silu_mul(be.linear(x, w))
     return be.linear(h, W[f"l{i}.w_down"])
 
 

@@ -66,15 +66,9 @@ class Completion:
         return torch.cat(self.logprob_bits)
 
 
-def rollout_weights(params: dict[str, torch.Tensor], backend) -> dict[str, torch.Tensor]:
-    """The rollout's bf16 weights (`bf16_weights`, no gradient); where the backend fuses the MLP's gate_up
-    projection and silu_mul (`mlp_pairs`), each gate_up weight with its rows in (gate, up) pairs instead, under
-    `l{i}.w_gate_up_pairs` (linear.gate_up_pairs: the same values, the layout `linear_silu_mul` reads)."""
-    W = bf16_weights(params, grad=False)
-    if getattr(backend, "mlp_pairs", False):  # the library's linear (UnifiedBackend.mlp_pairs): its pairs layout
-        for k in [k for k in W if k.endswith(".w_gate_up")]:
-            W[k + "_pairs"] = backend.m["linear"].gate_up_pairs(W.pop(k))
-    return W
+def rollout_weights(params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The rollout's bf16 weights (`bf16_weights`, no gradient)."""
+    return bf16_weights(params, grad=False)
 
 
 def token_seeds(seeds: list[int], positions: list[int]) -> list[int]:
@@ -207,17 +201,14 @@ class RolloutEngine:
 
     def load_weights(self, params: dict[str, torch.Tensor]) -> None:
         """Copy the fp32 master weights into the static bf16 buffers (`rollout_weights`: the same rounding as
-        `bf16_weights`, the gate_up weights in row pairs where the backend fuses the MLP)."""
+        `bf16_weights`)."""
         with torch.no_grad():
             if self.W is None:
-                self.W = rollout_weights(params, self.be)
+                self.W = rollout_weights(params)
                 return
             # one multi-tensor copy (on CUDA one launch, not one a weight; a tied lm_head is the embed buffer itself)
             same = [k for k in params if k in self.W]
             torch._foreach_copy_([self.W[k] for k in same], [params[k].detach() for k in same])
-            for k in params:
-                if k not in self.W:  # a gate_up kept in (gate, up) row pairs (`rollout_weights`)
-                    self.W[k + "_pairs"].copy_(self.be.m["linear"].gate_up_pairs(params[k].detach()))
 
     def _kv_len(self, kv_len: int) -> int:
         """The KV length a step of contexts up to `kv_len` attends over: for a backend that reads only the

@@ -96,8 +96,8 @@ The fused combine keeps one int32 counter per output tile per device, zero betwe
 launches that overlap on two streams of one device must not both split.
 
 `linear_silu_mul` (not the contract's entry: the rollout's MLP, off by default in tik e2e) is the walking launch
-with silu_mul's formula as its epilogue, for a gate_up weight whose rows are in (gate, up) pairs: linear then
-silu_mul's bits in one launch.
+over a gate_up weight [gate | up] with a second accumulator for the up rows and silu_mul's formula as its epilogue:
+linear then silu_mul's bits in one launch.
 """
 
 from __future__ import annotations
@@ -307,7 +307,7 @@ def _linear_fwd_kernel(
     B_T: tl.constexpr = False,  # b's storage is [K, N]
     PDL: tl.constexpr = False,  # launched with programmatic dependent launch (ops/_common.py)
     PREFETCH: tl.constexpr = False,  # b's rows this program reads sent to L2 before the wait (b's unit stride is K)
-    SILU: tl.constexpr = False,  # `linear_silu_mul`: b's rows in (gate, up) pairs, c gets silu(gate) * up (walking)
+    SILU: tl.constexpr = False,  # `linear_silu_mul`: b is [gate | up], 2N rows; c [M, N] gets silu(gate) * up (walking)
 ):
     pid = tl.program_id(0)
     pid_c = tl.program_id(1)
@@ -337,6 +337,8 @@ def _linear_fwd_kernel(
         for c_pf in range(c_lo, c_hi):
             o_line = tl.minimum(c_pf.to(tl.int64) * KCHUNK + tl.arange(0, KCHUNK // 64) * 64, K - 1)  # 128-B lines
             _prefetch_l2(b_ptr + o_bn[:, None] * stride_bn + o_line[None, :])
+            if SILU:
+                _prefetch_l2(b_ptr + (N + o_bn[:, None]) * stride_bn + o_line[None, :])
     pdl_start(PDL)  # nothing above reads or writes memory (the prefetch aside)
     o_k0 = k_lo + o_k
     p_a = a_ptr + o_am[:, None] * stride_am + o_k0[None, :] * stride_ak  # [BM, BK]
@@ -350,6 +352,9 @@ def _linear_fwd_kernel(
     n_steps = tl.cdiv(tl.minimum(c_hi.to(tl.int64) * KCHUNK, K) - k_lo, BLOCK_K * K_UNROLL)
     b_total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     b_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    # SILU: the up rows' sums beside the gate rows' (b's rows N + o_bn), the same steps into their own accumulators
+    u_total = tl.zeros((BLOCK_M, BLOCK_N) if SILU else (1, 1), dtype=tl.float32)
+    u_acc = tl.zeros((BLOCK_M, BLOCK_N) if SILU else (1, 1), dtype=tl.float32)
     for i in range(0, n_steps):
         k = k_lo + i * (BLOCK_K * K_UNROLL)
         for u in tl.static_range(K_UNROLL):
@@ -364,19 +369,29 @@ def _linear_fwd_kernel(
                     b_b = b_desc.load([k_u, pid_n * BLOCK_N])
                 else:
                     b_b = b_desc.load([pid_n * BLOCK_N, k_u]).T
+                if SILU:  # SILU is never B_T (the rollout's weight, rows along K)
+                    b_u = b_desc.load([N + pid_n * BLOCK_N, k_u]).T
             elif EVEN_K:
                 b_a = tl.load(p_a)
                 b_b = tl.load(p_b)
+                if SILU:
+                    b_u = tl.load(p_b + N * stride_bn)
             else:
                 # past K: exact zeros added to an accumulator that is never -0
                 m_k = o_k < K - (k + u * BLOCK_K)
                 b_a = tl.load(p_a, mask=m_k[None, :], other=0.0)
                 b_b = tl.load(p_b, mask=m_k[:, None], other=0.0)
+                if SILU:
+                    b_u = tl.load(p_b + N * stride_bn, mask=m_k[:, None], other=0.0)
             if UPCAST:
                 # the interpreter's bf16 tl.dot is wrong; fp32 operands are exact there
                 b_acc = tl.dot(b_a.to(tl.float32), b_b.to(tl.float32), b_acc)
+                if SILU:
+                    u_acc = tl.dot(b_a.to(tl.float32), b_u.to(tl.float32), u_acc)
             else:
                 b_acc = tl.dot(b_a, b_b, b_acc)
+                if SILU:
+                    u_acc = tl.dot(b_a, b_u, u_acc)
             p_a += BLOCK_K * stride_ak
             p_b += BLOCK_K * stride_bk
         if (i % STEPS == STEPS - 1) | (i == n_steps - 1):
@@ -387,7 +402,11 @@ def _linear_fwd_kernel(
             else:
                 # the merge order of `_sum_chunks`: chunk c is added to the sum of chunks 0 .. c-1
                 b_total = b_total + b_acc
+                if SILU:
+                    u_total = u_total + u_acc
             b_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            if SILU:
+                u_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
 
     p_c = c_ptr + o_m[:, None] * stride_cm + o_n[None, :] * stride_cn
     if SPLIT:
@@ -400,14 +419,11 @@ def _linear_fwd_kernel(
                 tl.store(p_c, b_total.to(c_ptr.dtype.element_ty), mask=m_c)
                 tl.atomic_xchg(cnt_ptr + pid, 0)
     elif SILU:
-        # the product rounded as it is stored below, then silu_mul's formula on each (gate, up) pair of columns:
-        # silu_mul's kernel reads those rounded values back and computes the same
-        b_c = b_total.to(c_ptr.dtype.element_ty).to(tl.float32)
-        b_gate, b_up = tl.split(tl.reshape(b_c, (BLOCK_M, BLOCK_N // 2, 2)))
-        o_f = pid_n.to(tl.int64) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-        m_f = (o_m[:, None] < M) & (o_f[None, :] < N // 2)
-        tl.store(c_ptr + o_m[:, None] * stride_cm + o_f[None, :] * stride_cn,
-                 round_to(silu_mul_math(b_gate, b_up), c_ptr.dtype.element_ty), mask=m_f)
+        # gate and up columns rounded as linear stores them, then silu_mul's formula: silu_mul's kernel reads those
+        # rounded values back and computes the same
+        b_gate = b_total.to(c_ptr.dtype.element_ty).to(tl.float32)
+        b_up = u_total.to(c_ptr.dtype.element_ty).to(tl.float32)
+        tl.store(p_c, round_to(silu_mul_math(b_gate, b_up), c_ptr.dtype.element_ty), mask=m_c)
     else:
         tl.store(p_c, b_total.to(c_ptr.dtype.element_ty), mask=m_c)
 
@@ -542,8 +558,8 @@ def _matmul(
     `tile`, `chunks_per_prog`, `fused` and `tma` override CONFIG's launch (the CPU tests and
     benchmarks/sweep_linear_tree.py use them; none changes bits); `block_k` overrides the frozen
     BLOCK_K (tests only: it does change bits). The entry point passes none of them.
-    `silu`: b's rows are (gate, up) pairs and the result is silu(gate) * up, [M, N / 2] (`linear_silu_mul`); None
-    where the launch would split K (the epilogue is the walking program's).
+    `silu`: b is a gate_up weight [gate | up] of 2F rows and the result is silu(gate) * up, [M, F]
+    (`linear_silu_mul`); None where the launch would split K (the epilogue is the walking program's).
     """
     M, K = a.shape
     N, K2 = b.shape
@@ -559,9 +575,13 @@ def _matmul(
     sms = sm_count(a.device)
     BLOCK_M, BLOCK_N, num_warps, num_stages, K_UNROLL, SPLIT = tile or _tile(M, N, sms)
     BLOCK_K = block_k or CONFIG["BLOCK_K"]
-    KCHUNK = _kchunk(N)
+    KCHUNK = _kchunk(N)  # the product's tree: N is all 2F rows with silu too
     if KCHUNK % (BLOCK_K * K_UNROLL):
         raise ValueError(f"linear: KCHUNK {KCHUNK} is no multiple of BLOCK_K {BLOCK_K} x K_UNROLL {K_UNROLL}")
+    if silu:
+        # a program takes BLOCK_N / 2 gate rows and the up rows of the same columns: the plain launch's weight rows
+        # a program, its number of programs, over an output of F columns
+        N, BLOCK_N = N // 2, max(16, BLOCK_N // 2)
     n_chunks = triton.cdiv(K, KCHUNK)
     tiles = triton.cdiv(M, BLOCK_M) * triton.cdiv(N, BLOCK_N)
     per_prog = chunks_per_prog or _chunks_per_program(tiles, n_chunks, SPLIT, sms)
@@ -577,7 +597,7 @@ def _matmul(
     da = db = None
     if CONFIG["TMA"] if tma is None else tma:
         da, db = _tma_operand(a, BLOCK_M, BLOCK_K), _tma_operand(b, BLOCK_N, BLOCK_K)
-    use_tma = da is not None and db is not None
+    use_tma = da is not None and db is not None and not (silu and db[1])  # silu reads b's rows along K
     pdl = pdl_launch(CONFIG.get("PDL"), a.device)
     # the weight's lines into L2 first (on the GPU, where b's rows run along K: the forward's w)
     prefetch = bool(CONFIG.get("PREFETCH")) and not INTERPRET and b.stride(1) == 1
@@ -615,30 +635,22 @@ class LinearFunction(torch.autograd.Function):
         return dx, dw
 
 
-def gate_up_pairs(w: torch.Tensor) -> torch.Tensor:
-    """A gate_up weight [2F, K] = [gate | up] with its rows in (gate, up) pairs, the layout `linear_silu_mul` reads:
-    row 2j is gate row j, row 2j + 1 up row j."""
-    two_f, k = w.shape
-    if two_f % 2:
-        raise ValueError(f"gate_up_pairs: {two_f} rows is no [gate | up] pair of halves")
-    return w.view(2, two_f // 2, k).transpose(0, 1).reshape(two_f, k)
+def linear_silu_mul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
+    """silu_mul(linear(x, w)) bit for bit, in one launch, for a gate_up weight w = [gate | up] (2F rows): no
+    gradient (the rollout's MLP), or None where it does not apply (the launch would split K, as a small batch's over a
+    K of more than one chunk does; an odd number of weight rows): then the caller makes the two calls.
 
-
-def linear_silu_mul(x: torch.Tensor, w_pairs: torch.Tensor) -> torch.Tensor | None:
-    """silu_mul(linear(x, w)) bit for bit, in one launch, for w_pairs = gate_up_pairs(w): no gradient (the rollout's
-    MLP), or None where it does not apply (the launch would split K, as a small batch's over a K of more than one
-    chunk does; an odd number of weight rows): then the caller makes the two calls.
-
-    Why the bits are the two calls': the product's columns are computed as linear computes them (a column's sum
-    never depends on the tile it falls in or its neighbours: permuting the weight's rows permutes the output's
-    columns), each rounded to x's dtype as linear stores it, and then each (gate, up) pair, side by side in one
-    tile, goes through silu_mul's formula (`silu_mul.silu_mul_math`) and its rounding. Saves the [T, 2F] product's
-    round trip through memory and silu_mul's launch: a decode step's 28 (qwen3) of ~250."""
-    if w_pairs.dim() != 2 or x.shape[-1] != w_pairs.shape[1]:
-        raise ValueError(f"linear_silu_mul: x {tuple(x.shape)} and w {tuple(w_pairs.shape)} do not match")
+    Why the bits are the two calls': each program walks the K steps of its gate columns j and of their up columns
+    F + j into two accumulators, each column summed as linear sums it (the tree is KCHUNK's for all 2F rows, and a
+    column's sum never depends on the tile it falls in or its neighbours); both are rounded to x's dtype as linear
+    stores them, then go through silu_mul's formula (`silu_mul.silu_mul_math`) and its rounding. Saves the [T, 2F]
+    product's round trip through memory and silu_mul's launch: a decode step's 28 (qwen3) of ~250. A program holds
+    BLOCK_N / 2 gate and BLOCK_N / 2 up columns, the plain launch's weight rows and registers a program."""
+    if w.dim() != 2 or x.shape[-1] != w.shape[1]:
+        raise ValueError(f"linear_silu_mul: x {tuple(x.shape)} and w {tuple(w.shape)} do not match")
     x2 = x.reshape(-1, x.shape[-1])
-    y = _matmul(x2, w_pairs, silu=True)
-    return None if y is None else y.view(*x.shape[:-1], w_pairs.shape[0] // 2)
+    y = _matmul(x2, w, silu=True)
+    return None if y is None else y.view(*x.shape[:-1], w.shape[0] // 2)
 
 
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
