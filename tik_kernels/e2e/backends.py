@@ -460,13 +460,11 @@ class UnifiedBackend:
         return self.m["silu_mul"].silu_mul(x)
 
     def gate_up_silu(self, x, w):
-        """silu_mul(linear(x, w)) for the MLP's gate_up weight: linear's `linear_silu_mul` in one launch with
-        `fused_mlp`, no gradient needed and where the launch applies, else the two calls. The same bits either way
-        (tests/kernels/test_linear.py, tests/e2e/test_e2e.py)."""
-        out = None
-        if self.fused_mlp and not _needs_grad(x, w):
-            out = self.m["linear"].linear_silu_mul(x, w)
-        return self.silu_mul(self.linear(x, w)) if out is None else out
+        """silu_mul(linear(x, w)) for the MLP's gate_up weight in one launch (linear's `linear_silu_mul`), or None
+        where a gradient is needed or the launch does not apply: then the model makes the two calls (`model._mlp`,
+        which asks only where `fused_mlp`). The same bits either way (tests/kernels/test_linear.py,
+        tests/e2e/test_e2e.py)."""
+        return None if _needs_grad(x, w) else self.m["linear"].linear_silu_mul(x, w)
 
     def rope(self, q, k, pos, theta):
         return self.m["rope"].rope(q, k, pos, theta)

@@ -283,8 +283,10 @@ def _qkv(cfg: ModelConfig, be, W, i: int, x: torch.Tensor, pos: torch.Tensor, fi
 
 def _mlp(cfg: ModelConfig, be, W, i: int, x: torch.Tensor) -> torch.Tensor:
     w = W[f"l{i}.w_gate_up"]
-    fused = getattr(be, "gate_up_silu", None)  # a backend that may make the two calls one launch
-    h = fused(x, w) if fused is not None else be.silu_mul(be.linear(x, w))
+    # a backend that makes the two calls one launch where it can (UnifiedBackend's `fused_mlp`), else the two
+    h = be.gate_up_silu(x, w) if getattr(be, "fused_mlp", False) else None
+    if h is None:
+        h = be.silu_mul(be.linear(x, w))
     return be.linear(h, W[f"l{i}.w_down"])
 
 
