@@ -142,6 +142,10 @@
 #                     32's launch over row pairs was no faster on an H100, its epilogue split the pairs apart; since
 #                     session 37 two accumulators, gate rows and up rows, and the weight as it is): its GPU bit test at
 #                     the qwen3 MLPs, then the decode step with it and with the two launches ($R/e2e_decode_mlp_fused/)
+#   linear_small  #16 linear vs cuBLAS (bench_speed's linear section, 9 rounds) with the M16 bucket's launch moved, no bits:
+#                     the weight's lines sent to L2 before the PDL wait (PREFETCH 1: the next call's stream starts while
+#                     the call before ends), 8 programs an SM instead of 4 (M16_SPLIT 8), both
+#                     ($R/speed_<card>_linear_variants.{json,md}; M <= 16 is at 0.99-1.00x of cuBLAS, the target 0.95x)
 #   decode_regs   #19 the decode attention's short-cache launch with its registers capped (attention's decode_short_maxnreg
 #                     128 / 168, 8 warps at 64; off: 4 warps take 242 registers, two programs an SM, so a qwen3-0.6b
 #                     batch of 64's 512 programs run in two rounds): its GPU bit test, then the decode step with each
@@ -343,6 +347,10 @@ for p in "$@"; do
             part pytest_gpu_${CARD}_stock_varlen 120 "$py" -m pytest -q -m gpu tests/e2e/test_stock_varlen.py
             part "speed_${CARD}_varlen" 300 "$py" benchmarks/bench_speed.py --only varlen --rounds 9 --budget-s 240 \
                 --out "$R" ;;
+        linear_small)
+            part linear_small 300 "$py" benchmarks/bench_speed.py --only linear --out "$R" --rounds 9 --budget-s 240 \
+                --summary "$R/summary_linear_small_unused.json" --variant pf=linear.PREFETCH=1 \
+                --variant s8=linear.M16_SPLIT=8 --variant pf_s8=linear.PREFETCH=1,linear.M16_SPLIT=8 ;;
         mlp_fused)
             part pytest_gpu_${CARD}_mlp_fused 200 "$py" -m pytest -q -m gpu tests/kernels/test_linear.py -k silu
             part e2e_decode_mlp_fused 200 "$py" benchmarks/bench_e2e.py --out "$R/e2e_decode_mlp_fused" --only decode \
@@ -481,6 +489,6 @@ for p in "$@"; do
             part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_${CARD}
             part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (suite eval_rate eval_rate_prestart3 eval_rate_nosettle eval_rate_OP eval_repeat_OP rvi reply_copy probe_times cheats search_linear search_attention search_pair tuner_linear scaleout scaleout_shared attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs lmhead_bwd lmhead_bwd2 train_variants prefill_chunks decode_regs decode_combine mlp_fused varlen keys shared_prompts)" >&2 ;;
+            echo "unknown part $p (suite eval_rate eval_rate_prestart3 eval_rate_nosettle eval_rate_OP eval_repeat_OP rvi reply_copy probe_times cheats search_linear search_attention search_pair tuner_linear scaleout scaleout_shared attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs lmhead_bwd lmhead_bwd2 train_variants prefill_chunks decode_regs decode_combine mlp_fused linear_small varlen keys shared_prompts)" >&2 ;;
     esac
 done
