@@ -142,6 +142,11 @@
 #                     32's launch over row pairs was no faster on an H100, its epilogue split the pairs apart; since
 #                     session 37 two accumulators, gate rows and up rows, and the weight as it is): its GPU bit test at
 #                     the qwen3 MLPs, then the decode step with it and with the two launches ($R/e2e_decode_mlp_fused/)
+#   prefill_ws    #16 prefill through the warp-specialized forward (attention's FWD_WS, off: Triton 3.6's Hopper pass splits
+#                     its one loop into a TMA producer and two 64-row consumer warpgroups, sm_90 offline 168 registers,
+#                     results/attn_ir_sm90_offline_s37_ws.txt): its GPU bit tests, then bench_speed's prefill and
+#                     forward + backward with it as variants (128 and 64 rows; the one loop unspecialized, 8 warps)
+#                     ($R/speed_<card>_prefill_fwdbwd_variants.{json,md})
 #   linear_small  #16 linear vs cuBLAS (bench_speed's linear section, 9 rounds) with the M16 bucket's launch moved, no bits:
 #                     the weight's lines sent to L2 before the PDL wait (PREFETCH 1: the next call's stream starts while
 #                     the call before ends), 8 programs an SM instead of 4 (M16_SPLIT 8), both
@@ -347,6 +352,13 @@ for p in "$@"; do
             part pytest_gpu_${CARD}_stock_varlen 120 "$py" -m pytest -q -m gpu tests/e2e/test_stock_varlen.py
             part "speed_${CARD}_varlen" 300 "$py" benchmarks/bench_speed.py --only varlen --rounds 9 --budget-s 240 \
                 --out "$R" ;;
+        prefill_ws)
+            part pytest_gpu_${CARD}_prefill_ws 200 "$py" -m pytest -q -m gpu tests/kernels/test_attention_bwd.py \
+                -k warp_specialized
+            part prefill_ws 300 "$py" benchmarks/bench_speed.py --only prefill --only fwdbwd --out "$R" --rounds 9 \
+                --budget-s 240 --summary "$R/summary_prefill_ws_unused.json" --variant ws=attention.FWD_WS=1 \
+                --variant ws64=attention.FWD_WS=1,attention.ws_BLOCK_M=64 \
+                --variant loop8=attention.FWD_WS=1,attention.ws_SPECIALIZE=0,attention.ws_num_warps=8 ;;
         linear_small)
             part linear_small 300 "$py" benchmarks/bench_speed.py --only linear --out "$R" --rounds 9 --budget-s 240 \
                 --summary "$R/summary_linear_small_unused.json" --variant pf=linear.PREFETCH=1 \
@@ -489,6 +501,6 @@ for p in "$@"; do
             part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_${CARD}
             part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (suite eval_rate eval_rate_prestart3 eval_rate_nosettle eval_rate_OP eval_repeat_OP rvi reply_copy probe_times cheats search_linear search_attention search_pair tuner_linear scaleout scaleout_shared attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs lmhead_bwd lmhead_bwd2 train_variants prefill_chunks decode_regs decode_combine mlp_fused linear_small varlen keys shared_prompts)" >&2 ;;
+            echo "unknown part $p (suite eval_rate eval_rate_prestart3 eval_rate_nosettle eval_rate_OP eval_repeat_OP rvi reply_copy probe_times cheats search_linear search_attention search_pair tuner_linear scaleout scaleout_shared attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs lmhead_bwd lmhead_bwd2 train_variants prefill_chunks decode_regs decode_combine mlp_fused linear_small prefill_ws varlen keys shared_prompts)" >&2 ;;
     esac
 done

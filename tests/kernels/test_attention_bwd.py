@@ -327,3 +327,71 @@ def test_gpu_fused_dq_bits_and_determinism(layout, block_n, monkeypatch):
     assert same_bits(got[0], want[0]), (
         f"fused dq differs from the dq kernel's bits (max |diff| {diff:.3g}): ds from K Q^T does not give the MMA "
         "the bits of ds from Q K^T; BWD_DQ_FUSED=1 would be new root bits (the lead decides)")
+
+
+def _ws_matches_root(A, fwd, q, k, v, go, layout: str, monkeypatch, grads: bool = True) -> None:
+    """Prefill through `_attn_fwd_ws_kernel` (FWD_WS) gives the root launch's output bit for bit, and the same dq,
+    dk, dv (the backward reads its lse)."""
+    monkeypatch.setitem(A.CONFIG, "FWD_WS", 0)
+    want_o = fwd(q, k, v)
+    want = _grads(A, fwd, q, k, v, go, 0, 64, monkeypatch) if grads else ()
+    monkeypatch.setitem(A.CONFIG, "FWD_WS", 1)
+    assert same_bits(fwd(q, k, v), want_o), f"{layout}: FWD_WS changed the output"
+    got = _grads(A, fwd, q, k, v, go, 0, 64, monkeypatch) if grads else ()
+    for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
+        assert same_bits(a, b), f"{layout}: {name} differs with FWD_WS"
+
+
+@pytest.mark.parametrize("layout", ["dense", "packed", "many"])
+def test_warp_specialized_forward_keeps_the_bits(layout, monkeypatch):
+    """FWD_WS: one query head a program, descriptors made per sequence, one loop with the causal mask and the chunk
+    fold as selects: the same tree, so the same output and gradients as the root launch."""
+    import tik_kernels.ops.attention as A
+
+    fwd, q, k, v, go = _case(A, layout, 4)
+    _ws_matches_root(A, fwd, q, k, v, go, layout, monkeypatch)
+
+
+def test_warp_specialized_forward_never_reads_a_neighbour(monkeypatch):
+    """A packed sequence beside one of infinities and NaNs: FWD_WS's descriptors end at each sequence (reads past it
+    are zeros), so the other sequences' outputs are the root's and finite."""
+    import tik_kernels.ops.attention as A
+
+    fwd, q, k, v, _ = _case(A, "packed", 6)
+    k, v = k.clone(), v.clone()
+    k[3:24], v[3:24] = float("inf"), float("nan")  # the second sequence of [3, 21, 10]
+    keep = torch.cat([torch.arange(0, 3), torch.arange(24, 34)])
+    monkeypatch.setitem(A.CONFIG, "FWD_WS", 0)
+    want = fwd(q, k, v)[keep]
+    monkeypatch.setitem(A.CONFIG, "FWD_WS", 1)
+    got = fwd(q, k, v)[keep]
+    assert same_bits(got, want) and torch.isfinite(got.float()).all()
+
+
+def test_warp_specialized_forward_with_a_fold_every_block_is_seen(tmp_path, monkeypatch):
+    """The check above can fail: FWD_WS folding at every block instead of each chunk's last (planted) moves bits."""
+    import tik_kernels.ops.attention as A
+
+    fwd, q, k, v, _ = _case(A, "dense", 4)
+    want = fwd(q, k, v)
+    bad = _planted(tmp_path, "ws_fold_every_block", ("        edge = j % CHUNK == CHUNK - 1\n",
+                                                     "        edge = j >= 0\n"))
+    monkeypatch.setitem(bad.CONFIG, "FWD_WS", 1)
+    assert not same_bits(bad.attention_prefill(q, k, v), want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["dense", "off_grid", "packed", "many"])
+def test_gpu_warp_specialized_forward_keeps_the_bits(layout, monkeypatch):
+    """FWD_WS on the GPU (B=1 S=4096 Hq=32 Hk=8 D=128 bf16; S = 1000; packed 700 + 2300 + 50; 40 packed sequences):
+    the output and the gradients bit for bit as the root launch's."""
+    import tik_kernels.ops.attention as A
+
+    if layout == "off_grid":
+        gen = torch.Generator(device="cuda").manual_seed(9)
+        q, k, v, go = (torch.randn(1, h, 1000, 128, generator=gen, device="cuda").to(torch.bfloat16)
+                       for h in (32, 8, 8, 32))
+        fwd = A.attention_prefill
+    else:
+        fwd, q, k, v, go = _case(A, layout, 9, device="cuda", big=True)
+    _ws_matches_root(A, fwd, q, k, v, go, layout, monkeypatch)

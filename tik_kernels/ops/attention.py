@@ -209,6 +209,16 @@ TUNABLES = {
     # BWD_DS_STORE: a launch of the dk/dv kernel with fewer programs than this keeps the dq kernel (each program's
     # causal walk is as long as the longest; with fewer than about two per SM the longest walks leave SMs idle)
     "DS_MIN_PROGRAMS": (0, 128, 256, 512),
+    # 1: prefill through `_attn_fwd_ws_kernel` where it applies (Triton's Hopper warp specialization: a producer warp
+    # loads Q, K and V through TMA while two consumer warpgroups of 64 rows each compute; one query head per program,
+    # no GQA folding; the same tree and values); its rows per program, warps (of the consumers; the compiler adds
+    # the producer's) and stages
+    "FWD_WS": (0, 1),
+    # 0: the same one-loop kernel, not specialized (all warps load and compute)
+    "ws_SPECIALIZE": (0, 1),
+    "ws_BLOCK_M": (64, 128),
+    "ws_num_warps": (4, 8),
+    "ws_num_stages": (1, 2, 3),
 }
 
 CONFIG = {
@@ -259,6 +269,13 @@ CONFIG = {
     "ds_dq_num_stages": 3,
     "DS_LONGEST_FIRST": 1,
     "DS_MIN_PROGRAMS": 256,
+    # off until a GPU times it (`gpu_pending.sh prefill_ws`): compiled offline for sm_90 with Triton 3.6 it is
+    # warp-specialized (12 warps), 168 registers a thread
+    "FWD_WS": 0,
+    "ws_SPECIALIZE": 1,
+    "ws_BLOCK_M": 128,
+    "ws_num_warps": 4,
+    "ws_num_stages": 2,
 }
 
 #: BWD_DS_STORE: the most bytes its dS workspace may take (the causal half of dS in q's dtype: at S = 16k, 1.07 GB
@@ -488,6 +505,104 @@ def _attn_fwd_kernel(
     tl.store(p_o, out.to(o_ptr.dtype.element_ty), mask=m_row[:, None])
     p_l = lse_ptr + b * stride_lb + h * stride_lh + (start + q_pos) * stride_ls
     tl.store(p_l, m_t + tl.math.log2(l_row), mask=m_row)
+
+
+@triton.jit
+def _attn_fwd_ws_kernel(
+    q_ptr,  # [B, Hq, S, D] or packed [T, Hq, D]
+    k_ptr,  # [B, Hk, S, D] or packed [T, Hk, D]
+    v_ptr,  # like k
+    o_ptr,  # like q
+    lse_ptr,  # fp32 [B, Hq, S] or [T, Hq]
+    cu_ptr,  # int32 [B + 1] sequence starts (VARLEN only)
+    stride_qb, stride_qh, stride_qs,
+    stride_kb, stride_kh, stride_ks,
+    stride_vb, stride_vh, stride_vs,
+    stride_ob, stride_oh, stride_os,
+    stride_lb, stride_lh, stride_ls,
+    seq_len,  # S of the dense form (unused when VARLEN)
+    n_heads,  # query heads
+    qk_scale,  # softmax scale * log2(e)
+    G: tl.constexpr,  # query heads per KV head
+    D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CHUNK: tl.constexpr,  # KV blocks per chunk
+    VARLEN: tl.constexpr,
+    UPCAST: tl.constexpr,
+    WS: tl.constexpr = True,  # the walk warp-specialized (Triton's Hopper pass; the interpreter ignores it)
+    LONGEST_FIRST: tl.constexpr = False,
+):
+    """Prefill's forward as one loop the compiler can warp-specialize (FWD_WS): the tree of `_attn_fwd_kernel`
+    (KV blocks of BLOCK_N keys from position 0, chunks of CHUNK blocks each from a fresh state, merged into the
+    running total in chunk order, the same `_softmax_step`, `_merge`, `_merge_sum`), laid out as Triton 3.6's Hopper
+    warp specialization accepts it: every row of a program one query head's position (no GQA folding: the row is
+    the same computation), Q, K and V read through TMA descriptors made here, per sequence, whose reads past the
+    sequence's end are zeros (never another sequence's rows), one loop over every block the tile sees with the
+    causal mask as a select, and the chunk fold as selects at each chunk's last block instead of a branch (the
+    same operations on the same values where it folds; elsewhere the state is kept as it was). A row's blocks past
+    its own causal end are masked whole: their step and their chunk's fold are exact identities, as in
+    `_attn_fwd_kernel`, so the bits do not depend on the tile."""
+    pid_m = _row_tile(LONGEST_FIRST)
+    pid_bh = tl.program_id(1).to(tl.int64)
+    b = pid_bh // n_heads
+    h = pid_bh % n_heads
+    kvh = h // G
+    b, start, L = _sequence(cu_ptr, b, seq_len, VARLEN)
+    P_TY: tl.constexpr = k_ptr.dtype.element_ty
+    pos_lo = pid_m * BLOCK_M
+    q_pos = pos_lo + tl.arange(0, BLOCK_M)
+    m_row = q_pos < L
+    o_d = tl.arange(0, D)
+    q_desc = tl.make_tensor_descriptor(q_ptr + b * stride_qb + h * stride_qh + start * stride_qs, shape=[L, D],
+                                       strides=[stride_qs, 1], block_shape=[BLOCK_M, D])
+    k_desc = tl.make_tensor_descriptor(k_ptr + b * stride_kb + kvh * stride_kh + start * stride_ks, shape=[L, D],
+                                       strides=[stride_ks, 1], block_shape=[BLOCK_N, D])
+    v_desc = tl.make_tensor_descriptor(v_ptr + b * stride_vb + kvh * stride_vh + start * stride_vs, shape=[L, D],
+                                       strides=[stride_vs, 1], block_shape=[BLOCK_N, D])
+    b_q = q_desc.load([pos_lo.to(tl.int32), 0])
+    if UPCAST:
+        b_q = b_q.to(tl.float32)
+    m_t = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_t = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
+    acc_t = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    ones = tl.full([BLOCK_N, 16], 1.0, dtype=b_q.dtype)
+    n_full = (pos_lo + 1) // BLOCK_N  # blocks every row of the tile sees whole
+    # a tile past its sequence's end (a shorter packed sequence) walks nothing and stores nothing
+    n_blocks = tl.where(pos_lo >= L, 0, tl.cdiv(tl.minimum(pos_lo + BLOCK_M, L), BLOCK_N))
+    for j in tl.range(0, n_blocks, warp_specialize=WS):
+        k_pos = j * BLOCK_N + tl.arange(0, BLOCK_N)
+        b_k = k_desc.load([j * BLOCK_N, 0])
+        b_v = v_desc.load([j * BLOCK_N, 0])
+        if UPCAST:
+            b_k = b_k.to(tl.float32)
+            b_v = b_v.to(tl.float32)
+        s = tl.dot(b_q, tl.trans(b_k))  # [BM, BN]
+        # masked before the scale, as `_attn_fwd_kernel`'s diagonal blocks are (-inf * scale is -inf); keys past
+        # the sequence are later than every valid row's position
+        s = tl.where((k_pos[None, :] <= q_pos[:, None]) | (j < n_full), s, float("-inf"))
+        m_i, l_i, acc = _softmax_step(s, s, m_i, l_i, acc, b_v, ones, qk_scale, P_TY, False)
+        edge = j % CHUNK == CHUNK - 1
+        m_f, a_t, a_i = _merge(m_t, m_i)
+        l_t = tl.where(edge, _merge_sum(l_t, a_t[:, None], l_i, a_i[:, None]), l_t)
+        acc_t = tl.where(edge, _merge_sum(acc_t, a_t[:, None], acc, a_i[:, None]), acc_t)
+        m_t = tl.where(edge, m_f, m_t)
+        m_i = tl.where(edge, float("-inf"), m_i)
+        l_i = tl.where(edge, 0.0, l_i)
+        acc = tl.where(edge, 0.0, acc)
+    # the last, partial chunk (the empty state if the walk ended on a chunk edge: then the merge is exact identity)
+    m_f, a_t, a_i = _merge(m_t, m_i)
+    l_t = _merge_sum(l_t, a_t[:, None], l_i, a_i[:, None])
+    acc_t = _merge_sum(acc_t, a_t[:, None], acc, a_i[:, None])
+    l_row = tl.max(l_t, 1)
+    out = acc_t / l_row[:, None]
+    p_o = o_ptr + b * stride_ob + h * stride_oh + (start + q_pos[:, None]) * stride_os + o_d[None, :]
+    tl.store(p_o, out.to(o_ptr.dtype.element_ty), mask=m_row[:, None])
+    p_l = lse_ptr + b * stride_lb + h * stride_lh + (start + q_pos) * stride_ls
+    tl.store(p_l, m_f + tl.math.log2(l_row), mask=m_row)
 
 
 @triton.jit
@@ -1147,7 +1262,7 @@ def _tiles() -> dict:
     if INTERPRET:
         return {**CONFIG, "BLOCK_N": CONFIG["BLOCK_N_INTERPRET"], "CHUNK_BLOCKS": CONFIG["CHUNK_BLOCKS_INTERPRET"],
                 "BLOCK_M": 16, "DECODE_BLOCK_M": 16, "DQ_BLOCK_M": 16, "DQ_BLOCK_N": CONFIG["BLOCK_N_INTERPRET"],
-                "DKDV_BLOCK_M": 16, "DS_DQ_BLOCK_M": 16, "DS_MIN_PROGRAMS": 0,
+                "ws_BLOCK_M": 16, "DKDV_BLOCK_M": 16, "DS_DQ_BLOCK_M": 16, "DS_MIN_PROGRAMS": 0,
                 "DQ_TILE_N": CONFIG["BLOCK_N_INTERPRET"] * CONFIG["DQ_TILE_N"] // CONFIG["DQ_BLOCK_N"],
                 # the key tile keeps its ratio to the dq block (the fused dq splits a double tile in two)
                 "DKDV_BLOCK_N": CONFIG["BLOCK_N_INTERPRET"] * CONFIG["DKDV_BLOCK_N"] // CONFIG["DQ_BLOCK_N"],
@@ -1200,6 +1315,32 @@ def _row_strides(t: torch.Tensor, varlen: bool) -> tuple[int, int, int]:
     return t.stride(0), t.stride(1), t.stride(2)
 
 
+def _ws_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, varlen: bool) -> bool:
+    """Whether `_attn_fwd_ws_kernel` can read q, k and v: descriptors made on the device (Triton >= 3.4), each
+    (sequence, head) start 16-byte aligned and its positions a multiple of 16 bytes apart. Its descriptors take a
+    few bytes of global scratch a program, which Triton asks an allocator for (`_tma_scratch`)."""
+    if not hasattr(tl, "make_tensor_descriptor"):
+        return False
+    for t in (q, k, v):
+        size = t.element_size()
+        if t.stride(-1) != 1 or t.data_ptr() % 16 or any((x * size) % 16 for x in _row_strides(t, varlen)):
+            return False
+    if not INTERPRET:
+        _use_tma_scratch()
+    return True
+
+
+def _tma_scratch(size: int, alignment: int, stream) -> torch.Tensor:
+    """Global scratch for descriptors a kernel makes on the device (Triton's allocator hook): from torch's caching
+    allocator, so a CUDA graph's capture takes it from the graph's pool."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+@functools.lru_cache(maxsize=1)
+def _use_tma_scratch() -> None:
+    triton.set_allocator(_tma_scratch)
+
+
 def _kv_descriptor(t: torch.Tensor, varlen: bool, block_n: int):
     """(TMA descriptor, (rb, rh, ch)) for K or V, or None when TMA cannot read it.
 
@@ -1245,6 +1386,16 @@ def _fwd(q, k, v, cu, n_seq, max_len, seq_len, scale, varlen):
     scratch = torch.empty(grid[0] * grid[1] * cfg["BLOCK_M"] * d if in_memory else 1, dtype=torch.float32,
                           device=q.device)
     block_n = cfg["BLOCK_N"]  # the KV block: the launch and the descriptors read the same one
+    if cfg.get("FWD_WS", 0) and _ws_applies(q, k, v, varlen):
+        bm = cfg["ws_BLOCK_M"]
+        _attn_fwd_ws_kernel[(triton.cdiv(max_len, bm), n_seq * hq)](
+            q, k, v, o, lse, cu, *_row_strides(q, varlen), *_row_strides(k, varlen), *_row_strides(v, varlen),
+            *_row_strides(o, varlen), *lse_strides, seq_len, hq, scale * _LOG2E,
+            G=G, D=d, BLOCK_M=bm, BLOCK_N=block_n, CHUNK=cfg["CHUNK_BLOCKS"], VARLEN=varlen, UPCAST=INTERPRET,
+            WS=bool(cfg.get("ws_SPECIALIZE", 1)) and not INTERPRET, LONGEST_FIRST=bool(cfg.get("FWD_LONGEST_FIRST", 0)),
+            **_launch_opts(cfg["ws_num_warps"], cfg["ws_num_stages"]),
+        )  # fmt: skip
+        return o, lse
     kd = vd = None
     if cfg.get("FWD_TMA", 0):
         kd, vd = _kv_descriptor(k, varlen, block_n), _kv_descriptor(v, varlen, block_n)
