@@ -64,6 +64,11 @@ CASES = (
      dict(BLOCK_M=64, BLOCK_N=128, CHUNK=4, TOTAL_IN_MEMORY=True, TMA=True, ONE_LOOP=True), 4, 1),
     ("forward 64 x 128, TMA, one loop, 8 warps", "_attn_fwd_kernel",
      dict(BLOCK_M=64, BLOCK_N=128, CHUNK=4, TOTAL_IN_MEMORY=False, TMA=True, ONE_LOOP=True), 8, 1),
+    # FWD_WS (session 37): the one-loop kernel Triton's Hopper pass may warp-specialize, and the same unspecialized
+    ("forward WS 128 x 128", "_attn_fwd_ws_kernel", dict(BLOCK_M=128, BLOCK_N=128, CHUNK=4, WS=True), 4, 2),
+    ("forward WS 64 x 128", "_attn_fwd_ws_kernel", dict(BLOCK_M=64, BLOCK_N=128, CHUNK=4, WS=True), 4, 2),
+    ("forward WS 128 x 128, not specialized, 8 warps", "_attn_fwd_ws_kernel",
+     dict(BLOCK_M=128, BLOCK_N=128, CHUNK=4, WS=False), 8, 2),
 )
 
 
@@ -124,6 +129,7 @@ def report(mod, name: str, kernel: str, const: dict, warps: int, stages: int, tt
             f"{ir.count('warp_group_dot ')} (waits {ir.count('warp_group_dot_wait')}, pendings {','.join(pend)}), "
             f"async copies {ir.count('async_copy_global_to_local')}, TMA loads {ir.count('async_tma_copy')}"
             f"{', WGMMA SERIALIZED (ptxas C7515)' if 'C7515' in out else ''}"
+            f"{', warp-specialized' if 'ttg.warp_specialize' in ir else ''}"
             + ("" if not with_regions else "\n    SASS instructions: " + "; ".join(
                 f"{where} {n}" for where, n in regions(sass or ""))))
 

@@ -45,7 +45,9 @@ BLOCK_M, warps, stages, chunks per program and the split choice change only whic
 program; on an H200 the MMA bits of a row do not depend on the tile's other rows, and the contract's root_bits
 check re-proves it for every candidate. The order programs are launched in (FWD_LONGEST_FIRST, DQ_LONGEST_FIRST:
 the causal walks grow with the row tile, so the last tiles may go first) and whether K and V arrive through TMA
-descriptors or pointers are free too.
+descriptors or pointers are free too. So is the kernel prefill runs: FWD_WS takes `_attn_fwd_ws_kernel`, the same
+tree written as one loop (the causal mask and the chunk fold as selects, one query head a program, descriptors made
+per sequence) that Triton's Hopper pass can split into a TMA producer and two consumer warpgroups.
 
 KV cache: `k_cache[B, Hk, L, D]` with `lens[B]` valid keys per sequence (the current token's k/v already written
 at `lens[b] - 1`); an engine allocates L once and writes position `lens[b]` in place, any strides allowed.
