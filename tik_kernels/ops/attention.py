@@ -1283,14 +1283,15 @@ def _for_head_dim(cfg: dict, d: int) -> dict:
     with 3 stages 287 KB, the dq kernel with 128 rows 262 KB, against 232,448 B: sm_90 compiles of
     benchmarks/attn_ir_offline.py --head-dim 256): one forward stage, two decode stages, 64-row dq tiles of 64-key
     steps, and 64-key dk/dv tiles when dS is stored (and 64-row forward tiles: 128 spill 2.8 KB a thread). All of
-    them only choose who computes what (no bit changes)."""
+    them only choose who computes what (no bit changes). FWD_WS is off there (its 128-row Q and two stages of K and
+    V are sized for D <= 128)."""
     if d <= _WIDE_HEAD or INTERPRET:
         return cfg
     sub = cfg["DQ_BLOCK_N"]
     return {**cfg, "BLOCK_M": 64, "num_stages": 1, "decode_num_stages": min(cfg["decode_num_stages"], 2),
             "DQ_BLOCK_M": 64, "DQ_TILE_N": sub, "dq_num_stages": min(cfg.get("dq_num_stages", 2), 2),
             "DS_DKDV_BLOCK_N": sub, "DS_DQ_BLOCK_M": cfg["DKDV_BLOCK_M"],
-            "bwd_num_stages": min(cfg["bwd_num_stages"], 2)}
+            "bwd_num_stages": min(cfg["bwd_num_stages"], 2), "FWD_WS": 0}  # FWD_WS's tiles are sized for D <= 128
 
 
 def _launch_opts(warps: int, stages: int) -> dict:
