@@ -1395,7 +1395,7 @@ def _fwd(q, k, v, cu, n_seq, max_len, seq_len, scale, varlen):
         _attn_fwd_ws_kernel[(triton.cdiv(max_len, bm), n_seq * hq)](
             q, k, v, o, lse, cu, *_row_strides(q, varlen), *_row_strides(k, varlen), *_row_strides(v, varlen),
             *_row_strides(o, varlen), *lse_strides, seq_len, hq, scale * _LOG2E,
-            G=G, D=d, BLOCK_M=bm, BLOCK_N=block_n, CHUNK=cfg["CHUNK_BLOCKS"], VARLEN=varlen, UPCAST=INTERPRET,
+            G=G, D=d, BLOCK_M=bm, BLOCK_N=block_n, VARLEN=varlen, CHUNK=cfg["CHUNK_BLOCKS"], UPCAST=INTERPRET,
             WS=bool(cfg.get("ws_SPECIALIZE", 1)) and not INTERPRET, LONGEST_FIRST=bool(cfg.get("FWD_LONGEST_FIRST", 0)),
             **_launch_opts(cfg["ws_num_warps"], cfg["ws_num_stages"]),
         )  # fmt: skip
