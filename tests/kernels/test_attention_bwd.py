@@ -395,3 +395,19 @@ def test_gpu_warp_specialized_forward_keeps_the_bits(layout, monkeypatch):
     else:
         fwd, q, k, v, go = _case(A, layout, 9, device="cuda", big=True)
     _ws_matches_root(A, fwd, q, k, v, go, layout, monkeypatch)
+
+
+def test_warp_specialized_forward_declines_what_its_descriptors_cannot_read(monkeypatch):
+    """FWD_WS needs each (sequence, head) start 16-byte aligned and positions 16 bytes apart: a packed q whose
+    positions are 20 elements (40 B) apart goes to the root launch instead, with the same bits."""
+    import tik_kernels.ops.attention as A
+
+    fwd, q, k, v, _ = _case(A, "packed", 8)
+    wide = torch.zeros(q.shape[0], q.shape[1], 20, dtype=q.dtype)
+    wide[..., :16] = q
+    q_odd = wide[..., :16]  # head stride 20: 40 bytes
+    assert not A._ws_applies(q_odd, k, v, True) and A._ws_applies(q, k, v, True)
+    monkeypatch.setitem(A.CONFIG, "FWD_WS", 0)
+    want = fwd(q, k, v)
+    monkeypatch.setitem(A.CONFIG, "FWD_WS", 1)
+    assert same_bits(fwd(q_odd, k, v), want)
