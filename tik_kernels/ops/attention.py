@@ -588,24 +588,24 @@ def _attn_fwd_ws_kernel(
         # the sequence are later than every valid row's position
         s = tl.where((k_pos[None, :] <= q_pos[:, None]) | (j < n_full), s, float("-inf"))
         m_i, l_i, acc = _softmax_step(s, s, m_i, l_i, acc, b_v, ones, qk_scale, P_TY, False)
+        # the root's fold (the total's acc in registers: its scratch pointer unused), kept at each chunk's last block
+        # only, by selects: a branch here stops the Hopper pass
         edge = j % CHUNK == CHUNK - 1
-        m_f, a_t, a_i = _merge(m_t, m_i)
-        l_t = tl.where(edge, _merge_sum(l_t, a_t[:, None], l_i, a_i[:, None]), l_t)
-        acc_t = tl.where(edge, _merge_sum(acc_t, a_t[:, None], acc, a_i[:, None]), acc_t)
+        m_f, l_f, acc_f = _fold_chunk(m_t, l_t, acc_t, m_i, l_i, acc, lse_ptr, False)
         m_t = tl.where(edge, m_f, m_t)
+        l_t = tl.where(edge, l_f, l_t)
+        acc_t = tl.where(edge, acc_f, acc_t)
         m_i = tl.where(edge, float("-inf"), m_i)
         l_i = tl.where(edge, 0.0, l_i)
         acc = tl.where(edge, 0.0, acc)
     # the last, partial chunk (the empty state if the walk ended on a chunk edge: then the merge is exact identity)
-    m_f, a_t, a_i = _merge(m_t, m_i)
-    l_t = _merge_sum(l_t, a_t[:, None], l_i, a_i[:, None])
-    acc_t = _merge_sum(acc_t, a_t[:, None], acc, a_i[:, None])
+    m_t, l_t, acc_t = _fold_chunk(m_t, l_t, acc_t, m_i, l_i, acc, lse_ptr, False)
     l_row = tl.max(l_t, 1)
     out = acc_t / l_row[:, None]
     p_o = o_ptr + b * stride_ob + h * stride_oh + (start + q_pos[:, None]) * stride_os + o_d[None, :]
     tl.store(p_o, out.to(o_ptr.dtype.element_ty), mask=m_row[:, None])
     p_l = lse_ptr + b * stride_lb + h * stride_lh + (start + q_pos) * stride_ls
-    tl.store(p_l, m_f + tl.math.log2(l_row), mask=m_row)
+    tl.store(p_l, m_t + tl.math.log2(l_row), mask=m_row)
 
 
 @triton.jit
@@ -1321,16 +1321,13 @@ def _row_strides(t: torch.Tensor, varlen: bool) -> tuple[int, int, int]:
 
 def _ws_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, varlen: bool) -> bool:
     """Whether `_attn_fwd_ws_kernel` can read q, k and v: descriptors made on the device (Triton >= 3.4), each
-    (sequence, head) start 16-byte aligned and its positions a multiple of 16 bytes apart. Its descriptors take a
-    few bytes of global scratch a program, which Triton asks an allocator for (`_tma_scratch`)."""
+    (sequence, head) start 16-byte aligned and its positions a multiple of 16 bytes apart."""
     if not hasattr(tl, "make_tensor_descriptor"):
         return False
     for t in (q, k, v):
         size = t.element_size()
         if t.stride(-1) != 1 or t.data_ptr() % 16 or any((x * size) % 16 for x in _row_strides(t, varlen)):
             return False
-    if not INTERPRET:
-        _use_tma_scratch()
     return True
 
 
@@ -1342,6 +1339,8 @@ def _tma_scratch(size: int, alignment: int, stream) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=1)
 def _use_tma_scratch() -> None:
+    """`_attn_fwd_ws_kernel`'s descriptors take a few bytes of global scratch a program, which Triton asks its
+    allocator for: `_tma_scratch`, set once."""
     triton.set_allocator(_tma_scratch)
 
 
@@ -1385,12 +1384,10 @@ def _fwd(q, k, v, cu, n_seq, max_len, seq_len, scale, varlen):
     o = torch.empty_like(q)
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
     lse_strides = (0, lse.stride(1), lse.stride(0)) if varlen else (lse.stride(0), lse.stride(1), lse.stride(2))
-    grid = (triton.cdiv(max_len * G, cfg["BLOCK_M"]), n_seq * hk)
-    in_memory = bool(cfg.get("FWD_TOTAL_IN_MEMORY", 0))
-    scratch = torch.empty(grid[0] * grid[1] * cfg["BLOCK_M"] * d if in_memory else 1, dtype=torch.float32,
-                          device=q.device)
     block_n = cfg["BLOCK_N"]  # the KV block: the launch and the descriptors read the same one
     if cfg.get("FWD_WS", 0) and _ws_applies(q, k, v, varlen):
+        if not INTERPRET:
+            _use_tma_scratch()
         bm = cfg["ws_BLOCK_M"]
         _attn_fwd_ws_kernel[(triton.cdiv(max_len, bm), n_seq * hq)](
             q, k, v, o, lse, cu, *_row_strides(q, varlen), *_row_strides(k, varlen), *_row_strides(v, varlen),
@@ -1400,6 +1397,10 @@ def _fwd(q, k, v, cu, n_seq, max_len, seq_len, scale, varlen):
             **_launch_opts(cfg["ws_num_warps"], cfg["ws_num_stages"]),
         )  # fmt: skip
         return o, lse
+    grid = (triton.cdiv(max_len * G, cfg["BLOCK_M"]), n_seq * hk)
+    in_memory = bool(cfg.get("FWD_TOTAL_IN_MEMORY", 0))
+    scratch = torch.empty(grid[0] * grid[1] * cfg["BLOCK_M"] * d if in_memory else 1, dtype=torch.float32,
+                          device=q.device)
     kd = vd = None
     if cfg.get("FWD_TMA", 0):
         kd, vd = _kv_descriptor(k, varlen, block_n), _kv_descriptor(v, varlen, block_n)
