@@ -56,6 +56,19 @@ def _case(A, layout: str, seed: int, device: str = "cpu", big: bool = False):
     return fwd, q, k, v, go
 
 
+def _launch_keeps_bits(A, fwd, q, k, v, go, label: str, monkeypatch, **launch) -> None:
+    """The output of fwd(q, k, v) and dq, dk, dv of <fwd, go> are bit for bit the CONFIG's with the launch choices
+    `launch` set too."""
+    want_o = fwd(q, k, v)
+    want = _grads(A, fwd, q, k, v, go, 0, 64, monkeypatch)
+    for key, value in launch.items():
+        monkeypatch.setitem(A.CONFIG, key, value)
+    assert same_bits(fwd(q, k, v), want_o), f"{label}: the output differs"
+    got = _grads(A, fwd, q, k, v, go, 0, 64, monkeypatch)
+    for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
+        assert same_bits(a, b), f"{label}: {name} differs"
+
+
 def _planted(tmp_path: Path, name: str, *changes: tuple[str, str]):
     """attention.py with planted changes (each target must exist exactly once, so a refactor cannot hide one)."""
     src = SOURCE.read_text()
@@ -107,14 +120,8 @@ def test_longest_first_launch_keeps_the_bits(layout, monkeypatch):
     import tik_kernels.ops.attention as A
 
     fwd, q, k, v, go = _case(A, layout, 2)
-    want_o = fwd(q, k, v)
-    want = _grads(A, fwd, q, k, v, go, 0, 64, monkeypatch)
-    monkeypatch.setitem(A.CONFIG, "FWD_LONGEST_FIRST", 1)
-    monkeypatch.setitem(A.CONFIG, "DQ_LONGEST_FIRST", 1)
-    assert same_bits(fwd(q, k, v), want_o), f"{layout}: the output differs launched longest first"
-    got = _grads(A, fwd, q, k, v, go, 0, 64, monkeypatch)
-    for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
-        assert same_bits(a, b), f"{layout}: {name} differs launched longest first"
+    _launch_keeps_bits(A, fwd, q, k, v, go, f"{layout}, launched longest first", monkeypatch,
+                       FWD_LONGEST_FIRST=1, DQ_LONGEST_FIRST=1)
 
 
 def _one_loop_matches_two(A, fwd, qkv, layout: str, tmas: tuple, monkeypatch) -> None:
@@ -329,17 +336,11 @@ def test_gpu_fused_dq_bits_and_determinism(layout, block_n, monkeypatch):
         "the bits of ds from Q K^T; BWD_DQ_FUSED=1 would be new root bits (the lead decides)")
 
 
-def _ws_matches_root(A, fwd, q, k, v, go, layout: str, monkeypatch, grads: bool = True) -> None:
+def _ws_matches_root(A, fwd, q, k, v, go, layout: str, monkeypatch) -> None:
     """Prefill through `_attn_fwd_ws_kernel` (FWD_WS) gives the root launch's output bit for bit, and the same dq,
     dk, dv (the backward reads its lse)."""
     monkeypatch.setitem(A.CONFIG, "FWD_WS", 0)
-    want_o = fwd(q, k, v)
-    want = _grads(A, fwd, q, k, v, go, 0, 64, monkeypatch) if grads else ()
-    monkeypatch.setitem(A.CONFIG, "FWD_WS", 1)
-    assert same_bits(fwd(q, k, v), want_o), f"{layout}: FWD_WS changed the output"
-    got = _grads(A, fwd, q, k, v, go, 0, 64, monkeypatch) if grads else ()
-    for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
-        assert same_bits(a, b), f"{layout}: {name} differs with FWD_WS"
+    _launch_keeps_bits(A, fwd, q, k, v, go, f"{layout}, FWD_WS", monkeypatch, FWD_WS=1)
 
 
 @pytest.mark.parametrize("layout", ["dense", "packed", "many"])
