@@ -336,24 +336,28 @@ def test_gpu_fused_dq_bits_and_determinism(layout, block_n, monkeypatch):
         "the bits of ds from Q K^T; BWD_DQ_FUSED=1 would be new root bits (the lead decides)")
 
 
-def _ws_matches_root(A, fwd, q, k, v, go, layout: str, monkeypatch) -> None:
-    """Prefill through `_attn_fwd_ws_kernel` (FWD_WS) gives the root launch's output bit for bit, and the same dq,
-    dk, dv (the backward reads its lse)."""
+def _ws_matches_root(A, fwd, q, k, v, go, layout: str, nested: int, monkeypatch) -> None:
+    """Prefill through `_attn_fwd_ws_kernel` (FWD_WS, its chunks walked as nested loops or as one loop) gives the
+    root launch's output bit for bit, and the same dq, dk, dv (the backward reads its lse)."""
     monkeypatch.setitem(A.CONFIG, "FWD_WS", 0)
-    _launch_keeps_bits(A, fwd, q, k, v, go, f"{layout}, FWD_WS", monkeypatch, FWD_WS=1)
+    monkeypatch.setitem(A.CONFIG, "ws_NESTED", nested)
+    _launch_keeps_bits(A, fwd, q, k, v, go, f"{layout}, FWD_WS, ws_NESTED {nested}", monkeypatch, FWD_WS=1)
 
 
+@pytest.mark.parametrize("nested", [1, 0])
 @pytest.mark.parametrize("layout", ["dense", "packed", "many"])
-def test_warp_specialized_forward_keeps_the_bits(layout, monkeypatch):
-    """FWD_WS: one query head a program, descriptors made per sequence, one loop with the causal mask and the chunk
-    fold as selects: the same tree, so the same output and gradients as the root launch."""
+def test_warp_specialized_forward_keeps_the_bits(layout, nested, monkeypatch):
+    """FWD_WS: one query head a program, descriptors made per sequence, the causal mask as a select, the chunks as
+    nested loops or the fold as selects in one loop: the same tree, so the same output and gradients as the root
+    launch."""
     import tik_kernels.ops.attention as A
 
     fwd, q, k, v, go = _case(A, layout, 4)
-    _ws_matches_root(A, fwd, q, k, v, go, layout, monkeypatch)
+    _ws_matches_root(A, fwd, q, k, v, go, layout, nested, monkeypatch)
 
 
-def test_warp_specialized_forward_never_reads_a_neighbour(monkeypatch):
+@pytest.mark.parametrize("nested", [1, 0])
+def test_warp_specialized_forward_never_reads_a_neighbour(nested, monkeypatch):
     """A packed sequence beside one of infinities and NaNs: FWD_WS's descriptors end at each sequence (reads past it
     are zeros), so the other sequences' outputs are the root's and finite."""
     import tik_kernels.ops.attention as A
@@ -365,27 +369,37 @@ def test_warp_specialized_forward_never_reads_a_neighbour(monkeypatch):
     monkeypatch.setitem(A.CONFIG, "FWD_WS", 0)
     want = fwd(q, k, v)[keep]
     monkeypatch.setitem(A.CONFIG, "FWD_WS", 1)
+    monkeypatch.setitem(A.CONFIG, "ws_NESTED", nested)
     got = fwd(q, k, v)[keep]
     assert same_bits(got, want) and torch.isfinite(got.float()).all()
 
 
-def test_warp_specialized_forward_with_a_fold_every_block_is_seen(tmp_path, monkeypatch):
-    """The check above can fail: FWD_WS folding at every block instead of each chunk's last (planted) moves bits."""
+@pytest.mark.parametrize(("nested", "plant"), [
+    # one loop: a fold at every block instead of each chunk's last
+    (0, [("            edge = j % CHUNK == CHUNK - 1\n", "            edge = j >= 0\n")]),
+    # nested: a chunk that follows the tile (one chunk of every block the tile sees: the chunk size follows L)
+    (1, [("range(0, tl.cdiv(n_blocks, CHUNK), warp_specialize=WS)",
+          "range(0, tl.minimum(n_blocks, 1), warp_specialize=WS)"),
+         ("range(c * CHUNK, tl.minimum(c * CHUNK + CHUNK, n_blocks))", "range(0, n_blocks)")]),
+])
+def test_warp_specialized_forward_with_another_tree_is_seen(nested, plant, tmp_path, monkeypatch):
+    """The checks above can fail: FWD_WS with its chunks moved (planted) moves bits."""
     import tik_kernels.ops.attention as A
 
     fwd, q, k, v, _ = _case(A, "dense", 4)
     want = fwd(q, k, v)
-    bad = _planted(tmp_path, "ws_fold_every_block", ("        edge = j % CHUNK == CHUNK - 1\n",
-                                                     "        edge = j >= 0\n"))
+    bad = _planted(tmp_path, f"ws_tree_{nested}", *plant)
     monkeypatch.setitem(bad.CONFIG, "FWD_WS", 1)
+    monkeypatch.setitem(bad.CONFIG, "ws_NESTED", nested)
     assert not same_bits(bad.attention_prefill(q, k, v), want)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("nested", [1, 0])
 @pytest.mark.parametrize("layout", ["dense", "off_grid", "packed", "many"])
-def test_gpu_warp_specialized_forward_keeps_the_bits(layout, monkeypatch):
-    """FWD_WS on the GPU (B=1 S=4096 Hq=32 Hk=8 D=128 bf16; S = 1000; packed 700 + 2300 + 50; 40 packed sequences):
-    the output and the gradients bit for bit as the root launch's."""
+def test_gpu_warp_specialized_forward_keeps_the_bits(layout, nested, monkeypatch):
+    """FWD_WS on the GPU (B=1 S=4096 Hq=32 Hk=8 D=128 bf16; S = 1000; packed 700 + 2300 + 50; 40 packed sequences),
+    nested loops and one loop: the output and the gradients bit for bit as the root launch's."""
     import tik_kernels.ops.attention as A
 
     if layout == "off_grid":
@@ -395,7 +409,7 @@ def test_gpu_warp_specialized_forward_keeps_the_bits(layout, monkeypatch):
         fwd = A.attention_prefill
     else:
         fwd, q, k, v, go = _case(A, layout, 9, device="cuda", big=True)
-    _ws_matches_root(A, fwd, q, k, v, go, layout, monkeypatch)
+    _ws_matches_root(A, fwd, q, k, v, go, layout, nested, monkeypatch)
 
 
 def test_warp_specialized_forward_declines_what_its_descriptors_cannot_read(monkeypatch):

@@ -216,8 +216,11 @@ TUNABLES = {
     # no GQA folding; the same tree and values); its rows per program, warps (of the consumers; the compiler adds
     # the producer's) and stages
     "FWD_WS": (0, 1),
-    # 0: the same one-loop kernel, not specialized (all warps load and compute)
+    # 0: the same kernel, not specialized (all warps load and compute)
     "ws_SPECIALIZE": (0, 1),
+    # 1: an outer loop over chunks (the one specialized) and an inner one over a chunk's blocks, the fold after it;
+    # 0: one loop over blocks, the fold by selects at chunk edges (computed at every block)
+    "ws_NESTED": (0, 1),
     "ws_BLOCK_M": (64, 128),
     "ws_num_warps": (4, 8),
     # 3 stages of 128-key K and V tiles with a 128-row Q need 246 KB of shared memory (offline, sm_90)
@@ -276,6 +279,7 @@ CONFIG = {
     # warp-specialized (12 warps), 168 registers a thread
     "FWD_WS": 0,
     "ws_SPECIALIZE": 1,
+    "ws_NESTED": 1,
     "ws_BLOCK_M": 128,
     "ws_num_warps": 4,
     "ws_num_stages": 2,
@@ -511,6 +515,23 @@ def _attn_fwd_kernel(
 
 
 @triton.jit
+def _ws_step(j, k_desc, v_desc, b_q, q_pos, n_full, m_i, l_i, acc, ones, qk_scale, BLOCK_N: tl.constexpr,
+             P_TY: tl.constexpr, UPCAST: tl.constexpr):
+    """`_attn_fwd_ws_kernel`'s KV block j: K and V through the sequence's descriptors, the causal mask as a select
+    (before the scale, as `_attn_fwd_kernel`'s diagonal blocks mask: -inf * scale is -inf; keys past the sequence
+    are later than every valid row's position), then the chunk's online-softmax step."""
+    k_pos = j * BLOCK_N + tl.arange(0, BLOCK_N)
+    b_k = k_desc.load([j * BLOCK_N, 0])
+    b_v = v_desc.load([j * BLOCK_N, 0])
+    if UPCAST:
+        b_k = b_k.to(tl.float32)
+        b_v = b_v.to(tl.float32)
+    s = tl.dot(b_q, tl.trans(b_k))  # [BM, BN]
+    s = tl.where((k_pos[None, :] <= q_pos[:, None]) | (j < n_full), s, float("-inf"))
+    return _softmax_step(s, s, m_i, l_i, acc, b_v, ones, qk_scale, P_TY, False)
+
+
+@triton.jit
 def _attn_fwd_ws_kernel(
     q_ptr,  # [B, Hq, S, D] or packed [T, Hq, D]
     k_ptr,  # [B, Hk, S, D] or packed [T, Hk, D]
@@ -535,6 +556,7 @@ def _attn_fwd_ws_kernel(
     UPCAST: tl.constexpr,
     WS: tl.constexpr = True,  # the walk warp-specialized (Triton's Hopper pass; the interpreter ignores it)
     LONGEST_FIRST: tl.constexpr = False,
+    NESTED: tl.constexpr = False,  # an outer loop over chunks (the one specialized), an inner one over its blocks
 ):
     """Prefill's forward as one loop the compiler can warp-specialize (FWD_WS): the tree of `_attn_fwd_kernel`
     (KV blocks of BLOCK_N keys from position 0, chunks of CHUNK blocks each from a fresh state, merged into the
@@ -542,10 +564,13 @@ def _attn_fwd_ws_kernel(
     warp specialization accepts it: every row of a program one query head's position (no GQA folding: the row is
     the same computation), Q, K and V read through TMA descriptors made here, per sequence, whose reads past the
     sequence's end are zeros (never another sequence's rows), one loop over every block the tile sees with the
-    causal mask as a select, and the chunk fold as selects at each chunk's last block instead of a branch (the
-    same operations on the same values where it folds; elsewhere the state is kept as it was). A row's blocks past
-    its own causal end are masked whole: their step and their chunk's fold are exact identities, as in
-    `_attn_fwd_kernel`, so the bits do not depend on the tile."""
+    causal mask as a select. The chunks are walked either as NESTED loops (the outer one over chunks specialized,
+    the fold after each chunk's inner loop: Triton 3.6's sm_90 report, 128 rows, 192 / 168 B of spills) or as one
+    loop over blocks with the fold as selects at each chunk's last block instead of a branch (the same operations
+    on the same values where it folds, the state kept elsewhere; the fold computed at every block and both
+    [rows, D] accumulators live across it: 840 / 600 B). A row's blocks past its own causal end are masked whole:
+    their step and their chunk's fold are exact identities, as in `_attn_fwd_kernel`, so the bits do not depend on
+    the tile."""
     pid_m = _row_tile(LONGEST_FIRST)
     pid_bh = tl.program_id(1).to(tl.int64)
     b = pid_bh // n_heads
@@ -576,28 +601,35 @@ def _attn_fwd_ws_kernel(
     n_full = (pos_lo + 1) // BLOCK_N  # blocks every row of the tile sees whole
     # a tile past its sequence's end (a shorter packed sequence) walks nothing and stores nothing
     n_blocks = tl.where(pos_lo >= L, 0, tl.cdiv(tl.minimum(pos_lo + BLOCK_M, L), BLOCK_N))
-    for j in tl.range(0, n_blocks, warp_specialize=WS):
-        k_pos = j * BLOCK_N + tl.arange(0, BLOCK_N)
-        b_k = k_desc.load([j * BLOCK_N, 0])
-        b_v = v_desc.load([j * BLOCK_N, 0])
-        if UPCAST:
-            b_k = b_k.to(tl.float32)
-            b_v = b_v.to(tl.float32)
-        s = tl.dot(b_q, tl.trans(b_k))  # [BM, BN]
-        # masked before the scale, as `_attn_fwd_kernel`'s diagonal blocks are (-inf * scale is -inf); keys past
-        # the sequence are later than every valid row's position
-        s = tl.where((k_pos[None, :] <= q_pos[:, None]) | (j < n_full), s, float("-inf"))
-        m_i, l_i, acc = _softmax_step(s, s, m_i, l_i, acc, b_v, ones, qk_scale, P_TY, False)
-        # the root's fold (the total's acc in registers: its scratch pointer unused), kept at each chunk's last block
-        # only, by selects: a branch here stops the Hopper pass
-        edge = j % CHUNK == CHUNK - 1
-        m_f, l_f, acc_f = _fold_chunk(m_t, l_t, acc_t, m_i, l_i, acc, lse_ptr, False)
-        m_t = tl.where(edge, m_f, m_t)
-        l_t = tl.where(edge, l_f, l_t)
-        acc_t = tl.where(edge, acc_f, acc_t)
-        m_i = tl.where(edge, float("-inf"), m_i)
-        l_i = tl.where(edge, 0.0, l_i)
-        acc = tl.where(edge, 0.0, acc)
+    if NESTED:
+        # the outer loop over chunks is the one specialized (the producer runs ahead through the inner loops' blocks);
+        # each chunk starts fresh and is folded after its last block, unconditionally
+        for c in tl.range(0, tl.cdiv(n_blocks, CHUNK), warp_specialize=WS):
+            m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+            l_i = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
+            acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+            for j in range(c * CHUNK, tl.minimum(c * CHUNK + CHUNK, n_blocks)):
+                m_i, l_i, acc = _ws_step(j, k_desc, v_desc, b_q, q_pos, n_full, m_i, l_i, acc, ones, qk_scale,
+                                         BLOCK_N, P_TY, UPCAST)
+            m_t, l_t, acc_t = _fold_chunk(m_t, l_t, acc_t, m_i, l_i, acc, lse_ptr, False)
+        # every chunk folded: the fold below takes the empty state, an exact identity
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    else:
+        for j in tl.range(0, n_blocks, warp_specialize=WS):
+            m_i, l_i, acc = _ws_step(j, k_desc, v_desc, b_q, q_pos, n_full, m_i, l_i, acc, ones, qk_scale, BLOCK_N,
+                                     P_TY, UPCAST)
+            # the root's fold (the total's acc in registers: its scratch pointer unused), kept at each chunk's last
+            # block only, by selects: a branch here stops the Hopper pass
+            edge = j % CHUNK == CHUNK - 1
+            m_f, l_f, acc_f = _fold_chunk(m_t, l_t, acc_t, m_i, l_i, acc, lse_ptr, False)
+            m_t = tl.where(edge, m_f, m_t)
+            l_t = tl.where(edge, l_f, l_t)
+            acc_t = tl.where(edge, acc_f, acc_t)
+            m_i = tl.where(edge, float("-inf"), m_i)
+            l_i = tl.where(edge, 0.0, l_i)
+            acc = tl.where(edge, 0.0, acc)
     # the last, partial chunk (the empty state if the walk ended on a chunk edge: then the merge is exact identity)
     m_t, l_t, acc_t = _fold_chunk(m_t, l_t, acc_t, m_i, l_i, acc, lse_ptr, False)
     l_row = tl.max(l_t, 1)
@@ -1394,7 +1426,7 @@ def _fwd(q, k, v, cu, n_seq, max_len, seq_len, scale, varlen):
             *_row_strides(o, varlen), *lse_strides, seq_len, hq, scale * _LOG2E,
             G=G, D=d, BLOCK_M=bm, BLOCK_N=block_n, VARLEN=varlen, CHUNK=cfg["CHUNK_BLOCKS"], UPCAST=INTERPRET,
             WS=bool(cfg.get("ws_SPECIALIZE", 1)) and not INTERPRET, LONGEST_FIRST=bool(cfg.get("FWD_LONGEST_FIRST", 0)),
-            **_launch_opts(cfg["ws_num_warps"], cfg["ws_num_stages"]),
+            NESTED=bool(cfg.get("ws_NESTED", 1)), **_launch_opts(cfg["ws_num_warps"], cfg["ws_num_stages"]),
         )  # fmt: skip
         return o, lse
     grid = (triton.cdiv(max_len * G, cfg["BLOCK_M"]), n_seq * hk)
