@@ -77,6 +77,10 @@ CASES = (
                                                                NESTED=True), 4, 2),
     ("forward WS nested 128 x 128, not specialized, 8 warps", "_attn_fwd_ws_kernel",
      dict(BLOCK_M=128, BLOCK_N=128, CHUNK=4, WS=False, NESTED=True), 8, 2),
+    ("forward WS nested 64 x 128, total in memory", "_attn_fwd_ws_kernel",
+     dict(BLOCK_M=64, BLOCK_N=128, CHUNK=4, WS=True, NESTED=True, TOTAL_IN_MEMORY=True), 4, 2),
+    ("forward WS nested 128 x 128, total in memory, 1 stage", "_attn_fwd_ws_kernel",
+     dict(BLOCK_M=128, BLOCK_N=128, CHUNK=4, WS=True, NESTED=True, TOTAL_IN_MEMORY=True), 4, 1),
 )
 
 

@@ -145,9 +145,9 @@
 #   prefill_ws    #16 prefill through the warp-specialized forward (attention's FWD_WS, off: Triton 3.6's Hopper pass splits
 #                     its chunk loop into a TMA producer and two 64-row consumer warpgroups, sm_90 offline 168 registers,
 #                     192 / 168 B of spills, results/attn_ir_sm90_offline_s38_ws.txt): its GPU bit tests, then
-#                     bench_speed's prefill and forward + backward with it as variants (128 and 64 rows; session 37's
-#                     one loop with the fold by selects, 840 / 600 B; unspecialized, 8 warps; and the root's 64-row
-#                     launch with 8 warps: offline 40 / 44 B of spills against 340 / 380 at 4)
+#                     bench_speed's prefill and forward + backward with it as variants (128 and 64 rows; 64 with the
+#                     total in a scratch tile, 8 / 8 B; session 37's one loop with the fold by selects, 840 / 600 B;
+#                     and the root's 64-row launch with 8 warps: offline 40 / 44 B of spills against 340 / 380 at 4)
 #                     ($R/speed_<card>_prefill_fwdbwd_variants.{json,md})
 #   linear_small  #16 linear vs cuBLAS (bench_speed's linear section, 9 rounds) with the M16 bucket's launch moved, no bits:
 #                     the weight's lines sent to L2 before the PDL wait (PREFETCH 1: the next call's stream starts while
@@ -360,9 +360,8 @@ for p in "$@"; do
             part prefill_ws 300 "$py" benchmarks/bench_speed.py --only prefill --only fwdbwd --out "$R" --rounds 9 \
                 --budget-s 240 --summary "$R/summary_prefill_ws_unused.json" --variant ws=attention.FWD_WS=1 \
                 --variant ws64=attention.FWD_WS=1,attention.ws_BLOCK_M=64 \
-                --variant wsflat=attention.FWD_WS=1,attention.ws_NESTED=0 \
-                --variant loop8=attention.FWD_WS=1,attention.ws_SPECIALIZE=0,attention.ws_num_warps=8 \
-                --variant w8=attention.num_warps=8 ;;
+                --variant wsmem64=attention.FWD_WS=1,attention.ws_BLOCK_M=64,attention.ws_TOTAL_IN_MEMORY=1 \
+                --variant wsflat=attention.FWD_WS=1,attention.ws_NESTED=0 --variant w8=attention.num_warps=8 ;;
         linear_small)
             part linear_small 300 "$py" benchmarks/bench_speed.py --only linear --out "$R" --rounds 9 --budget-s 240 \
                 --summary "$R/summary_linear_small_unused.json" --variant pf=linear.PREFETCH=1 \

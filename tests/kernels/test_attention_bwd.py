@@ -336,24 +336,31 @@ def test_gpu_fused_dq_bits_and_determinism(layout, block_n, monkeypatch):
         "the bits of ds from Q K^T; BWD_DQ_FUSED=1 would be new root bits (the lead decides)")
 
 
-def _ws_matches_root(A, fwd, q, k, v, go, layout: str, nested: int, monkeypatch) -> None:
-    """Prefill through `_attn_fwd_ws_kernel` (FWD_WS, its chunks walked as nested loops or as one loop) gives the
-    root launch's output bit for bit, and the same dq, dk, dv (the backward reads its lse)."""
+#: FWD_WS's forms: (ws_NESTED, ws_TOTAL_IN_MEMORY)
+WS_FORMS = [(1, 0), (1, 1), (0, 0)]
+
+
+def _ws_matches_root(A, fwd, q, k, v, go, layout: str, form: tuple[int, int], monkeypatch) -> None:
+    """Prefill through `_attn_fwd_ws_kernel` (FWD_WS, its chunks walked as nested loops, the total in registers or
+    in memory, or as one loop) gives the root launch's output bit for bit, and the same dq, dk, dv (the backward
+    reads its lse)."""
     monkeypatch.setitem(A.CONFIG, "FWD_WS", 0)
-    monkeypatch.setitem(A.CONFIG, "ws_NESTED", nested)
-    _launch_keeps_bits(A, fwd, q, k, v, go, f"{layout}, FWD_WS, ws_NESTED {nested}", monkeypatch, FWD_WS=1)
+    monkeypatch.setitem(A.CONFIG, "ws_NESTED", form[0])
+    monkeypatch.setitem(A.CONFIG, "ws_TOTAL_IN_MEMORY", form[1])
+    _launch_keeps_bits(A, fwd, q, k, v, go, f"{layout}, FWD_WS, (ws_NESTED, ws_TOTAL_IN_MEMORY) {form}", monkeypatch,
+                       FWD_WS=1)
 
 
-@pytest.mark.parametrize("nested", [1, 0])
+@pytest.mark.parametrize("form", WS_FORMS)
 @pytest.mark.parametrize("layout", ["dense", "packed", "many"])
-def test_warp_specialized_forward_keeps_the_bits(layout, nested, monkeypatch):
+def test_warp_specialized_forward_keeps_the_bits(layout, form, monkeypatch):
     """FWD_WS: one query head a program, descriptors made per sequence, the causal mask as a select, the chunks as
-    nested loops or the fold as selects in one loop: the same tree, so the same output and gradients as the root
-    launch."""
+    nested loops (the total in registers or in a scratch tile) or the fold as selects in one loop: the same tree,
+    so the same output and gradients as the root launch."""
     import tik_kernels.ops.attention as A
 
     fwd, q, k, v, go = _case(A, layout, 4)
-    _ws_matches_root(A, fwd, q, k, v, go, layout, nested, monkeypatch)
+    _ws_matches_root(A, fwd, q, k, v, go, layout, form, monkeypatch)
 
 
 @pytest.mark.parametrize("nested", [1, 0])
@@ -395,11 +402,11 @@ def test_warp_specialized_forward_with_another_tree_is_seen(nested, plant, tmp_p
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("nested", [1, 0])
+@pytest.mark.parametrize("form", WS_FORMS)
 @pytest.mark.parametrize("layout", ["dense", "off_grid", "packed", "many"])
-def test_gpu_warp_specialized_forward_keeps_the_bits(layout, nested, monkeypatch):
+def test_gpu_warp_specialized_forward_keeps_the_bits(layout, form, monkeypatch):
     """FWD_WS on the GPU (B=1 S=4096 Hq=32 Hk=8 D=128 bf16; S = 1000; packed 700 + 2300 + 50; 40 packed sequences),
-    nested loops and one loop: the output and the gradients bit for bit as the root launch's."""
+    each form: the output and the gradients bit for bit as the root launch's."""
     import tik_kernels.ops.attention as A
 
     if layout == "off_grid":
@@ -409,7 +416,7 @@ def test_gpu_warp_specialized_forward_keeps_the_bits(layout, nested, monkeypatch
         fwd = A.attention_prefill
     else:
         fwd, q, k, v, go = _case(A, layout, 9, device="cuda", big=True)
-    _ws_matches_root(A, fwd, q, k, v, go, layout, nested, monkeypatch)
+    _ws_matches_root(A, fwd, q, k, v, go, layout, form, monkeypatch)
 
 
 def test_warp_specialized_forward_declines_what_its_descriptors_cannot_read(monkeypatch):

@@ -221,6 +221,10 @@ TUNABLES = {
     # 1: an outer loop over chunks (the one specialized) and an inner one over a chunk's blocks, the fold after it;
     # 0: one loop over blocks, the fold by selects at chunk edges (computed at every block)
     "ws_NESTED": (0, 1),
+    # 1 (with ws_NESTED): the running total's acc in an fp32 scratch tile per program, as FWD_TOTAL_IN_MEMORY does
+    # for the root (sm_90 offline: 32 / 32 B of spills at 64 rows against 184 / 168; at 128 rows it needs one stage
+    # to fit shared memory)
+    "ws_TOTAL_IN_MEMORY": (0, 1),
     "ws_BLOCK_M": (64, 128),
     "ws_num_warps": (4, 8),
     # 3 stages of 128-key K and V tiles with a 128-row Q need 246 KB of shared memory (offline, sm_90)
@@ -280,6 +284,7 @@ CONFIG = {
     "FWD_WS": 0,
     "ws_SPECIALIZE": 1,
     "ws_NESTED": 1,
+    "ws_TOTAL_IN_MEMORY": 0,
     "ws_BLOCK_M": 128,
     "ws_num_warps": 4,
     "ws_num_stages": 2,
@@ -539,6 +544,7 @@ def _attn_fwd_ws_kernel(
     o_ptr,  # like q
     lse_ptr,  # fp32 [B, Hq, S] or [T, Hq]
     cu_ptr,  # int32 [B + 1] sequence starts (VARLEN only)
+    t_ptr,  # fp32 scratch, a [BLOCK_M, D] tile per program (TOTAL_IN_MEMORY only)
     stride_qb, stride_qh, stride_qs,
     stride_kb, stride_kh, stride_ks,
     stride_vb, stride_vh, stride_vs,
@@ -557,6 +563,7 @@ def _attn_fwd_ws_kernel(
     WS: tl.constexpr = True,  # the walk warp-specialized (Triton's Hopper pass; the interpreter ignores it)
     LONGEST_FIRST: tl.constexpr = False,
     NESTED: tl.constexpr = False,  # an outer loop over chunks (the one specialized), an inner one over its blocks
+    TOTAL_IN_MEMORY: tl.constexpr = False,  # NESTED only: the running total's acc in t_ptr's tile, as the root's
 ):
     """Prefill's forward as one loop the compiler can warp-specialize (FWD_WS): the tree of `_attn_fwd_kernel`
     (KV blocks of BLOCK_N keys from position 0, chunks of CHUNK blocks each from a fresh state, merged into the
@@ -593,7 +600,13 @@ def _attn_fwd_ws_kernel(
         b_q = b_q.to(tl.float32)
     m_t = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_t = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
-    acc_t = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    in_memory: tl.constexpr = TOTAL_IN_MEMORY and NESTED
+    t_ptrs = t_ptr + (pid_bh * tl.num_programs(0) + pid_m) * (BLOCK_M * D) + tl.arange(0, BLOCK_M)[:, None] * D + o_d
+    if in_memory:
+        acc_t = tl.zeros([BLOCK_M, 16], dtype=tl.float32)  # unused: the total's acc is at t_ptrs
+        tl.store(t_ptrs, tl.zeros([BLOCK_M, D], dtype=tl.float32))
+    else:
+        acc_t = tl.zeros([BLOCK_M, D], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
@@ -611,11 +624,14 @@ def _attn_fwd_ws_kernel(
             for j in range(c * CHUNK, tl.minimum(c * CHUNK + CHUNK, n_blocks)):
                 m_i, l_i, acc = _ws_step(j, k_desc, v_desc, b_q, q_pos, n_full, m_i, l_i, acc, ones, qk_scale,
                                          BLOCK_N, P_TY, UPCAST)
-            m_t, l_t, acc_t = _fold_chunk(m_t, l_t, acc_t, m_i, l_i, acc, lse_ptr, False)
+            m_t, l_t, acc_t = _fold_chunk(m_t, l_t, acc_t, m_i, l_i, acc, t_ptrs, in_memory)
         # every chunk folded: the fold below takes the empty state, an exact identity
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+        if in_memory:
+            tl.debug_barrier()
+            acc_t = tl.load(t_ptrs)
     else:
         for j in tl.range(0, n_blocks, warp_specialize=WS):
             m_i, l_i, acc = _ws_step(j, k_desc, v_desc, b_q, q_pos, n_full, m_i, l_i, acc, ones, qk_scale, BLOCK_N,
@@ -623,7 +639,7 @@ def _attn_fwd_ws_kernel(
             # the root's fold (the total's acc in registers: its scratch pointer unused), kept at each chunk's last
             # block only, by selects: a branch here stops the Hopper pass
             edge = j % CHUNK == CHUNK - 1
-            m_f, l_f, acc_f = _fold_chunk(m_t, l_t, acc_t, m_i, l_i, acc, lse_ptr, False)
+            m_f, l_f, acc_f = _fold_chunk(m_t, l_t, acc_t, m_i, l_i, acc, t_ptrs, False)
             m_t = tl.where(edge, m_f, m_t)
             l_t = tl.where(edge, l_f, l_t)
             acc_t = tl.where(edge, acc_f, acc_t)
@@ -631,7 +647,7 @@ def _attn_fwd_ws_kernel(
             l_i = tl.where(edge, 0.0, l_i)
             acc = tl.where(edge, 0.0, acc)
     # the last, partial chunk (the empty state if the walk ended on a chunk edge: then the merge is exact identity)
-    m_t, l_t, acc_t = _fold_chunk(m_t, l_t, acc_t, m_i, l_i, acc, lse_ptr, False)
+    m_t, l_t, acc_t = _fold_chunk(m_t, l_t, acc_t, m_i, l_i, acc, t_ptrs, False)
     l_row = tl.max(l_t, 1)
     out = acc_t / l_row[:, None]
     p_o = o_ptr + b * stride_ob + h * stride_oh + (start + q_pos[:, None]) * stride_os + o_d[None, :]
@@ -1421,12 +1437,17 @@ def _fwd(q, k, v, cu, n_seq, max_len, seq_len, scale, varlen):
         if not INTERPRET:
             _use_tma_scratch()
         bm = cfg["ws_BLOCK_M"]
-        _attn_fwd_ws_kernel[(triton.cdiv(max_len, bm), n_seq * hq)](
-            q, k, v, o, lse, cu, *_row_strides(q, varlen), *_row_strides(k, varlen), *_row_strides(v, varlen),
-            *_row_strides(o, varlen), *lse_strides, seq_len, hq, scale * _LOG2E,
+        ws_grid = (triton.cdiv(max_len, bm), n_seq * hq)
+        ws_memory = bool(cfg.get("ws_NESTED", 1) and cfg.get("ws_TOTAL_IN_MEMORY", 0))
+        ws_scratch = torch.empty(ws_grid[0] * ws_grid[1] * bm * d if ws_memory else 1, dtype=torch.float32,
+                                 device=q.device)
+        _attn_fwd_ws_kernel[ws_grid](
+            q, k, v, o, lse, cu, ws_scratch, *_row_strides(q, varlen), *_row_strides(k, varlen),
+            *_row_strides(v, varlen), *_row_strides(o, varlen), *lse_strides, seq_len, hq, scale * _LOG2E,
             G=G, D=d, BLOCK_M=bm, BLOCK_N=block_n, VARLEN=varlen, CHUNK=cfg["CHUNK_BLOCKS"], UPCAST=INTERPRET,
             WS=bool(cfg.get("ws_SPECIALIZE", 1)) and not INTERPRET, LONGEST_FIRST=bool(cfg.get("FWD_LONGEST_FIRST", 0)),
-            NESTED=bool(cfg.get("ws_NESTED", 1)), **_launch_opts(cfg["ws_num_warps"], cfg["ws_num_stages"]),
+            NESTED=bool(cfg.get("ws_NESTED", 1)), TOTAL_IN_MEMORY=ws_memory,
+            **_launch_opts(cfg["ws_num_warps"], cfg["ws_num_stages"]),
         )  # fmt: skip
         return o, lse
     grid = (triton.cdiv(max_len * G, cfg["BLOCK_M"]), n_seq * hk)
