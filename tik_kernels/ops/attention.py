@@ -222,8 +222,8 @@ TUNABLES = {
     # 0: one loop over blocks, the fold by selects at chunk edges (computed at every block)
     "ws_NESTED": (0, 1),
     # 1 (with ws_NESTED): the running total's acc in an fp32 scratch tile per program, as FWD_TOTAL_IN_MEMORY does
-    # for the root (sm_90 offline: 32 / 32 B of spills at 64 rows against 184 / 168; at 128 rows it needs one stage
-    # to fit shared memory)
+    # for the root (sm_90 offline: 8 / 8 B of spills at 64 rows against 184 / 168); at 128 rows only with one stage
+    # (two need 238 KB of shared memory: the launch keeps the total in registers there)
     "ws_TOTAL_IN_MEMORY": (0, 1),
     "ws_BLOCK_M": (64, 128),
     "ws_num_warps": (4, 8),
@@ -1438,7 +1438,9 @@ def _fwd(q, k, v, cu, n_seq, max_len, seq_len, scale, varlen):
             _use_tma_scratch()
         bm = cfg["ws_BLOCK_M"]
         ws_grid = (triton.cdiv(max_len, bm), n_seq * hq)
-        ws_memory = bool(cfg.get("ws_NESTED", 1) and cfg.get("ws_TOTAL_IN_MEMORY", 0))
+        # the scratch tile at 128 rows with two stages needs 238 KB of shared memory (sm_90 offline): registers there
+        ws_memory = bool(cfg.get("ws_NESTED", 1) and cfg.get("ws_TOTAL_IN_MEMORY", 0)) and (
+            bm <= 64 or cfg["ws_num_stages"] == 1)
         ws_scratch = torch.empty(ws_grid[0] * ws_grid[1] * bm * d if ws_memory else 1, dtype=torch.float32,
                                  device=q.device)
         _attn_fwd_ws_kernel[ws_grid](
