@@ -187,3 +187,48 @@ def test_moves_whose_tiles_exceed_shared_memory_are_never_proposed():
     assert fits(config, tiles, limit)
     assert not fits({**config, "M256_FILL_BLOCK_N": 128}, tiles, limit)
     assert not fits({**config, "MBIG_num_stages": 5}, tiles, limit)
+
+
+def test_moves_of_a_key_behind_an_off_gate_are_never_proposed():
+    """A module's TUNABLE_WHEN: a key only a gated path reads is moved only where its gate is on (with it, in a
+    two-key move), never alone where nothing reads it: such a move would time its parent's launches again."""
+    src = TOY_SOURCE.replace('"SPLIT": (1, 2)}', '"SPLIT": (1, 2), "FAST": (0, 1), "FAST_TILE": (1, 2, 3)}', 1)
+    src = src.replace('"SPLIT": 1}', '"SPLIT": 1, "FAST": 0, "FAST_TILE": 2}\nTUNABLE_WHEN = {"FAST_TILE": '
+                      '{"FAST": (1,)}}', 1)
+    parent = module_literal(src, "CONFIG")
+    assert module_literal(src, "TUNABLE_WHEN") and parent["FAST"] == 0
+    tuner, tried, seen = make_proposer("tuner"), {config_key(parent)}, []
+    for p in _walk(tuner, src, tried, limit=200):
+        cfg = module_literal(p.source, "CONFIG")
+        tried.add(config_key(cfg))
+        seen.append(cfg)
+    assert seen and all(c["FAST"] == 1 for c in seen if c["FAST_TILE"] != 2)
+    assert {c["FAST_TILE"] for c in seen if c["FAST"] == 1} == {1, 2, 3}
+    # every config where FAST_TILE matters was still reached: the filter drops only repeats of a launch
+    assert len({(c["BLOCK"], c["num_warps"]) for c in seen if c["FAST"] == 0}) == 15
+
+
+def test_library_gates_name_real_keys():
+    """Each root's TUNABLE_WHEN names keys of its TUNABLES and gates of its CONFIG with values the gate may take, so
+    a renamed key cannot leave a stale gate that hides moves. At attention's root (FWD_WS off) no move changes a
+    ws_* key without turning FWD_WS on."""
+    import random
+
+    from tik_kernels.contracts import all_contracts
+    from tik_tui.agent.tuner import feasible_moves, live, tunable_space
+
+    for op, c in all_contracts().items():
+        src = c.root_path.read_text()
+        when = module_literal(src, "TUNABLE_WHEN") or {}
+        tunables, config = module_literal(src, "TUNABLES"), module_literal(src, "CONFIG")
+        for key, cond in when.items():
+            assert key in tunables and key in config, (op, key)
+            for gate, values in cond.items():
+                assert gate in config and set(values) <= set(tunables[gate]), (op, key, gate)
+        if op == "attention":
+            config, space = tunable_space(src, set(c.frozen_tunables))
+            assert config["FWD_WS"] == 0 and not live(config, "ws_BLOCK_M", when)
+            moves = list(feasible_moves(src, config, space, random.Random(0)))
+            ws = [m for m in moves if any(m[k] != config[k] for k in m if k.startswith("ws_"))]
+            assert ws and all(m["FWD_WS"] == 1 for m in ws)
+            assert any(m["FWD_WS"] == 1 and sum(m[k] != config[k] for k in m) == 1 for m in moves)

@@ -231,6 +231,27 @@ TUNABLES = {
     "ws_num_stages": (1, 2),
 }
 
+#: keys only a path behind a gate reads ({key: {gate: values}}, a literal the tuner parses): the tuner spends no
+#: evaluation on a move of one where its gate is off (`tik_tui.agent.tuner.live`); a two-key move can turn the gate on
+#: with it
+TUNABLE_WHEN = {
+    "ws_SPECIALIZE": {"FWD_WS": (1,)},
+    "ws_NESTED": {"FWD_WS": (1,)},
+    "ws_BLOCK_M": {"FWD_WS": (1,)},
+    "ws_num_warps": {"FWD_WS": (1,)},
+    "ws_num_stages": {"FWD_WS": (1,)},
+    "ws_TOTAL_IN_MEMORY": {"FWD_WS": (1,), "ws_NESTED": (1,)},
+    "DS_DKDV_BLOCK_N": {"BWD_DS_STORE": (1,)},
+    "DS_DQ_BLOCK_M": {"BWD_DS_STORE": (1,)},
+    "ds_dq_num_warps": {"BWD_DS_STORE": (1,)},
+    "ds_dq_num_stages": {"BWD_DS_STORE": (1,)},
+    "DS_LONGEST_FIRST": {"BWD_DS_STORE": (1,)},
+    "DS_MIN_PROGRAMS": {"BWD_DS_STORE": (1,)},
+    "decode_short_num_warps": {"DECODE_SHORT_KEYS": (256, 512, 1024)},
+    "decode_short_num_stages": {"DECODE_SHORT_KEYS": (256, 512, 1024)},
+    "decode_short_maxnreg": {"DECODE_SHORT_KEYS": (256, 512, 1024)},
+}
+
 CONFIG = {
     "BLOCK_N": 128,
     "CHUNK_BLOCKS": 4,

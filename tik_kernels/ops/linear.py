@@ -170,6 +170,20 @@ TUNABLES = {
     "NARROW_KCHUNK": (256, 512, 1024, 2048),
 }
 
+#: keys only a path behind a gate reads ({key: {gate: values}}, a literal the tuner parses): the tuner spends no
+#: evaluation on a move of one where its gate is off (`tik_tui.agent.tuner.live`)
+TUNABLE_WHEN = {
+    "FUSED_MAX_M": {"FUSED_COMBINE": (1,)},
+    "M64_FILL_BLOCK_M": {"FILL_PCT": (25, 50, 75, 100)},
+    "M64_FILL_BLOCK_N": {"FILL_PCT": (25, 50, 75, 100)},
+    "M64_FILL_num_warps": {"FILL_PCT": (25, 50, 75, 100)},
+    "M64_FILL_num_stages": {"FILL_PCT": (25, 50, 75, 100)},
+    "M256_FILL_BLOCK_M": {"FILL_PCT": (25, 50, 75, 100)},
+    "M256_FILL_BLOCK_N": {"FILL_PCT": (25, 50, 75, 100)},
+    "M256_FILL_num_warps": {"FILL_PCT": (25, 50, 75, 100)},
+    "M256_FILL_num_stages": {"FILL_PCT": (25, 50, 75, 100)},
+}
+
 #: PDL 1, PREFETCH 0: the qwen3-0.6b decode step on an H100 (bench_e2e.py --only decode, same run): 2.39 ms -> 2.28 ms
 #: with programmatic dependent launch in every decode kernel, 2.40 ms with the prefetch as well
 #: (benchmarks/results/e2e_h100_decode_s20.json; per call: decode_breakdown_h100_qwen3-0.6b_s20*.md).

@@ -173,10 +173,28 @@ def fits(config: dict, tiles: object, limit: object) -> bool:
     return all((smem_bytes(config, t) or 0) <= limit for t in tiles.values() if isinstance(t, (tuple, list)))
 
 
+def live(config: dict, key: str, when: object) -> bool:
+    """Whether `key` can change a launch under `config`: the module's `TUNABLE_WHEN` ({key: {gate key: values the
+    gate must hold}}) names the keys that only a path behind a gate reads (attention's ws_* tiles only under
+    FWD_WS 1); a key it does not name, or a malformed entry, is live."""
+    cond = when.get(key) if isinstance(when, dict) else None
+    if not isinstance(cond, dict):
+        return True
+    return all(config.get(g) in (v if isinstance(v, (list, tuple)) else (v,)) for g, v in cond.items())
+
+
+def moves_something(config: dict, cand: dict, when: object) -> bool:
+    """False when a key `cand` changes is not `live` in `cand`: the move times the same launches as its parent (or as
+    the smaller move without that key), an evaluation spent on noise."""
+    return all(live(cand, k, when) for k in cand if cand[k] != config.get(k))
+
+
 def feasible_moves(source: str, config: dict, space: dict[str, list], rng: random.Random):
-    """`_moves` from `config`, less those whose tiles do not fit in the shared memory `source` declares (`fits`)."""
+    """`_moves` from `config`, less those whose tiles do not fit in the shared memory `source` declares (`fits`) and
+    those that change a key no launch reads there (`moves_something`)."""
     tiles, limit = module_literal(source, "SMEM_TILES"), module_literal(source, "SMEM_LIMIT")
-    return (c for c in _moves(config, space, rng) if fits(c, tiles, limit))
+    when = module_literal(source, "TUNABLE_WHEN")
+    return (c for c in _moves(config, space, rng) if fits(c, tiles, limit) and moves_something(config, c, when))
 
 
 def _proposal(config: dict, cand: dict, source: str, note: str = "", screened: dict | None = None) -> Proposal:
