@@ -358,6 +358,22 @@ def _merge_sum(x_a, alpha_a, x_b, alpha_b):
 
 
 @triton.jit
+def _total_start(t_ptr, pid_bh, pid_m, o_d, BLOCK_M: tl.constexpr, D: tl.constexpr, IN_MEMORY: tl.constexpr):
+    """A prefill program's running total before its first chunk, the empty state: (m, l, acc, the scratch tile's
+    pointers). IN_MEMORY: acc is the program's fp32 scratch tile (zeroed here; `_fold_chunk` reads and writes it),
+    the returned acc a placeholder."""
+    m_t = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_t = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
+    t_ptrs = t_ptr + (pid_bh * tl.num_programs(0) + pid_m) * (BLOCK_M * D) + tl.arange(0, BLOCK_M)[:, None] * D + o_d
+    if IN_MEMORY:
+        acc_t = tl.zeros([BLOCK_M, 16], dtype=tl.float32)  # unused: the total's acc is at t_ptrs
+        tl.store(t_ptrs, tl.zeros([BLOCK_M, D], dtype=tl.float32))
+    else:
+        acc_t = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    return m_t, l_t, acc_t, t_ptrs
+
+
+@triton.jit
 def _fold_chunk(m_t, l_t, acc_t, m_i, l_i, acc, t_ptrs, IN_MEMORY: tl.constexpr):
     """Merge a finished chunk state into a program's running total. IN_MEMORY: the total's acc lives in an fp32
     scratch tile of the program's own (the same values and operations; registers hold one [rows, D] accumulator
@@ -455,14 +471,7 @@ def _attn_fwd_kernel(
     v_base = v_ptr + b * stride_vb + kvh * stride_vh + start * stride_vs
 
     # the running total (chunks merged so far) and the current chunk's state
-    m_t = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_t = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
-    t_ptrs = t_ptr + (pid_bh * tl.num_programs(0) + pid_m) * (BLOCK_M * D) + tl.arange(0, BLOCK_M)[:, None] * D + o_d
-    if TOTAL_IN_MEMORY:
-        acc_t = tl.zeros([BLOCK_M, 16], dtype=tl.float32)  # unused: the total's acc is at t_ptrs
-        tl.store(t_ptrs, tl.zeros([BLOCK_M, D], dtype=tl.float32))
-    else:
-        acc_t = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    m_t, l_t, acc_t, t_ptrs = _total_start(t_ptr, pid_bh, pid_m, o_d, BLOCK_M, D, TOTAL_IN_MEMORY)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
@@ -619,15 +628,8 @@ def _attn_fwd_ws_kernel(
     b_q = q_desc.load([pos_lo.to(tl.int32), 0])
     if UPCAST:
         b_q = b_q.to(tl.float32)
-    m_t = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_t = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
     in_memory: tl.constexpr = TOTAL_IN_MEMORY and NESTED
-    t_ptrs = t_ptr + (pid_bh * tl.num_programs(0) + pid_m) * (BLOCK_M * D) + tl.arange(0, BLOCK_M)[:, None] * D + o_d
-    if in_memory:
-        acc_t = tl.zeros([BLOCK_M, 16], dtype=tl.float32)  # unused: the total's acc is at t_ptrs
-        tl.store(t_ptrs, tl.zeros([BLOCK_M, D], dtype=tl.float32))
-    else:
-        acc_t = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    m_t, l_t, acc_t, t_ptrs = _total_start(t_ptr, pid_bh, pid_m, o_d, BLOCK_M, D, in_memory)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
