@@ -347,6 +347,8 @@ def _ws_matches_root(A, fwd, q, k, v, go, layout: str, form: tuple[int, int], mo
     monkeypatch.setitem(A.CONFIG, "FWD_WS", 0)
     monkeypatch.setitem(A.CONFIG, "ws_NESTED", form[0])
     monkeypatch.setitem(A.CONFIG, "ws_TOTAL_IN_MEMORY", form[1])
+    if form[1]:  # where the scratch tile applies on a GPU (the interpreter's tiles are 16 rows)
+        monkeypatch.setitem(A.CONFIG, "ws_BLOCK_M", 64)
     _launch_keeps_bits(A, fwd, q, k, v, go, f"{layout}, FWD_WS, (ws_NESTED, ws_TOTAL_IN_MEMORY) {form}", monkeypatch,
                        FWD_WS=1)
 
