@@ -144,11 +144,11 @@
 #                     the qwen3 MLPs, then the decode step with it and with the two launches ($R/e2e_decode_mlp_fused/)
 #   prefill_ws    #16 prefill through the warp-specialized forward (attention's FWD_WS, off: Triton 3.6's Hopper pass splits
 #                     its chunk loop into a TMA producer and two 64-row consumer warpgroups, sm_90 offline 168 registers,
-#                     192 / 168 B of spills, results/attn_ir_sm90_offline_s38_ws.txt): its GPU bit tests, then
-#                     bench_speed's prefill and forward + backward with it as variants (128 and 64 rows; 64 with the
-#                     total in a scratch tile, 8 / 8 B; session 37's one loop with the fold by selects, 840 / 600 B;
-#                     and the root's 64-row launch with 8 warps: offline 40 / 44 B of spills against 340 / 380 at 4)
-#                     ($R/speed_<card>_prefill_fwdbwd_variants.{json,md})
+#                     192 / 168 B of spills, results/attn_ir_sm90_offline_s38_ws.txt): bench_speed's prefill and
+#                     forward + backward with it as variants, each gated on the base's bits first (128 and 64 rows; 64
+#                     with the total in a scratch tile, 8 / 8 B; session 37's one loop with the fold by selects,
+#                     840 / 600 B; and the root's 64-row launch with 8 warps: offline 40 / 44 B of spills against
+#                     340 / 380 at 4) ($R/speed_<card>_prefill_fwdbwd_variants.{json,md}), then its GPU bit tests
 #   linear_small  #16 linear vs cuBLAS (bench_speed's linear section, 9 rounds) with the M16 bucket's launch moved, no bits:
 #                     the weight's lines sent to L2 before the PDL wait (PREFETCH 1: the next call's stream starts while
 #                     the call before ends), 8 programs an SM instead of 4 (M16_SPLIT 8), both
@@ -355,13 +355,15 @@ for p in "$@"; do
             part "speed_${CARD}_varlen" 300 "$py" benchmarks/bench_speed.py --only varlen --rounds 9 --budget-s 240 \
                 --out "$R" ;;
         prefill_ws)
-            part pytest_gpu_${CARD}_prefill_ws 200 "$py" -m pytest -q -m gpu tests/kernels/test_attention_bwd.py \
-                -k warp_specialized
+            # the timing first: each variant's output is gated on the base's bits at every cell before it is timed,
+            # and a WS form that hangs shows there under the part's limit, before the pytest part's twelve cases
             part prefill_ws 300 "$py" benchmarks/bench_speed.py --only prefill --only fwdbwd --out "$R" --rounds 9 \
                 --budget-s 240 --summary "$R/summary_prefill_ws_unused.json" --variant ws=attention.FWD_WS=1 \
                 --variant ws64=attention.FWD_WS=1,attention.ws_BLOCK_M=64 \
                 --variant wsmem64=attention.FWD_WS=1,attention.ws_BLOCK_M=64,attention.ws_TOTAL_IN_MEMORY=1 \
-                --variant wsflat=attention.FWD_WS=1,attention.ws_NESTED=0 --variant w8=attention.num_warps=8 ;;
+                --variant wsflat=attention.FWD_WS=1,attention.ws_NESTED=0 --variant w8=attention.num_warps=8
+            part pytest_gpu_${CARD}_prefill_ws 200 "$py" -m pytest -q -m gpu tests/kernels/test_attention_bwd.py \
+                -k warp_specialized ;;
         linear_small)
             part linear_small 300 "$py" benchmarks/bench_speed.py --only linear --out "$R" --rounds 9 --budget-s 240 \
                 --summary "$R/summary_linear_small_unused.json" --variant pf=linear.PREFETCH=1 \
