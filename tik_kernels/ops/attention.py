@@ -232,7 +232,7 @@ TUNABLES = {
 }
 
 #: keys only a path behind a gate reads ({key: {gate: values}}, a literal the tuner parses): the tuner spends no
-#: evaluation on a move of one where its gate is off (`tik_tui.agent.tuner.live`); a two-key move can turn the gate on
+#: evaluation on a move of one where its gate is off (the tuner's `live`); a two-key move can turn the gate on
 #: with it
 TUNABLE_WHEN = {
     "ws_SPECIALIZE": {"FWD_WS": (1,)},

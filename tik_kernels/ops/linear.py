@@ -171,7 +171,7 @@ TUNABLES = {
 }
 
 #: keys only a path behind a gate reads ({key: {gate: values}}, a literal the tuner parses): the tuner spends no
-#: evaluation on a move of one where its gate is off (`tik_tui.agent.tuner.live`)
+#: evaluation on a move of one where its gate is off (the tuner's `live`)
 TUNABLE_WHEN = {
     "FUSED_MAX_M": {"FUSED_COMBINE": (1,)},
     "M64_FILL_BLOCK_M": {"FILL_PCT": (25, 50, 75, 100)},
