@@ -144,9 +144,9 @@
 #                     the qwen3 MLPs, then the decode step with it and with the two launches ($R/e2e_decode_mlp_fused/)
 #   prefill_ws    #16 prefill through the warp-specialized forward (attention's FWD_WS, off: Triton 3.6's Hopper pass splits
 #                     its chunk loop into a TMA producer and two 64-row consumer warpgroups, sm_90 offline 168 registers,
-#                     192 / 168 B of spills, results/attn_ir_sm90_offline_s38_ws.txt): bench_speed's prefill and
+#                     164 / 140 B of spills, results/attn_ir_sm90_offline_s38_ws.txt): bench_speed's prefill and
 #                     forward + backward with it as variants, each gated on the base's bits first (128 and 64 rows; 64
-#                     with the total in a scratch tile, 8 / 8 B; session 37's one loop with the fold by selects,
+#                     with the total in a scratch tile, 32 / 36 B; session 37's one loop with the fold by selects,
 #                     840 / 600 B; and the root's 64-row launch with 8 warps: offline 40 / 44 B of spills against
 #                     340 / 380 at 4) ($R/speed_<card>_prefill_fwdbwd_variants.{json,md}), then its GPU bit tests
 #   linear_small  #16 linear vs cuBLAS (bench_speed's linear section, 9 rounds) with the M16 bucket's launch moved, no bits:

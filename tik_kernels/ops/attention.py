@@ -46,8 +46,8 @@ program; on an H200 the MMA bits of a row do not depend on the tile's other rows
 check re-proves it for every candidate. The order programs are launched in (FWD_LONGEST_FIRST, DQ_LONGEST_FIRST:
 the causal walks grow with the row tile, so the last tiles may go first) and whether K and V arrive through TMA
 descriptors or pointers are free too. So is the kernel prefill runs: FWD_WS takes `_attn_fwd_ws_kernel`, the same
-tree written as one loop (the causal mask and the chunk fold as selects, one query head a program, descriptors made
-per sequence) that Triton's Hopper pass can split into a TMA producer and two consumer warpgroups.
+tree laid out as Triton's Hopper pass can split it into a TMA producer and two consumer warpgroups (one query head a
+program, descriptors made per sequence, the causal mask as a select, the chunks as a specialized outer loop).
 
 KV cache: `k_cache[B, Hk, L, D]` with `lens[B]` valid keys per sequence (the current token's k/v already written
 at `lens[b] - 1`); an engine allocates L once and writes position `lens[b]` in place, any strides allowed.
@@ -222,7 +222,7 @@ TUNABLES = {
     # 0: one loop over blocks, the fold by selects at chunk edges (computed at every block)
     "ws_NESTED": (0, 1),
     # 1 (with ws_NESTED): the running total's acc in an fp32 scratch tile per program, as FWD_TOTAL_IN_MEMORY does
-    # for the root (sm_90 offline: 8 / 8 B of spills at 64 rows against 184 / 168); at 128 rows only with one stage
+    # for the root (sm_90 offline: 32 / 36 B of spills at 64 rows against 160 / 144); at 128 rows only with one stage
     # (two need 238 KB of shared memory: the launch keeps the total in registers there)
     "ws_TOTAL_IN_MEMORY": (0, 1),
     "ws_BLOCK_M": (64, 128),
@@ -300,8 +300,8 @@ CONFIG = {
     "ds_dq_num_stages": 3,
     "DS_LONGEST_FIRST": 1,
     "DS_MIN_PROGRAMS": 256,
-    # off until a GPU times it (`gpu_pending.sh prefill_ws`): compiled offline for sm_90 with Triton 3.6 it is
-    # warp-specialized (12 warps), 168 registers a thread
+    # off until a GPU times it (`gpu_pending.sh prefill_ws`): compiled offline for sm_90 with Triton 3.6 the nested
+    # form is warp-specialized, 168 registers a thread, 164 / 140 B of spills (results/attn_ir_sm90_offline_s38_ws.txt)
     "FWD_WS": 0,
     "ws_SPECIALIZE": 1,
     "ws_NESTED": 1,
@@ -602,7 +602,7 @@ def _attn_fwd_ws_kernel(
     the same computation), Q, K and V read through TMA descriptors made here, per sequence, whose reads past the
     sequence's end are zeros (never another sequence's rows), one loop over every block the tile sees with the
     causal mask as a select. The chunks are walked either as NESTED loops (the outer one over chunks specialized,
-    the fold after each chunk's inner loop: Triton 3.6's sm_90 report, 128 rows, 192 / 168 B of spills) or as one
+    the fold after each chunk's inner loop: Triton 3.6's sm_90 report, 128 rows, 164 / 140 B of spills) or as one
     loop over blocks with the fold as selects at each chunk's last block instead of a branch (the same operations
     on the same values where it folds, the state kept elsewhere; the fold computed at every block and both
     [rows, D] accumulators live across it: 840 / 600 B). A row's blocks past its own causal end are masked whole:
@@ -630,9 +630,6 @@ def _attn_fwd_ws_kernel(
         b_q = b_q.to(tl.float32)
     in_memory: tl.constexpr = TOTAL_IN_MEMORY and NESTED
     m_t, l_t, acc_t, t_ptrs = _total_start(t_ptr, pid_bh, pid_m, o_d, BLOCK_M, D, in_memory)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
     ones = tl.full([BLOCK_N, 16], 1.0, dtype=b_q.dtype)
     n_full = (pos_lo + 1) // BLOCK_N  # blocks every row of the tile sees whole
     # a tile past its sequence's end (a shorter packed sequence) walks nothing and stores nothing
@@ -648,14 +645,13 @@ def _attn_fwd_ws_kernel(
                 m_i, l_i, acc = _ws_step(j, k_desc, v_desc, b_q, q_pos, n_full, m_i, l_i, acc, ones, qk_scale,
                                          BLOCK_N, P_TY, UPCAST)
             m_t, l_t, acc_t = _fold_chunk(m_t, l_t, acc_t, m_i, l_i, acc, t_ptrs, in_memory)
-        # every chunk folded: the fold below takes the empty state, an exact identity
-        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
         if in_memory:
             tl.debug_barrier()
             acc_t = tl.load(t_ptrs)
     else:
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
         for j in tl.range(0, n_blocks, warp_specialize=WS):
             m_i, l_i, acc = _ws_step(j, k_desc, v_desc, b_q, q_pos, n_full, m_i, l_i, acc, ones, qk_scale, BLOCK_N,
                                      P_TY, UPCAST)
@@ -669,8 +665,9 @@ def _attn_fwd_ws_kernel(
             m_i = tl.where(edge, float("-inf"), m_i)
             l_i = tl.where(edge, 0.0, l_i)
             acc = tl.where(edge, 0.0, acc)
-    # the last, partial chunk (the empty state if the walk ended on a chunk edge: then the merge is exact identity)
-    m_t, l_t, acc_t = _fold_chunk(m_t, l_t, acc_t, m_i, l_i, acc, t_ptrs, False)
+        # the last, partial chunk (the empty state if the walk ended on a chunk edge: then the merge is exact
+        # identity); the nested loops folded every chunk already
+        m_t, l_t, acc_t = _fold_chunk(m_t, l_t, acc_t, m_i, l_i, acc, t_ptrs, False)
     l_row = tl.max(l_t, 1)
     out = acc_t / l_row[:, None]
     p_o = o_ptr + b * stride_ob + h * stride_oh + (start + q_pos[:, None]) * stride_os + o_d[None, :]
