@@ -143,7 +143,8 @@ def report(mod, name: str, kernel: str, const: dict, warps: int, stages: int, tt
             f"{', WGMMA SERIALIZED (ptxas C7515)' if 'C7515' in out else ''}"
             f"{', warp-specialized' if 'ttg.warp_specialize' in ir else ''}"
             + ("" if not with_regions else "\n    SASS instructions: " + "; ".join(
-                f"{where} {n}" for where, n in regions(sass or ""))))
+                f"{where} {n}" for where, n in regions(sass or "")) + "\n    innermost loops: " + "; ".join(
+                f"{n} (spill stores {st}, loads {ld}, wgmma {mma})" for n, st, ld, mma in inner_loops(sass or ""))))
 
 
 def regions(sass: str) -> list[tuple[str, int]]:
@@ -151,15 +152,7 @@ def regions(sass: str) -> list[tuple[str, int]]:
     paths, such as a barrier's retry, which branch back into it): before its first loop, each loop's body (a backward
     branch's span; loops inside it counted with it), between loops, after the last one. Static counts, not executed
     ones: a branch inside a body (a chunk edge's fold) counts whether taken or not."""
-    ins, at = [], {}
-    for line in sass.splitlines():
-        label = re.match(r"\s*\.(L_x_\d+):", line)
-        if label:
-            at[label.group(1)] = len(ins)
-        op = re.match(r"\s*/\*[0-9a-f]+\*/\s+(.*?)\s*;", line)
-        if op:
-            ins.append(op.group(1))
-    end = max((i + 1 for i, text in enumerate(ins) if text.split()[-1] == "EXIT"), default=len(ins))
+    ins, at, end = _instructions(sass)
     loops: list[tuple[int, int]] = []
     for i, text in enumerate(ins[:end]):
         target = re.search(r"BRA\s+`\(\.(L_x_\d+)\)", text)
@@ -174,6 +167,35 @@ def regions(sass: str) -> list[tuple[str, int]]:
         pos = b
     out.append(("after the last loop" if loops else "straight line", end - pos))
     return out
+
+
+def _instructions(sass: str) -> tuple[list[str], dict[str, int], int]:
+    """(the SASS instructions in order, each label's index, the end of the main body: after its last EXIT)."""
+    ins, at = [], {}
+    for line in sass.splitlines():
+        label = re.match(r"\s*\.(L_x_\d+):", line)
+        if label:
+            at[label.group(1)] = len(ins)
+        op = re.match(r"\s*/\*[0-9a-f]+\*/\s+(.*?)\s*;", line)
+        if op:
+            ins.append(op.group(1))
+    end = max((i + 1 for i, text in enumerate(ins) if text.split()[-1] == "EXIT"), default=len(ins))
+    return ins, at, end
+
+
+def inner_loops(sass: str) -> list[tuple[int, int, int, int]]:
+    """The innermost loops of a kernel's main body (a backward branch's span holding no other), each as (instructions,
+    spill stores, spill loads, wgmmas): where a kernel's spills run once a tile or chunk, and where they run at every
+    key block (a warp-specialized kernel has one such loop per consumer partition)."""
+    ins, at, end = _instructions(sass)
+    spans = []
+    for i, text in enumerate(ins[:end]):
+        target = re.search(r"BRA\s+`\(\.(L_x_\d+)\)", text)
+        if target and at.get(target.group(1), i + 1) <= i:
+            spans.append((at[target.group(1)], i + 1))
+    inner = [(a, b) for a, b in spans if not any((c, d) != (a, b) and a <= c and d <= b for c, d in spans)]
+    ops = [re.sub(r"^@!?\w+\s+", "", text).split(".")[0].split()[0] for text in ins]  # no predicate, no modifiers
+    return [(b - a, ops[a:b].count("STL"), ops[a:b].count("LDL"), ops[a:b].count("HGMMA")) for a, b in inner]
 
 
 def decode_register_caps(mod) -> None:
@@ -207,7 +229,8 @@ def main() -> None:
     ap.add_argument("--source", type=Path, default=SOURCE, help="another copy of attention.py")
     ap.add_argument("--ttgir", type=Path, default=None, help="also write each case's TTGIR into this folder")
     ap.add_argument("--regions", action="store_true",
-                    help="also each case's SASS instructions per region (before, in and between its loops, after)")
+                    help="also each case's SASS instructions per region (before, in and between its loops, after), "
+                         "and its innermost loops' instructions, spill stores and loads, and wgmmas")
     ap.add_argument("--head-dim", type=int, default=None,
                     help="instead of CASES: the launches the host makes at this head dim, each checked against an "
                          "H200's shared memory (exit 1 if one does not fit)")

@@ -1,6 +1,6 @@
 """The offline compile tools' text parsing, without compiling: `attn_ir_offline.regions` (SASS instructions per
-region of a kernel) and `offline_compile.plain_ptx`. Run in a subprocess: importing the tools turns the interpreter
-off for the process, as they must before Triton is imported."""
+region of a kernel), `attn_ir_offline.inner_loops` and `offline_compile.plain_ptx`. Run in a subprocess: importing the
+tools turns the interpreter off for the process, as they must before Triton is imported."""
 
 from __future__ import annotations
 
@@ -42,8 +42,9 @@ SCRIPT = r"""
 import json, sys
 sys.path.insert(0, "benchmarks")
 import attn_ir_offline, offline_compile
-sass, ptx = json.loads(sys.stdin.read())
-print(json.dumps([attn_ir_offline.regions(sass), offline_compile.plain_ptx(ptx)]))
+sass, ptx, nested = json.loads(sys.stdin.read())
+print(json.dumps([attn_ir_offline.regions(sass), offline_compile.plain_ptx(ptx), attn_ir_offline.inner_loops(sass),
+                  attn_ir_offline.inner_loops(nested)]))
 """
 
 PTX = """.visible .entry k(
@@ -55,12 +56,33 @@ $L__BB0_2:
 """
 
 
-def test_regions_and_plain_ptx():
+#: a chunk loop (a spill store and load at its fold) around a block loop (a wgmma and a predicated spill load), then an
+#: EXIT and an out-of-line retry whose backward branch is no loop of the body
+NESTED = """
+.L_x_1:
+        /*0000*/                   STL [R1+0x10], R4 ;
+.L_x_2:
+        /*0010*/                   HGMMA.64x128x16.F32 R24, gdesc[UR4], R24 ;
+        /*0020*/               @P1 LDL R5, [R1+0x14] ;
+        /*0030*/               @P0 BRA `(.L_x_2) ;
+        /*0040*/                   LDL.64 R6, [R1+0x10] ;
+        /*0050*/               @P2 BRA `(.L_x_1) ;
+        /*0060*/                   EXIT ;
+.L_x_9:
+        /*0070*/                   STL [R1], R2 ;
+        /*0080*/                   BRA `(.L_x_9) ;
+"""
+
+
+def test_regions_inner_loops_and_plain_ptx():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-c", SCRIPT], input=json.dumps([SASS, PTX]), capture_output=True,
+    out = subprocess.run([sys.executable, "-c", SCRIPT], input=json.dumps([SASS, PTX, NESTED]), capture_output=True,
                          text=True, env=env, cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    regions, plain = json.loads(out.stdout)
+    regions, plain, inner, nested = json.loads(out.stdout)
+    # the main body's loops that hold no other: (instructions, spill stores, spill loads, wgmmas)
+    assert inner == [[4, 0, 0, 1], [3, 0, 0, 0]]
+    assert nested == [[3, 0, 1, 1]]
     assert regions == [["before the first loop", 3], ["loop 1", 4], ["between loops 1 and 2", 2], ["loop 2", 3],
                        ["after the last loop", 2]]
     # the debug-only label and the line marker go, a branch target and the code stay (comments cut)
