@@ -212,7 +212,7 @@ set -u
 R=${R:-benchmarks/results}
 # the card, for the names of the files a part writes whose name says it (h200, h100)
 CARD=$(PYTHONPATH=${PYTHONPATH:-}:. "${PYTHON:-python3}" -c "from benchmarks.harness import card_tag; print(card_tag('cuda'))" 2>/dev/null || echo cpu)
-mkdir -p "$R"
+mkdir -p "$R" "$R/unused"  # unused/: the summaries of runs whose figures are variants, kept apart
 export PYTHONPATH=${PYTHONPATH:-}:. PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
 
@@ -238,6 +238,7 @@ smoke() {  # smoke SECONDS SPEC...: the --variant specs whose one launch comes b
     local rest=("$@") log="$R/launch_smoke.log" spec name rc next hung
     SMOKED=()
     SMOKE_HUNG=0
+    : >"$log"  # a warm machine keeps $R: lines of an earlier run must not count
     while ((${#rest[@]})); do
         echo "== launch_smoke (limit ${limit}s): ${rest[*]}" | tee -a "$log"
         timeout -k 5 "$limit" "$py" benchmarks/launch_smoke.py "${rest[@]}" >>"$log" 2>&1
@@ -397,7 +398,7 @@ for p in "$@"; do
                 wsmem64=attention.FWD_WS=1,attention.ws_BLOCK_M=64,attention.ws_TOTAL_IN_MEMORY=1 \
                 wsflat=attention.FWD_WS=1,attention.ws_NESTED=0
             part prefill_ws 300 "$py" benchmarks/bench_speed.py --only prefill --only fwdbwd --out "$R" --rounds 9 \
-                --budget-s 240 --summary "$R/summary_prefill_ws_unused.json" "${SMOKED[@]/#/--variant=}" \
+                --budget-s 240 --summary "$R/unused/summary_$CARD.json" "${SMOKED[@]/#/--variant=}" \
                 --variant w8=attention.num_warps=8
             if ((SMOKE_HUNG)); then
                 echo "== pytest_gpu_${CARD}_prefill_ws: not run, $SMOKE_HUNG form(s) hung (launch_smoke.log)"
@@ -407,7 +408,7 @@ for p in "$@"; do
             fi ;;
         linear_small)
             part linear_small 300 "$py" benchmarks/bench_speed.py --only linear --out "$R" --rounds 9 --budget-s 240 \
-                --summary "$R/summary_linear_small_unused.json" --variant pf=linear.PREFETCH=1 \
+                --summary "$R/unused/summary_$CARD.json" --variant pf=linear.PREFETCH=1 \
                 --variant s8=linear.M16_SPLIT=8 --variant pf_s8=linear.PREFETCH=1,linear.M16_SPLIT=8 ;;
         mlp_fused)
             part pytest_gpu_${CARD}_mlp_fused 200 "$py" -m pytest -q -m gpu tests/kernels/test_linear.py -k silu

@@ -211,36 +211,17 @@ TUNABLES = {
     # BWD_DS_STORE: a launch of the dk/dv kernel with fewer programs than this keeps the dq kernel (each program's
     # causal walk is as long as the longest; with fewer than about two per SM the longest walks leave SMs idle)
     "DS_MIN_PROGRAMS": (0, 128, 256, 512),
-    # 1: prefill through `_attn_fwd_ws_kernel` where it applies (Triton's Hopper warp specialization: a producer warp
-    # loads Q, K and V through TMA while two consumer warpgroups of 64 rows each compute; one query head per program,
-    # no GQA folding; the same tree and values); its rows per program, warps (of the consumers; the compiler adds
-    # the producer's) and stages
-    "FWD_WS": (0, 1),
-    # 0: the same kernel, not specialized (all warps load and compute)
-    "ws_SPECIALIZE": (0, 1),
-    # 1: an outer loop over chunks (the one specialized) and an inner one over a chunk's blocks, the fold after it;
-    # 0: one loop over blocks, the fold by selects at chunk edges (computed at every block)
-    "ws_NESTED": (0, 1),
-    # 1 (with ws_NESTED): the running total's acc in an fp32 scratch tile per program, as FWD_TOTAL_IN_MEMORY does
-    # for the root (sm_90 offline: 32 / 36 B of spills at 64 rows against 160 / 144); at 128 rows only with one stage
-    # (two need 238 KB of shared memory: the launch keeps the total in registers there)
-    "ws_TOTAL_IN_MEMORY": (0, 1),
-    "ws_BLOCK_M": (64, 128),
-    "ws_num_warps": (4, 8),
-    # 3 stages of 128-key K and V tiles with a 128-row Q need 246 KB of shared memory (offline, sm_90)
-    "ws_num_stages": (1, 2),
+    # FWD_WS and its ws_* keys (prefill through `_attn_fwd_ws_kernel`, Triton's Hopper warp specialization) are not
+    # tunables: timed on an H100 (Triton 3.6, session 39) its 128-row forms gave other bits than the root (rows of
+    # NaN) and the 64-row form with the total in memory other bits too; the one form with the root's bits (nested,
+    # 64 rows) took 1.46-2.10x SDPA flash's prefill time where the root takes 0.86-1.06x
+    # (results/speed_h100_prefill_fwdbwd_variants_s39.md). The CONFIG keeps the path, off, for a later Triton.
 }
 
 #: keys only a path behind a gate reads ({key: {gate: values}}, a literal the tuner parses): the tuner spends no
 #: evaluation on a move of one where its gate is off (the tuner's `live`); a two-key move can turn the gate on
 #: with it
 TUNABLE_WHEN = {
-    "ws_SPECIALIZE": {"FWD_WS": (1,)},
-    "ws_NESTED": {"FWD_WS": (1,)},
-    "ws_BLOCK_M": {"FWD_WS": (1,)},
-    "ws_num_warps": {"FWD_WS": (1,)},
-    "ws_num_stages": {"FWD_WS": (1,)},
-    "ws_TOTAL_IN_MEMORY": {"FWD_WS": (1,), "ws_NESTED": (1,)},
     "DS_DKDV_BLOCK_N": {"BWD_DS_STORE": (1,)},
     "DS_DQ_BLOCK_M": {"BWD_DS_STORE": (1,)},
     "ds_dq_num_warps": {"BWD_DS_STORE": (1,)},
@@ -300,8 +281,8 @@ CONFIG = {
     "ds_dq_num_stages": 3,
     "DS_LONGEST_FIRST": 1,
     "DS_MIN_PROGRAMS": 256,
-    # off until a GPU times it (`gpu_pending.sh prefill_ws`): compiled offline for sm_90 with Triton 3.6 the nested
-    # form is warp-specialized, 168 registers a thread, 164 / 140 B of spills (results/attn_ir_sm90_offline_s38_ws.txt)
+    # off, and no tunable (see TUNABLES): on an H100 its 128-row forms give other bits, its 64-row form is 1.5-2.1x
+    # slower than the root (session 39, results/speed_h100_prefill_fwdbwd_variants_s39.md)
     "FWD_WS": 0,
     "ws_SPECIALIZE": 1,
     "ws_NESTED": 1,

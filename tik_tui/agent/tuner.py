@@ -175,8 +175,8 @@ def fits(config: dict, tiles: object, limit: object) -> bool:
 
 def live(config: dict, key: str, when: object) -> bool:
     """Whether `key` can change a launch under `config`: the module's `TUNABLE_WHEN` ({key: {gate key: values the
-    gate must hold}}) names the keys that only a path behind a gate reads (attention's ws_* tiles only under
-    FWD_WS 1); a key it does not name, or a malformed entry, is live."""
+    gate must hold}}) names the keys that only a path behind a gate reads (attention's DS_* tiles only under
+    BWD_DS_STORE 1); a key it does not name, or a malformed entry, is live."""
     cond = when.get(key) if isinstance(when, dict) else None
     if not isinstance(cond, dict):
         return True
