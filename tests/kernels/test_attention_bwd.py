@@ -406,7 +406,7 @@ def test_warp_specialized_forward_with_another_tree_is_seen(nested, plant, tmp_p
 @pytest.mark.gpu
 # on an H100 with Triton 3.6 (session 39, results/pytest_gpu_h100_s39_prefill_ws.log) the 128-row forms gave rows of
 # NaN and the 64-row form with the total in memory other bits, not every run: FWD_WS is off and no tunable until this
-# passes (not strict: it passed in some runs)
+# passes (not strict: one form passed in some runs)
 @pytest.mark.xfail(reason="FWD_WS under Triton 3.6's warp specialization: other bits on an H100", strict=False)
 @pytest.mark.parametrize("form", WS_FORMS)
 @pytest.mark.parametrize("layout", ["dense", "off_grid", "packed", "many"])
