@@ -64,23 +64,6 @@ CASES = (
      dict(BLOCK_M=64, BLOCK_N=128, CHUNK=4, TOTAL_IN_MEMORY=True, TMA=True, ONE_LOOP=True), 4, 1),
     ("forward 64 x 128, TMA, one loop, 8 warps", "_attn_fwd_kernel",
      dict(BLOCK_M=64, BLOCK_N=128, CHUNK=4, TOTAL_IN_MEMORY=False, TMA=True, ONE_LOOP=True), 8, 1),
-    # FWD_WS (session 37): the one-loop kernel Triton's Hopper pass may warp-specialize, and the same unspecialized
-    # (ws_NESTED 0: one loop over blocks, the fold by selects)
-    ("forward WS 128 x 128", "_attn_fwd_ws_kernel", dict(BLOCK_M=128, BLOCK_N=128, CHUNK=4, WS=True), 4, 2),
-    ("forward WS 64 x 128", "_attn_fwd_ws_kernel", dict(BLOCK_M=64, BLOCK_N=128, CHUNK=4, WS=True), 4, 2),
-    ("forward WS 128 x 128, not specialized, 8 warps", "_attn_fwd_ws_kernel",
-     dict(BLOCK_M=128, BLOCK_N=128, CHUNK=4, WS=False), 8, 2),
-    # ws_NESTED 1 (session 38, the CONFIG's): the outer loop over chunks specialized, the fold after each chunk
-    ("forward WS nested 128 x 128", "_attn_fwd_ws_kernel", dict(BLOCK_M=128, BLOCK_N=128, CHUNK=4, WS=True,
-                                                                NESTED=True), 4, 2),
-    ("forward WS nested 64 x 128", "_attn_fwd_ws_kernel", dict(BLOCK_M=64, BLOCK_N=128, CHUNK=4, WS=True,
-                                                               NESTED=True), 4, 2),
-    ("forward WS nested 128 x 128, not specialized, 8 warps", "_attn_fwd_ws_kernel",
-     dict(BLOCK_M=128, BLOCK_N=128, CHUNK=4, WS=False, NESTED=True), 8, 2),
-    ("forward WS nested 64 x 128, total in memory", "_attn_fwd_ws_kernel",
-     dict(BLOCK_M=64, BLOCK_N=128, CHUNK=4, WS=True, NESTED=True, TOTAL_IN_MEMORY=True), 4, 2),
-    ("forward WS nested 128 x 128, total in memory, 1 stage", "_attn_fwd_ws_kernel",
-     dict(BLOCK_M=128, BLOCK_N=128, CHUNK=4, WS=True, NESTED=True, TOTAL_IN_MEMORY=True), 4, 1),
 )
 
 

@@ -142,15 +142,6 @@
 #                     32's launch over row pairs was no faster on an H100, its epilogue split the pairs apart; since
 #                     session 37 two accumulators, gate rows and up rows, and the weight as it is): its GPU bit test at
 #                     the qwen3 MLPs, then the decode step with it and with the two launches ($R/e2e_decode_mlp_fused/)
-#   prefill_ws    #16 prefill through the warp-specialized forward (attention's FWD_WS, off: Triton 3.6's Hopper pass splits
-#                     its chunk loop into a TMA producer and two 64-row consumer warpgroups, sm_90 offline 168 registers,
-#                     164 / 140 B of spills, results/attn_ir_sm90_offline_s38_ws.txt): bench_speed's prefill and
-#                     forward + backward with it as variants, each gated on the base's bits first (128 and 64 rows; 64
-#                     with the total in a scratch tile, 32 / 36 B; session 37's one loop with the fold by selects,
-#                     840 / 600 B; and the root's 64-row launch with 8 warps: offline 40 / 44 B of spills against
-#                     340 / 380 at 4) ($R/speed_<card>_prefill_fwdbwd_variants.{json,md}), then its GPU bit tests.
-#                     First each WS form's one launch (launch_smoke.py, 150 s limit): a form that hangs is left out of
-#                     the timing and the bit tests are skipped ($R/launch_smoke.log)
 #   linear_small  #16 linear vs cuBLAS (bench_speed's linear section, 9 rounds) with the M16 bucket's launch moved, no bits:
 #                     the weight's lines sent to L2 before the PDL wait (PREFETCH 1: the next call's stream starts while
 #                     the call before ends), 8 programs an SM instead of 4 (M16_SPLIT 8), both
@@ -228,40 +219,6 @@ part() {  # part NAME SECONDS CMD...: run CMD under a limit, log to $R/NAME.log,
     if [[ -n ${PACK:-} ]]; then
         tar czf "$PACK.part" -C "$R" . && mv -f "$PACK.part" "$PACK"
     fi
-}
-
-smoke() {  # smoke SECONDS SPEC...: the --variant specs whose one launch comes back (launch_smoke.py), in SMOKED
-    # A variant with no line when the limit ends is the one that hung (counted in SMOKE_HUNG): it is dropped and those
-    # after it are tried again in a fresh process; one that raised is dropped; the log is $R/launch_smoke.log.
-    local limit=$1
-    shift
-    local rest=("$@") log="$R/launch_smoke.log" spec name rc next hung
-    SMOKED=()
-    SMOKE_HUNG=0
-    : >"$log"  # a warm machine keeps $R: lines of an earlier run must not count
-    while ((${#rest[@]})); do
-        echo "== launch_smoke (limit ${limit}s): ${rest[*]}" | tee -a "$log"
-        timeout -k 5 "$limit" "$py" benchmarks/launch_smoke.py "${rest[@]}" >>"$log" 2>&1
-        rc=$?
-        next=()
-        hung=""
-        for spec in "${rest[@]}"; do
-            name=${spec%%=*}
-            if grep -q "^$name: ran" "$log"; then
-                SMOKED+=("$spec")
-            elif grep -q "^$name: raised" "$log"; then
-                :
-            elif [[ -z $hung && ($rc == 124 || $rc == 137) ]]; then
-                hung=$name
-                SMOKE_HUNG=$((SMOKE_HUNG + 1))
-                echo "$name: no line within ${limit}s (hung?): left out of the timing" | tee -a "$log"
-            elif [[ -n $hung ]]; then
-                next+=("$spec")
-            fi
-        done
-        rest=("${next[@]}")
-    done
-    grep -E ': (ran|raised|no line)' "$log" | tail -n "$#"
 }
 
 for p in "$@"; do
@@ -390,22 +347,6 @@ for p in "$@"; do
             part pytest_gpu_${CARD}_stock_varlen 120 "$py" -m pytest -q -m gpu tests/e2e/test_stock_varlen.py
             part "speed_${CARD}_varlen" 300 "$py" benchmarks/bench_speed.py --only varlen --rounds 9 --budget-s 240 \
                 --out "$R" ;;
-        prefill_ws)
-            # the timing first: each variant's output is gated on the base's bits at every cell before it is timed,
-            # and a WS form that hangs shows there under the part's limit, before the pytest part's twelve cases
-            # (session 38's one machine stopped answering in this part: each form's one launch first, under a limit)
-            smoke 150 ws=attention.FWD_WS=1 ws64=attention.FWD_WS=1,attention.ws_BLOCK_M=64 \
-                wsmem64=attention.FWD_WS=1,attention.ws_BLOCK_M=64,attention.ws_TOTAL_IN_MEMORY=1 \
-                wsflat=attention.FWD_WS=1,attention.ws_NESTED=0
-            part prefill_ws 300 "$py" benchmarks/bench_speed.py --only prefill --only fwdbwd --out "$R" --rounds 9 \
-                --budget-s 240 --summary "$R/unused/summary_$CARD.json" "${SMOKED[@]/#/--variant=}" \
-                --variant w8=attention.num_warps=8
-            if ((SMOKE_HUNG)); then
-                echo "== pytest_gpu_${CARD}_prefill_ws: not run, $SMOKE_HUNG form(s) hung (launch_smoke.log)"
-            else
-                part pytest_gpu_${CARD}_prefill_ws 200 "$py" -m pytest -q -m gpu tests/kernels/test_attention_bwd.py \
-                    -k warp_specialized
-            fi ;;
         linear_small)
             part linear_small 300 "$py" benchmarks/bench_speed.py --only linear --out "$R" --rounds 9 --budget-s 240 \
                 --summary "$R/unused/summary_$CARD.json" --variant pf=linear.PREFETCH=1 \
@@ -548,6 +489,6 @@ for p in "$@"; do
             part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_${CARD}
             part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (suite eval_rate eval_rate_prestart3 eval_rate_nosettle eval_rate_OP eval_repeat_OP rvi reply_copy probe_times cheats search_linear search_attention search_pair tuner_linear scaleout scaleout_shared attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs lmhead_bwd lmhead_bwd2 train_variants prefill_chunks decode_regs decode_combine mlp_fused linear_small prefill_ws varlen keys shared_prompts)" >&2 ;;
+            echo "unknown part $p (suite eval_rate eval_rate_prestart3 eval_rate_nosettle eval_rate_OP eval_repeat_OP rvi reply_copy probe_times cheats search_linear search_attention search_pair tuner_linear scaleout scaleout_shared attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs lmhead_bwd lmhead_bwd2 train_variants prefill_chunks decode_regs decode_combine mlp_fused linear_small varlen keys shared_prompts)" >&2 ;;
     esac
 done

@@ -45,9 +45,7 @@ BLOCK_M, warps, stages, chunks per program and the split choice change only whic
 program; on an H200 the MMA bits of a row do not depend on the tile's other rows, and the contract's root_bits
 check re-proves it for every candidate. The order programs are launched in (FWD_LONGEST_FIRST, DQ_LONGEST_FIRST:
 the causal walks grow with the row tile, so the last tiles may go first) and whether K and V arrive through TMA
-descriptors or pointers are free too. So is the kernel prefill runs: FWD_WS takes `_attn_fwd_ws_kernel`, the same
-tree laid out as Triton's Hopper pass can split it into a TMA producer and two consumer warpgroups (one query head a
-program, descriptors made per sequence, the causal mask as a select, the chunks as a specialized outer loop).
+descriptors or pointers are free too.
 
 KV cache: `k_cache[B, Hk, L, D]` with `lens[B]` valid keys per sequence (the current token's k/v already written
 at `lens[b] - 1`); an engine allocates L once and writes position `lens[b]` in place, any strides allowed.
@@ -211,11 +209,6 @@ TUNABLES = {
     # BWD_DS_STORE: a launch of the dk/dv kernel with fewer programs than this keeps the dq kernel (each program's
     # causal walk is as long as the longest; with fewer than about two per SM the longest walks leave SMs idle)
     "DS_MIN_PROGRAMS": (0, 128, 256, 512),
-    # FWD_WS and its ws_* keys (prefill through `_attn_fwd_ws_kernel`, Triton's Hopper warp specialization) are not
-    # tunables: timed on an H100 (Triton 3.6, session 39) its 128-row forms gave other bits than the root (rows of
-    # NaN) and the 64-row form with the total in memory other bits too; the one form with the root's bits (nested,
-    # 64 rows) took 1.46-2.10x SDPA flash's prefill time where the root takes 0.86-1.06x
-    # (results/speed_h100_prefill_fwdbwd_variants_s39.md). The CONFIG keeps the path, off, for a later Triton.
 }
 
 #: keys only a path behind a gate reads ({key: {gate: values}}, a literal the tuner parses): the tuner spends no
@@ -281,15 +274,6 @@ CONFIG = {
     "ds_dq_num_stages": 3,
     "DS_LONGEST_FIRST": 1,
     "DS_MIN_PROGRAMS": 256,
-    # off, and no tunable (see TUNABLES): on an H100 its 128-row forms give other bits, its 64-row form is 1.5-2.1x
-    # slower than the root (session 39, results/speed_h100_prefill_fwdbwd_variants_s39.md)
-    "FWD_WS": 0,
-    "ws_SPECIALIZE": 1,
-    "ws_NESTED": 1,
-    "ws_TOTAL_IN_MEMORY": 0,
-    "ws_BLOCK_M": 128,
-    "ws_num_warps": 4,
-    "ws_num_stages": 2,
 }
 
 #: BWD_DS_STORE: the most bytes its dS workspace may take (the causal half of dS in q's dtype: at S = 16k, 1.07 GB
@@ -525,133 +509,6 @@ def _attn_fwd_kernel(
     l_row = tl.max(l_t, 1)
     out = acc_t / l_row[:, None]
     p_o = o_ptr + b * stride_ob + h[:, None] * stride_oh + (start + q_pos[:, None]) * stride_os + o_d[None, :]
-    tl.store(p_o, out.to(o_ptr.dtype.element_ty), mask=m_row[:, None])
-    p_l = lse_ptr + b * stride_lb + h * stride_lh + (start + q_pos) * stride_ls
-    tl.store(p_l, m_t + tl.math.log2(l_row), mask=m_row)
-
-
-@triton.jit
-def _ws_step(j, k_desc, v_desc, b_q, q_pos, n_full, m_i, l_i, acc, ones, qk_scale, BLOCK_N: tl.constexpr,
-             P_TY: tl.constexpr, UPCAST: tl.constexpr):
-    """`_attn_fwd_ws_kernel`'s KV block j: K and V through the sequence's descriptors, the causal mask as a select
-    (before the scale, as `_attn_fwd_kernel`'s diagonal blocks mask: -inf * scale is -inf; keys past the sequence
-    are later than every valid row's position), then the chunk's online-softmax step."""
-    k_pos = j * BLOCK_N + tl.arange(0, BLOCK_N)
-    b_k = k_desc.load([j * BLOCK_N, 0])
-    b_v = v_desc.load([j * BLOCK_N, 0])
-    if UPCAST:
-        b_k = b_k.to(tl.float32)
-        b_v = b_v.to(tl.float32)
-    s = tl.dot(b_q, tl.trans(b_k))  # [BM, BN]
-    s = tl.where((k_pos[None, :] <= q_pos[:, None]) | (j < n_full), s, float("-inf"))
-    return _softmax_step(s, s, m_i, l_i, acc, b_v, ones, qk_scale, P_TY, False)
-
-
-@triton.jit
-def _attn_fwd_ws_kernel(
-    q_ptr,  # [B, Hq, S, D] or packed [T, Hq, D]
-    k_ptr,  # [B, Hk, S, D] or packed [T, Hk, D]
-    v_ptr,  # like k
-    o_ptr,  # like q
-    lse_ptr,  # fp32 [B, Hq, S] or [T, Hq]
-    cu_ptr,  # int32 [B + 1] sequence starts (VARLEN only)
-    t_ptr,  # fp32 scratch, a [BLOCK_M, D] tile per program (TOTAL_IN_MEMORY only)
-    stride_qb, stride_qh, stride_qs,
-    stride_kb, stride_kh, stride_ks,
-    stride_vb, stride_vh, stride_vs,
-    stride_ob, stride_oh, stride_os,
-    stride_lb, stride_lh, stride_ls,
-    seq_len,  # S of the dense form (unused when VARLEN)
-    n_heads,  # query heads
-    qk_scale,  # softmax scale * log2(e)
-    G: tl.constexpr,  # query heads per KV head
-    D: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    CHUNK: tl.constexpr,  # KV blocks per chunk
-    VARLEN: tl.constexpr,
-    UPCAST: tl.constexpr,
-    WS: tl.constexpr = True,  # the walk warp-specialized (Triton's Hopper pass; the interpreter ignores it)
-    LONGEST_FIRST: tl.constexpr = False,
-    NESTED: tl.constexpr = False,  # an outer loop over chunks (the one specialized), an inner one over its blocks
-    TOTAL_IN_MEMORY: tl.constexpr = False,  # NESTED only: the running total's acc in t_ptr's tile, as the root's
-):
-    """Prefill's forward as one loop the compiler can warp-specialize (FWD_WS): the tree of `_attn_fwd_kernel`
-    (KV blocks of BLOCK_N keys from position 0, chunks of CHUNK blocks each from a fresh state, merged into the
-    running total in chunk order, the same `_softmax_step`, `_merge`, `_merge_sum`), laid out as Triton 3.6's Hopper
-    warp specialization accepts it: every row of a program one query head's position (no GQA folding: the row is
-    the same computation), Q, K and V read through TMA descriptors made here, per sequence, whose reads past the
-    sequence's end are zeros (never another sequence's rows), one loop over every block the tile sees with the
-    causal mask as a select. The chunks are walked either as NESTED loops (the outer one over chunks specialized,
-    the fold after each chunk's inner loop: Triton 3.6's sm_90 report, 128 rows, 164 / 140 B of spills) or as one
-    loop over blocks with the fold as selects at each chunk's last block instead of a branch (the same operations
-    on the same values where it folds, the state kept elsewhere; the fold computed at every block and both
-    [rows, D] accumulators live across it: 840 / 600 B). A row's blocks past its own causal end are masked whole:
-    their step and their chunk's fold are exact identities, as in `_attn_fwd_kernel`, so the bits do not depend on
-    the tile."""
-    pid_m = _row_tile(LONGEST_FIRST)
-    pid_bh = tl.program_id(1).to(tl.int64)
-    b = pid_bh // n_heads
-    h = pid_bh % n_heads
-    kvh = h // G
-    b, start, L = _sequence(cu_ptr, b, seq_len, VARLEN)
-    P_TY: tl.constexpr = k_ptr.dtype.element_ty
-    pos_lo = pid_m * BLOCK_M
-    q_pos = pos_lo + tl.arange(0, BLOCK_M)
-    m_row = q_pos < L
-    o_d = tl.arange(0, D)
-    q_desc = tl.make_tensor_descriptor(q_ptr + b * stride_qb + h * stride_qh + start * stride_qs, shape=[L, D],
-                                       strides=[stride_qs, 1], block_shape=[BLOCK_M, D])
-    k_desc = tl.make_tensor_descriptor(k_ptr + b * stride_kb + kvh * stride_kh + start * stride_ks, shape=[L, D],
-                                       strides=[stride_ks, 1], block_shape=[BLOCK_N, D])
-    v_desc = tl.make_tensor_descriptor(v_ptr + b * stride_vb + kvh * stride_vh + start * stride_vs, shape=[L, D],
-                                       strides=[stride_vs, 1], block_shape=[BLOCK_N, D])
-    b_q = q_desc.load([pos_lo.to(tl.int32), 0])
-    if UPCAST:
-        b_q = b_q.to(tl.float32)
-    in_memory: tl.constexpr = TOTAL_IN_MEMORY and NESTED
-    m_t, l_t, acc_t, t_ptrs = _total_start(t_ptr, pid_bh, pid_m, o_d, BLOCK_M, D, in_memory)
-    ones = tl.full([BLOCK_N, 16], 1.0, dtype=b_q.dtype)
-    n_full = (pos_lo + 1) // BLOCK_N  # blocks every row of the tile sees whole
-    # a tile past its sequence's end (a shorter packed sequence) walks nothing and stores nothing
-    n_blocks = tl.where(pos_lo >= L, 0, tl.cdiv(tl.minimum(pos_lo + BLOCK_M, L), BLOCK_N))
-    if NESTED:
-        # the outer loop over chunks is the one specialized (the producer runs ahead through the inner loops' blocks);
-        # each chunk starts fresh and is folded after its last block, unconditionally
-        for c in tl.range(0, tl.cdiv(n_blocks, CHUNK), warp_specialize=WS):
-            m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-            l_i = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
-            acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
-            for j in range(c * CHUNK, tl.minimum(c * CHUNK + CHUNK, n_blocks)):
-                m_i, l_i, acc = _ws_step(j, k_desc, v_desc, b_q, q_pos, n_full, m_i, l_i, acc, ones, qk_scale,
-                                         BLOCK_N, P_TY, UPCAST)
-            m_t, l_t, acc_t = _fold_chunk(m_t, l_t, acc_t, m_i, l_i, acc, t_ptrs, in_memory)
-        if in_memory:
-            tl.debug_barrier()
-            acc_t = tl.load(t_ptrs)
-    else:
-        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
-        for j in tl.range(0, n_blocks, warp_specialize=WS):
-            m_i, l_i, acc = _ws_step(j, k_desc, v_desc, b_q, q_pos, n_full, m_i, l_i, acc, ones, qk_scale, BLOCK_N,
-                                     P_TY, UPCAST)
-            # the root's fold (the total's acc in registers: its scratch pointer unused), kept at each chunk's last
-            # block only, by selects: a branch here stops the Hopper pass
-            edge = j % CHUNK == CHUNK - 1
-            m_f, l_f, acc_f = _fold_chunk(m_t, l_t, acc_t, m_i, l_i, acc, t_ptrs, False)
-            m_t = tl.where(edge, m_f, m_t)
-            l_t = tl.where(edge, l_f, l_t)
-            acc_t = tl.where(edge, acc_f, acc_t)
-            m_i = tl.where(edge, float("-inf"), m_i)
-            l_i = tl.where(edge, 0.0, l_i)
-            acc = tl.where(edge, 0.0, acc)
-        # the last, partial chunk (the empty state if the walk ended on a chunk edge: then the merge is exact
-        # identity); the nested loops folded every chunk already
-        m_t, l_t, acc_t = _fold_chunk(m_t, l_t, acc_t, m_i, l_i, acc, t_ptrs, False)
-    l_row = tl.max(l_t, 1)
-    out = acc_t / l_row[:, None]
-    p_o = o_ptr + b * stride_ob + h * stride_oh + (start + q_pos[:, None]) * stride_os + o_d[None, :]
     tl.store(p_o, out.to(o_ptr.dtype.element_ty), mask=m_row[:, None])
     p_l = lse_ptr + b * stride_lb + h * stride_lh + (start + q_pos) * stride_ls
     tl.store(p_l, m_t + tl.math.log2(l_row), mask=m_row)
@@ -1314,7 +1171,7 @@ def _tiles() -> dict:
     if INTERPRET:
         return {**CONFIG, "BLOCK_N": CONFIG["BLOCK_N_INTERPRET"], "CHUNK_BLOCKS": CONFIG["CHUNK_BLOCKS_INTERPRET"],
                 "BLOCK_M": 16, "DECODE_BLOCK_M": 16, "DQ_BLOCK_M": 16, "DQ_BLOCK_N": CONFIG["BLOCK_N_INTERPRET"],
-                "ws_BLOCK_M": 16, "DKDV_BLOCK_M": 16, "DS_DQ_BLOCK_M": 16, "DS_MIN_PROGRAMS": 0,
+                "DKDV_BLOCK_M": 16, "DS_DQ_BLOCK_M": 16, "DS_MIN_PROGRAMS": 0,
                 "DQ_TILE_N": CONFIG["BLOCK_N_INTERPRET"] * CONFIG["DQ_TILE_N"] // CONFIG["DQ_BLOCK_N"],
                 # the key tile keeps its ratio to the dq block (the fused dq splits a double tile in two)
                 "DKDV_BLOCK_N": CONFIG["BLOCK_N_INTERPRET"] * CONFIG["DKDV_BLOCK_N"] // CONFIG["DQ_BLOCK_N"],
@@ -1332,15 +1189,14 @@ def _for_head_dim(cfg: dict, d: int) -> dict:
     with 3 stages 287 KB, the dq kernel with 128 rows 262 KB, against 232,448 B: sm_90 compiles of
     benchmarks/attn_ir_offline.py --head-dim 256): one forward stage, two decode stages, 64-row dq tiles of 64-key
     steps, and 64-key dk/dv tiles when dS is stored (and 64-row forward tiles: 128 spill 2.8 KB a thread). All of
-    them only choose who computes what (no bit changes). FWD_WS is off there (its 128-row Q and two stages of K and
-    V are sized for D <= 128)."""
+    them only choose who computes what (no bit changes)."""
     if d <= _WIDE_HEAD or INTERPRET:
         return cfg
     sub = cfg["DQ_BLOCK_N"]
     return {**cfg, "BLOCK_M": 64, "num_stages": 1, "decode_num_stages": min(cfg["decode_num_stages"], 2),
             "DQ_BLOCK_M": 64, "DQ_TILE_N": sub, "dq_num_stages": min(cfg.get("dq_num_stages", 2), 2),
             "DS_DKDV_BLOCK_N": sub, "DS_DQ_BLOCK_M": cfg["DKDV_BLOCK_M"],
-            "bwd_num_stages": min(cfg["bwd_num_stages"], 2), "FWD_WS": 0}  # FWD_WS's tiles are sized for D <= 128
+            "bwd_num_stages": min(cfg["bwd_num_stages"], 2)}
 
 
 def _launch_opts(warps: int, stages: int) -> dict:
@@ -1366,31 +1222,6 @@ def _row_strides(t: torch.Tensor, varlen: bool) -> tuple[int, int, int]:
     if varlen:
         return 0, t.stride(1), t.stride(0)
     return t.stride(0), t.stride(1), t.stride(2)
-
-
-def _ws_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, varlen: bool) -> bool:
-    """Whether `_attn_fwd_ws_kernel` can read q, k and v: descriptors made on the device (Triton >= 3.4), each
-    (sequence, head) start 16-byte aligned and its positions a multiple of 16 bytes apart."""
-    if not hasattr(tl, "make_tensor_descriptor"):
-        return False
-    for t in (q, k, v):
-        size = t.element_size()
-        if t.stride(-1) != 1 or t.data_ptr() % 16 or any((x * size) % 16 for x in _row_strides(t, varlen)):
-            return False
-    return True
-
-
-def _tma_scratch(size: int, alignment: int, stream) -> torch.Tensor:
-    """Global scratch for descriptors a kernel makes on the device (Triton's allocator hook): from torch's caching
-    allocator, so a CUDA graph's capture takes it from the graph's pool."""
-    return torch.empty(size, dtype=torch.int8, device="cuda")
-
-
-@functools.lru_cache(maxsize=1)
-def _use_tma_scratch() -> None:
-    """`_attn_fwd_ws_kernel`'s descriptors take a few bytes of global scratch a program, which Triton asks its
-    allocator for: `_tma_scratch`, set once."""
-    triton.set_allocator(_tma_scratch)
 
 
 def _kv_descriptor(t: torch.Tensor, varlen: bool, block_n: int):
@@ -1434,25 +1265,6 @@ def _fwd(q, k, v, cu, n_seq, max_len, seq_len, scale, varlen):
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
     lse_strides = (0, lse.stride(1), lse.stride(0)) if varlen else (lse.stride(0), lse.stride(1), lse.stride(2))
     block_n = cfg["BLOCK_N"]  # the KV block: the launch and the descriptors read the same one
-    if cfg.get("FWD_WS", 0) and _ws_applies(q, k, v, varlen):
-        if not INTERPRET:
-            _use_tma_scratch()
-        bm = cfg["ws_BLOCK_M"]
-        ws_grid = (triton.cdiv(max_len, bm), n_seq * hq)
-        # the scratch tile at 128 rows with two stages needs 238 KB of shared memory (sm_90 offline): registers there
-        ws_memory = bool(cfg.get("ws_NESTED", 1) and cfg.get("ws_TOTAL_IN_MEMORY", 0)) and (
-            bm <= 64 or cfg["ws_num_stages"] == 1)
-        ws_scratch = torch.empty(ws_grid[0] * ws_grid[1] * bm * d if ws_memory else 1, dtype=torch.float32,
-                                 device=q.device)
-        _attn_fwd_ws_kernel[ws_grid](
-            q, k, v, o, lse, cu, ws_scratch, *_row_strides(q, varlen), *_row_strides(k, varlen),
-            *_row_strides(v, varlen), *_row_strides(o, varlen), *lse_strides, seq_len, hq, scale * _LOG2E,
-            G=G, D=d, BLOCK_M=bm, BLOCK_N=block_n, VARLEN=varlen, CHUNK=cfg["CHUNK_BLOCKS"], UPCAST=INTERPRET,
-            WS=bool(cfg.get("ws_SPECIALIZE", 1)) and not INTERPRET, LONGEST_FIRST=bool(cfg.get("FWD_LONGEST_FIRST", 0)),
-            NESTED=bool(cfg.get("ws_NESTED", 1)), TOTAL_IN_MEMORY=ws_memory,
-            **_launch_opts(cfg["ws_num_warps"], cfg["ws_num_stages"]),
-        )  # fmt: skip
-        return o, lse
     grid = (triton.cdiv(max_len * G, cfg["BLOCK_M"]), n_seq * hk)
     in_memory = bool(cfg.get("FWD_TOTAL_IN_MEMORY", 0))
     scratch = torch.empty(grid[0] * grid[1] * cfg["BLOCK_M"] * d if in_memory else 1, dtype=torch.float32,
