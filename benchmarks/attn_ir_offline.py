@@ -135,14 +135,11 @@ def regions(sass: str) -> list[tuple[str, int]]:
     paths, such as a barrier's retry, which branch back into it): before its first loop, each loop's body (a backward
     branch's span; loops inside it counted with it), between loops, after the last one. Static counts, not executed
     ones: a branch inside a body (a chunk edge's fold) counts whether taken or not."""
-    ins, at, end = _instructions(sass)
+    _, end, spans = _body(sass)
     loops: list[tuple[int, int]] = []
-    for i, text in enumerate(ins[:end]):
-        target = re.search(r"BRA\s+`\(\.(L_x_\d+)\)", text)
-        if target and at.get(target.group(1), i + 1) <= i:
-            start = at[target.group(1)]
-            loops = [lp for lp in loops if lp[0] < start]  # an enclosing loop replaces the ones inside it
-            loops.append((start, i + 1))
+    for start, stop in spans:
+        loops = [lp for lp in loops if lp[0] < start]  # an enclosing loop replaces the ones inside it
+        loops.append((start, stop))
     out, pos = [], 0
     for n, (a, b) in enumerate(loops):
         out.append(("before the first loop" if n == 0 else f"between loops {n} and {n + 1}", a - pos))
@@ -152,8 +149,9 @@ def regions(sass: str) -> list[tuple[str, int]]:
     return out
 
 
-def _instructions(sass: str) -> tuple[list[str], dict[str, int], int]:
-    """(the SASS instructions in order, each label's index, the end of the main body: after its last EXIT)."""
+def _body(sass: str) -> tuple[list[str], int, list[tuple[int, int]]]:
+    """(the SASS instructions in order, the end of the main body: after its last EXIT, and the body's loops: each
+    backward branch's span [its target, the branch + 1], in the order of the branches)."""
     ins, at = [], {}
     for line in sass.splitlines():
         label = re.match(r"\s*\.(L_x_\d+):", line)
@@ -163,19 +161,19 @@ def _instructions(sass: str) -> tuple[list[str], dict[str, int], int]:
         if op:
             ins.append(op.group(1))
     end = max((i + 1 for i, text in enumerate(ins) if text.split()[-1] == "EXIT"), default=len(ins))
-    return ins, at, end
+    spans = []
+    for i, text in enumerate(ins[:end]):
+        target = re.search(r"BRA\s+`\(\.(L_x_\d+)\)", text)
+        if target and at.get(target.group(1), i + 1) <= i:
+            spans.append((at[target.group(1)], i + 1))
+    return ins, end, spans
 
 
 def inner_loops(sass: str) -> list[tuple[int, int, int, int]]:
     """The innermost loops of a kernel's main body (a backward branch's span holding no other), each as (instructions,
     spill stores, spill loads, wgmmas): where a kernel's spills run once a tile or chunk, and where they run at every
     key block (a warp-specialized kernel has one such loop per consumer partition)."""
-    ins, at, end = _instructions(sass)
-    spans = []
-    for i, text in enumerate(ins[:end]):
-        target = re.search(r"BRA\s+`\(\.(L_x_\d+)\)", text)
-        if target and at.get(target.group(1), i + 1) <= i:
-            spans.append((at[target.group(1)], i + 1))
+    ins, _, spans = _body(sass)
     inner = [(a, b) for a, b in spans if not any((c, d) != (a, b) and a <= c and d <= b for c, d in spans)]
     ops = [re.sub(r"^@!?\w+\s+", "", text).split(".")[0].split()[0] for text in ins]  # no predicate, no modifiers
     return [(b - a, ops[a:b].count("STL"), ops[a:b].count("LDL"), ops[a:b].count("HGMMA")) for a, b in inner]

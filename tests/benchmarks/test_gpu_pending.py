@@ -39,4 +39,3 @@ def test_every_part_is_documented_handled_and_listed():
 @pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
 def test_the_script_parses():
     assert subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True).returncode == 0
-
