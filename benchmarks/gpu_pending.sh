@@ -7,7 +7,8 @@
 # still brings back what its finished parts wrote, where an archive made at the end of the command would be lost.
 # A call brings back at most 8 files, so where the parts write more (keys: a dozen), PACK=$OUT/r.tgz with R outside
 # $OUT: after every part, $R as one archive (made aside, then moved into place), so a call cut short still brings
-# back every finished part's files (session 34: an e2e run's JSON was the ninth file, left behind).
+# back every finished part's files (session 34: an e2e run's JSON was the ninth file, left behind), and the archive
+# is made again every PACK_EVERY (45) seconds while a part runs, so a part cut short keeps what it wrote so far.
 #
 # Files a part writes carry the card's name (<card>: h200, h100; $CARD below) where they say one.
 # Parts (run in the order given; one that fails or runs out of time does not stop the next):
@@ -51,8 +52,9 @@
 #                     device time of one ($R/tuner_<card>_pair_20min_{linear,attention}_run<RUN>.*, one workspace archive)
 #   scaleout_shared
 #                 #18 evaluations an hour with one and two evaluator processes on one GPU (`tik search --workers 2`:
-#                     timings taking turns through the device lock, CPU work overlapping): rmsnorm, 12 derivations each
-#                     ($R/scaleout_<card>_shared.{json,md})
+#                     timings taking turns through the device lock, CPU work overlapping): rmsnorm, EVALS (12)
+#                     derivations each ($R/scaleout_<card>_shared.{json,md}); on an H100 in session 40 the 12 ran past a
+#                     580 s call with nothing brought back (why is unknown: the archive is now made while a part runs)
 #   tuner_linear  #6  tik search --proposer tuner on linear, best vs root in the same evaluation;
 #                     exports the incumbent to $R/incumbents_<card>/linear.py
 #   scaleout      #9  evaluations per hour on the visible GPUs (1, and more where lent)
@@ -216,10 +218,21 @@ part() {  # part NAME SECONDS CMD...: run CMD under a limit, log to $R/NAME.log,
     local rc=$?
     echo "== $name: rc=$rc in $((SECONDS - t0))s" | tee -a "$R/$name.log"
     tail -4 "$R/$name.log"
+    pack
+}
+
+pack() {  # $R as one archive at $PACK, made aside then moved into place (an archive is always whole)
     if [[ -n ${PACK:-} ]]; then
-        tar czf "$PACK.part" -C "$R" . && mv -f "$PACK.part" "$PACK"
+        tar czf "$PACK.$BASHPID" -C "$R" . 2>/dev/null && mv -f "$PACK.$BASHPID" "$PACK"
     fi
 }
+
+if [[ -n ${PACK:-} ]]; then
+    # also every ${PACK_EVERY:-45} s while a part runs, for as long as this script lives: a call stopped at its time
+    # limit in the middle of a part then still brings back what that part had written (its log so far, the rows a
+    # benchmark writes as it goes); session 40 lost a 10-minute scale-out run that had no finished part to pack
+    (while sleep "${PACK_EVERY:-45}" && kill -0 $$ 2>/dev/null; do pack; done) >/dev/null 2>&1 &
+fi
 
 for p in "$@"; do
     case $p in
@@ -281,7 +294,7 @@ for p in "$@"; do
             part scaleout 250 "$py" benchmarks/bench_scaleout.py --op rmsnorm --evals 3 --timeout 120 \
                 --out "$R/scaleout_${CARD}.json" ;;
         scaleout_shared)
-            part scaleout_shared 590 "$py" benchmarks/bench_scaleout.py --op rmsnorm --evals 12 --gpus 1,2 --timeout 120 \
+            part scaleout_shared 590 "$py" benchmarks/bench_scaleout.py --op rmsnorm --evals "${EVALS:-12}" --gpus 1,2 --timeout 120 \
                 --out "$R/scaleout_${CARD}_shared.json" ;;
         attention)
             part attention 590 "$py" benchmarks/bench_attention.py --out "$R" --budget 540 ;;
