@@ -43,12 +43,20 @@ def test_replay_search_on_rmsnorm_with_the_real_evaluator(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_tuner_screens_on_rmsnorm_with_the_real_evaluator(tmp_path, capsys):
+def test_tuner_screens_on_rmsnorm_with_the_real_evaluator(tmp_path, capsys, monkeypatch):
     """The real screen (interpreter timings) before the real evaluation; both recorded in the store.
 
-    Six moves a batch, two batches at most: that every one of twelve is slower than the root by noise
-    alone (each a coin flip in the interpreter) happens about once in 4096 runs."""
+    Six moves a batch, two batches at most. In the interpreter a move's screen against the root is close to a coin
+    flip, and not a fair one (a move that makes more programs runs more Python), so all twelve lost to the root in
+    about one CI run of forty, and the search then rightly stopped with nothing evaluated. The tuner's tie is
+    widened to 100% here, so that outcome too ends in an evaluation (of the screened move nearest the root), and the
+    search always spends its one derivation; which of the two ways it got there is checked."""
+    import functools
+
     from tik_store import Workspace
+    from tik_tui.agent import tuner
+
+    monkeypatch.setattr(tuner.TunerProposer, "__init__", functools.partialmethod(tuner.TunerProposer.__init__, tie=1.0))
 
     w = tmp_path / "ws"
     assert main(["-w", str(w), "init"]) == 0
@@ -63,8 +71,12 @@ def test_tuner_screens_on_rmsnorm_with_the_real_evaluator(tmp_path, capsys):
         assert all(e["error"] is None and e["speedup"] > 0 for e in screens[0]["entries"])
         made = ws.implementation(s["derivations"][0])
         assert made["status"] in ("verified", "eligible"), made["failure"]
-        # no screen failed, so the one derivation is the pick of a last rung (it beat the root there)
+        assert "(screened: " in made["rationale"], made["rationale"]
         picks = [p for p in screens if p["last"] and p["pick"] is not None]
-        assert picks and "(screened: " in made["rationale"], made["rationale"]
-        chosen = picks[-1]["entries"][picks[-1]["pick"]]
-        assert chosen["speedup"] > 1 and made["modification"]["screen"]["speedup"] == chosen["speedup"]
+        if picks:  # no screen failed: the one derivation is the pick of a last rung (it beat the root there)
+            chosen = picks[-1]["entries"][picks[-1]["pick"]]
+            assert chosen["speedup"] > 1 and made["modification"]["screen"]["speedup"] == chosen["speedup"]
+        else:  # two batches and no move beat the root: the one nearest it went to an evaluation
+            assert len(screens) >= 2 and "an evaluation decides" in made["rationale"], made["rationale"]
+            nearest = max(e["speedup"] for p in screens for e in p["entries"] if not e.get("over_limit"))
+            assert made["modification"]["screen"]["speedup"] == nearest
