@@ -1,0 +1,109 @@
+"""The Gluon prefill forward (tik_kernels/experimental/gluon_attn_fwd.py) timed against the attention root's forward
+and SDPA flash at bench_speed's prefill cells, each cell behind a bits gate (o and lse equal to the root's).
+
+    PYTHONPATH=. python benchmarks/bench_gluon_fwd.py --out benchmarks/results [--rounds 9]
+
+The root's forward is timed as `attention._fwd` (the kernel and its two allocations, without the autograd wrapper
+`attention_prefill` adds), the Gluon one as `gluon_attn_fwd.prefill_forward`; both against SDPA flash's causal
+forward in the same interleaved rounds (benchmarks/harness.py: CUDA-graph replay on rotating input copies, medians).
+Ratios are time / SDPA flash's time. Writes gluon_fwd_<card>.{json,md}. Needs a Hopper GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+import benchmarks.harness as H  # noqa: E402
+from benchmarks.bench_speed import HK, HQ, PREFILL_BS, prefill_stock  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    p.add_argument("--rounds", type=int, default=9)
+    args = p.parse_args(argv)
+    if not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9):
+        print("bench_gluon_fwd: needs a Hopper GPU", file=sys.stderr)
+        return 2
+    from tik_kernels.experimental import gluon_attn_fwd as g
+    from tik_kernels.ops import attention as root
+
+    cu = torch.zeros(1, dtype=torch.int32, device="cuda")
+    scale = root._scale(None, 128)
+    rows = []
+    for B, S in PREFILL_BS:
+        gen = torch.Generator("cuda").manual_seed(B * 7919 + S)
+        q, k, v = (torch.randn(B, h, S, 128, device="cuda", dtype=torch.bfloat16, generator=gen) for h in (HQ, HK, HK))
+
+        def root_fwd(q, k, v, B=B, S=S):
+            return root._fwd(q, k, v, cu, B, S, S, scale, False)
+
+        row = {"cell": f"prefill[B={B},S={S}]"}
+        try:
+            o_r, l_r = root_fwd(q, k, v)
+            row["bits"] = True
+            for pf in (True, False):
+                o_g, l_g = g.prefill_forward(q, k, v, prefetch=pf)
+                if not (H.bits_equal(o_g, o_r) and H.bits_equal(l_g, l_r)):
+                    row["bits"] = False
+                    row[f"o_differ_{'prefetch' if pf else 'own_step'}"] = int((o_g != o_r).sum())
+        except Exception as e:  # a kernel that cannot run here is a finding
+            row["error"] = H.one_line(e)
+            rows.append(row)
+            print(row, flush=True)
+            continue
+        t = H.compare({"root": root_fwd, "gluon": g.prefill_forward,
+                       "gluon_own_step": lambda q, k, v: g.prefill_forward(q, k, v, prefetch=False),
+                       "sdpa_flash": prefill_stock}, (q, k, v), rounds=args.rounds, flops=2 * B * HQ * S * S * 128)
+        c = t["contenders"]
+        base = c["sdpa_flash"].get("median_us")
+        for n in ("root", "gluon", "gluon_own_step", "sdpa_flash"):
+            row[f"{n}_us"] = c[n].get("median_us")
+            row[f"{n}_error"] = c[n].get("error")
+        if base:
+            row["root_ratio"] = c["root"]["median_us"] / base if c["root"].get("median_us") else None
+            for n in ("gluon", "gluon_own_step"):
+                row[f"{n}_ratio"] = c[n]["median_us"] / base if c[n].get("median_us") else None
+        rows.append(row)
+        print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+        del q, k, v
+    ok = [r for r in rows if r.get("gluon_ratio") and r.get("root_ratio")]
+    doc = {"env": H.environment("cuda"), "command": H.command_line(), "rows": rows,
+           "root_geomean": H.geomean(r["root_ratio"] for r in ok),
+           "gluon_geomean": H.geomean(r["gluon_ratio"] for r in ok),
+           "gluon_own_step_geomean": H.geomean(r.get("gluon_own_step_ratio") for r in ok),
+           "bits_all": all(r.get("bits") for r in rows)}
+    card = H.card_tag("cuda")
+    args.out.mkdir(parents=True, exist_ok=True)
+    H.write_json(args.out / f"gluon_fwd_{card}.json", doc)
+    lines = [f"# Gluon prefill forward vs the root's and SDPA flash ({doc['env'].get('gpu')})", "",
+             f"`{doc['command']}`", "",
+             "Ratios: time / SDPA flash's time in the same interleaved rounds (lower is faster); bits: the Gluon "
+             "forward's o and lse equal to the root's.", "",
+             "Gluon: the next block's K and V loaded behind this block's work; Gluon, own step: each step loads "
+             "its own K and V and waits (the root's schedule).", "",
+             f"Geomean over the timed cells: root {doc['root_geomean']}, Gluon {doc['gluon_geomean']}, Gluon own "
+             f"step {doc['gluon_own_step_geomean']}; bits everywhere: {doc['bits_all']}", "",
+             "| cell | bits | root µs | Gluon µs | Gluon own step µs | SDPA flash µs | root ratio | Gluon ratio | "
+             "Gluon own step ratio |", "|---|---|---|---|---|---|---|---|---|"]
+
+    def f(x):
+        return "-" if x is None else f"{x:.3f}" if isinstance(x, float) else str(x)
+
+    for r in rows:
+        lines.append(f"| {r['cell']} | {r.get('bits', r.get('error'))} | {f(r.get('root_us'))} | "
+                     f"{f(r.get('gluon_us'))} | {f(r.get('gluon_own_step_us'))} | {f(r.get('sdpa_flash_us'))} | "
+                     f"{f(r.get('root_ratio'))} | {f(r.get('gluon_ratio'))} | {f(r.get('gluon_own_step_ratio'))} |")
+    (args.out / f"gluon_fwd_{card}.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {args.out}/gluon_fwd_{card}.json, .md", flush=True)
+    return 0 if doc["bits_all"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

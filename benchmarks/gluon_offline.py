@@ -1,0 +1,74 @@
+"""What ptxas makes of the Gluon prefill forward (tik_kernels/experimental/gluon_attn_fwd.py) for sm_90, without a GPU.
+
+    PYTHONPATH=<a pip --target dir of triton==3.6.0>:. python benchmarks/gluon_offline.py
+
+For GQA groups 1, 4 and 7, with the next block's loads sent early (PREFETCH) and without: registers and spill bytes a
+thread, shared memory (two programs an SM need at most 113 KB each), and the SASS loops with their spill instructions
+and wgmmas (`attn_ir_offline.inner_loops`: the first is the TMA loop every whole block runs, the second the
+pointer-loaded block crossing the sequence's end). Gluon is compiled by the Triton on the path; the GPU machine runs
+3.6, whose Gluon this kernel is written for.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import offline_compile as oc  # noqa: E402 (first: it turns the interpreter off before Triton is imported)
+import triton  # noqa: E402
+from attn_ir_offline import inner_loops  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+
+
+def compile_case(G: int, prefetch: bool):
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from tik_kernels.experimental import gluon_attn_fwd as g
+
+    fn = g._attn_fwd_gluon_kernel
+    layout = gl.NVMMASharedLayout.get_default_for([g.BLOCK_N, g.HEAD_DIM], gl.bfloat16)
+    const = dict(G=G, D=g.HEAD_DIM, BLOCK_M=g.BLOCK_M, BLOCK_N=g.BLOCK_N, CHUNK=g.CHUNK_BLOCKS, L_COLS=g.L_COLS,
+                 PREFETCH=prefetch)
+    sig = {}
+    for n in inspect.signature(fn.fn).parameters:
+        if n in const:
+            sig[n] = "constexpr"
+        elif n.endswith("_ptr"):
+            sig[n] = "*fp32" if n == "lse_ptr" else "*bf16"
+        elif n.endswith("_desc"):
+            sig[n] = f"tensordesc<bf16[{g.BLOCK_N}, {g.HEAD_DIM}],{layout!r}>"
+        else:
+            sig[n] = "fp32" if n == "qk_scale" else "i32"
+    # as a launch at bench_speed's shapes specializes them: pointers aligned, strides and lengths divisible by 16
+    attrs = {(i,): [["tt.divisibility", 16]] for i, (n, t) in enumerate(sig.items())
+             if t.startswith("*") or n.startswith("stride_") or n == "L"}
+    return triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
+                          target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=4, num_stages=1, enable_fp_fusion=False))
+
+
+def main() -> None:
+    print(f"triton {triton.__version__}, {oc.ptxas_version()}")
+    for G in (1, 4, 7):
+        for prefetch in (True, False):
+            k = compile_case(G, prefetch)
+            with tempfile.TemporaryDirectory() as d:
+                out = oc.assemble(k.asm["ptx"], Path(d) / "k.cubin")
+                sass = oc.disassemble(Path(d) / "k.cubin") or ""
+            regs = re.search(r"Used (\d+) registers", out)
+            spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out)
+            loops = "; ".join(f"{n} instructions (spill stores {st}, loads {ld}, wgmma {mma})"
+                              for n, st, ld, mma in inner_loops(sass))
+            print(f"G {G}, {'prefetch' if prefetch else 'own step'}: registers {regs.group(1) if regs else '?'}, "
+                  f"spill stores/loads {'/'.join(spills.groups()) if spills else '?'} B, shared {k.metadata.shared} B"
+                  f"{', WGMMA SERIALIZED (ptxas C7515)' if 'C7515' in out else ''}\n    innermost loops: {loops}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,289 @@
+"""The attention root's prefill forward written in Gluon (Triton's explicit-layout dialect): an experiment, not a root.
+
+Why. On an H100 the root's prefill takes 0.86-1.06x SDPA flash's time (issue #16 asks 0.85x). Its launch (64 rows,
+4 warps, one stage: two programs an SM) loads a block's K and V at the top of each step and waits for them there, so
+a program's load latency is hidden only by the other program on its SM; two stages would take the shared memory of
+the second program. Triton's `tl` cannot say "start loading block j + 1's K as soon as block j's QK product has read
+the buffer", which keeps one buffer each for K and V (two programs an SM still fit) and hides the load behind the
+softmax and the PV product. Gluon can: here each step waits for its K, issues Q K^T, and once that product is done
+sends the tensor-memory accelerator for the next block's K into the same buffer; then the softmax, then it waits for
+its V, issues P V (and P @ ones, the denominator) and, once done, sends for the next block's V.
+
+What must hold. The same reduction tree and the same operations as `tik_kernels.ops.attention._attn_fwd_kernel` (its
+docstring), so the same bits: KV blocks of 128 keys, chunks of 4 blocks by absolute position, each chunk's online
+softmax from the empty state through `_softmax_step`'s operations in its order, chunks merged into the running total
+in order with `_merge` / `_merge_sum`'s formula, out = acc / l and lse = m + log2(l); fp contraction off. The
+diagonal blocks inside the sequence are masked as the root's one loop masks them; a block crossing the sequence's end
+is read through pointers with zeros past the end, as the root's second loop reads it (a TMA read there would bring
+the next sequence's rows, and 0 x NaN is NaN). Whether the MMAs give these operands the root's bits is the GPU's to
+say: `tests/kernels/test_gluon_attn_fwd.py` compares o and lse with the root's, bit for bit.
+
+Scope: dense prefill (q [B, Hq, S, D], k/v [B, Hk, S, D]), bf16, head dim 128, the root's GPU tree (BLOCK_N 128,
+CHUNK_BLOCKS 4), 64 rows of 4 warps. It needs a Hopper GPU and Triton's Gluon (3.6 on the GPU machine); the CPU
+interpreter cannot run Gluon, so nothing imports this module unless a GPU test or benchmark asks for it.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from tik_kernels.ops import attention as root
+
+#: the root's GPU tree (frozen there) and this kernel's one launch
+BLOCK_N = 128
+CHUNK_BLOCKS = 4
+BLOCK_M = 64
+NUM_WARPS = 4
+HEAD_DIM = 128
+#: columns of the ones matrix the denominator is summed with (the root's `_L_COLS`)
+L_COLS = 16
+
+
+@gluon.jit
+def _merge(m_a, m_b):
+    """The root's `_merge`: the new max and both rescales."""
+    m = gl.maximum(m_a, m_b)
+    m_sub = gl.where(m == float("-inf"), 0.0, m)
+    return m, gl.exp2(m_a - m_sub), gl.exp2(m_b - m_sub)
+
+
+@gluon.jit
+def _fold(m_t, l_t, acc_t, m_i, l_i, acc, ROW_L: gl.constexpr):
+    """The root's `_fold_chunk` with the total in registers: merge a finished chunk state into the running total."""
+    m_t, a_t, a_i = _merge(m_t, m_i)
+    a_tl = gl.expand_dims(gl.convert_layout(a_t, ROW_L), 1)
+    a_il = gl.expand_dims(gl.convert_layout(a_i, ROW_L), 1)
+    l_t = l_t * a_tl + l_i * a_il
+    acc_t = acc_t * gl.expand_dims(a_t, 1) + acc * gl.expand_dims(a_i, 1)
+    return m_t, l_t, acc_t
+
+
+@gluon.jit
+def _step(s, keep, m_i, l_i, acc, v_smem, ones_smem, qk_scale, MASKED: gl.constexpr, P_OP: gl.constexpr,
+          P_OP_L: gl.constexpr, ROW_L: gl.constexpr):
+    """The root's `_softmax_step` on one KV block, the PV and denominator products issued and waited for here."""
+    s = s * qk_scale
+    if MASKED:
+        s = gl.where(keep, s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 1))
+    m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2(m_i - m_sub)
+    p = gl.exp2(s - gl.expand_dims(m_sub, 1)).to(gl.bfloat16)
+    l_i = l_i * gl.expand_dims(gl.convert_layout(alpha, ROW_L), 1)
+    acc = acc * gl.expand_dims(alpha, 1)
+    l_i = warpgroup_mma(gl.convert_layout(p, P_OP_L), ones_smem, l_i, is_async=True)
+    acc = warpgroup_mma(gl.convert_layout(p, P_OP), v_smem, acc, is_async=True)
+    l_i, acc = warpgroup_mma_wait(num_outstanding=0, deps=(l_i, acc))
+    return m_new, l_i, acc
+
+
+@gluon.jit
+def _attn_fwd_gluon_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
+    k_desc, v_desc,  # K and V as rows of positions (the root's `_kv_descriptor`): block (b, kvh, pos) at row
+    k_rb, k_rh, k_ch, v_rb, v_rh, v_ch,  # b*rb + kvh*rh + pos, column kvh*ch
+    stride_qb, stride_qh, stride_qs,
+    stride_kb, stride_kh, stride_ks,
+    stride_vb, stride_vh, stride_vs,
+    stride_ob, stride_oh, stride_os,
+    stride_lb, stride_lh, stride_ls,
+    L,  # the sequence length (dense: every sequence)
+    n_kv_heads,
+    qk_scale,  # softmax scale * log2(e)
+    G: gl.constexpr,
+    D: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    CHUNK: gl.constexpr,
+    L_COLS: gl.constexpr,
+    PREFETCH: gl.constexpr = True,  # False: each step sends for its own K and V and waits (the root's one stage)
+):
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+    MMA_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                    instr_shape=[16, L_COLS, 16])
+    P_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+    P_OP_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA_L, k_width=2)
+    ROW: gl.constexpr = gl.SliceLayout(1, MMA)
+    COL: gl.constexpr = gl.SliceLayout(0, MMA)
+    ROW_L: gl.constexpr = gl.SliceLayout(1, MMA_L)
+    LOAD: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8], warps_per_cta=[4, 1],
+                                          order=[1, 0])
+    LROW: gl.constexpr = gl.SliceLayout(1, LOAD)
+    LCOL: gl.constexpr = gl.SliceLayout(0, LOAD)
+    Q_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, D], gl.bfloat16)
+    ONES_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, L_COLS], gl.bfloat16)
+
+    pid_m = gl.program_id(0)
+    pid_bh = gl.program_id(1).to(gl.int64)
+    b = pid_bh // n_kv_heads
+    kvh = pid_bh % n_kv_heads
+    if pid_m * BLOCK_M >= L * G:
+        return
+
+    # Q, through pointers (its rows interleave the group's heads), into shared memory for the QK products
+    lo_i = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=LROW)
+    lo_d = gl.arange(0, D, layout=LCOL)
+    lq_pos = lo_i // G
+    lh = kvh * G + lo_i % G
+    p_q = (q_ptr + b * stride_qb + gl.expand_dims(lh * stride_qh + lq_pos * stride_qs, 1)
+           + gl.expand_dims(lo_d, 0))
+    b_q = gl.load(p_q, mask=gl.expand_dims(lq_pos < L, 1), other=0.0)
+    q_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, D], Q_SMEM, b_q)
+    ones_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, L_COLS], ONES_SMEM,
+                                          gl.full([BLOCK_N, L_COLS], 1.0, gl.bfloat16, layout=LOAD))
+    k_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, D], v_desc.layout)
+    k_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    v_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(k_bar, count=1)
+    mbarrier.init(v_bar, count=1)
+    # Q's and the ones' stores (every thread's) seen by the MMAs' asynchronous reads: a proxy fence, then all arrive
+    fence_async_shared()
+    gl.thread_barrier()
+
+    o_i = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW)
+    q_pos = o_i // G
+    o_d = gl.arange(0, D, layout=COL)
+
+    # the running total and the current chunk's state (the empty state)
+    m_t = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=ROW)
+    l_t = gl.zeros([BLOCK_M, L_COLS], gl.float32, layout=MMA_L)
+    acc_t = gl.zeros([BLOCK_M, D], gl.float32, layout=MMA)
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=ROW)
+    l_i = gl.zeros([BLOCK_M, L_COLS], gl.float32, layout=MMA_L)
+    acc = gl.zeros([BLOCK_M, D], gl.float32, layout=MMA)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=MMA)
+
+    # the root's one loop: blocks wholly inside the sequence through TMA, the diagonal ones masked
+    pos_lo = (pid_m * BLOCK_M) // G
+    pos_hi = gl.minimum((pid_m * BLOCK_M + BLOCK_M - 1) // G + 1, L)
+    n_full = (pos_lo + 1) // BLOCK_N
+    n_blocks = gl.cdiv(pos_hi, BLOCK_N)
+    n_in = gl.minimum(n_blocks, L // BLOCK_N)
+    k_row = (b * k_rb + kvh * k_rh).to(gl.int32)
+    v_row = (b * v_rb + kvh * v_rh).to(gl.int32)
+    k_col = (kvh * k_ch).to(gl.int32)
+    v_col = (kvh * v_ch).to(gl.int32)
+    first = (n_in > 0) & PREFETCH
+    mbarrier.expect(k_bar, k_desc.block_type.nbytes, pred=first)
+    tma.async_copy_global_to_shared(k_desc, [k_row, k_col], k_bar, k_smem, pred=first)
+    mbarrier.expect(v_bar, v_desc.block_type.nbytes, pred=first)
+    tma.async_copy_global_to_shared(v_desc, [v_row, v_col], v_bar, v_smem, pred=first)
+    for j in range(0, n_in):
+        phase = j & 1
+        nxt = (j + 1 < n_in) & PREFETCH
+        if not PREFETCH:
+            mbarrier.expect(k_bar, k_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, [k_row + j * BLOCK_N, k_col], k_bar, k_smem)
+            mbarrier.expect(v_bar, v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(v_desc, [v_row + j * BLOCK_N, v_col], v_bar, v_smem)
+        mbarrier.wait(k_bar, phase)
+        s = warpgroup_mma(q_smem, k_smem.permute((1, 0)), s_zero, is_async=True)
+        s, _ = warpgroup_mma_wait(num_outstanding=0, deps=(s, k_smem))
+        # K's buffer is free: the next block's K loads behind this block's softmax and PV product
+        mbarrier.expect(k_bar, k_desc.block_type.nbytes, pred=nxt)
+        tma.async_copy_global_to_shared(k_desc, [k_row + (j + 1) * BLOCK_N, k_col], k_bar, k_smem, pred=nxt)
+        k_pos = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=COL)
+        keep = gl.expand_dims(k_pos, 0) <= gl.expand_dims(q_pos, 1)
+        mbarrier.wait(v_bar, phase)
+        if j >= n_full:
+            m_i, l_i, acc = _step(s, keep, m_i, l_i, acc, v_smem, ones_smem, qk_scale, True, P_OP, P_OP_L, ROW_L)
+        else:
+            m_i, l_i, acc = _step(s, keep, m_i, l_i, acc, v_smem, ones_smem, qk_scale, False, P_OP, P_OP_L, ROW_L)
+        # V's buffer is free: the next block's V loads behind the next QK product and softmax
+        mbarrier.expect(v_bar, v_desc.block_type.nbytes, pred=nxt)
+        tma.async_copy_global_to_shared(v_desc, [v_row + (j + 1) * BLOCK_N, v_col], v_bar, v_smem, pred=nxt)
+        if j % CHUNK == CHUNK - 1:
+            m_t, l_t, acc_t = _fold(m_t, l_t, acc_t, m_i, l_i, acc, ROW_L)
+            m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=ROW)
+            l_i = gl.zeros([BLOCK_M, L_COLS], gl.float32, layout=MMA_L)
+            acc = gl.zeros([BLOCK_M, D], gl.float32, layout=MMA)
+    # the block crossing the sequence's end (at most one): through pointers, zeros past the end
+    for j in range(n_in, n_blocks):
+        lk_pos = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=LROW)
+        lm_k = gl.expand_dims(lk_pos < L, 1)
+        p_k = (k_ptr + b * stride_kb + kvh * stride_kh + gl.expand_dims(lk_pos * stride_ks, 1)
+               + gl.expand_dims(lo_d, 0))
+        p_v = (v_ptr + b * stride_vb + kvh * stride_vh + gl.expand_dims(lk_pos * stride_vs, 1)
+               + gl.expand_dims(lo_d, 0))
+        k_smem.store(gl.load(p_k, mask=lm_k, other=0.0))
+        v_smem.store(gl.load(p_v, mask=lm_k, other=0.0))
+        fence_async_shared()
+        gl.thread_barrier()
+        s = warpgroup_mma(q_smem, k_smem.permute((1, 0)), s_zero, is_async=True)
+        s, _ = warpgroup_mma_wait(num_outstanding=0, deps=(s, k_smem))
+        k_pos = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=COL)
+        keep = (gl.expand_dims(k_pos, 0) <= gl.expand_dims(q_pos, 1)) & gl.expand_dims(k_pos < L, 0)
+        m_i, l_i, acc = _step(s, keep, m_i, l_i, acc, v_smem, ones_smem, qk_scale, True, P_OP, P_OP_L, ROW_L)
+        if j % CHUNK == CHUNK - 1:
+            m_t, l_t, acc_t = _fold(m_t, l_t, acc_t, m_i, l_i, acc, ROW_L)
+            m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=ROW)
+            l_i = gl.zeros([BLOCK_M, L_COLS], gl.float32, layout=MMA_L)
+            acc = gl.zeros([BLOCK_M, D], gl.float32, layout=MMA)
+        gl.thread_barrier()  # every warp's products read the buffers before another block is stored there
+    # the last, partial chunk (the empty state if the walk ended on a chunk edge: then the merge is the identity)
+    m_t, l_t, acc_t = _fold(m_t, l_t, acc_t, m_i, l_i, acc, ROW_L)
+    mbarrier.invalidate(k_bar)
+    mbarrier.invalidate(v_bar)
+
+    l_row = gl.max(l_t, 1)
+    out = acc_t / gl.expand_dims(gl.convert_layout(l_row, ROW), 1)
+    h = kvh * G + o_i % G
+    m_row = q_pos < L
+    p_o = o_ptr + b * stride_ob + gl.expand_dims(h * stride_oh + q_pos * stride_os, 1) + gl.expand_dims(o_d, 0)
+    gl.store(p_o, out.to(gl.bfloat16), mask=gl.expand_dims(m_row, 1))
+    p_l = lse_ptr + b * stride_lb + h * stride_lh + q_pos * stride_ls
+    gl.store(p_l, m_t + gl.log2(gl.convert_layout(l_row, ROW)), mask=m_row)
+
+
+def _descriptor(t: torch.Tensor):
+    """(Gluon TMA descriptor, (rb, rh, ch)) over K or V as the root's `_kv_descriptor` sees it, or None."""
+    made = root._kv_descriptor(t, False, BLOCK_N)
+    if made is None:
+        return None
+    desc, rows = made
+    layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], gl.bfloat16)
+    return TensorDescriptor(t, list(desc.shape), list(desc.strides), [BLOCK_N, HEAD_DIM], layout), rows
+
+
+def prefill_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
+                    prefetch: bool = True):
+    """(o, lse) of causal GQA prefill, q [B, Hq, S, 128], k / v [B, Hk, S, 128], bf16 on a Hopper GPU: the root's
+    forward (`attention._fwd`) computed by this kernel. prefetch=False: every step sends for its own K and V and
+    waits for them (the root's schedule, for an A/B of the loads alone). Raises ValueError where it does not apply."""
+    B, hq, S, d = q.shape
+    hk = k.shape[1]
+    if d != HEAD_DIM or q.dtype != torch.bfloat16 or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"the Gluon forward takes bf16 and head dim {HEAD_DIM}, got {q.dtype} and {d}")
+    if k.shape != (B, hk, S, d) or v.shape != k.shape or hq % hk:
+        raise ValueError(f"k {tuple(k.shape)} / v {tuple(v.shape)} do not match q {tuple(q.shape)}")
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
+        raise ValueError("the Gluon forward takes a unit stride on the head dim")
+    kd, vd = _descriptor(k), _descriptor(v)
+    if kd is None or vd is None:
+        raise ValueError("K or V cannot be read through a TMA descriptor")
+    G = hq // hk
+    o = torch.empty_like(q)
+    lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+    qk_scale = root._scale(scale, d) * root._LOG2E
+    grid = (triton.cdiv(S * G, BLOCK_M), B * hk)
+    _attn_fwd_gluon_kernel[grid](
+        q, k, v, o, lse, kd[0], vd[0], *kd[1], *vd[1],
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
+        lse.stride(0), lse.stride(1), lse.stride(2), S, hk, qk_scale,
+        G=G, D=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CHUNK=CHUNK_BLOCKS, L_COLS=L_COLS, PREFETCH=prefetch,
+        num_warps=NUM_WARPS, enable_fp_fusion=False,
+    )
+    return o, lse
