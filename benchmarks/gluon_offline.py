@@ -2,11 +2,11 @@
 
     PYTHONPATH=<a pip --target dir of triton==3.6.0>:. python benchmarks/gluon_offline.py
 
-For GQA groups 1, 4 and 7, with the next block's loads sent early (PREFETCH) and without: registers and spill bytes a
-thread, shared memory (two programs an SM need at most 113 KB each), and the SASS loops with their spill instructions
-and wgmmas (`attn_ir_offline.inner_loops`: the first is the TMA loop every whole block runs, the second the
-pointer-loaded block crossing the sequence's end). Gluon is compiled by the Triton on the path; the GPU machine runs
-3.6, whose Gluon this kernel is written for.
+For GQA groups 1, 4 and 7, with the next block's loads sent early (PREFETCH) and without: registers and spill bytes
+a thread, shared memory (two programs an SM need at most 113 KB each; 128 rows of 8 warps take the registers of a
+whole SM), and the SASS loops with their spill instructions and wgmmas (`attn_ir_offline.inner_loops`: the first is
+the TMA loop every whole block runs, the second the pointer-loaded block crossing the sequence's end). Gluon is
+compiled by the Triton on the path; the GPU machine runs 3.6, whose Gluon this kernel is written for.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from attn_ir_offline import inner_loops  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 
 
-def compile_case(G: int, prefetch: bool):
+def compile_case(G: int, prefetch: bool, block_m: int = 64):
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -33,7 +33,7 @@ def compile_case(G: int, prefetch: bool):
 
     fn = g._attn_fwd_gluon_kernel
     layout = gl.NVMMASharedLayout.get_default_for([g.BLOCK_N, g.HEAD_DIM], gl.bfloat16)
-    const = dict(G=G, D=g.HEAD_DIM, BLOCK_M=g.BLOCK_M, BLOCK_N=g.BLOCK_N, CHUNK=g.CHUNK_BLOCKS, L_COLS=g.L_COLS,
+    const = dict(G=G, D=g.HEAD_DIM, BLOCK_M=block_m, BLOCK_N=g.BLOCK_N, CHUNK=g.CHUNK_BLOCKS, L_COLS=g.L_COLS,
                  PREFETCH=prefetch)
     sig = {}
     for n in inspect.signature(fn.fn).parameters:
@@ -50,24 +50,25 @@ def compile_case(G: int, prefetch: bool):
              if t.startswith("*") or n.startswith("stride_") or n == "L"}
     return triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
                           target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=4, num_stages=1, enable_fp_fusion=False))
+                          options=dict(num_warps=block_m // 16, num_stages=1, enable_fp_fusion=False))
 
 
 def main() -> None:
     print(f"triton {triton.__version__}, {oc.ptxas_version()}")
-    for G in (1, 4, 7):
-        for prefetch in (True, False):
-            k = compile_case(G, prefetch)
-            with tempfile.TemporaryDirectory() as d:
-                out = oc.assemble(k.asm["ptx"], Path(d) / "k.cubin")
-                sass = oc.disassemble(Path(d) / "k.cubin") or ""
-            regs = re.search(r"Used (\d+) registers", out)
-            spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out)
-            loops = "; ".join(f"{n} instructions (spill stores {st}, loads {ld}, wgmma {mma})"
-                              for n, st, ld, mma in inner_loops(sass))
-            print(f"G {G}, {'prefetch' if prefetch else 'own step'}: registers {regs.group(1) if regs else '?'}, "
-                  f"spill stores/loads {'/'.join(spills.groups()) if spills else '?'} B, shared {k.metadata.shared} B"
-                  f"{', WGMMA SERIALIZED (ptxas C7515)' if 'C7515' in out else ''}\n    innermost loops: {loops}")
+    cases = [(G, prefetch, 64) for G in (1, 4, 7) for prefetch in (True, False)] + [(4, True, 128), (4, False, 128)]
+    for G, prefetch, block_m in cases:
+        k = compile_case(G, prefetch, block_m)
+        with tempfile.TemporaryDirectory() as d:
+            out = oc.assemble(k.asm["ptx"], Path(d) / "k.cubin")
+            sass = oc.disassemble(Path(d) / "k.cubin") or ""
+        regs = re.search(r"Used (\d+) registers", out)
+        spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out)
+        loops = "; ".join(f"{n} instructions (spill stores {st}, loads {ld}, wgmma {mma})"
+                          for n, st, ld, mma in inner_loops(sass))
+        form = f"G {G}, {block_m} rows, {'prefetch' if prefetch else 'own step'}"
+        print(f"{form}: registers {regs.group(1) if regs else '?'}, "
+              f"spill stores/loads {'/'.join(spills.groups()) if spills else '?'} B, shared {k.metadata.shared} B"
+              f"{', WGMMA SERIALIZED (ptxas C7515)' if 'C7515' in out else ''}\n    innermost loops: {loops}")
 
 
 if __name__ == "__main__":

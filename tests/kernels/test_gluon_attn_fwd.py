@@ -1,7 +1,8 @@
-"""The Gluon prefill forward (tik_kernels/experimental/gluon_attn_fwd.py) against the attention root's forward, bit
-for bit: o and the log-sum-exp, at lengths that end on a block, inside one, and shorter than one, with GQA groups of
-1, 4 and 7. GPU only (Hopper): the interpreter cannot run Gluon. The kernel is an experiment; this says whether its
-explicit load schedule keeps the root's tree."""
+"""The Gluon prefill forward (tik_kernels/experimental/gluon_attn_fwd.py) against the attention root's forward, bit for
+bit: o and the log-sum-exp, at lengths that end on a block, inside one, and shorter than one, with GQA groups of 1,
+4 and 7, for each of its forms (next blocks loaded early or not, 64 or 128 rows a program). GPU only (Hopper): the
+interpreter cannot run Gluon. The kernel is an experiment; this says whether its explicit load schedule keeps the
+root's tree."""
 
 import pytest
 import torch
@@ -23,9 +24,10 @@ def _hopper() -> bool:
 
 
 @pytest.mark.skipif(not _hopper(), reason="needs a Hopper GPU (Gluon's wgmma and TMA)")
-@pytest.mark.parametrize("prefetch", [True, False], ids=["prefetch", "own_step"])
+@pytest.mark.parametrize("prefetch,block_m", [(True, 64), (False, 64), (True, 128)],
+                         ids=["prefetch", "own_step", "prefetch_128_rows"])
 @pytest.mark.parametrize("B,hq,hk,S", CASES)
-def test_gluon_forward_has_the_roots_bits(B, hq, hk, S, prefetch):
+def test_gluon_forward_has_the_roots_bits(B, hq, hk, S, prefetch, block_m):
     from tik_kernels.experimental import gluon_attn_fwd as g
     from tik_kernels.ops import attention as root
 
@@ -34,7 +36,7 @@ def test_gluon_forward_has_the_roots_bits(B, hq, hk, S, prefetch):
                for h in (hq, hk, hk))
     cu = torch.zeros(1, dtype=torch.int32, device="cuda")
     o_root, lse_root = root._fwd(q, k, v, cu, B, S, S, root._scale(None, 128), False)
-    o, lse = g.prefill_forward(q, k, v, prefetch=prefetch)
+    o, lse = g.prefill_forward(q, k, v, prefetch=prefetch, block_m=block_m)
     assert torch.equal(o.view(torch.int16), o_root.view(torch.int16)), (
         f"o: {(o != o_root).sum().item()} of {o.numel()} differ, max |diff| {(o.float() - o_root.float()).abs().max()}")
     assert torch.equal(lse.view(torch.int32), lse_root.view(torch.int32)), (

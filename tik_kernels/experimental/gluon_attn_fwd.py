@@ -19,8 +19,9 @@ the next sequence's rows, and 0 x NaN is NaN). Whether the MMAs give these opera
 say: `tests/kernels/test_gluon_attn_fwd.py` compares o and lse with the root's, bit for bit.
 
 Scope: dense prefill (q [B, Hq, S, D], k/v [B, Hk, S, D]), bf16, head dim 128, the root's GPU tree (BLOCK_N 128,
-CHUNK_BLOCKS 4), 64 rows of 4 warps. It needs a Hopper GPU and Triton's Gluon (3.6 on the GPU machine); the CPU
-interpreter cannot run Gluon, so nothing imports this module unless a GPU test or benchmark asks for it.
+CHUNK_BLOCKS 4), 64 rows of 4 warps or 128 of 8 (two warpgroups sharing each K and V block). It needs a Hopper GPU
+and Triton's Gluon (3.6 on the GPU machine); the CPU interpreter cannot run Gluon, so nothing imports this module
+unless a GPU test or benchmark asks for it.
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ from tik_kernels.ops import attention as root
 BLOCK_N = 128
 CHUNK_BLOCKS = 4
 BLOCK_M = 64
-NUM_WARPS = 4
 HEAD_DIM = 128
 #: columns of the ones matrix the denominator is summed with (the root's `_L_COLS`)
 L_COLS = 16
@@ -109,15 +109,18 @@ def _attn_fwd_gluon_kernel(
     L_COLS: gl.constexpr,
     PREFETCH: gl.constexpr = True,  # False: each step sends for its own K and V and waits (the root's one stage)
 ):
-    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
-    MMA_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+    # every warp owns 16 rows (a warpgroup 64): a row's products never leave its warpgroup (P stays in registers)
+    WARPS: gl.constexpr = BLOCK_M // 16
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                  instr_shape=[16, BLOCK_N, 16])
+    MMA_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                     instr_shape=[16, L_COLS, 16])
     P_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     P_OP_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA_L, k_width=2)
     ROW: gl.constexpr = gl.SliceLayout(1, MMA)
     COL: gl.constexpr = gl.SliceLayout(0, MMA)
     ROW_L: gl.constexpr = gl.SliceLayout(1, MMA_L)
-    LOAD: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8], warps_per_cta=[4, 1],
+    LOAD: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8], warps_per_cta=[WARPS, 1],
                                           order=[1, 0])
     LROW: gl.constexpr = gl.SliceLayout(1, LOAD)
     LCOL: gl.constexpr = gl.SliceLayout(0, LOAD)
@@ -258,10 +261,12 @@ def _descriptor(t: torch.Tensor):
 
 
 def prefill_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
-                    prefetch: bool = True):
+                    prefetch: bool = True, block_m: int = BLOCK_M):
     """(o, lse) of causal GQA prefill, q [B, Hq, S, 128], k / v [B, Hk, S, 128], bf16 on a Hopper GPU: the root's
     forward (`attention._fwd`) computed by this kernel. prefetch=False: every step sends for its own K and V and
-    waits for them (the root's schedule, for an A/B of the loads alone). Raises ValueError where it does not apply."""
+    waits for them (the root's schedule, for an A/B of the loads alone). block_m: rows a program, 64 (one
+    warpgroup, two programs an SM) or 128 (two warpgroups of 64 rows sharing each K and V block, one program an SM:
+    registers). Raises ValueError where it does not apply."""
     B, hq, S, d = q.shape
     hk = k.shape[1]
     if d != HEAD_DIM or q.dtype != torch.bfloat16 or k.dtype != q.dtype or v.dtype != q.dtype:
@@ -277,13 +282,15 @@ def prefill_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
     o = torch.empty_like(q)
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
     qk_scale = root._scale(scale, d) * root._LOG2E
-    grid = (triton.cdiv(S * G, BLOCK_M), B * hk)
+    if block_m not in (64, 128):
+        raise ValueError(f"block_m must be 64 or 128, got {block_m}")
+    grid = (triton.cdiv(S * G, block_m), B * hk)
     _attn_fwd_gluon_kernel[grid](
         q, k, v, o, lse, kd[0], vd[0], *kd[1], *vd[1],
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
         lse.stride(0), lse.stride(1), lse.stride(2), S, hk, qk_scale,
-        G=G, D=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CHUNK=CHUNK_BLOCKS, L_COLS=L_COLS, PREFETCH=prefetch,
-        num_warps=NUM_WARPS, enable_fp_fusion=False,
+        G=G, D=d, BLOCK_M=block_m, BLOCK_N=BLOCK_N, CHUNK=CHUNK_BLOCKS, L_COLS=L_COLS, PREFETCH=prefetch,
+        num_warps=block_m // 16, enable_fp_fusion=False,
     )
     return o, lse
