@@ -192,7 +192,7 @@ def _attn_fwd_gluon_kernel(
             mbarrier.expect(v_bar, v_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(v_desc, [v_row + j * BLOCK_N, v_col], v_bar, v_smem)
         mbarrier.wait(k_bar, phase)
-        s = warpgroup_mma(q_smem, k_smem.permute((1, 0)), s_zero, is_async=True)
+        s = warpgroup_mma(q_smem, k_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s, _ = warpgroup_mma_wait(num_outstanding=0, deps=(s, k_smem))
         # K's buffer is free: the next block's K loads behind this block's softmax and PV product
         mbarrier.expect(k_bar, k_desc.block_type.nbytes, pred=nxt)
@@ -224,7 +224,7 @@ def _attn_fwd_gluon_kernel(
         v_smem.store(gl.load(p_v, mask=lm_k, other=0.0))
         fence_async_shared()
         gl.thread_barrier()
-        s = warpgroup_mma(q_smem, k_smem.permute((1, 0)), s_zero, is_async=True)
+        s = warpgroup_mma(q_smem, k_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s, _ = warpgroup_mma_wait(num_outstanding=0, deps=(s, k_smem))
         k_pos = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=COL)
         keep = (gl.expand_dims(k_pos, 0) <= gl.expand_dims(q_pos, 1)) & gl.expand_dims(k_pos < L, 0)
