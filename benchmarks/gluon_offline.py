@@ -1,12 +1,14 @@
-"""What ptxas makes of the Gluon prefill forward (tik_kernels/experimental/gluon_attn_fwd.py) for sm_90, without a GPU.
+"""What ptxas makes of the Gluon experiments (tik_kernels/experimental/) for sm_90, without a GPU.
 
     PYTHONPATH=<a pip --target dir of triton==3.6.0>:. python benchmarks/gluon_offline.py
 
-For GQA groups 1, 4 and 7, with the next block's loads sent early (PREFETCH) and without: registers and spill bytes
-a thread, shared memory (two programs an SM need at most 113 KB each; 128 rows of 8 warps take the registers of a
-whole SM), and the SASS loops with their spill instructions and wgmmas (`attn_ir_offline.inner_loops`: the first is
-the TMA loop every whole block runs, the second the pointer-loaded block crossing the sequence's end). Gluon is
-compiled by the Triton on the path; the GPU machine runs 3.6, whose Gluon this kernel is written for.
+The attention forward for GQA groups 1, 4 and 7, with the next block's loads sent early (PREFETCH) and without:
+registers and spill bytes a thread, shared memory (two programs an SM need at most 113 KB each; 128 rows of 8 warps
+take the registers of a whole SM), and the SASS loops with their spill instructions and wgmmas
+(`attn_ir_offline.inner_loops`: the first is the TMA loop every whole block runs, the second the pointer-loaded
+block crossing the sequence's end). Gluon is compiled by the Triton on the path; the GPU machine runs 3.6, whose
+Gluon these kernels are written for. Then the small-batch linear (gluon_linear_small.py) with rings of 8 and 4
+weight tiles.
 """
 
 from __future__ import annotations
@@ -53,23 +55,56 @@ def compile_case(G: int, prefetch: bool, block_m: int = 64):
                           options=dict(num_warps=block_m // 16, num_stages=1, enable_fp_fusion=False))
 
 
+def compile_linear(stages: int, kchunk: int = 2048):
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from tik_kernels.experimental import gluon_linear_small as g
+
+    fn = g._linear_small_kernel
+    const = dict(KCHUNK=kchunk, BLOCK_N=g.BLOCK_N, BLOCK_K=g.BLOCK_K, M_PAD=g.M_PAD, STAGES=stages, PDL=True)
+    tiles = {"w_desc": [g.BLOCK_N, g.BLOCK_K], "x_desc": [g.M_PAD, g.BLOCK_K]}
+    types = {"c_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
+    sig = {}
+    for n in inspect.signature(fn.fn).parameters:
+        if n in const:
+            sig[n] = "constexpr"
+        elif n in tiles:
+            layout = gl.NVMMASharedLayout.get_default_for(tiles[n], gl.bfloat16)
+            sig[n] = f"tensordesc<bf16[{tiles[n][0]}, {tiles[n][1]}],{layout!r}>"
+        else:
+            sig[n] = types.get(n, "i32")
+    attrs = {(i,): [["tt.divisibility", 16]] for i, (n, t) in enumerate(sig.items())
+             if t.startswith("*") or n in ("N", "K", "stride_cm")}
+    return triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
+                          target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=4, num_stages=1, enable_fp_fusion=False, launch_pdl=True))
+
+
+def describe(k) -> tuple[str, str]:
+    """(ptxas's registers, spills and shared memory; the SASS innermost loops) of a compiled kernel."""
+    with tempfile.TemporaryDirectory() as d:
+        out = oc.assemble(k.asm["ptx"], Path(d) / "k.cubin")
+        sass = oc.disassemble(Path(d) / "k.cubin") or ""
+    regs = re.search(r"Used (\d+) registers", out)
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out)
+    loops = "; ".join(f"{n} instructions (spill stores {st}, loads {ld}, wgmma {mma})"
+                      for n, st, ld, mma in inner_loops(sass))
+    return (f"registers {regs.group(1) if regs else '?'}, spill stores/loads "
+            f"{'/'.join(spills.groups()) if spills else '?'} B, shared {k.metadata.shared} B"
+            f"{', WGMMA SERIALIZED (ptxas C7515)' if 'C7515' in out else ''}", loops)
+
+
 def main() -> None:
     print(f"triton {triton.__version__}, {oc.ptxas_version()}")
     cases = [(G, prefetch, 64) for G in (1, 4, 7) for prefetch in (True, False)] + [(4, True, 128), (4, False, 128)]
     for G, prefetch, block_m in cases:
-        k = compile_case(G, prefetch, block_m)
-        with tempfile.TemporaryDirectory() as d:
-            out = oc.assemble(k.asm["ptx"], Path(d) / "k.cubin")
-            sass = oc.disassemble(Path(d) / "k.cubin") or ""
-        regs = re.search(r"Used (\d+) registers", out)
-        spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out)
-        loops = "; ".join(f"{n} instructions (spill stores {st}, loads {ld}, wgmma {mma})"
-                          for n, st, ld, mma in inner_loops(sass))
-        form = f"G {G}, {block_m} rows, {'prefetch' if prefetch else 'own step'}"
-        print(f"{form}: registers {regs.group(1) if regs else '?'}, "
-              f"spill stores/loads {'/'.join(spills.groups()) if spills else '?'} B, shared {k.metadata.shared} B"
-              f"{', WGMMA SERIALIZED (ptxas C7515)' if 'C7515' in out else ''}\n    innermost loops: {loops}")
-
+        head, loops = describe(compile_case(G, prefetch, block_m))
+        print(f"attention forward, G {G}, {block_m} rows, {'prefetch' if prefetch else 'own step'}: {head}\n"
+              f"    innermost loops: {loops}")
+    for stages in (8, 4):
+        head, loops = describe(compile_linear(stages))
+        print(f"linear M <= 16, a ring of {stages}: {head}\n    innermost loops: {loops}")
 
 if __name__ == "__main__":
     main()

@@ -198,6 +198,10 @@
 #                     (tik_kernels/experimental/gluon_attn_fwd.py, session 40, compiled only offline so far): its bit
 #                     test against the root's forward, then its time beside the root's and SDPA flash's at
 #                     bench_speed's prefill cells ($R/pytest_gpu_<card>_gluon_fwd.log, $R/gluon_fwd_<card>.{json,md})
+#   gluon_linear  #16 the M <= 16 linear in Gluon, computed transposed from a ring of TMA-fed weight tiles
+#                     (tik_kernels/experimental/gluon_linear_small.py, session 40, compiled only offline so far):
+#                     its bit test against the root, then its time beside the root's and cuBLAS's at
+#                     bench_speed's M <= 16 cells ($R/pytest_gpu_<card>_gluon_linear.log, $R/gluon_linear_<card>.*)
 #   keys          #16 #19 every figure of summary_<card>.json that bench_speed and bench_e2e write, in one call (on an
 #                     H100, session 33: speed 63 s, decode 88 s, the qwen3-1.7b step of 4 timed steps with mode A 192 s,
 #                     qwen3-0.6b 53 s): speed, e2e_decode, then STEPS=4 e2e_minibatch at qwen3-1.7b and qwen3-0.6b
@@ -495,6 +499,9 @@ for p in "$@"; do
         gluon_fwd)
             part "pytest_gpu_${CARD}_gluon_fwd" 240 "$py" -m pytest -q -m gpu tests/kernels/test_gluon_attn_fwd.py
             part gluon_fwd 300 "$py" benchmarks/bench_gluon_fwd.py --out "$R" --rounds 9 ;;
+        gluon_linear)
+            part "pytest_gpu_${CARD}_gluon_linear" 240 "$py" -m pytest -q -m gpu tests/kernels/test_gluon_linear_small.py
+            part gluon_linear 300 "$py" benchmarks/bench_gluon_linear.py --out "$R" --rounds 9 ;;
         keys)
             part speed 240 "$py" benchmarks/bench_speed.py --out "$R"
             part e2e_decode 200 "$py" benchmarks/bench_e2e.py --out "$R" --only decode
@@ -509,6 +516,6 @@ for p in "$@"; do
             part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_${CARD}
             part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (suite eval_rate eval_rate_prestart3 eval_rate_nosettle eval_rate_OP eval_repeat_OP rvi reply_copy probe_times cheats search_linear search_attention search_pair tuner_linear scaleout scaleout_shared attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs lmhead_bwd lmhead_bwd2 train_variants prefill_chunks decode_regs decode_combine mlp_fused linear_small varlen keys gluon_fwd shared_prompts)" >&2 ;;
+            echo "unknown part $p (suite eval_rate eval_rate_prestart3 eval_rate_nosettle eval_rate_OP eval_repeat_OP rvi reply_copy probe_times cheats search_linear search_attention search_pair tuner_linear scaleout scaleout_shared attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs lmhead_bwd lmhead_bwd2 train_variants prefill_chunks decode_regs decode_combine mlp_fused linear_small varlen keys gluon_fwd gluon_linear shared_prompts)" >&2 ;;
     esac
 done
