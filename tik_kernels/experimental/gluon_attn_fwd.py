@@ -84,7 +84,8 @@ def _step(s, keep, m_i, l_i, acc, v_smem, ones_smem, qk_scale, MASKED: gl.conste
     acc = acc * gl.expand_dims(alpha, 1)
     l_i = warpgroup_mma(gl.convert_layout(p, P_OP_L), ones_smem, l_i, is_async=True)
     acc = warpgroup_mma(gl.convert_layout(p, P_OP), v_smem, acc, is_async=True)
-    l_i, acc = warpgroup_mma_wait(num_outstanding=0, deps=(l_i, acc))
+    # done with V's buffer too (its next load is sent after this returns)
+    l_i, acc, _ = warpgroup_mma_wait(num_outstanding=0, deps=(l_i, acc, v_smem))
     return m_new, l_i, acc
 
 

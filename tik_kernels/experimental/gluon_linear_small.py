@@ -91,7 +91,7 @@ def _linear_small_kernel(
         # the chunk's sum from a fresh accumulator: its first step ignores it (the root's reset)
         acc = warpgroup_mma(w_smem.index(slot), x_smem.index(slot).permute((1, 0)), acc, use_acc=i > 0, is_async=True)
         # the step before is done with its slot: refill it with the step STAGES - 1 ahead
-        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+        acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, w_smem, x_smem))
         nxt = i + STAGES - 1
         sn = nxt % STAGES
         go = nxt < steps
