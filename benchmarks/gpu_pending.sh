@@ -216,6 +216,7 @@ CARD=$(PYTHONPATH=${PYTHONPATH:-}:. "${PYTHON:-python3}" -c "from benchmarks.har
 mkdir -p "$R" "$R/unused"  # unused/: the summaries of runs whose figures are variants, kept apart
 export PYTHONPATH=${PYTHONPATH:-}:. PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
+xdist=$("$py" -c "import xdist" 2>/dev/null && echo "-n 4")  # pytest-xdist's workers where it is installed
 
 part() {  # part NAME SECONDS CMD...: run CMD under a limit, log to $R/NAME.log, report its status
     local name=$1 limit=$2
@@ -497,10 +498,12 @@ for p in "$@"; do
                 --out "$R/e2e_minibatch_qwen3-0.6b_noshare" --only throughput --shapes qwen3-0.6b --steps 4 \
                 --prompts 32 --group 8 --max-slots 256 --ppo-epochs 1 --minibatches 4 --modes C B --no-share-prompts ;;
         gluon_fwd)
-            part "pytest_gpu_${CARD}_gluon_fwd" 240 "$py" -m pytest -q -m gpu tests/kernels/test_gluon_attn_fwd.py
+            # pytest-xdist where installed: each form and shape compiles its own kernel, on the host's cores at once
+            part "pytest_gpu_${CARD}_gluon_fwd" 300 "$py" -m pytest -q -m gpu $xdist tests/kernels/test_gluon_attn_fwd.py
             part gluon_fwd 300 "$py" benchmarks/bench_gluon_fwd.py --out "$R" --rounds 9 ;;
         gluon_linear)
-            part "pytest_gpu_${CARD}_gluon_linear" 240 "$py" -m pytest -q -m gpu tests/kernels/test_gluon_linear_small.py
+            # pytest-xdist where installed: each form and shape compiles its own kernel, on the host's cores at once
+            part "pytest_gpu_${CARD}_gluon_linear" 300 "$py" -m pytest -q -m gpu $xdist tests/kernels/test_gluon_linear_small.py
             part gluon_linear 300 "$py" benchmarks/bench_gluon_linear.py --out "$R" --rounds 9 ;;
         keys)
             part speed 240 "$py" benchmarks/bench_speed.py --out "$R"
