@@ -6,7 +6,9 @@ and SDPA flash at bench_speed's prefill cells, each cell behind a bits gate (o a
 The root's forward is timed as `attention._fwd` (the kernel and its two allocations, without the autograd wrapper
 `attention_prefill` adds), the Gluon one as `gluon_attn_fwd.prefill_forward`; both against SDPA flash's causal
 forward in the same interleaved rounds (benchmarks/harness.py: CUDA-graph replay on rotating input copies, medians).
-Ratios are time / SDPA flash's time. Writes gluon_fwd_<card>.{json,md}. Needs a Hopper GPU.
+Ratios are time / SDPA flash's time. Writes gluon_fwd_<card>.{json,md}. Needs a Hopper GPU; `--smoke` runs the whole
+path on a CPU instead (interpreter, tiny shapes, the root's forward standing in for the Gluon forms and one planted
+form with other bits), writing gluon_fwd_smoke.{json,md}: it checks the script, not a figure.
 """
 
 from __future__ import annotations
@@ -23,26 +25,49 @@ import benchmarks.harness as H  # noqa: E402
 from benchmarks.bench_speed import HK, HQ, PREFILL_BS, prefill_stock  # noqa: E402
 
 
+def smoke_forms(root) -> dict:
+    """--smoke's stand-ins for the Gluon forms: the root's forward under two names, and one with other bits (its o
+    one bf16 step up at one element), so the report's green and red paths both run."""
+
+    def same(q, k, v):
+        return root._fwd(q, k, v, torch.zeros(1, dtype=torch.int32), q.shape[0], q.shape[2], q.shape[2],
+                         root._scale(None, q.shape[-1]), False)
+
+    def other(q, k, v):
+        o, lse = same(q, k, v)
+        o.view(torch.int16).view(-1)[0] += 1
+        return o, lse
+
+    return {"gluon": same, "gluon_own_step": same, "gluon_m128": other}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--smoke", action="store_true", help="the whole path on a CPU, stand-ins for the Gluon forms")
     args = p.parse_args(argv)
-    if not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9):
-        print("bench_gluon_fwd: needs a Hopper GPU", file=sys.stderr)
-        return 2
-    from tik_kernels.experimental import gluon_attn_fwd as g
     from tik_kernels.ops import attention as root
 
-    cu = torch.zeros(1, dtype=torch.int32, device="cuda")
-    forms = {"gluon": g.prefill_forward,
-             "gluon_own_step": lambda q, k, v: g.prefill_forward(q, k, v, prefetch=False),
-             "gluon_m128": lambda q, k, v: g.prefill_forward(q, k, v, block_m=128)}
-    scale = root._scale(None, 128)
+    if args.smoke:
+        device, cells, (hq, hk, d), card = "cpu", ((1, 16), (2, 12)), (4, 2, 16), "smoke"
+        forms = smoke_forms(root)
+    elif torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9:
+        from tik_kernels.experimental import gluon_attn_fwd as g
+
+        device, cells, (hq, hk, d), card = "cuda", PREFILL_BS, (HQ, HK, 128), H.card_tag("cuda")
+        forms = {"gluon": g.prefill_forward,
+                 "gluon_own_step": lambda q, k, v: g.prefill_forward(q, k, v, prefetch=False),
+                 "gluon_m128": lambda q, k, v: g.prefill_forward(q, k, v, block_m=128)}
+    else:
+        print("bench_gluon_fwd: needs a Hopper GPU (or --smoke)", file=sys.stderr)
+        return 2
+    cu = torch.zeros(1, dtype=torch.int32, device=device)
+    scale = root._scale(None, d)
     rows = []
-    for B, S in PREFILL_BS:
-        gen = torch.Generator("cuda").manual_seed(B * 7919 + S)
-        q, k, v = (torch.randn(B, h, S, 128, device="cuda", dtype=torch.bfloat16, generator=gen) for h in (HQ, HK, HK))
+    for B, S in cells:
+        gen = torch.Generator(device).manual_seed(B * 7919 + S)
+        q, k, v = (torch.randn(B, h, S, d, device=device, dtype=torch.bfloat16, generator=gen) for h in (hq, hk, hk))
 
         def root_fwd(q, k, v, B=B, S=S):
             return root._fwd(q, k, v, cu, B, S, S, scale, False)
@@ -55,14 +80,16 @@ def main(argv: list[str] | None = None) -> int:
                 o_g, l_g = fn(q, k, v)
             except Exception as e:  # a form that cannot run here is a finding, not the end of the run
                 row["bits"] = False
+                row.setdefault("red", []).append(name)
                 row[f"{name}_error"] = H.one_line(e)
                 continue
             if not (H.bits_equal(o_g, o_r) and H.bits_equal(l_g, l_r)):
                 row["bits"] = False
+                row.setdefault("red", []).append(name)
                 row[f"{name}_o_differ"] = int((o_g != o_r).sum())
             timed[name] = fn  # timed even with other bits: how fast the schedule is says whether to fix its bits
         t = H.compare({"root": root_fwd, **timed, "sdpa_flash": prefill_stock}, (q, k, v), rounds=args.rounds,
-                      flops=2 * B * HQ * S * S * 128)
+                      flops=2 * B * hq * S * S * d)
         c = t["contenders"]
         base = c["sdpa_flash"].get("median_us")
         for n in ("root", *timed, "sdpa_flash"):
@@ -76,32 +103,31 @@ def main(argv: list[str] | None = None) -> int:
         print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
         del q, k, v
     ok = [r for r in rows if r.get("root_ratio")]
-    doc = {"env": H.environment("cuda"), "command": H.command_line(), "rows": rows,
+    doc = {"env": H.environment(device), "command": H.command_line(), "rows": rows,
            "root_geomean": H.geomean(r.get("root_ratio") for r in ok),
            "gluon_geomean": H.geomean(r.get("gluon_ratio") for r in ok),
            **{f"{n}_geomean": H.geomean(r.get(f"{n}_ratio") for r in ok) for n in forms if n != "gluon"},
            "bits_all": all(r.get("bits") for r in rows)}
-    card = H.card_tag("cuda")
     args.out.mkdir(parents=True, exist_ok=True)
     H.write_json(args.out / f"gluon_fwd_{card}.json", doc)
-    lines = [f"# Gluon prefill forward vs the root's and SDPA flash ({doc['env'].get('gpu')})", "",
+    def f(x):
+        return "-" if x is None else f"{x:.3f}" if isinstance(x, float) else str(x)
+
+    lines = [f"# Gluon prefill forward vs the root's and SDPA flash ({doc['env'].get('gpu') or device})", "",
              f"`{doc['command']}`", "",
              "Ratios: time / SDPA flash's time in the same interleaved rounds (lower is faster); bits: the Gluon "
              "forward's o and lse equal to the root's.", "",
              "gluon: 64 rows a program, the next block's K and V loaded behind this block's work; gluon_own_step: "
              "each step loads its own K and V and waits (the root's schedule); gluon_m128: 128 rows (two "
              "warpgroups sharing each K and V block), loads as gluon.", "",
-             "Geomean over the timed cells: " + ", ".join(f"{n} {doc[n + '_geomean']}" for n in ("root", *forms))
+             "Geomean over the timed cells: " + ", ".join(f"{n} {f(doc[n + '_geomean'])}" for n in ("root", *forms))
              + f"; bits everywhere: {doc['bits_all']}", "",
              "| cell | bits | " + " | ".join(f"{n} µs" for n in ("root", *forms, "sdpa_flash")) + " | "
              + " | ".join(f"{n} ratio" for n in ("root", *forms)) + " |",
              "|---|---|" + "---|" * (2 * len(forms) + 3)]
 
-    def f(x):
-        return "-" if x is None else f"{x:.3f}" if isinstance(x, float) else str(x)
-
     for r in rows:
-        lines.append(f"| {r['cell']} | {r['bits']} | "
+        lines.append(f"| {r['cell']} | {'green' if r['bits'] else 'red: ' + ', '.join(r['red'])} | "
                      + " | ".join(f(r.get(f"{n}_us")) for n in ("root", *forms, "sdpa_flash")) + " | "
                      + " | ".join(f(r.get(f"{n}_ratio")) for n in ("root", *forms)) + " |")
     (args.out / f"gluon_fwd_{card}.md").write_text("\n".join(lines) + "\n")

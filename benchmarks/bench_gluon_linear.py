@@ -7,7 +7,9 @@ gate (the Gluon product equal to the root's).
 Contenders in the same interleaved rounds (benchmarks/harness.py: CUDA-graph replay on rotating copies of x and w, so
 the weight comes from HBM; medians): the root (`linear.linear`), the Gluon product with rings of 8 and 4 weight tiles,
 and cuBLAS (`x @ w.T`). Ratios are time / cuBLAS's time; the issue's target for these cells is a geomean of 0.95.
-Writes gluon_linear_<card>.{json,md}. Needs a Hopper GPU.
+Writes gluon_linear_<card>.{json,md}. Needs a Hopper GPU; `--smoke` runs the whole path on a CPU instead (interpreter,
+tiny shapes, the root standing in for one Gluon form and a planted form with other bits for the other), writing
+gluon_linear_smoke.{json,md}: it checks the script, not a figure.
 """
 
 from __future__ import annotations
@@ -29,22 +31,36 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--smoke", action="store_true", help="the whole path on a CPU, stand-ins for the Gluon forms")
     args = p.parse_args(argv)
-    if not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9):
-        print("bench_gluon_linear: needs a Hopper GPU", file=sys.stderr)
-        return 2
-    from tik_kernels.experimental import gluon_linear_small as g
     from tik_kernels.ops import linear as root
 
-    forms = {"gluon8": lambda x, w: g.linear_small(x, w, stages=8),
-             "gluon4": lambda x, w: g.linear_small(x, w, stages=4)}
-    cells = [(n, N, K, M) for n, (N, K) in PROJ.items() for M in (1, 4, 16)]
-    cells += [("lm_head", VOCAB, HIDDEN, M) for M in LM_HEAD_M if M <= 16]
+    if args.smoke:
+        device, card = "cpu", "smoke"
+        cells = [("tiny", 48, 40, 1), ("tiny", 48, 40, 3)]
+
+        def other(x, w):
+            y = root.linear(x, w)
+            y.view(torch.int16).view(-1)[0] += 1
+            return y
+
+        forms = {"gluon8": root.linear, "gluon4": other}
+    elif torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9:
+        from tik_kernels.experimental import gluon_linear_small as g
+
+        device, card = "cuda", H.card_tag("cuda")
+        cells = [(n, N, K, M) for n, (N, K) in PROJ.items() for M in (1, 4, 16)]
+        cells += [("lm_head", VOCAB, HIDDEN, M) for M in LM_HEAD_M if M <= 16]
+        forms = {"gluon8": lambda x, w: g.linear_small(x, w, stages=8),
+                 "gluon4": lambda x, w: g.linear_small(x, w, stages=4)}
+    else:
+        print("bench_gluon_linear: needs a Hopper GPU (or --smoke)", file=sys.stderr)
+        return 2
     rows = []
     for proj, N, K, M in cells:
-        gen = torch.Generator("cuda").manual_seed(N * 31 + K * 7 + M)
-        x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=gen)
-        w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16, generator=gen) / math.sqrt(K)
+        gen = torch.Generator(device).manual_seed(N * 31 + K * 7 + M)
+        x = torch.randn(M, K, device=device, dtype=torch.bfloat16, generator=gen)
+        w = torch.randn(N, K, device=device, dtype=torch.bfloat16, generator=gen) / math.sqrt(K)
         row = {"cell": f"{proj}[M={M},N={N},K={K}]", "bits": True}
         want = root.linear(x, w)
         timed = {}
@@ -53,10 +69,12 @@ def main(argv: list[str] | None = None) -> int:
                 got = fn(x, w)
             except Exception as e:  # a form that cannot run here is a finding, not the end of the run
                 row["bits"] = False
+                row.setdefault("red", []).append(name)
                 row[f"{name}_error"] = H.one_line(e)
                 continue
             if not H.bits_equal(got, want):
                 row["bits"] = False
+                row.setdefault("red", []).append(name)
                 row[f"{name}_differ"] = int((got != want).sum())
             timed[name] = fn  # timed even with other bits: how fast it is says whether its bits are worth fixing
         t = H.compare({"root": root.linear, **timed, "cublas": lambda x, w: x @ w.T}, (x, w), rounds=args.rounds,
@@ -74,17 +92,16 @@ def main(argv: list[str] | None = None) -> int:
         print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
         del x, w
     names = ("root", *forms)
-    doc = {"env": H.environment("cuda"), "command": H.command_line(), "rows": rows,
+    doc = {"env": H.environment(device), "command": H.command_line(), "rows": rows,
            **{f"{n}_geomean": H.geomean(r.get(f"{n}_ratio") for r in rows) for n in names},
            "bits_all": all(r["bits"] for r in rows)}
-    card = H.card_tag("cuda")
     args.out.mkdir(parents=True, exist_ok=True)
     H.write_json(args.out / f"gluon_linear_{card}.json", doc)
 
     def f(x):
         return "-" if x is None else f"{x:.3f}" if isinstance(x, float) else str(x)
 
-    lines = [f"# Gluon small-batch linear vs the root's and cuBLAS ({doc['env'].get('gpu')})", "",
+    lines = [f"# Gluon small-batch linear vs the root's and cuBLAS ({doc['env'].get('gpu') or device})", "",
              f"`{doc['command']}`", "",
              "Ratios: time / cuBLAS's time in the same interleaved rounds (lower is faster); bits: the Gluon product "
              "equal to the root's. gluon8 / gluon4: rings of 8 / 4 weight tiles a program.", "",
@@ -93,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
              "| cell | bits | " + " | ".join(f"{n} µs" for n in (*names, "cublas")) + " | "
              + " | ".join(f"{n} ratio" for n in names) + " |", "|---|---|" + "---|" * (2 * len(names) + 1)]
     for r in rows:
-        lines.append(f"| {r['cell']} | {r['bits']} | " + " | ".join(f(r.get(f"{n}_us")) for n in (*names, "cublas"))
+        bits = "green" if r["bits"] else "red: " + ", ".join(r["red"])
+        lines.append(f"| {r['cell']} | {bits} | " + " | ".join(f(r.get(f"{n}_us")) for n in (*names, "cublas"))
                      + " | " + " | ".join(f(r.get(f"{n}_ratio")) for n in names) + " |")
     (args.out / f"gluon_linear_{card}.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {args.out}/gluon_linear_{card}.json, .md", flush=True)

@@ -1,0 +1,26 @@
+"""benchmarks/bench_gluon_fwd.py and bench_gluon_linear.py end to end on the CPU (--smoke): the root standing in for
+the Gluon forms (which need a Hopper GPU) and one planted form with other bits, so a GPU call never finds the
+script's own faults: every cell timed, the planted form reported red, the others green, the report written."""
+
+import json
+
+import pytest
+
+from benchmarks import bench_gluon_fwd, bench_gluon_linear
+
+
+@pytest.mark.parametrize("bench,name,red,green", [
+    (bench_gluon_fwd, "gluon_fwd_smoke", "gluon_m128", ("gluon", "gluon_own_step")),
+    (bench_gluon_linear, "gluon_linear_smoke", "gluon4", ("gluon8",)),
+])
+def test_smoke_end_to_end(tmp_path, bench, name, red, green):
+    assert bench.main(["--smoke", "--out", str(tmp_path), "--rounds", "1"]) == 1  # the planted form's other bits
+    doc = json.loads((tmp_path / f"{name}.json").read_text())
+    assert doc["rows"] and not doc["bits_all"]
+    for r in doc["rows"]:
+        assert r["red"] == [red], r
+        for n in ("root", *green, red):
+            assert r[f"{n}_us"] > 0 and r[f"{n}_ratio"] > 0, (n, r)
+    assert all(doc[f"{n}_geomean"] > 0 for n in ("root", *green, red))
+    md = (tmp_path / f"{name}.md").read_text()
+    assert f"red: {red}" in md
