@@ -4,12 +4,13 @@ gate (the Gluon product equal to the root's).
 
     PYTHONPATH=. python benchmarks/bench_gluon_linear.py --out benchmarks/results [--rounds 9]
 
-Contenders in the same interleaved rounds (benchmarks/harness.py: CUDA-graph replay on rotating copies of x and w, so
-the weight comes from HBM; medians): the root (`linear.linear`), the Gluon product with rings of 8 and 4 weight tiles,
-and cuBLAS (`x @ w.T`). Ratios are time / cuBLAS's time; the issue's target for these cells is a geomean of 0.95.
-Writes gluon_linear_<card>.{json,md}. Needs a Hopper GPU; `--smoke` runs the whole path on a CPU instead (interpreter,
-tiny shapes, the root standing in for one Gluon form and a planted form with other bits for the other), writing
-gluon_linear_smoke.{json,md}: it checks the script, not a figure.
+Contenders in the same interleaved rounds (benchmarks/harness.py: CUDA-graph replay on rotating copies of x and w,
+so the weight comes from HBM; medians): the root (`linear.linear`), the Gluon product computed transposed with rings
+of 8 and 4 weight tiles and with x padded to 64 rows (a ring of 6), and cuBLAS (`x @ w.T`). Ratios are time /
+cuBLAS's time; the issue's target for these cells is a geomean of 0.95. Writes gluon_linear_<card>.{json,md}. Needs
+a Hopper GPU; `--smoke` runs the whole path on a CPU instead (interpreter, tiny shapes, the root standing in for the
+Gluon forms and a planted form with other bits), writing gluon_linear_smoke.{json,md}: it checks the script, not a
+figure.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
             y.view(torch.int16).view(-1)[0] += 1
             return y
 
-        forms = {"gluon8": root.linear, "gluon4": other}
+        forms = {"gluon8": root.linear, "gluon4": other, "gluon_noswap": root.linear}
     elif torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9:
         from tik_kernels.experimental import gluon_linear_small as g
 
@@ -52,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         cells = [(n, N, K, M) for n, (N, K) in PROJ.items() for M in (1, 4, 16)]
         cells += [("lm_head", VOCAB, HIDDEN, M) for M in LM_HEAD_M if M <= 16]
         forms = {"gluon8": lambda x, w: g.linear_small(x, w, stages=8),
-                 "gluon4": lambda x, w: g.linear_small(x, w, stages=4)}
+                 "gluon4": lambda x, w: g.linear_small(x, w, stages=4),
+                 "gluon_noswap": lambda x, w: g.linear_small(x, w, swap=False)}
     else:
         print("bench_gluon_linear: needs a Hopper GPU (or --smoke)", file=sys.stderr)
         return 2
@@ -104,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = [f"# Gluon small-batch linear vs the root's and cuBLAS ({doc['env'].get('gpu') or device})", "",
              f"`{doc['command']}`", "",
              "Ratios: time / cuBLAS's time in the same interleaved rounds (lower is faster); bits: the Gluon product "
-             "equal to the root's. gluon8 / gluon4: rings of 8 / 4 weight tiles a program.", "",
+             "equal to the root's. gluon8 / gluon4: computed transposed, rings of 8 / 4 weight tiles a program; "
+             "gluon_noswap: x padded to 64 rows (the root's orientation), a ring of 6.", "",
              "Geomean: " + ", ".join(f"{n} {f(doc[n + '_geomean'])}" for n in names)
              + f"; bits everywhere: {doc['bits_all']}", "",
              "| cell | bits | " + " | ".join(f"{n} µs" for n in (*names, "cublas")) + " | "

@@ -55,15 +55,15 @@ def compile_case(G: int, prefetch: bool, block_m: int = 64):
                           options=dict(num_warps=block_m // 16, num_stages=1, enable_fp_fusion=False))
 
 
-def compile_linear(stages: int, kchunk: int = 2048):
+def compile_linear(stages: int, swap: bool = True, kchunk: int = 2048):
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from tik_kernels.experimental import gluon_linear_small as g
 
     fn = g._linear_small_kernel
-    const = dict(KCHUNK=kchunk, BLOCK_N=g.BLOCK_N, BLOCK_K=g.BLOCK_K, M_PAD=g.M_PAD, STAGES=stages, PDL=True)
-    tiles = {"w_desc": [g.BLOCK_N, g.BLOCK_K], "x_desc": [g.M_PAD, g.BLOCK_K]}
+    const = dict(KCHUNK=kchunk, BLOCK_N=g.BLOCK_N, BLOCK_K=g.BLOCK_K, STAGES=stages, SWAP=swap, PDL=True)
+    tiles = {"w_desc": [g.BLOCK_N, g.BLOCK_K], "x_desc": [g.M_PAD if swap else 64, g.BLOCK_K]}
     types = {"c_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
     sig = {}
     for n in inspect.signature(fn.fn).parameters:
@@ -102,9 +102,10 @@ def main() -> None:
         head, loops = describe(compile_case(G, prefetch, block_m))
         print(f"attention forward, G {G}, {block_m} rows, {'prefetch' if prefetch else 'own step'}: {head}\n"
               f"    innermost loops: {loops}")
-    for stages in (8, 4):
-        head, loops = describe(compile_linear(stages))
-        print(f"linear M <= 16, a ring of {stages}: {head}\n    innermost loops: {loops}")
+    for stages, swap in ((8, True), (4, True), (6, False)):
+        head, loops = describe(compile_linear(stages, swap))
+        print(f"linear M <= 16, {'swapped' if swap else 'x padded to 64 rows'}, a ring of {stages}: {head}\n"
+              f"    innermost loops: {loops}")
 
 if __name__ == "__main__":
     main()

@@ -11,7 +11,7 @@ from benchmarks import bench_gluon_fwd, bench_gluon_linear
 
 @pytest.mark.parametrize("bench,name,red,green", [
     (bench_gluon_fwd, "gluon_fwd_smoke", "gluon_m128", ("gluon", "gluon_own_step")),
-    (bench_gluon_linear, "gluon_linear_smoke", "gluon4", ("gluon8",)),
+    (bench_gluon_linear, "gluon_linear_smoke", "gluon4", ("gluon8", "gluon_noswap")),
 ])
 def test_smoke_end_to_end(tmp_path, bench, name, red, green):
     assert bench.main(["--smoke", "--out", str(tmp_path), "--rounds", "1"]) == 1  # the planted form's other bits

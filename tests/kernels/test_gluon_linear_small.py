@@ -1,7 +1,8 @@
-"""The Gluon small-batch linear (tik_kernels/experimental/gluon_linear_small.py: the product computed transposed, a
-ring of TMA-fed weight tiles) against the linear root, bit for bit, at M = 1, 4, 16 over one chunk, two, six, the
-narrow-output chunking, and a K that ends inside a chunk and inside a step. GPU only (Hopper): the interpreter cannot
-run Gluon. The kernel is an experiment; this says whether the swapped MMA keeps the root's tree."""
+"""The Gluon small-batch linear (tik_kernels/experimental/gluon_linear_small.py: the product computed transposed, or
+with x padded to 64 rows, from a ring of TMA-fed weight tiles) against the linear root, bit for bit, at M = 1, 4, 16
+over one chunk, two, six, the narrow-output chunking, and a K that ends inside a chunk and inside a step. GPU only
+(Hopper): the interpreter cannot run Gluon. The kernel is an experiment; this says whether each form keeps the
+root's tree."""
 
 import pytest
 import torch
@@ -32,10 +33,10 @@ def test_gluon_linear_small_has_the_roots_bits(N, K, M):
     x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=gen)
     w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16, generator=gen) / K**0.5
     want = root.linear(x, w)
-    for stages in (8, 4):
-        got = g.linear_small(x, w, stages=stages)
+    for stages, swap in ((8, True), (4, True), (None, False)):
+        got = g.linear_small(x, w, stages=stages, swap=swap)
         assert torch.equal(got.view(torch.int16), want.view(torch.int16)), (
-            f"stages {stages}: {(got != want).sum().item()} of {got.numel()} differ, "
-            f"max |diff| {(got.float() - want.float()).abs().max().item()}")
+            f"{'swapped' if swap else 'x padded'}, stages {stages}: {(got != want).sum().item()} of {got.numel()} "
+            f"differ, max |diff| {(got.float() - want.float()).abs().max().item()}")
     # twice more: the arrival counters were reset by the launch before
     assert torch.equal(g.linear_small(x, w).view(torch.int16), want.view(torch.int16))

@@ -44,7 +44,7 @@ STAGES = 8
 @gluon.jit
 def _linear_small_kernel(
     w_desc,  # [N, K] tiles of [BLOCK_N, BLOCK_K]
-    x_desc,  # [M, K] tiles of [M_PAD, BLOCK_K]; rows past M read as zeros
+    x_desc,  # [M, K] tiles of [X_ROWS, BLOCK_K] (16 swapped, 64 not); rows past M read as zeros
     c_ptr,  # [M, N] output, bf16
     ws_ptr,  # [n_chunks, M, N] fp32 chunk sums (more than one chunk only)
     cnt_ptr,  # [programs along axis 0] int32 arrivals, zero between launches
@@ -54,18 +54,26 @@ def _linear_small_kernel(
     KCHUNK: gl.constexpr,
     BLOCK_N: gl.constexpr,
     BLOCK_K: gl.constexpr,
-    M_PAD: gl.constexpr,
     STAGES: gl.constexpr,
+    SWAP: gl.constexpr = True,  # out^T = W x^T (weight rows as the MMA's rows); False: out = x W^T, x padded to 64 rows
     PDL: gl.constexpr = False,
 ):
-    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, M_PAD, 16])
-    N_AX: gl.constexpr = gl.SliceLayout(1, MMA)
-    M_AX: gl.constexpr = gl.SliceLayout(0, MMA)
+    X_ROWS: gl.constexpr = x_desc.block_type.shape[0]
+    if SWAP:  # the accumulator is [weight rows, tokens]
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, X_ROWS, 16])
+        ACC_SHAPE: gl.constexpr = [BLOCK_N, X_ROWS]
+    else:  # [tokens (padded to 64 rows: wgmma's smallest M), weight rows]
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, BLOCK_N, 16])
+        ACC_SHAPE: gl.constexpr = [X_ROWS, BLOCK_N]
+    ROW_AX: gl.constexpr = gl.SliceLayout(1, MMA)
+    COL_AX: gl.constexpr = gl.SliceLayout(0, MMA)
     pid_n = gl.program_id(0)
     pid_c = gl.program_id(1)
 
     w_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
-    x_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, M_PAD, BLOCK_K], x_desc.layout)
+    x_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, X_ROWS, BLOCK_K], x_desc.layout)
     bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for r in gl.static_range(STAGES):
         mbarrier.init(bars.index(r), count=1)
@@ -84,12 +92,17 @@ def _linear_small_kernel(
         tma.async_copy_global_to_shared(w_desc, [n0, k0 + r * BLOCK_K], bars.index(r), w_smem.index(r), pred=go)
         tma.async_copy_global_to_shared(x_desc, [0, k0 + r * BLOCK_K], bars.index(r), x_smem.index(r), pred=go)
 
-    acc = gl.zeros([BLOCK_N, M_PAD], gl.float32, layout=MMA)
+    acc = gl.zeros(ACC_SHAPE, gl.float32, layout=MMA)
     for i in range(0, steps):
         slot = i % STAGES
         mbarrier.wait(bars.index(slot), (i // STAGES) & 1)
         # the chunk's sum from a fresh accumulator: its first step ignores it (the root's reset)
-        acc = warpgroup_mma(w_smem.index(slot), x_smem.index(slot).permute((1, 0)), acc, use_acc=i > 0, is_async=True)
+        if SWAP:
+            acc = warpgroup_mma(w_smem.index(slot), x_smem.index(slot).permute((1, 0)), acc, use_acc=i > 0,
+                                is_async=True)
+        else:
+            acc = warpgroup_mma(x_smem.index(slot), w_smem.index(slot).permute((1, 0)), acc, use_acc=i > 0,
+                                is_async=True)
         # the step before is done with its slot: refill it with the step STAGES - 1 ahead
         acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, w_smem, x_smem))
         nxt = i + STAGES - 1
@@ -102,22 +115,26 @@ def _linear_small_kernel(
     for r in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(r))
 
-    o_n = n0 + gl.arange(0, BLOCK_N, layout=N_AX)
-    o_m = gl.arange(0, M_PAD, layout=M_AX)
-    m_c = gl.expand_dims(o_n < N, 1) & gl.expand_dims(o_m < M, 0)
-    p_c = c_ptr + gl.expand_dims(o_m * stride_cm, 0) + gl.expand_dims(o_n * stride_cn, 1)
+    if SWAP:
+        o_n = gl.expand_dims(n0 + gl.arange(0, BLOCK_N, layout=ROW_AX), 1)
+        o_m = gl.expand_dims(gl.arange(0, X_ROWS, layout=COL_AX), 0)
+    else:
+        o_m = gl.expand_dims(gl.arange(0, X_ROWS, layout=ROW_AX), 1)
+        o_n = gl.expand_dims(n0 + gl.arange(0, BLOCK_N, layout=COL_AX), 0)
+    m_c = (o_n < N) & (o_m < M)
+    p_c = c_ptr + o_m * stride_cm + o_n * stride_cn
     if n_chunks == 1:
         # the walking program's total: 0 + the one chunk's sum, rounded once
-        total = gl.zeros([BLOCK_N, M_PAD], gl.float32, layout=MMA) + acc
+        total = gl.zeros(ACC_SHAPE, gl.float32, layout=MMA) + acc
         gl.store(p_c, total.to(gl.bfloat16), mask=m_c)
     else:
-        p_ws = ws_ptr + gl.expand_dims(o_m.to(gl.int64) * N, 0) + gl.expand_dims(o_n, 1)
+        p_ws = ws_ptr + o_m.to(gl.int64) * N + o_n
         gl.store(p_ws + pid_c.to(gl.int64) * M * N, acc, mask=m_c)
         # every thread's chunk sum written before one thread announces it (release at GPU scope)
         gl.thread_barrier()
         arrived = gl.atomic_add(cnt_ptr + pid_n, 1)
         if arrived == n_chunks - 1:
-            total = gl.zeros([BLOCK_N, M_PAD], gl.float32, layout=MMA)
+            total = gl.zeros(ACC_SHAPE, gl.float32, layout=MMA)
             for c in range(0, n_chunks):  # the one merge order: chunk c added to the sum of chunks 0 .. c-1
                 total = total + gl.load(p_ws + c * M * N, mask=m_c, other=0.0, cache_modifier=".cg")
             gl.store(p_c, total.to(gl.bfloat16), mask=m_c)
@@ -131,9 +148,12 @@ def _counters(device: torch.device, n: int) -> torch.Tensor:
     return torch.zeros(n, dtype=torch.int32, device=device)
 
 
-def linear_small(x: torch.Tensor, w: torch.Tensor, stages: int = STAGES, pdl: bool = True) -> torch.Tensor:
-    """x[M, K] @ w[N, K].T -> [M, N] bf16 for M <= 16 on a Hopper GPU, the root's tree (`linear.linear`'s bits if the
-    swapped MMA gives them). Raises ValueError where it does not apply."""
+def linear_small(x: torch.Tensor, w: torch.Tensor, stages: int | None = None, pdl: bool = True,
+                 swap: bool = True) -> torch.Tensor:
+    """x[M, K] @ w[N, K].T -> [M, N] bf16 for M <= 16 on a Hopper GPU, the root's tree. swap: out^T = W x^T, the
+    weight's rows as the MMA's rows and a ring of 8 by default; False: x padded (by the TMA's zero fill) to 64 rows
+    as the MMA's rows, the root's own orientation, a ring of 6 (its x tiles are 4 times larger). Raises ValueError
+    where it does not apply."""
     M, K = x.shape
     N = w.shape[0]
     if not 1 <= M <= M_PAD or w.shape[1] != K or x.dtype != torch.bfloat16 or w.dtype != torch.bfloat16:
@@ -149,12 +169,14 @@ def linear_small(x: torch.Tensor, w: torch.Tensor, stages: int = STAGES, pdl: bo
     cnt = _counters(x.device, max(tiles, 1 << (tiles - 1).bit_length()))
     w_desc = TensorDescriptor(w, [N, K], [w.stride(0), 1], [BLOCK_N, BLOCK_K],
                               gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], gl.bfloat16))
-    x_desc = TensorDescriptor(x, [M, K], [x.stride(0), 1], [M_PAD, BLOCK_K],
-                              gl.NVMMASharedLayout.get_default_for([M_PAD, BLOCK_K], gl.bfloat16))
+    x_rows = M_PAD if swap else 64
+    x_desc = TensorDescriptor(x, [M, K], [x.stride(0), 1], [x_rows, BLOCK_K],
+                              gl.NVMMASharedLayout.get_default_for([x_rows, BLOCK_K], gl.bfloat16))
     launch = {"PDL": True, "launch_pdl": True} if pdl else {}
     _linear_small_kernel[(tiles, n_chunks)](
         w_desc, x_desc, c, ws, cnt, M, N, K, c.stride(0), c.stride(1), n_chunks,
-        KCHUNK=kchunk, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, M_PAD=M_PAD, STAGES=stages, num_warps=4,
+        KCHUNK=kchunk, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, STAGES=stages or (STAGES if swap else 6), SWAP=swap,
+        num_warps=4,
         enable_fp_fusion=False, **launch,
     )
     return c
