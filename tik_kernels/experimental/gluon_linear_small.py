@@ -6,7 +6,9 @@ cuBLAS's time (issue #16 asks 0.95x over the M <= 16 cells). Its M16 launch is a
 ("swap AB"): 64 weight rows are the rows of a Hopper warpgroup MMA (wgmma's smallest M) and the (at most 16) tokens its
 columns, so the weight tile goes from shared memory straight into the MMA and a ring of STAGES weight tiles (8 KB each)
 fed by the tensor-memory accelerator keeps that many loads in flight a program, each slot refilled as soon as the MMA
-that read it is done.
+that read it is done. `swap=False` keeps the root's orientation instead (out = x W^T, x padded to 64 rows by the TMA's
+zero fill, the rows of the MMA the root's larger-M launches use), for the case where swapping the operands' roles
+moves bits: four times the MMA work, which a product this memory-bound does not notice.
 
 What must hold: the root's tree (`tik_kernels.ops.linear`'s docstring), so the root's bits. K in chunks of
 `linear._kchunk(N)` (2048; 1024 for an output of at most 2048 columns); each chunk summed K-sequentially from a fresh
@@ -15,7 +17,7 @@ right from 0 in fp32, ((0 + s_0) + s_1) + ..., rounded to bf16 once. A program c
 pair; with more than one chunk it writes its chunk sum (fp32) to a workspace and the last program of its 64 rows to
 arrive (an arrival counter, reset by that program) adds them in chunk order, as the root's fused combine does. Whether
 an MMA with the operands' roles swapped gives each output element the root's bits is the GPU's to say:
-`tests/kernels/test_gluon_linear_small.py` compares with the root at M = 1, 4, 16.
+`tests/kernels/test_gluon_linear_small.py` compares both orientations with the root at M = 1, 4, 16.
 
 Scope: bf16 x [M, K] (M <= 16) and w [N, K], both with unit stride along K and 16-byte aligned rows (TMA). It needs a
 Hopper GPU and Gluon (Triton 3.6 on the GPU machine); nothing imports this module unless a GPU test or benchmark asks.
