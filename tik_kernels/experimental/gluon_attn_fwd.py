@@ -135,6 +135,32 @@ def _attn_fwd_gluon_kernel(
     if pid_m * BLOCK_M >= L * G:
         return
 
+    k_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, D], v_desc.layout)
+    k_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    v_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(k_bar, count=1)
+    mbarrier.init(v_bar, count=1)
+    fence_async_shared()  # the barriers' initialization seen by the TMA unit
+
+    # which blocks the tile walks: the root's one loop over the blocks wholly inside the sequence (through TMA, the
+    # diagonal ones masked), then at most one crossing the sequence's end
+    pos_lo = (pid_m * BLOCK_M) // G
+    pos_hi = gl.minimum((pid_m * BLOCK_M + BLOCK_M - 1) // G + 1, L)
+    n_full = (pos_lo + 1) // BLOCK_N
+    n_blocks = gl.cdiv(pos_hi, BLOCK_N)
+    n_in = gl.minimum(n_blocks, L // BLOCK_N)
+    k_row = (b * k_rb + kvh * k_rh).to(gl.int32)
+    v_row = (b * v_rb + kvh * v_rh).to(gl.int32)
+    k_col = (kvh * k_ch).to(gl.int32)
+    v_col = (kvh * v_ch).to(gl.int32)
+    # PREFETCH: the first block's K and V are sent for before Q is read, so the two loads overlap
+    first = (n_in > 0) & PREFETCH
+    mbarrier.expect(k_bar, k_desc.block_type.nbytes, pred=first)
+    tma.async_copy_global_to_shared(k_desc, [k_row, k_col], k_bar, k_smem, pred=first)
+    mbarrier.expect(v_bar, v_desc.block_type.nbytes, pred=first)
+    tma.async_copy_global_to_shared(v_desc, [v_row, v_col], v_bar, v_smem, pred=first)
+
     # Q, through pointers (its rows interleave the group's heads), into shared memory for the QK products
     lo_i = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=LROW)
     lo_d = gl.arange(0, D, layout=LCOL)
@@ -146,19 +172,12 @@ def _attn_fwd_gluon_kernel(
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, D], Q_SMEM, b_q)
     ones_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, L_COLS], ONES_SMEM,
                                           gl.full([BLOCK_N, L_COLS], 1.0, gl.bfloat16, layout=LOAD))
-    k_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, D], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, D], v_desc.layout)
-    k_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    v_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    mbarrier.init(k_bar, count=1)
-    mbarrier.init(v_bar, count=1)
     # Q's and the ones' stores (every thread's) seen by the MMAs' asynchronous reads: a proxy fence, then all arrive
     fence_async_shared()
     gl.thread_barrier()
 
     o_i = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW)
     q_pos = o_i // G
-    o_d = gl.arange(0, D, layout=COL)
 
     # the running total and the current chunk's state (the empty state)
     m_t = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=ROW)
@@ -169,21 +188,6 @@ def _attn_fwd_gluon_kernel(
     acc = gl.zeros([BLOCK_M, D], gl.float32, layout=MMA)
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=MMA)
 
-    # the root's one loop: blocks wholly inside the sequence through TMA, the diagonal ones masked
-    pos_lo = (pid_m * BLOCK_M) // G
-    pos_hi = gl.minimum((pid_m * BLOCK_M + BLOCK_M - 1) // G + 1, L)
-    n_full = (pos_lo + 1) // BLOCK_N
-    n_blocks = gl.cdiv(pos_hi, BLOCK_N)
-    n_in = gl.minimum(n_blocks, L // BLOCK_N)
-    k_row = (b * k_rb + kvh * k_rh).to(gl.int32)
-    v_row = (b * v_rb + kvh * v_rh).to(gl.int32)
-    k_col = (kvh * k_ch).to(gl.int32)
-    v_col = (kvh * v_ch).to(gl.int32)
-    first = (n_in > 0) & PREFETCH
-    mbarrier.expect(k_bar, k_desc.block_type.nbytes, pred=first)
-    tma.async_copy_global_to_shared(k_desc, [k_row, k_col], k_bar, k_smem, pred=first)
-    mbarrier.expect(v_bar, v_desc.block_type.nbytes, pred=first)
-    tma.async_copy_global_to_shared(v_desc, [v_row, v_col], v_bar, v_smem, pred=first)
     for j in range(0, n_in):
         phase = j & 1
         nxt = (j + 1 < n_in) & PREFETCH
@@ -243,9 +247,12 @@ def _attn_fwd_gluon_kernel(
 
     l_row = gl.max(l_t, 1)
     out = acc_t / gl.expand_dims(gl.convert_layout(l_row, ROW), 1)
+    # stored from the MMA's layout: converting it to the load layout for wider stores cost 20-23 spill stores a block
+    # in the walk's loop (sm_90, Triton 3.6), the registers being allocated for the whole kernel at once
     h = kvh * G + o_i % G
     m_row = q_pos < L
-    p_o = o_ptr + b * stride_ob + gl.expand_dims(h * stride_oh + q_pos * stride_os, 1) + gl.expand_dims(o_d, 0)
+    p_o = (o_ptr + b * stride_ob + gl.expand_dims(h * stride_oh + q_pos * stride_os, 1)
+           + gl.expand_dims(gl.arange(0, D, layout=COL), 0))
     gl.store(p_o, out.to(gl.bfloat16), mask=gl.expand_dims(m_row, 1))
     p_l = lse_ptr + b * stride_lb + h * stride_lh + q_pos * stride_ls
     gl.store(p_l, m_t + gl.log2(gl.convert_layout(l_row, ROW)), mask=m_row)
