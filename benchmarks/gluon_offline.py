@@ -104,7 +104,7 @@ def main() -> None:
               f"    innermost loops: {loops}")
     for stages, swap in ((8, True), (4, True), (6, False)):
         head, loops = describe(compile_linear(stages, swap))
-        print(f"linear M <= 16, {'swapped' if swap else 'x padded to 64 rows'}, a ring of {stages}: {head}\n"
+        print(f"linear, {'M <= 16, swapped' if swap else 'M <= 64, x padded to 64 rows'}, a ring of {stages}: {head}\n"
               f"    innermost loops: {loops}")
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ def _hopper() -> bool:
 
 
 @pytest.mark.skipif(not _hopper(), reason="needs a Hopper GPU (Gluon's wgmma and TMA)")
-@pytest.mark.parametrize("M", [1, 4, 16])
+@pytest.mark.parametrize("M", [1, 4, 16, 64])
 @pytest.mark.parametrize("N,K", SHAPES)
 def test_gluon_linear_small_has_the_roots_bits(N, K, M):
     from tik_kernels.experimental import gluon_linear_small as g
@@ -34,6 +34,8 @@ def test_gluon_linear_small_has_the_roots_bits(N, K, M):
     w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16, generator=gen) / K**0.5
     want = root.linear(x, w)
     for stages, swap in ((8, True), (4, True), (None, False)):
+        if swap and M > 16:
+            continue
         got = g.linear_small(x, w, stages=stages, swap=swap)
         assert torch.equal(got.view(torch.int16), want.view(torch.int16)), (
             f"{'swapped' if swap else 'x padded'}, stages {stages}: {(got != want).sum().item()} of {got.numel()} "

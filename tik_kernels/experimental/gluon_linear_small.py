@@ -40,6 +40,8 @@ from tik_kernels.ops import linear as root
 BLOCK_N = 64
 BLOCK_K = 64
 M_PAD = 16
+#: rows of x the unswapped form pads to (wgmma's smallest M): it takes up to this many tokens
+X_ROWS_UNSWAPPED = 64
 STAGES = 8
 
 
@@ -152,14 +154,15 @@ def _counters(device: torch.device, n: int) -> torch.Tensor:
 
 def linear_small(x: torch.Tensor, w: torch.Tensor, stages: int | None = None, pdl: bool = True,
                  swap: bool = True) -> torch.Tensor:
-    """x[M, K] @ w[N, K].T -> [M, N] bf16 for M <= 16 on a Hopper GPU, the root's tree. swap: out^T = W x^T, the
-    weight's rows as the MMA's rows and a ring of 8 by default; False: x padded (by the TMA's zero fill) to 64 rows
-    as the MMA's rows, the root's own orientation, a ring of 6 (its x tiles are 4 times larger). Raises ValueError
-    where it does not apply."""
+    """x[M, K] @ w[N, K].T -> [M, N] bf16 on a Hopper GPU, the root's tree. swap (M <= 16): out^T = W x^T, the
+    weight's rows as the MMA's rows and a ring of 8 by default; False (M <= 64, a decode batch of 64 too): x padded
+    (by the TMA's zero fill) to 64 rows as the MMA's rows, the root's own orientation, a ring of 6 (its x tiles are
+    4 times larger). Raises ValueError where it does not apply."""
     M, K = x.shape
     N = w.shape[0]
-    if not 1 <= M <= M_PAD or w.shape[1] != K or x.dtype != torch.bfloat16 or w.dtype != torch.bfloat16:
-        raise ValueError(f"linear_small takes bf16 x [M <= {M_PAD}, K] and w [N, K], got {tuple(x.shape)}, "
+    x_rows = M_PAD if swap else X_ROWS_UNSWAPPED
+    if not 1 <= M <= x_rows or w.shape[1] != K or x.dtype != torch.bfloat16 or w.dtype != torch.bfloat16:
+        raise ValueError(f"linear_small takes bf16 x [M <= {x_rows}, K] and w [N, K], got {tuple(x.shape)}, "
                          f"{tuple(w.shape)}")
     if x.stride(1) != 1 or w.stride(1) != 1 or (x.stride(0) * 2) % 16 or (w.stride(0) * 2) % 16:
         raise ValueError("linear_small reads x and w through TMA: unit stride along K, 16-byte aligned rows")
@@ -171,7 +174,6 @@ def linear_small(x: torch.Tensor, w: torch.Tensor, stages: int | None = None, pd
     cnt = _counters(x.device, max(tiles, 1 << (tiles - 1).bit_length()))
     w_desc = TensorDescriptor(w, [N, K], [w.stride(0), 1], [BLOCK_N, BLOCK_K],
                               gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], gl.bfloat16))
-    x_rows = M_PAD if swap else 64
     x_desc = TensorDescriptor(x, [M, K], [x.stride(0), 1], [x_rows, BLOCK_K],
                               gl.NVMMASharedLayout.get_default_for([x_rows, BLOCK_K], gl.bfloat16))
     launch = {"PDL": True, "launch_pdl": True} if pdl else {}
