@@ -192,6 +192,7 @@ def _attn_fwd_gluon_kernel(
         phase = j & 1
         nxt = (j + 1 < n_in) & PREFETCH
         if not PREFETCH:
+            gl.thread_barrier()  # every warp done with the step before's products, which read these buffers
             mbarrier.expect(k_bar, k_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(k_desc, [k_row + j * BLOCK_N, k_col], k_bar, k_smem)
             mbarrier.expect(v_bar, v_desc.block_type.nbytes)
@@ -199,7 +200,10 @@ def _attn_fwd_gluon_kernel(
         mbarrier.wait(k_bar, phase)
         s = warpgroup_mma(q_smem, k_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s, _ = warpgroup_mma_wait(num_outstanding=0, deps=(s, k_smem))
-        # K's buffer is free: the next block's K loads behind this block's softmax and PV product
+        # K's buffer is free once every warp has seen its product done (at 128 rows the other warpgroup's product
+        # reads it too): the next block's K loads behind this block's softmax and PV product
+        if PREFETCH:
+            gl.thread_barrier()
         mbarrier.expect(k_bar, k_desc.block_type.nbytes, pred=nxt)
         tma.async_copy_global_to_shared(k_desc, [k_row + (j + 1) * BLOCK_N, k_col], k_bar, k_smem, pred=nxt)
         k_pos = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=COL)
@@ -209,7 +213,10 @@ def _attn_fwd_gluon_kernel(
             m_i, l_i, acc = _step(s, keep, m_i, l_i, acc, v_smem, ones_smem, qk_scale, True, P_OP, P_OP_L, ROW_L)
         else:
             m_i, l_i, acc = _step(s, keep, m_i, l_i, acc, v_smem, ones_smem, qk_scale, False, P_OP, P_OP_L, ROW_L)
-        # V's buffer is free: the next block's V loads behind the next QK product and softmax
+        # V's buffer is free once every warp has seen its products done: the next block's V loads behind the next QK
+        # product and softmax
+        if PREFETCH:
+            gl.thread_barrier()
         mbarrier.expect(v_bar, v_desc.block_type.nbytes, pred=nxt)
         tma.async_copy_global_to_shared(v_desc, [v_row + (j + 1) * BLOCK_N, v_col], v_bar, v_smem, pred=nxt)
         if j % CHUNK == CHUNK - 1:

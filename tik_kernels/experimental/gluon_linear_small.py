@@ -107,8 +107,10 @@ def _linear_small_kernel(
         else:
             acc = warpgroup_mma(x_smem.index(slot), w_smem.index(slot).permute((1, 0)), acc, use_acc=i > 0,
                                 is_async=True)
-        # the step before is done with its slot: refill it with the step STAGES - 1 ahead
+        # the step before is done with its slot once every warp has seen it done: refill it with the step
+        # STAGES - 1 ahead
         acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, w_smem, x_smem))
+        gl.thread_barrier()
         nxt = i + STAGES - 1
         sn = nxt % STAGES
         go = nxt < steps
