@@ -46,12 +46,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--smoke", action="store_true", help="the whole path on a CPU, stand-ins for the Gluon forms")
+    p.add_argument("--ws", action="store_true",
+                   help="also the warp-specialized form (gluon_attn_fwd_ws.py); writes gluon_fwd_ws_<card>.*")
     args = p.parse_args(argv)
     from tik_kernels.ops import attention as root
 
     if args.smoke:
         device, cells, (hq, hk, d), card = "cpu", ((1, 16), (2, 12)), (4, 2, 16), "smoke"
         forms = smoke_forms(root)
+        if args.ws:
+            forms["gluon_ws"] = forms["gluon"]
     elif torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9:
         from tik_kernels.experimental import gluon_attn_fwd as g
 
@@ -59,6 +63,10 @@ def main(argv: list[str] | None = None) -> int:
         forms = {"gluon": g.prefill_forward,
                  "gluon_own_step": lambda q, k, v: g.prefill_forward(q, k, v, prefetch=False),
                  "gluon_m128": lambda q, k, v: g.prefill_forward(q, k, v, block_m=128)}
+        if args.ws:
+            from tik_kernels.experimental import gluon_attn_fwd_ws
+
+            forms["gluon_ws"] = gluon_attn_fwd_ws.prefill_forward
     else:
         print("bench_gluon_fwd: needs a Hopper GPU (or --smoke)", file=sys.stderr)
         return 2
@@ -109,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
            **{f"{n}_geomean": H.geomean(r.get(f"{n}_ratio") for r in ok) for n in forms if n != "gluon"},
            "bits_all": all(r.get("bits") for r in rows)}
     args.out.mkdir(parents=True, exist_ok=True)
-    H.write_json(args.out / f"gluon_fwd_{card}.json", doc)
+    stem = "gluon_fwd_ws" if args.ws else "gluon_fwd"
+    H.write_json(args.out / f"{stem}_{card}.json", doc)
     def f(x):
         return "-" if x is None else f"{x:.3f}" if isinstance(x, float) else str(x)
 
@@ -119,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
              "forward's o and lse equal to the root's.", "",
              "gluon: 64 rows a program, the next block's K and V loaded behind this block's work; gluon_own_step: "
              "each step loads its own K and V and waits (the root's schedule); gluon_m128: 128 rows (two "
-             "warpgroups sharing each K and V block), loads as gluon.", "",
+             "warpgroups sharing each K and V block), loads as gluon; gluon_ws (with --ws): a producer warp and two "
+             "consumer warpgroups, a ring of two K and two V blocks.", "",
              "Geomean over the timed cells: " + ", ".join(f"{n} {f(doc[n + '_geomean'])}" for n in ("root", *forms))
              + f"; bits everywhere: {doc['bits_all']}", "",
              "| cell | bits | " + " | ".join(f"{n} µs" for n in ("root", *forms, "sdpa_flash")) + " | "
@@ -130,8 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {r['cell']} | {'green' if r['bits'] else 'red: ' + ', '.join(r['red'])} | "
                      + " | ".join(f(r.get(f"{n}_us")) for n in ("root", *forms, "sdpa_flash")) + " | "
                      + " | ".join(f(r.get(f"{n}_ratio")) for n in ("root", *forms)) + " |")
-    (args.out / f"gluon_fwd_{card}.md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {args.out}/gluon_fwd_{card}.json, .md", flush=True)
+    (args.out / f"{stem}_{card}.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {args.out}/{stem}_{card}.json, .md", flush=True)
     return 0 if doc["bits_all"] else 1
 
 

@@ -55,6 +55,36 @@ def compile_case(G: int, prefetch: bool, block_m: int = 64):
                           options=dict(num_warps=block_m // 16, num_stages=1, enable_fp_fusion=False))
 
 
+def compile_ws(G: int):
+    """The warp-specialized forward (gluon_attn_fwd_ws.py) at GQA G, launched as it is (168 registers a thread at
+    launch: 12 warps' share of the register file, which the partitions then take as 240 / 240 / 24)."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from tik_kernels.experimental import gluon_attn_fwd as base
+    from tik_kernels.experimental import gluon_attn_fwd_ws as ws
+
+    fn = ws._attn_fwd_ws_kernel
+    layout = gl.NVMMASharedLayout.get_default_for([base.BLOCK_N, base.HEAD_DIM], gl.bfloat16)
+    const = dict(G=G, D=base.HEAD_DIM, BLOCK_M=base.BLOCK_M, BLOCK_N=base.BLOCK_N, CHUNK=base.CHUNK_BLOCKS,
+                 L_COLS=base.L_COLS)
+    sig = {}
+    for n in inspect.signature(fn.fn).parameters:
+        if n in const:
+            sig[n] = "constexpr"
+        elif n.endswith("_ptr"):
+            sig[n] = "*fp32" if n == "lse_ptr" else "*bf16"
+        elif n.endswith("_desc"):
+            sig[n] = f"tensordesc<bf16[{base.BLOCK_N}, {base.HEAD_DIM}],{layout!r}>"
+        else:
+            sig[n] = "fp32" if n == "qk_scale" else "i32"
+    attrs = {(i,): [["tt.divisibility", 16]] for i, (n, t) in enumerate(sig.items())
+             if t.startswith("*") or n.startswith("stride_") or n == "L"}
+    return triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
+                          target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=4, num_stages=1, enable_fp_fusion=False))
+
+
 def compile_linear(stages: int, swap: bool = True, kchunk: int = 2048):
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -102,6 +132,9 @@ def main() -> None:
         head, loops = describe(compile_case(G, prefetch, block_m))
         print(f"attention forward, G {G}, {block_m} rows, {'prefetch' if prefetch else 'own step'}: {head}\n"
               f"    innermost loops: {loops}")
+    for G in (1, 4):
+        head, loops = describe(compile_ws(G))
+        print(f"attention forward, warp-specialized, G {G}: {head}\n    innermost loops: {loops}")
     for stages, swap in ((8, True), (4, True), (6, False)):
         head, loops = describe(compile_linear(stages, swap))
         print(f"linear, {'M <= 16, swapped' if swap else 'M <= 64, x padded to 64 rows'}, a ring of {stages}: {head}\n"

@@ -198,6 +198,9 @@
 #                     (tik_kernels/experimental/gluon_attn_fwd.py, session 40, compiled only offline so far): its bit
 #                     test against the root's forward, then its time beside the root's and SDPA flash's at
 #                     bench_speed's prefill cells ($R/pytest_gpu_<card>_gluon_fwd.log, $R/gluon_fwd_<card>.{json,md})
+#   gluon_fwd_ws  #16 the warp-specialized Gluon prefill forward (a producer warp, two consumer warpgroups; session 40,
+#                     compiled only offline): its bit test, then bench_gluon_fwd.py --ws (every form again beside it,
+#                     $R/gluon_fwd_ws_<card>.*); apart from gluon_fwd and last, since a barrier no one arrives at hangs
 #   gluon_linear  #16 the M <= 16 linear in Gluon, computed transposed from a ring of TMA-fed weight tiles
 #                     (tik_kernels/experimental/gluon_linear_small.py, session 40, compiled only offline so far):
 #                     its bit test against the root, then its time beside the root's and cuBLAS's at
@@ -501,6 +504,9 @@ for p in "$@"; do
             # pytest-xdist where installed: each form and shape compiles its own kernel, on the host's cores at once
             part "pytest_gpu_${CARD}_gluon_fwd" 300 "$py" -m pytest -q -m gpu $xdist tests/kernels/test_gluon_attn_fwd.py
             part gluon_fwd 300 "$py" benchmarks/bench_gluon_fwd.py --out "$R" --rounds 9 ;;
+        gluon_fwd_ws)
+            part "pytest_gpu_${CARD}_gluon_fwd_ws" 300 "$py" -m pytest -q -m gpu $xdist tests/kernels/test_gluon_attn_fwd_ws.py
+            part gluon_fwd_ws 300 "$py" benchmarks/bench_gluon_fwd.py --ws --out "$R" --rounds 9 ;;
         gluon_linear)
             # pytest-xdist where installed: each form and shape compiles its own kernel, on the host's cores at once
             part "pytest_gpu_${CARD}_gluon_linear" 300 "$py" -m pytest -q -m gpu $xdist tests/kernels/test_gluon_linear_small.py
@@ -519,6 +525,6 @@ for p in "$@"; do
             part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_${CARD}
             part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (suite eval_rate eval_rate_prestart3 eval_rate_nosettle eval_rate_OP eval_repeat_OP rvi reply_copy probe_times cheats search_linear search_attention search_pair tuner_linear scaleout scaleout_shared attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs lmhead_bwd lmhead_bwd2 train_variants prefill_chunks decode_regs decode_combine mlp_fused linear_small varlen keys gluon_fwd gluon_linear shared_prompts)" >&2 ;;
+            echo "unknown part $p (suite eval_rate eval_rate_prestart3 eval_rate_nosettle eval_rate_OP eval_repeat_OP rvi reply_copy probe_times cheats search_linear search_attention search_pair tuner_linear scaleout scaleout_shared attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs lmhead_bwd lmhead_bwd2 train_variants prefill_chunks decode_regs decode_combine mlp_fused linear_small varlen keys gluon_fwd gluon_fwd_ws gluon_linear shared_prompts)" >&2 ;;
     esac
 done

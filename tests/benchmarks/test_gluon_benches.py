@@ -24,3 +24,10 @@ def test_smoke_end_to_end(tmp_path, bench, name, red, green):
     assert all(doc[f"{n}_geomean"] > 0 for n in ("root", *green, red))
     md = (tmp_path / f"{name}.md").read_text()
     assert f"red: {red}" in md
+
+
+def test_smoke_with_the_warp_specialized_form(tmp_path):
+    assert bench_gluon_fwd.main(["--smoke", "--ws", "--out", str(tmp_path), "--rounds", "1"]) == 1
+    doc = json.loads((tmp_path / "gluon_fwd_ws_smoke.json").read_text())
+    assert all(r["gluon_ws_ratio"] > 0 and r["red"] == ["gluon_m128"] for r in doc["rows"])
+    assert doc["gluon_ws_geomean"] > 0 and not (tmp_path / "gluon_fwd_smoke.json").exists()
