@@ -81,7 +81,8 @@ def _consumer(args, G: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLO
         mbarrier.wait(k_ready.index(slot), phase)
         s = warpgroup_mma(q_tile, k_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s, _ = warpgroup_mma_wait(num_outstanding=0, deps=(s, k_smem))
-        mbarrier.arrive(k_empty.index(slot), count=1)
+        gl.thread_barrier()  # every warp of this warpgroup past its wait (a named barrier of the partition's own)
+        mbarrier.arrive(k_empty.index(slot), count=1)  # one arrival a warpgroup: the slot's K is free for this one
         k_pos = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=COL)
         keep = (gl.expand_dims(k_pos, 0) <= gl.expand_dims(q_pos, 1)) & gl.expand_dims(k_pos < L, 0)
         mbarrier.wait(v_ready.index(slot), phase)
@@ -91,6 +92,7 @@ def _consumer(args, G: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLO
         else:
             m_i, l_i, acc = base._step(s, keep, m_i, l_i, acc, v_smem, ones_smem, qk_scale, False, P_OP, P_OP_L,
                                        ROW_L)
+        gl.thread_barrier()
         mbarrier.arrive(v_empty.index(slot), count=1)
         if j % CHUNK == CHUNK - 1:
             m_t, l_t, acc_t = base._fold(m_t, l_t, acc_t, m_i, l_i, acc, ROW_L)
