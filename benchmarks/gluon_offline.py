@@ -13,7 +13,6 @@ weight tiles.
 
 from __future__ import annotations
 
-import inspect
 import re
 import sys
 import tempfile
@@ -24,91 +23,58 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import offline_compile as oc  # noqa: E402 (first: it turns the interpreter off before Triton is imported)
 import triton  # noqa: E402
 from attn_ir_offline import inner_loops  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
+
+
+def _desc(shape: list[int]) -> str:
+    """The signature type of a TMA descriptor over bf16 tiles of `shape`, in the layout the host code gives it."""
+    from triton.experimental.gluon import language as gl
+
+    layout = gl.NVMMASharedLayout.get_default_for(shape, gl.bfloat16)
+    return f"tensordesc<bf16[{shape[0]}, {shape[1]}],{layout!r}>"
+
+
+def _compile(fn, const: dict, types: dict, aligned, warps: int, **options):
+    """`fn` as a launch specializes it (`offline_compile.compile_sm90`: pointers aligned, the integers in `aligned`
+    divisible by 16, the other arguments bf16 pointers or i32 by name), one stage, fp fusion off."""
+    return oc.compile_sm90(fn, const, types, dict(num_warps=warps, num_stages=1, enable_fp_fusion=False, **options),
+                           aligned=aligned)
+
+
+def _attention(fn, const: dict, warps: int):
+    """An attention forward at bench_speed's shapes: strides and lengths divisible by 16."""
+    from tik_kernels.experimental import gluon_attn_fwd as g
+
+    kv = _desc([g.BLOCK_N, g.HEAD_DIM])
+    types = {"lse_ptr": "*fp32", "qk_scale": "fp32", "k_desc": kv, "v_desc": kv}
+    aligned = [n for n in oc.signature(fn, const, types)[1] if n.startswith("stride_") or n == "L"]
+    return _compile(fn, const, types, aligned, warps)
 
 
 def compile_case(G: int, prefetch: bool, block_m: int = 64):
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     from tik_kernels.experimental import gluon_attn_fwd as g
 
-    fn = g._attn_fwd_gluon_kernel
-    layout = gl.NVMMASharedLayout.get_default_for([g.BLOCK_N, g.HEAD_DIM], gl.bfloat16)
     const = dict(G=G, D=g.HEAD_DIM, BLOCK_M=block_m, BLOCK_N=g.BLOCK_N, CHUNK=g.CHUNK_BLOCKS, L_COLS=g.L_COLS,
                  PREFETCH=prefetch)
-    sig = {}
-    for n in inspect.signature(fn.fn).parameters:
-        if n in const:
-            sig[n] = "constexpr"
-        elif n.endswith("_ptr"):
-            sig[n] = "*fp32" if n == "lse_ptr" else "*bf16"
-        elif n.endswith("_desc"):
-            sig[n] = f"tensordesc<bf16[{g.BLOCK_N}, {g.HEAD_DIM}],{layout!r}>"
-        else:
-            sig[n] = "fp32" if n == "qk_scale" else "i32"
-    # as a launch at bench_speed's shapes specializes them: pointers aligned, strides and lengths divisible by 16
-    attrs = {(i,): [["tt.divisibility", 16]] for i, (n, t) in enumerate(sig.items())
-             if t.startswith("*") or n.startswith("stride_") or n == "L"}
-    return triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
-                          target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=block_m // 16, num_stages=1, enable_fp_fusion=False))
+    return _attention(g._attn_fwd_gluon_kernel, const, block_m // 16)
 
 
 def compile_ws(G: int):
     """The warp-specialized forward (gluon_attn_fwd_ws.py) at GQA G, launched as it is (168 registers a thread at
     launch: 12 warps' share of the register file, which the partitions then take as 240 / 240 / 24)."""
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    from tik_kernels.experimental import gluon_attn_fwd as base
+    from tik_kernels.experimental import gluon_attn_fwd as g
     from tik_kernels.experimental import gluon_attn_fwd_ws as ws
 
-    fn = ws._attn_fwd_ws_kernel
-    layout = gl.NVMMASharedLayout.get_default_for([base.BLOCK_N, base.HEAD_DIM], gl.bfloat16)
-    const = dict(G=G, D=base.HEAD_DIM, BLOCK_M=base.BLOCK_M, BLOCK_N=base.BLOCK_N, CHUNK=base.CHUNK_BLOCKS,
-                 L_COLS=base.L_COLS)
-    sig = {}
-    for n in inspect.signature(fn.fn).parameters:
-        if n in const:
-            sig[n] = "constexpr"
-        elif n.endswith("_ptr"):
-            sig[n] = "*fp32" if n == "lse_ptr" else "*bf16"
-        elif n.endswith("_desc"):
-            sig[n] = f"tensordesc<bf16[{base.BLOCK_N}, {base.HEAD_DIM}],{layout!r}>"
-        else:
-            sig[n] = "fp32" if n == "qk_scale" else "i32"
-    attrs = {(i,): [["tt.divisibility", 16]] for i, (n, t) in enumerate(sig.items())
-             if t.startswith("*") or n.startswith("stride_") or n == "L"}
-    return triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
-                          target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=4, num_stages=1, enable_fp_fusion=False))
+    const = dict(G=G, D=g.HEAD_DIM, BLOCK_M=g.BLOCK_M, BLOCK_N=g.BLOCK_N, CHUNK=g.CHUNK_BLOCKS, L_COLS=g.L_COLS)
+    return _attention(ws._attn_fwd_ws_kernel, const, 4)
 
 
 def compile_linear(stages: int, swap: bool = True, kchunk: int = 2048):
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     from tik_kernels.experimental import gluon_linear_small as g
 
-    fn = g._linear_small_kernel
     const = dict(KCHUNK=kchunk, BLOCK_N=g.BLOCK_N, BLOCK_K=g.BLOCK_K, STAGES=stages, SWAP=swap, PDL=True)
-    tiles = {"w_desc": [g.BLOCK_N, g.BLOCK_K], "x_desc": [g.M_PAD if swap else 64, g.BLOCK_K]}
-    types = {"c_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
-    sig = {}
-    for n in inspect.signature(fn.fn).parameters:
-        if n in const:
-            sig[n] = "constexpr"
-        elif n in tiles:
-            layout = gl.NVMMASharedLayout.get_default_for(tiles[n], gl.bfloat16)
-            sig[n] = f"tensordesc<bf16[{tiles[n][0]}, {tiles[n][1]}],{layout!r}>"
-        else:
-            sig[n] = types.get(n, "i32")
-    attrs = {(i,): [["tt.divisibility", 16]] for i, (n, t) in enumerate(sig.items())
-             if t.startswith("*") or n in ("N", "K", "stride_cm")}
-    return triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
-                          target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=4, num_stages=1, enable_fp_fusion=False, launch_pdl=True))
+    types = {"ws_ptr": "*fp32", "cnt_ptr": "*i32", "w_desc": _desc([g.BLOCK_N, g.BLOCK_K]),
+             "x_desc": _desc([g.M_PAD if swap else g.X_ROWS_UNSWAPPED, g.BLOCK_K])}
+    return _compile(g._linear_small_kernel, const, types, ("N", "K", "stride_cm"), 4, launch_pdl=True)
 
 
 def describe(k) -> tuple[str, str]:

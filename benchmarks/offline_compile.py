@@ -80,7 +80,8 @@ def specialized(sig: dict, aligned: Iterable[str]) -> dict:
 
 def compile_sm90(fn, const: dict, types: dict, options: dict, *, default_type: Callable[[str], str] = bf16_pointers,
                  aligned: Iterable[str] | None = None):
-    """`fn` compiled for sm_90 with these constexprs, argument types and compile options (num_warps, num_stages,
+    """`fn` (a Triton or a Gluon kernel) compiled for sm_90 with these constexprs, argument types and compile options
+    (num_warps, num_stages,
     enable_fp_fusion, launch_pdl, ...). `aligned`: None compiles it unspecialized (all pointers and integers
     arbitrary: fine for comparing two versions compiled alike); else the integers a launch finds divisible by 16,
     pointers aligned (`specialized`)."""
@@ -89,7 +90,10 @@ def compile_sm90(fn, const: dict, types: dict, options: dict, *, default_type: C
 
     c, sig = signature(fn, const, types, default_type)
     attrs = specialized(sig, aligned) if aligned is not None else {}
-    return triton.compile(triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=c, attrs=attrs),
+    source = triton.compiler.ASTSource
+    if getattr(fn, "is_gluon", lambda: False)():  # a Gluon kernel (triton.experimental.gluon.jit): its own front end
+        from triton.experimental.gluon._runtime import GluonASTSource as source
+    return triton.compile(source(fn=fn, signature=sig, constexprs=c, attrs=attrs),
                           target=GPUTarget("cuda", 90, 32), options=options)
 
 
