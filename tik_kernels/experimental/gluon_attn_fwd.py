@@ -90,6 +90,48 @@ def _step(s, keep, m_i, l_i, acc, v_smem, ones_smem, qk_scale, MASKED: gl.conste
 
 
 @gluon.jit
+def _block(s, keep, masked, m_i, l_i, acc, v_smem, ones_smem, qk_scale, P_OP: gl.constexpr, P_OP_L: gl.constexpr,
+           ROW_L: gl.constexpr):
+    """`_step` on one block, its mask applied where `masked` (a block some row must not see all of): the select is
+    compiled into that branch only."""
+    if masked:
+        m_i, l_i, acc = _step(s, keep, m_i, l_i, acc, v_smem, ones_smem, qk_scale, True, P_OP, P_OP_L, ROW_L)
+    else:
+        m_i, l_i, acc = _step(s, keep, m_i, l_i, acc, v_smem, ones_smem, qk_scale, False, P_OP, P_OP_L, ROW_L)
+    return m_i, l_i, acc
+
+
+@gluon.jit
+def _chunk_end(j, CHUNK: gl.constexpr, m_t, l_t, acc_t, m_i, l_i, acc, ROW_L: gl.constexpr):
+    """After block j: at a chunk's last block, its state merged into the running total and the next chunk's state
+    started empty (m = -inf, l = acc = 0)."""
+    if j % CHUNK == CHUNK - 1:
+        m_t, l_t, acc_t = _fold(m_t, l_t, acc_t, m_i, l_i, acc, ROW_L)
+        m_i = gl.full_like(m_i, float("-inf"))
+        l_i = gl.zeros_like(l_i)
+        acc = gl.zeros_like(acc)
+    return m_t, l_t, acc_t, m_i, l_i, acc
+
+
+@gluon.jit
+def _store(o_ptr, lse_ptr, m_t, l_t, acc_t, b, kvh, o_i, L, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
+           stride_ls, G: gl.constexpr, D: gl.constexpr, ROW: gl.constexpr, COL: gl.constexpr):
+    """out = acc / l and lse = m + log2(l) of rows o_i (the root's epilogue), stored where the row's position is in
+    the sequence. From the MMA's layout: converting to a load layout for wider stores cost 20-23 spill stores a block
+    in the walk's loop (sm_90, Triton 3.6), the registers being allocated for the whole kernel at once."""
+    l_row = gl.max(l_t, 1)
+    out = acc_t / gl.expand_dims(gl.convert_layout(l_row, ROW), 1)
+    q_pos = o_i // G
+    h = kvh * G + o_i % G
+    m_row = q_pos < L
+    p_o = (o_ptr + b * stride_ob + gl.expand_dims(h * stride_oh + q_pos * stride_os, 1)
+           + gl.expand_dims(gl.arange(0, D, layout=COL), 0))
+    gl.store(p_o, out.to(gl.bfloat16), mask=gl.expand_dims(m_row, 1))
+    p_l = lse_ptr + b * stride_lb + h * stride_lh + q_pos * stride_ls
+    gl.store(p_l, m_t + gl.log2(gl.convert_layout(l_row, ROW)), mask=m_row)
+
+
+@gluon.jit
 def _attn_fwd_gluon_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
     k_desc, v_desc,  # K and V as rows of positions (the root's `_kv_descriptor`): block (b, kvh, pos) at row
@@ -179,13 +221,11 @@ def _attn_fwd_gluon_kernel(
     o_i = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW)
     q_pos = o_i // G
 
-    # the running total and the current chunk's state (the empty state)
+    # the running total and the current chunk's state, both the empty state
     m_t = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=ROW)
     l_t = gl.zeros([BLOCK_M, L_COLS], gl.float32, layout=MMA_L)
     acc_t = gl.zeros([BLOCK_M, D], gl.float32, layout=MMA)
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=ROW)
-    l_i = gl.zeros([BLOCK_M, L_COLS], gl.float32, layout=MMA_L)
-    acc = gl.zeros([BLOCK_M, D], gl.float32, layout=MMA)
+    m_i, l_i, acc = m_t, l_t, acc_t
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=MMA)
 
     for j in range(0, n_in):
@@ -209,21 +249,14 @@ def _attn_fwd_gluon_kernel(
         k_pos = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=COL)
         keep = gl.expand_dims(k_pos, 0) <= gl.expand_dims(q_pos, 1)
         mbarrier.wait(v_bar, phase)
-        if j >= n_full:
-            m_i, l_i, acc = _step(s, keep, m_i, l_i, acc, v_smem, ones_smem, qk_scale, True, P_OP, P_OP_L, ROW_L)
-        else:
-            m_i, l_i, acc = _step(s, keep, m_i, l_i, acc, v_smem, ones_smem, qk_scale, False, P_OP, P_OP_L, ROW_L)
+        m_i, l_i, acc = _block(s, keep, j >= n_full, m_i, l_i, acc, v_smem, ones_smem, qk_scale, P_OP, P_OP_L, ROW_L)
         # V's buffer is free once every warp has seen its products done: the next block's V loads behind the next QK
         # product and softmax
         if PREFETCH:
             gl.thread_barrier()
         mbarrier.expect(v_bar, v_desc.block_type.nbytes, pred=nxt)
         tma.async_copy_global_to_shared(v_desc, [v_row + (j + 1) * BLOCK_N, v_col], v_bar, v_smem, pred=nxt)
-        if j % CHUNK == CHUNK - 1:
-            m_t, l_t, acc_t = _fold(m_t, l_t, acc_t, m_i, l_i, acc, ROW_L)
-            m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=ROW)
-            l_i = gl.zeros([BLOCK_M, L_COLS], gl.float32, layout=MMA_L)
-            acc = gl.zeros([BLOCK_M, D], gl.float32, layout=MMA)
+        m_t, l_t, acc_t, m_i, l_i, acc = _chunk_end(j, CHUNK, m_t, l_t, acc_t, m_i, l_i, acc, ROW_L)
     # the block crossing the sequence's end (at most one): through pointers, zeros past the end
     for j in range(n_in, n_blocks):
         lk_pos = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=LROW)
@@ -241,28 +274,15 @@ def _attn_fwd_gluon_kernel(
         k_pos = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=COL)
         keep = (gl.expand_dims(k_pos, 0) <= gl.expand_dims(q_pos, 1)) & gl.expand_dims(k_pos < L, 0)
         m_i, l_i, acc = _step(s, keep, m_i, l_i, acc, v_smem, ones_smem, qk_scale, True, P_OP, P_OP_L, ROW_L)
-        if j % CHUNK == CHUNK - 1:
-            m_t, l_t, acc_t = _fold(m_t, l_t, acc_t, m_i, l_i, acc, ROW_L)
-            m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=ROW)
-            l_i = gl.zeros([BLOCK_M, L_COLS], gl.float32, layout=MMA_L)
-            acc = gl.zeros([BLOCK_M, D], gl.float32, layout=MMA)
+        m_t, l_t, acc_t, m_i, l_i, acc = _chunk_end(j, CHUNK, m_t, l_t, acc_t, m_i, l_i, acc, ROW_L)
         gl.thread_barrier()  # every warp's products read the buffers before another block is stored there
     # the last, partial chunk (the empty state if the walk ended on a chunk edge: then the merge is the identity)
     m_t, l_t, acc_t = _fold(m_t, l_t, acc_t, m_i, l_i, acc, ROW_L)
     mbarrier.invalidate(k_bar)
     mbarrier.invalidate(v_bar)
 
-    l_row = gl.max(l_t, 1)
-    out = acc_t / gl.expand_dims(gl.convert_layout(l_row, ROW), 1)
-    # stored from the MMA's layout: converting it to the load layout for wider stores cost 20-23 spill stores a block
-    # in the walk's loop (sm_90, Triton 3.6), the registers being allocated for the whole kernel at once
-    h = kvh * G + o_i % G
-    m_row = q_pos < L
-    p_o = (o_ptr + b * stride_ob + gl.expand_dims(h * stride_oh + q_pos * stride_os, 1)
-           + gl.expand_dims(gl.arange(0, D, layout=COL), 0))
-    gl.store(p_o, out.to(gl.bfloat16), mask=gl.expand_dims(m_row, 1))
-    p_l = lse_ptr + b * stride_lb + h * stride_lh + q_pos * stride_ls
-    gl.store(p_l, m_t + gl.log2(gl.convert_layout(l_row, ROW)), mask=m_row)
+    _store(o_ptr, lse_ptr, m_t, l_t, acc_t, b, kvh, o_i, L, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
+           stride_ls, G, D, ROW, COL)
 
 
 def _descriptor(t: torch.Tensor):

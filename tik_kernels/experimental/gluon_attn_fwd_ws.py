@@ -65,12 +65,10 @@ def _consumer(args, G: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLO
     n_full = (row0 // G + 1) // BLOCK_N  # blocks every row of the tile sees whole (rows past L mask nothing)
     o_i = row0 + gl.arange(0, BLOCK_M, layout=ROW)
     q_pos = o_i // G
-    m_t = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=ROW)
-    l_t = gl.zeros([BLOCK_M, L_COLS], gl.float32, layout=MMA_L)
+    m_t = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=ROW)  # the running total and the chunk's state:
+    l_t = gl.zeros([BLOCK_M, L_COLS], gl.float32, layout=MMA_L)  # both the empty state
     acc_t = gl.zeros([BLOCK_M, D], gl.float32, layout=MMA)
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=ROW)
-    l_i = gl.zeros([BLOCK_M, L_COLS], gl.float32, layout=MMA_L)
-    acc = gl.zeros([BLOCK_M, D], gl.float32, layout=MMA)
+    m_i, l_i, acc = m_t, l_t, acc_t
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=MMA)
     q_tile = q_smem.index(WHICH)
     for j in range(0, n_total):
@@ -86,30 +84,14 @@ def _consumer(args, G: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLO
         k_pos = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=COL)
         keep = (gl.expand_dims(k_pos, 0) <= gl.expand_dims(q_pos, 1)) & gl.expand_dims(k_pos < L, 0)
         mbarrier.wait(v_ready.index(slot), phase)
-        if j >= n_full:
-            m_i, l_i, acc = base._step(s, keep, m_i, l_i, acc, v_smem, ones_smem, qk_scale, True, P_OP, P_OP_L,
-                                       ROW_L)
-        else:
-            m_i, l_i, acc = base._step(s, keep, m_i, l_i, acc, v_smem, ones_smem, qk_scale, False, P_OP, P_OP_L,
-                                       ROW_L)
+        m_i, l_i, acc = base._block(s, keep, j >= n_full, m_i, l_i, acc, v_smem, ones_smem, qk_scale, P_OP, P_OP_L,
+                                    ROW_L)
         gl.thread_barrier()
         mbarrier.arrive(v_empty.index(slot), count=1)
-        if j % CHUNK == CHUNK - 1:
-            m_t, l_t, acc_t = base._fold(m_t, l_t, acc_t, m_i, l_i, acc, ROW_L)
-            m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=ROW)
-            l_i = gl.zeros([BLOCK_M, L_COLS], gl.float32, layout=MMA_L)
-            acc = gl.zeros([BLOCK_M, D], gl.float32, layout=MMA)
+        m_t, l_t, acc_t, m_i, l_i, acc = base._chunk_end(j, CHUNK, m_t, l_t, acc_t, m_i, l_i, acc, ROW_L)
     m_t, l_t, acc_t = base._fold(m_t, l_t, acc_t, m_i, l_i, acc, ROW_L)
-
-    l_row = gl.max(l_t, 1)
-    out = acc_t / gl.expand_dims(gl.convert_layout(l_row, ROW), 1)
-    h = kvh * G + o_i % G
-    m_row = q_pos < L
-    p_o = (o_ptr + b * stride_ob + gl.expand_dims(h * stride_oh + q_pos * stride_os, 1)
-           + gl.expand_dims(gl.arange(0, D, layout=COL), 0))
-    gl.store(p_o, out.to(gl.bfloat16), mask=gl.expand_dims(m_row, 1))
-    p_l = lse_ptr + b * stride_lb + h * stride_lh + q_pos * stride_ls
-    gl.store(p_l, m_t + gl.log2(gl.convert_layout(l_row, ROW)), mask=m_row)
+    base._store(o_ptr, lse_ptr, m_t, l_t, acc_t, b, kvh, o_i, L, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
+                stride_ls, G, D, ROW, COL)
 
 
 @gluon.jit
