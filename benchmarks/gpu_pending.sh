@@ -502,10 +502,12 @@ for p in "$@"; do
                 --prompts 32 --group 8 --max-slots 256 --ppo-epochs 1 --minibatches 4 --modes C B --no-share-prompts ;;
         gluon_fwd)
             # pytest-xdist where installed: each form and shape compiles its own kernel, on the host's cores at once
-            part "pytest_gpu_${CARD}_gluon_fwd" 300 "$py" -m pytest -q -m gpu $xdist tests/kernels/test_gluon_attn_fwd.py
+            part "pytest_gpu_${CARD}_gluon_fwd" 300 "$py" -m pytest -q -m gpu $xdist tests/kernels/test_gluon_attn_fwd.py \
+                -k "not warp_specialized"
             part gluon_fwd 300 "$py" benchmarks/bench_gluon_fwd.py --out "$R" --rounds 9 ;;
         gluon_fwd_ws)
-            part "pytest_gpu_${CARD}_gluon_fwd_ws" 300 "$py" -m pytest -q -m gpu $xdist tests/kernels/test_gluon_attn_fwd_ws.py
+            part "pytest_gpu_${CARD}_gluon_fwd_ws" 300 "$py" -m pytest -q -m gpu $xdist tests/kernels/test_gluon_attn_fwd.py \
+                -k warp_specialized
             part gluon_fwd_ws 300 "$py" benchmarks/bench_gluon_fwd.py --ws --out "$R" --rounds 9 ;;
         gluon_linear)
             # pytest-xdist where installed: each form and shape compiles its own kernel, on the host's cores at once
