@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+import benchmarks.gluon_cells as C  # noqa: E402
 import benchmarks.harness as H  # noqa: E402
 from benchmarks.bench_speed import HK, HQ, PREFILL_BS, prefill_stock  # noqa: E402
 
@@ -81,69 +82,23 @@ def main(argv: list[str] | None = None) -> int:
             return root._fwd(q, k, v, cu, B, S, S, scale, False)
 
         row = {"cell": f"prefill[B={B},S={S}]", "bits": True}
-        o_r, l_r = root_fwd(q, k, v)
-        timed = {}
-        for name, fn in forms.items():
-            try:
-                o_g, l_g = fn(q, k, v)
-            except Exception as e:  # a form that cannot run here is a finding, not the end of the run
-                row["bits"] = False
-                row.setdefault("red", []).append(name)
-                row[f"{name}_error"] = H.one_line(e)
-                continue
-            if not (H.bits_equal(o_g, o_r) and H.bits_equal(l_g, l_r)):
-                row["bits"] = False
-                row.setdefault("red", []).append(name)
-                row[f"{name}_o_differ"] = int((o_g != o_r).sum())
-            timed[name] = fn  # timed even with other bits: how fast the schedule is says whether to fix its bits
-        t = H.compare({"root": root_fwd, **timed, "sdpa_flash": prefill_stock}, (q, k, v), rounds=args.rounds,
-                      flops=2 * B * hq * S * S * d)
-        c = t["contenders"]
-        base = c["sdpa_flash"].get("median_us")
-        for n in ("root", *timed, "sdpa_flash"):
-            row[f"{n}_us"] = c[n].get("median_us")
-            if c[n].get("error"):
-                row[f"{n}_error"] = c[n]["error"]
-        if base:
-            for n in ("root", *timed):
-                row[f"{n}_ratio"] = c[n]["median_us"] / base if c[n].get("median_us") else None
+        want = root_fwd(q, k, v)
+        timed = C.gate(row, forms, (q, k, v), want, lambda got, want: int((got[0] != want[0]).sum()), "o_differ")
+        C.time_cell(row, {"root": root_fwd, **timed, "sdpa_flash": prefill_stock}, (q, k, v), "sdpa_flash",
+                    args.rounds, flops=2 * B * hq * S * S * d)
         rows.append(row)
-        print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
-        del q, k, v
-    ok = [r for r in rows if r.get("root_ratio")]
-    doc = {"env": H.environment(device), "command": H.command_line(), "rows": rows,
-           "root_geomean": H.geomean(r.get("root_ratio") for r in ok),
-           "gluon_geomean": H.geomean(r.get("gluon_ratio") for r in ok),
-           **{f"{n}_geomean": H.geomean(r.get(f"{n}_ratio") for r in ok) for n in forms if n != "gluon"},
-           "bits_all": all(r.get("bits") for r in rows)}
-    args.out.mkdir(parents=True, exist_ok=True)
+        C.show(row)
+        del q, k, v, want
     stem = "gluon_fwd_ws" if args.ws else "gluon_fwd"
-    H.write_json(args.out / f"{stem}_{card}.json", doc)
-    def f(x):
-        return "-" if x is None else f"{x:.3f}" if isinstance(x, float) else str(x)
-
-    lines = [f"# Gluon prefill forward vs the root's and SDPA flash ({doc['env'].get('gpu') or device})", "",
-             f"`{doc['command']}`", "",
-             "Ratios: time / SDPA flash's time in the same interleaved rounds (lower is faster); bits: the Gluon "
+    notes = ["Ratios: time / SDPA flash's time in the same interleaved rounds (lower is faster); bits: the Gluon "
              "forward's o and lse equal to the root's.", "",
              "gluon: 64 rows a program, the next block's K and V loaded behind this block's work; gluon_own_step: "
              "each step loads its own K and V and waits (the root's schedule); gluon_m128: 128 rows (two "
              "warpgroups sharing each K and V block), loads as gluon; gluon_ws (with --ws): a producer warp and two "
-             "consumer warpgroups, a ring of two K and two V blocks.", "",
-             "Geomean over the timed cells: " + ", ".join(f"{n} {f(doc[n + '_geomean'])}" for n in ("root", *forms))
-             + f"; bits everywhere: {doc['bits_all']}", "",
-             "| cell | bits | " + " | ".join(f"{n} µs" for n in ("root", *forms, "sdpa_flash")) + " | "
-             + " | ".join(f"{n} ratio" for n in ("root", *forms)) + " |",
-             "|---|---|" + "---|" * (2 * len(forms) + 3)]
-
-    for r in rows:
-        lines.append(f"| {r['cell']} | {'green' if r['bits'] else 'red: ' + ', '.join(r['red'])} | "
-                     + " | ".join(f(r.get(f"{n}_us")) for n in ("root", *forms, "sdpa_flash")) + " | "
-                     + " | ".join(f(r.get(f"{n}_ratio")) for n in ("root", *forms)) + " |")
-    (args.out / f"{stem}_{card}.md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {args.out}/{stem}_{card}.json, .md", flush=True)
-    return 0 if doc["bits_all"] else 1
-
+             "consumer warpgroups, a ring of two K and two V blocks."]
+    return C.report(args.out, f"{stem}_{card}", device, rows, ("root", *forms), "sdpa_flash",
+                    [r for r in rows if r.get("root_ratio")], "Gluon prefill forward vs the root's and SDPA flash",
+                    notes, "the timed cells")
 
 if __name__ == "__main__":
     sys.exit(main())

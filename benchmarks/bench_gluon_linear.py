@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+import benchmarks.gluon_cells as C  # noqa: E402
 import benchmarks.harness as H  # noqa: E402
 from benchmarks.bench_speed import HIDDEN, LM_HEAD_M, PROJ, VOCAB  # noqa: E402
 
@@ -69,64 +70,22 @@ def main(argv: list[str] | None = None) -> int:
         w = torch.randn(N, K, device=device, dtype=torch.bfloat16, generator=gen) / math.sqrt(K)
         row = {"cell": f"{proj}[M={M},N={N},K={K}]", "M": M, "bits": True}
         want = root.linear(x, w)
-        timed = {}
-        for name, fn in forms.items():
-            if M > MAX_M.get(name, 16):
-                continue
-            try:
-                got = fn(x, w)
-            except Exception as e:  # a form that cannot run here is a finding, not the end of the run
-                row["bits"] = False
-                row.setdefault("red", []).append(name)
-                row[f"{name}_error"] = H.one_line(e)
-                continue
-            if not H.bits_equal(got, want):
-                row["bits"] = False
-                row.setdefault("red", []).append(name)
-                row[f"{name}_differ"] = int((got != want).sum())
-            timed[name] = fn  # timed even with other bits: how fast it is says whether its bits are worth fixing
-        t = H.compare({"root": root.linear, **timed, "cublas": lambda x, w: x @ w.T}, (x, w), rounds=args.rounds,
-                      nbytes=2 * (M * K + N * K + M * N))
-        c = t["contenders"]
-        base = c["cublas"].get("median_us")
-        for n in ("root", *timed, "cublas"):
-            row[f"{n}_us"] = c[n].get("median_us")
+        fit = {name: fn for name, fn in forms.items() if M <= MAX_M.get(name, 16)}
+        timed = C.gate(row, fit, (x, w), want, lambda got, want: int((got != want).sum()), "differ")
+        contenders = {"root": root.linear, **timed, "cublas": lambda x, w: x @ w.T}
+        c = C.time_cell(row, contenders, (x, w), "cublas", args.rounds, nbytes=2 * (M * K + N * K + M * N))
+        for n in contenders:
             row[f"{n}_tbps"] = c[n].get("tbps")
-            if c[n].get("error"):
-                row[f"{n}_error"] = c[n]["error"]
-            if base and n != "cublas" and c[n].get("median_us"):
-                row[f"{n}_ratio"] = c[n]["median_us"] / base
         rows.append(row)
-        print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
-        del x, w
-    names = ("root", *forms)
-    doc = {"env": H.environment(device), "command": H.command_line(), "rows": rows,
-           # the figure: over the M <= 16 cells (M = 64, a decode batch, is only the unswapped form's row)
-           **{f"{n}_geomean": H.geomean(r.get(f"{n}_ratio") for r in rows if r["M"] <= 16) for n in names},
-           "bits_all": all(r["bits"] for r in rows)}
-    args.out.mkdir(parents=True, exist_ok=True)
-    H.write_json(args.out / f"gluon_linear_{card}.json", doc)
-
-    def f(x):
-        return "-" if x is None else f"{x:.3f}" if isinstance(x, float) else str(x)
-
-    lines = [f"# Gluon small-batch linear vs the root's and cuBLAS ({doc['env'].get('gpu') or device})", "",
-             f"`{doc['command']}`", "",
-             "Ratios: time / cuBLAS's time in the same interleaved rounds (lower is faster); bits: the Gluon product "
+        C.show(row)
+        del x, w, want
+    notes = ["Ratios: time / cuBLAS's time in the same interleaved rounds (lower is faster); bits: the Gluon product "
              "equal to the root's. gluon8 / gluon4: computed transposed, rings of 8 / 4 weight tiles a program; "
-             "gluon_noswap: x padded to 64 rows (the root's orientation), a ring of 6.", "",
-             "Geomean over the M <= 16 cells: " + ", ".join(f"{n} {f(doc[n + '_geomean'])}" for n in names)
-             + f"; bits everywhere: {doc['bits_all']}", "",
-             "| cell | bits | " + " | ".join(f"{n} µs" for n in (*names, "cublas")) + " | "
-             + " | ".join(f"{n} ratio" for n in names) + " |", "|---|---|" + "---|" * (2 * len(names) + 1)]
-    for r in rows:
-        bits = "green" if r["bits"] else "red: " + ", ".join(r["red"])
-        lines.append(f"| {r['cell']} | {bits} | " + " | ".join(f(r.get(f"{n}_us")) for n in (*names, "cublas"))
-                     + " | " + " | ".join(f(r.get(f"{n}_ratio")) for n in names) + " |")
-    (args.out / f"gluon_linear_{card}.md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {args.out}/gluon_linear_{card}.json, .md", flush=True)
-    return 0 if doc["bits_all"] else 1
-
+             "gluon_noswap: x padded to 64 rows (the root's orientation), a ring of 6."]
+    # the figure: over the M <= 16 cells (M = 64, a decode batch, is only the unswapped form's row)
+    return C.report(args.out, f"gluon_linear_{card}", device, rows, ("root", *forms), "cublas",
+                    [r for r in rows if r["M"] <= 16], "Gluon small-batch linear vs the root's and cuBLAS", notes,
+                    "the M <= 16 cells")
 
 if __name__ == "__main__":
     sys.exit(main())
