@@ -81,10 +81,9 @@ def specialized(sig: dict, aligned: Iterable[str]) -> dict:
 def compile_sm90(fn, const: dict, types: dict, options: dict, *, default_type: Callable[[str], str] = bf16_pointers,
                  aligned: Iterable[str] | None = None):
     """`fn` (a Triton or a Gluon kernel) compiled for sm_90 with these constexprs, argument types and compile options
-    (num_warps, num_stages,
-    enable_fp_fusion, launch_pdl, ...). `aligned`: None compiles it unspecialized (all pointers and integers
-    arbitrary: fine for comparing two versions compiled alike); else the integers a launch finds divisible by 16,
-    pointers aligned (`specialized`)."""
+    (num_warps, num_stages, enable_fp_fusion, launch_pdl, ...). `aligned`: None compiles it unspecialized (all
+    pointers and integers arbitrary: fine for comparing two versions compiled alike); else the integers a launch finds
+    divisible by 16, pointers aligned (`specialized`)."""
     import triton
     from triton.backends.compiler import GPUTarget
 

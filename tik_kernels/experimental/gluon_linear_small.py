@@ -25,16 +25,16 @@ Hopper GPU and Gluon (Triton 3.6 on the GPU machine); nothing imports this modul
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tik_kernels.ops import linear as root
+from tik_kernels.ops._common import pdl_launch
 
 #: weight rows a program (wgmma's M for one warpgroup), K a step (the root's BLOCK_K), tokens padded to (wgmma's N)
 BLOCK_N = 64
@@ -82,9 +82,8 @@ def _linear_small_kernel(
     for r in gl.static_range(STAGES):
         mbarrier.init(bars.index(r), count=1)
     if PDL:  # the kernel before on the stream complete (its writes seen) before any read; then let the next launch
-        gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
-                                  is_pure=False, pack=1)
+        gdc_wait()
+        gdc_launch_dependents()
 
     n0 = pid_n * BLOCK_N
     k0 = pid_c * KCHUNK
@@ -147,13 +146,6 @@ def _linear_small_kernel(
             gl.atomic_xchg(cnt_ptr + pid_n, 0)
 
 
-@functools.lru_cache(maxsize=8)
-def _counters(device: torch.device, n: int) -> torch.Tensor:
-    """Arrival counters, zero between launches (each launch's last arrivals reset theirs); kept for good, since a
-    captured CUDA graph may use them."""
-    return torch.zeros(n, dtype=torch.int32, device=device)
-
-
 def linear_small(x: torch.Tensor, w: torch.Tensor, stages: int | None = None, pdl: bool = True,
                  swap: bool = True) -> torch.Tensor:
     """x[M, K] @ w[N, K].T -> [M, N] bf16 on a Hopper GPU, the root's tree. swap (M <= 16): out^T = W x^T, the
@@ -172,17 +164,16 @@ def linear_small(x: torch.Tensor, w: torch.Tensor, stages: int | None = None, pd
     n_chunks = triton.cdiv(K, kchunk)
     tiles = triton.cdiv(N, BLOCK_N)
     c = torch.empty((M, N), device=x.device, dtype=torch.bfloat16)
-    ws = torch.empty((n_chunks, M, N) if n_chunks > 1 else (1,), device=x.device, dtype=torch.float32)
-    cnt = _counters(x.device, max(tiles, 1 << (tiles - 1).bit_length()))
+    # the root's workspace and counters: a one-chunk launch touches neither; counters are left zero by every launch
+    ws = torch.empty((n_chunks, M, N), device=x.device, dtype=torch.float32) if n_chunks > 1 else root._dummy(x.device)
+    cnt = root._counters(x.device, tiles)
     w_desc = TensorDescriptor(w, [N, K], [w.stride(0), 1], [BLOCK_N, BLOCK_K],
                               gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], gl.bfloat16))
     x_desc = TensorDescriptor(x, [M, K], [x.stride(0), 1], [x_rows, BLOCK_K],
                               gl.NVMMASharedLayout.get_default_for([x_rows, BLOCK_K], gl.bfloat16))
-    launch = {"PDL": True, "launch_pdl": True} if pdl else {}
     _linear_small_kernel[(tiles, n_chunks)](
         w_desc, x_desc, c, ws, cnt, M, N, K, c.stride(0), c.stride(1), n_chunks,
         KCHUNK=kchunk, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, STAGES=stages or (STAGES if swap else 6), SWAP=swap,
-        num_warps=4,
-        enable_fp_fusion=False, **launch,
+        num_warps=4, enable_fp_fusion=False, **pdl_launch(pdl, x.device),
     )
     return c
