@@ -295,13 +295,9 @@ def _descriptor(t: torch.Tensor):
     return TensorDescriptor(t, list(desc.shape), list(desc.strides), [BLOCK_N, HEAD_DIM], layout), rows
 
 
-def prefill_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
-                    prefetch: bool = True, block_m: int = BLOCK_M):
-    """(o, lse) of causal GQA prefill, q [B, Hq, S, 128], k / v [B, Hk, S, 128], bf16 on a Hopper GPU: the root's
-    forward (`attention._fwd`) computed by this kernel. prefetch=False: every step sends for its own K and V and
-    waits for them (the root's schedule, for an A/B of the loads alone). block_m: rows a program, 64 (one
-    warpgroup, two programs an SM) or 128 (two warpgroups of 64 rows sharing each K and V block, one program an SM:
-    registers). Raises ValueError where it does not apply."""
+def _prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None):
+    """What both Gluon forwards launch with, after their checks: (K's descriptor and row strides, V's, o, lse, G,
+    softmax scale * log2(e)). Raises ValueError where they do not apply."""
     B, hq, S, d = q.shape
     hk = k.shape[1]
     if d != HEAD_DIM or q.dtype != torch.bfloat16 or k.dtype != q.dtype or v.dtype != q.dtype:
@@ -313,19 +309,28 @@ def prefill_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
     kd, vd = _descriptor(k), _descriptor(v)
     if kd is None or vd is None:
         raise ValueError("K or V cannot be read through a TMA descriptor")
-    G = hq // hk
     o = torch.empty_like(q)
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
-    qk_scale = root._scale(scale, d) * root._LOG2E
+    return kd, vd, o, lse, hq // hk, root._scale(scale, d) * root._LOG2E
+
+
+def prefill_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
+                    prefetch: bool = True, block_m: int = BLOCK_M):
+    """(o, lse) of causal GQA prefill, q [B, Hq, S, 128], k / v [B, Hk, S, 128], bf16 on a Hopper GPU: the root's
+    forward (`attention._fwd`) computed by this kernel. prefetch=False: every step sends for its own K and V and
+    waits for them (the root's schedule, for an A/B of the loads alone). block_m: rows a program, 64 (one
+    warpgroup, two programs an SM) or 128 (two warpgroups of 64 rows sharing each K and V block, one program an SM:
+    registers). Raises ValueError where it does not apply."""
     if block_m not in (64, 128):
         raise ValueError(f"block_m must be 64 or 128, got {block_m}")
-    grid = (triton.cdiv(S * G, block_m), B * hk)
-    _attn_fwd_gluon_kernel[grid](
+    kd, vd, o, lse, G, qk_scale = _prepare(q, k, v, scale)
+    B, hk, S = q.shape[0], k.shape[1], q.shape[2]
+    _attn_fwd_gluon_kernel[(triton.cdiv(S * G, block_m), B * hk)](
         q, k, v, o, lse, kd[0], vd[0], *kd[1], *vd[1],
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
         lse.stride(0), lse.stride(1), lse.stride(2), S, hk, qk_scale,
-        G=G, D=d, BLOCK_M=block_m, BLOCK_N=BLOCK_N, CHUNK=CHUNK_BLOCKS, L_COLS=L_COLS, PREFETCH=prefetch,
+        G=G, D=HEAD_DIM, BLOCK_M=block_m, BLOCK_N=BLOCK_N, CHUNK=CHUNK_BLOCKS, L_COLS=L_COLS, PREFETCH=prefetch,
         num_warps=block_m // 16, enable_fp_fusion=False,
     )
     return o, lse

@@ -37,7 +37,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from tik_kernels.experimental import gluon_attn_fwd as base
-from tik_kernels.ops import attention as root
 
 #: registers a thread: each consumer warpgroup, the producer warp (a warpgroup's allocation is 4 warps')
 CONSUMER_REGS = gl.constexpr(240)
@@ -178,24 +177,13 @@ def _attn_fwd_ws_kernel(
 
 def prefill_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None):
     """(o, lse) of causal GQA prefill, as `gluon_attn_fwd.prefill_forward` takes it, by the warp-specialized kernel."""
-    B, hq, S, d = q.shape
-    hk = k.shape[1]
-    if d != base.HEAD_DIM or q.dtype != torch.bfloat16 or k.dtype != q.dtype or v.dtype != q.dtype:
-        raise ValueError(f"the Gluon forward takes bf16 and head dim {base.HEAD_DIM}, got {q.dtype} and {d}")
-    if k.shape != (B, hk, S, d) or v.shape != k.shape or hq % hk:
-        raise ValueError(f"k {tuple(k.shape)} / v {tuple(v.shape)} do not match q {tuple(q.shape)}")
-    kd, vd = base._descriptor(k), base._descriptor(v)
-    if kd is None or vd is None or q.stride(-1) != 1:
-        raise ValueError("K or V cannot be read through a TMA descriptor")
-    G = hq // hk
-    o = torch.empty_like(q)
-    lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
-    grid = (triton.cdiv(triton.cdiv(S * G, base.BLOCK_M), 2), B * hk)
-    _attn_fwd_ws_kernel[grid](
+    kd, vd, o, lse, G, qk_scale = base._prepare(q, k, v, scale)
+    B, hk, S = q.shape[0], k.shape[1], q.shape[2]
+    _attn_fwd_ws_kernel[(triton.cdiv(triton.cdiv(S * G, base.BLOCK_M), 2), B * hk)](
         q, o, lse, kd[0], vd[0], *kd[1], *vd[1],
         q.stride(0), q.stride(1), q.stride(2), o.stride(0), o.stride(1), o.stride(2),
-        lse.stride(0), lse.stride(1), lse.stride(2), S, hk, root._scale(scale, d) * root._LOG2E,
-        G=G, D=d, BLOCK_M=base.BLOCK_M, BLOCK_N=base.BLOCK_N, CHUNK=base.CHUNK_BLOCKS, L_COLS=base.L_COLS,
+        lse.stride(0), lse.stride(1), lse.stride(2), S, hk, qk_scale,
+        G=G, D=base.HEAD_DIM, BLOCK_M=base.BLOCK_M, BLOCK_N=base.BLOCK_N, CHUNK=base.CHUNK_BLOCKS, L_COLS=base.L_COLS,
         num_warps=4, enable_fp_fusion=False,
     )
     return o, lse
