@@ -1,10 +1,11 @@
-"""The Gluon prefill forward (tik_kernels/experimental/gluon_attn_fwd.py) timed against the attention root's forward
-and SDPA flash at bench_speed's prefill cells, each cell behind a bits gate (o and lse equal to the root's).
+"""The Gluon prefill forward (tik_kernels/ops/attention_gluon.py, the root's forward on Hopper) in its forms, timed
+against the root's Triton forward (FWD_GLUON = 0) and SDPA flash at bench_speed's prefill cells, each cell behind a
+bits gate (o and lse equal to the Triton forward's).
 
     PYTHONPATH=. python benchmarks/bench_gluon_fwd.py --out benchmarks/results [--rounds 9]
 
-The root's forward is timed as `attention._fwd` (the kernel and its two allocations, without the autograd wrapper
-`attention_prefill` adds), the Gluon one as `gluon_attn_fwd.prefill_forward`; both against SDPA flash's causal
+The Triton forward is timed as `attention._fwd` with FWD_GLUON = 0 (the kernel and its two allocations, without the
+autograd wrapper `attention_prefill` adds), the Gluon one as `attention_gluon.prefill_forward`; both against SDPA flash's causal
 forward in the same interleaved rounds (benchmarks/harness.py: CUDA-graph replay on rotating input copies, medians).
 Ratios are time / SDPA flash's time. Writes gluon_fwd_<card>.{json,md}. Needs a Hopper GPU; `--smoke` runs the whole
 path on a CPU instead (interpreter, tiny shapes, the root's forward standing in for the Gluon forms and one planted
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.ws:
             forms["gluon_ws"] = forms["gluon"]
     elif torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9:
-        from tik_kernels.experimental import gluon_attn_fwd as g
+        from tik_kernels.ops import attention_gluon as g
 
         device, cells, (hq, hk, d), card = "cuda", PREFILL_BS, (HQ, HK, 128), H.card_tag("cuda")
         forms = {"gluon": g.prefill_forward,
@@ -78,26 +79,30 @@ def main(argv: list[str] | None = None) -> int:
         gen = torch.Generator(device).manual_seed(B * 7919 + S)
         q, k, v = (torch.randn(B, h, S, d, device=device, dtype=torch.bfloat16, generator=gen) for h in (hq, hk, hk))
 
-        def root_fwd(q, k, v, B=B, S=S):
-            return root._fwd(q, k, v, cu, B, S, S, scale, False)
+        def triton_fwd(q, k, v, B=B, S=S):
+            saved, root.CONFIG["FWD_GLUON"] = root.CONFIG["FWD_GLUON"], 0
+            try:
+                return root._fwd(q, k, v, cu, B, S, S, scale, False)
+            finally:
+                root.CONFIG["FWD_GLUON"] = saved
 
         row = {"cell": f"prefill[B={B},S={S}]", "bits": True}
-        want = root_fwd(q, k, v)
+        want = triton_fwd(q, k, v)
         timed = C.gate(row, forms, (q, k, v), want, lambda got, want: int((got[0] != want[0]).sum()), "o_differ")
-        C.time_cell(row, {"root": root_fwd, **timed, "sdpa_flash": prefill_stock}, (q, k, v), "sdpa_flash",
+        C.time_cell(row, {"triton": triton_fwd, **timed, "sdpa_flash": prefill_stock}, (q, k, v), "sdpa_flash",
                     args.rounds, flops=2 * B * hq * S * S * d)
         rows.append(row)
         C.show(row)
         del q, k, v, want
     stem = "gluon_fwd_ws" if args.ws else "gluon_fwd"
     notes = ["Ratios: time / SDPA flash's time in the same interleaved rounds (lower is faster); bits: the Gluon "
-             "forward's o and lse equal to the root's.", "",
-             "gluon: 64 rows a program, the next block's K and V loaded behind this block's work; gluon_own_step: "
-             "each step loads its own K and V and waits (the root's schedule); gluon_m128: 128 rows (two "
+             "forward's o and lse equal to the Triton forward's (FWD_GLUON = 0).", "",
+             "gluon (the root's launch): 64 rows a program, the next block's K and V loaded behind this block's work; "
+             "gluon_own_step: each step loads its own K and V and waits (the Triton kernel's schedule); gluon_m128: 128 rows (two "
              "warpgroups sharing each K and V block), loads as gluon; gluon_ws (with --ws): a producer warp and two "
              "consumer warpgroups, a ring of two K and two V blocks."]
-    return C.report(args.out, f"{stem}_{card}", device, rows, ("root", *forms), "sdpa_flash",
-                    [r for r in rows if r.get("root_ratio")], "Gluon prefill forward vs the root's and SDPA flash",
+    return C.report(args.out, f"{stem}_{card}", device, rows, ("triton", *forms), "sdpa_flash",
+                    [r for r in rows if r.get("triton_ratio")], "Gluon prefill forward vs the Triton one and SDPA flash",
                     notes, "the timed cells")
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
-"""What ptxas makes of the Gluon experiments (tik_kernels/experimental/) for sm_90, without a GPU.
+"""What ptxas makes of the Gluon kernels (the root's forward, tik_kernels/ops/attention_gluon.py, and the experiments
+in tik_kernels/experimental/) for sm_90, without a GPU.
 
     PYTHONPATH=<a pip --target dir of triton==3.6.0>:. python benchmarks/gluon_offline.py
 
-The attention forward for GQA groups 1, 4 and 7, with the next block's loads sent early (PREFETCH) and without:
+The attention forward for GQA groups 1, 4 and 7 (and packed sequences at 4 and 7), with the next block's loads sent early (PREFETCH) and without:
 registers and spill bytes a thread, shared memory (two programs an SM need at most 113 KB each; 128 rows of 8 warps
 take the registers of a whole SM), and the SASS loops with their spill instructions and wgmmas
 (`attn_ir_offline.inner_loops`: the first is the TMA loop every whole block runs, the second the pointer-loaded
@@ -42,26 +43,26 @@ def _compile(fn, const: dict, types: dict, aligned, warps: int, **options):
 
 def _attention(fn, const: dict, warps: int):
     """An attention forward at bench_speed's shapes: strides and lengths divisible by 16."""
-    from tik_kernels.experimental import gluon_attn_fwd as g
+    from tik_kernels.ops import attention_gluon as g
 
     kv = _desc([g.BLOCK_N, g.HEAD_DIM])
-    types = {"lse_ptr": "*fp32", "qk_scale": "fp32", "k_desc": kv, "v_desc": kv}
-    aligned = [n for n in oc.signature(fn, const, types)[1] if n.startswith("stride_") or n == "L"]
+    types = {"lse_ptr": "*fp32", "cu_ptr": "*i32", "qk_scale": "fp32", "k_desc": kv, "v_desc": kv}
+    aligned = [n for n in oc.signature(fn, const, types)[1] if n.startswith("stride_") or n in ("L", "seq_len")]
     return _compile(fn, const, types, aligned, warps)
 
 
-def compile_case(G: int, prefetch: bool, block_m: int = 64):
-    from tik_kernels.experimental import gluon_attn_fwd as g
+def compile_case(G: int, prefetch: bool, block_m: int = 64, varlen: bool = False):
+    from tik_kernels.ops import attention_gluon as g
 
     const = dict(G=G, D=g.HEAD_DIM, BLOCK_M=block_m, BLOCK_N=g.BLOCK_N, CHUNK=g.CHUNK_BLOCKS, L_COLS=g.L_COLS,
-                 PREFETCH=prefetch)
+                 PREFETCH=prefetch, VARLEN=varlen)
     return _attention(g._attn_fwd_gluon_kernel, const, block_m // 16)
 
 
 def compile_ws(G: int):
     """The warp-specialized forward (gluon_attn_fwd_ws.py) at GQA G, launched as it is (168 registers a thread at
     launch: 12 warps' share of the register file, which the partitions then take as 240 / 240 / 24)."""
-    from tik_kernels.experimental import gluon_attn_fwd as g
+    from tik_kernels.ops import attention_gluon as g
     from tik_kernels.experimental import gluon_attn_fwd_ws as ws
 
     const = dict(G=G, D=g.HEAD_DIM, BLOCK_M=g.BLOCK_M, BLOCK_N=g.BLOCK_N, CHUNK=g.CHUNK_BLOCKS, L_COLS=g.L_COLS)
@@ -98,6 +99,9 @@ def main() -> None:
         head, loops = describe(compile_case(G, prefetch, block_m))
         print(f"attention forward, G {G}, {block_m} rows, {'prefetch' if prefetch else 'own step'}: {head}\n"
               f"    innermost loops: {loops}")
+    for G in (4, 7):
+        head, loops = describe(compile_case(G, True, 64, varlen=True))
+        print(f"attention forward, packed (varlen), G {G}, 64 rows, prefetch: {head}\n    innermost loops: {loops}")
     for G in (1, 4):
         head, loops = describe(compile_ws(G))
         print(f"attention forward, warp-specialized, G {G}: {head}\n    innermost loops: {loops}")

@@ -48,8 +48,9 @@
 #                     and saves it again (copy it back with the results). Needs GitPython, gitdb and
 #                     smmap, which the GPU image lacks: carry them as wheels (.whl, see the device notes)
 #   search_pair   #18 search_linear and search_attention at once on one GPU (two processes, their timings taking turns
-#                     through the device lock, the rest overlapping): two calls make both 20-minute searches in the
-#                     device time of one ($R/tuner_<card>_pair_20min_{linear,attention}_run<RUN>.*, one workspace archive)
+#                     through the device lock, the rest overlapping): three calls (480 s of search each, then the
+#                     workspace archived) make both 20-minute searches in the device time of one
+#                     ($R/tuner_<card>_pair_20min_{linear,attention}_run<RUN>.*, one workspace archive)
 #   scaleout_shared
 #                 #18 evaluations an hour with one and two evaluator processes on one GPU (`tik search --workers 2`:
 #                     timings taking turns through the device lock, CPU work overlapping): rmsnorm, EVALS (12)
@@ -198,6 +199,8 @@
 #                     (tik_kernels/experimental/gluon_attn_fwd.py, session 40, compiled only offline so far): its bit
 #                     test against the root's forward, then its time beside the root's and SDPA flash's at
 #                     bench_speed's prefill cells ($R/pytest_gpu_<card>_gluon_fwd.log, $R/gluon_fwd_<card>.{json,md})
+#   gluon_root    #16 the root's forward as the Gluon kernel (FWD_GLUON): its bit tests, the attention GPU suite, then
+#                     bench_speed --only prefill fwdbwd varlen with the Triton forward as a variant (--variant triton=...)
 #   gluon_fwd_ws  #16 the warp-specialized Gluon prefill forward (a producer warp, two consumer warpgroups; session 40,
 #                     compiled only offline): its bit test, then bench_gluon_fwd.py --ws (every form again beside it,
 #                     $R/gluon_fwd_ws_<card>.*); apart from gluon_fwd and last, since a barrier no one arrives at hangs
@@ -295,10 +298,12 @@ for p in "$@"; do
             if [[ ! -d .gpu_ws/linear && ! -d .gpu_ws/attention && -f $ws_saved ]]; then tar xzf "$ws_saved"; fi
             for op in linear attention; do
                 part "${name}_$op" 580 "$py" benchmarks/tuner_search.py --ops "$op" --budget 200 --max-time 1200 \
-                    --wall 530 --timeout 240 --screen 12 --workspace .gpu_ws --out "$R/${name}_${op}_run${RUN:-1}" &
+                    --wall 480 --timeout 240 --screen 12 --workspace .gpu_ws --out "$R/${name}_${op}_run${RUN:-1}" &
             done
             wait
-            tar czf "$ws_saved" .gpu_ws ;;
+            # without the compile caches: on an H100 in session 41 the archive made after two 530 s searches was not
+            # done when the 590 s call ended, so the second call had no IR to go on from (hence --wall 480 too)
+            tar czf "$ws_saved" --exclude='*cache*' .gpu_ws ;;
         tuner_linear)
             part tuner_linear 570 "$py" benchmarks/tuner_search.py --ops linear --budget 10 --max-time 360 \
                 --timeout 150 --screen 16 --out "$R/tuner_${CARD}_linear" --export "$R/incumbents_${CARD}" ;;
@@ -505,6 +510,16 @@ for p in "$@"; do
             part "pytest_gpu_${CARD}_gluon_fwd" 300 "$py" -m pytest -q -m gpu $xdist tests/kernels/test_gluon_attn_fwd.py \
                 -k "not warp_specialized"
             part gluon_fwd 300 "$py" benchmarks/bench_gluon_fwd.py --out "$R" --rounds 9 ;;
+        gluon_root)
+            # the root's forward as the Gluon kernel (FWD_GLUON, session 41): its bit tests (the forms and the root's
+            # entry points, dense, a [B, S, H, D] view and varlen, against the Triton forward), the attention GPU suite
+            # with it, then bench_speed's prefill, forward + backward and varlen cells with the Triton forward beside
+            part "pytest_gpu_${CARD}_gluon_fwd" 200 "$py" -m pytest -q -m gpu $xdist tests/kernels/test_gluon_attn_fwd.py \
+                -k "not warp_specialized"
+            part "pytest_gpu_${CARD}_attention_gluon" 300 "$py" -m pytest -q -m gpu $xdist tests/kernels/test_attention.py \
+                tests/kernels/test_attention_bwd.py tests/kernels/test_attention_ds.py tests/kernels/test_attention_head_dim.py
+            part speed_gluon 260 "$py" benchmarks/bench_speed.py --only prefill --only fwdbwd --only varlen --out "$R" \
+                --rounds 9 --budget-s 220 --variant triton=attention.FWD_GLUON=0 ;;
         gluon_fwd_ws)
             part "pytest_gpu_${CARD}_gluon_fwd_ws" 300 "$py" -m pytest -q -m gpu $xdist tests/kernels/test_gluon_attn_fwd.py \
                 -k warp_specialized
@@ -527,6 +542,6 @@ for p in "$@"; do
             part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_${CARD}
             part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (suite eval_rate eval_rate_prestart3 eval_rate_nosettle eval_rate_OP eval_repeat_OP rvi reply_copy probe_times cheats search_linear search_attention search_pair tuner_linear scaleout scaleout_shared attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs lmhead_bwd lmhead_bwd2 train_variants prefill_chunks decode_regs decode_combine mlp_fused linear_small varlen keys gluon_fwd gluon_fwd_ws gluon_linear shared_prompts)" >&2 ;;
+            echo "unknown part $p (suite eval_rate eval_rate_prestart3 eval_rate_nosettle eval_rate_OP eval_repeat_OP rvi reply_copy probe_times cheats search_linear search_attention search_pair tuner_linear scaleout scaleout_shared attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs lmhead_bwd lmhead_bwd2 train_variants prefill_chunks decode_regs decode_combine mlp_fused linear_small varlen keys gluon_fwd gluon_root gluon_fwd_ws gluon_linear shared_prompts)" >&2 ;;
     esac
 done

@@ -1,10 +1,14 @@
-"""The Gluon prefill forwards (tik_kernels/experimental/gluon_attn_fwd.py and, warp-specialized, gluon_attn_fwd_ws.py)
-against the attention root's forward, bit for bit: o and the log-sum-exp, at lengths that end on a block, inside one,
-and shorter than one, with GQA groups of 1, 4 and 7, an odd number of row tiles (a warp-specialized program's second
-tile past the end), for each form (next blocks loaded early or not, 64 or 128 rows a program, a producer warp and two
-consumer warpgroups). GPU only (Hopper): the interpreter cannot run Gluon. The kernels are experiments; this says
-whether their explicit schedules keep the root's tree. A warp-specialized kernel that waits on a barrier nobody
-arrives at hangs, so `gpu_pending.sh` runs its cases apart (`-k warp_specialized`, and `-k "not warp_specialized"`)."""
+"""The Gluon prefill forwards (tik_kernels/ops/attention_gluon.py, the root's forward on Hopper, and the experiment
+tik_kernels/experimental/gluon_attn_fwd_ws.py) against the attention root's Triton forward (FWD_GLUON = 0), bit for
+bit: o and the log-sum-exp, at lengths that end on a block, inside one, and shorter than one, with GQA groups of 1, 4
+and 7, an odd number of row tiles (a warp-specialized program's second tile past the end), for each form (next blocks
+loaded early or not, 64 or 128 rows a program, a producer warp and two consumer warpgroups); then the root's own entry
+points with FWD_GLUON on and off: dense [B, H, S, D], dense as a transposed [B, S, H, D] view (heads columns apart in
+the TMA descriptors) and packed varlen sequences. GPU only (Hopper): the interpreter cannot run Gluon. A
+warp-specialized kernel that waits on a barrier nobody arrives at hangs, so `gpu_pending.sh` runs its cases apart
+(`-k warp_specialized`, and `-k "not warp_specialized"`)."""
+
+import contextlib
 
 import pytest
 import torch
@@ -22,15 +26,32 @@ CASES = [  # (B, Hq, Hk, S)
 ]
 #: the forms: the module, then prefill_forward's keywords
 FORMS = {
-    "prefetch": ("gluon_attn_fwd", {}),
-    "own_step": ("gluon_attn_fwd", {"prefetch": False}),
-    "prefetch_128_rows": ("gluon_attn_fwd", {"block_m": 128}),
-    "warp_specialized": ("gluon_attn_fwd_ws", {}),
+    "prefetch": ("tik_kernels.ops.attention_gluon", {}),
+    "own_step": ("tik_kernels.ops.attention_gluon", {"prefetch": False}),
+    "prefetch_128_rows": ("tik_kernels.ops.attention_gluon", {"block_m": 128}),
+    "warp_specialized": ("tik_kernels.experimental.gluon_attn_fwd_ws", {}),
 }
 
 
 def _hopper() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+@contextlib.contextmanager
+def _triton(root):
+    """The root's forward as its Triton kernel (FWD_GLUON = 0) inside the block."""
+    saved = root.CONFIG["FWD_GLUON"]
+    root.CONFIG["FWD_GLUON"] = 0
+    try:
+        yield
+    finally:
+        root.CONFIG["FWD_GLUON"] = saved
+
+
+def _same_bits(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16)), (
+        f"{what}: {(got != want).sum().item()} of {got.numel()} differ, "
+        f"max |diff| {(got.float() - want.float()).abs().max().item()}")
 
 
 @pytest.mark.skipif(not _hopper(), reason="needs a Hopper GPU (Gluon's wgmma, TMA and warp specialization)")
@@ -42,12 +63,13 @@ def test_gluon_forward_has_the_roots_bits(B, hq, hk, S, form):
     from tik_kernels.ops import attention as root
 
     module, keywords = FORMS[form]
-    forward = importlib.import_module(f"tik_kernels.experimental.{module}").prefill_forward
+    forward = importlib.import_module(module).prefill_forward
     gen = torch.Generator("cuda").manual_seed(B * 1000003 + hq * 1009 + S)
     q, k, v = (torch.randn(B, h, S, 128, device="cuda", dtype=torch.bfloat16, generator=gen) * 2
                for h in (hq, hk, hk))
     cu = torch.zeros(1, dtype=torch.int32, device="cuda")
-    o_root, lse_root = root._fwd(q, k, v, cu, B, S, S, root._scale(None, 128), False)
+    with _triton(root):
+        o_root, lse_root = root._fwd(q, k, v, cu, B, S, S, root._scale(None, 128), False)
     o, lse = forward(q, k, v, **keywords)
     bad = (o.view(torch.int16) != o_root.view(torch.int16)).any(-1)  # [B, Hq, S]: rows with another bit
     assert not bad.any(), (
@@ -56,3 +78,35 @@ def test_gluon_forward_has_the_roots_bits(B, hq, hk, S, form):
         f"max |diff| {(o.float() - o_root.float()).abs().max().item()}")
     assert torch.equal(lse.view(torch.int32), lse_root.view(torch.int32)), (
         f"lse: {(lse != lse_root).sum().item()} differ")
+
+
+@pytest.mark.skipif(not _hopper(), reason="needs a Hopper GPU (Gluon's wgmma and TMA)")
+@pytest.mark.parametrize("hq,hk", [(32, 8), (28, 4)])
+def test_the_roots_entry_points_launch_gluon_with_the_triton_bits(hq, hk):
+    """attention_prefill (as stored and as a [B, S, H, D] view) and attention_varlen with FWD_GLUON on (the Gluon
+    kernel, which `_gluon_applies` must choose here) against the same calls with it off, and their gradients."""
+    from tik_kernels.ops import attention as root
+
+    assert root._gluon_applies(torch.empty(1, 1, 1, 128, device="cuda", dtype=torch.bfloat16), root.CONFIG)
+    gen = torch.Generator("cuda").manual_seed(hq * 31 + hk)
+    B, S = 2, 700
+    q, k, v = (torch.randn(B, h, S, 128, device="cuda", dtype=torch.bfloat16, generator=gen) for h in (hq, hk, hk))
+    bsh = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v)]  # [B, S, H, D] storage, [B, H, S, D] view
+    lengths = [1, 77, 128, 300, 1000, 513]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
+    T = int(cu[-1])
+    packed = [torch.randn(T, h, 128, device="cuda", dtype=torch.bfloat16, generator=gen) for h in (hq, hk, hk)]
+    do = torch.randn(B, hq, S, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+
+    def run():
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        o = root.attention_prefill(*leaves)
+        o.backward(do)
+        return (o.detach(), *(t.grad for t in leaves), root.attention_prefill(*bsh),
+                root.attention_varlen(*packed, cu))
+
+    got = run()
+    with _triton(root):
+        want = run()
+    for name, g, w in zip(("o", "dq", "dk", "dv", "o of the [B, S, H, D] view", "varlen o"), got, want, strict=True):
+        _same_bits(g, w, name)

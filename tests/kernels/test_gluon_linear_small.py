@@ -41,4 +41,4 @@ def test_gluon_linear_small_has_the_roots_bits(N, K, M):
             f"{'swapped' if swap else 'x padded'}, stages {stages}: {(got != want).sum().item()} of {got.numel()} "
             f"differ, max |diff| {(got.float() - want.float()).abs().max().item()}")
     # twice more: the arrival counters were reset by the launch before
-    assert torch.equal(g.linear_small(x, w).view(torch.int16), want.view(torch.int16))
+    assert torch.equal(g.linear_small(x, w, swap=M <= 16).view(torch.int16), want.view(torch.int16))

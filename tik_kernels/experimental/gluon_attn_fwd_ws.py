@@ -1,25 +1,24 @@
 """The attention root's prefill forward in Gluon, warp-specialized: a producer warp and two consumer warpgroups.
 
-An experiment beside `gluon_attn_fwd.py` (whose docstring says why the root's loads are the thing to move). Here a
-program owns two 64-row tiles of one (sequence, KV head); each tile is a consumer warpgroup with its own online
-softmax state, and one producer warp streams the K and V blocks both tiles walk through a ring of two K and two V
-buffers with the tensor-memory accelerator (`mbarrier`s: ready when a block has landed, empty when both consumers
-have read it). The two warpgroups run independently, so one's softmax overlaps the other's products and the loads
-run ahead of both; the consumers get 240 registers a thread, the producer 24.
+An experiment beside `tik_kernels/ops/attention_gluon.py` (the root's Gluon forward on Hopper; its docstring says why
+the loads are the thing to move). Here a program owns two 64-row tiles of one (sequence, KV head); each tile is a
+consumer warpgroup with its own online softmax state, and one producer warp streams the K and V blocks both tiles walk
+through a ring of two K and two V buffers with the tensor-memory accelerator (`mbarrier`s: ready when a block has
+landed, empty when both consumers have read it). The two warpgroups run independently, so one's softmax overlaps the
+other's products and the loads run ahead of both; the consumers get 240 registers a thread, the producer 24.
 
-The tree and the operations are the root's, as in `gluon_attn_fwd.py` (its `_step`, `_fold`). A tile whose walk is a
-block shorter than its neighbour's walks that block too, fully masked: a fully masked block leaves a chunk's state
-unchanged and the empty state's merge is the identity (the root's docstring), so the bits are the root's.
+The tree and the operations are the root's, as in `tik_kernels/ops/attention_gluon.py` (its `_step`, `_fold`). A tile
+whose walk is a block shorter than its neighbour's walks that block too, fully masked: a fully masked block leaves a
+chunk's state unchanged and the empty state's merge is the identity (the root's docstring), so the bits are the root's.
 
-One difference in what the kernel reads: every block comes through TMA, the one crossing the sequence's end too, so
-rows past the end are the next head's or sequence's (or zeros past the tensor); their scores are masked to -inf and
-their P is exactly 0, which keeps the root's bits for finite values but lets a NaN or Inf stored there through
-(0 x NaN). The root reads that block through pointers with zeros past the end. Fine for dense prefill of real
-activations; not for a cache with poisoned rows.
+One difference in what the kernel reads: every block comes through TMA, the one crossing the sequence's end too, so rows
+past the end are the next head's or sequence's (or zeros past the tensor); their scores are masked to -inf and their P
+is exactly 0, which keeps the root's bits for finite values but lets a NaN or Inf stored there through (0 x NaN). The
+root reads that block through pointers with zeros past the end. Fine for dense prefill of real activations; not for a
+cache with poisoned rows.
 
-Scope as `gluon_attn_fwd.py` (dense prefill, bf16, head dim 128, a Hopper GPU with Gluon). A warp-specialized
-kernel that waits on a barrier no one arrives at hangs: `gpu_pending.sh gluon_fwd_ws` runs its test and timing apart
-from the other forms, last.
+Scope: dense prefill, bf16, head dim 128, a Hopper GPU with Gluon. A warp-specialized kernel that waits on a barrier no
+one arrives at hangs: `gpu_pending.sh gluon_fwd_ws` runs its test and timing apart from the other forms, last.
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from tik_kernels.experimental import gluon_attn_fwd as base
+from tik_kernels.ops import attention_gluon as base
 
 #: registers a thread: each consumer warpgroup, the producer warp (a warpgroup's allocation is 4 warps')
 CONSUMER_REGS = gl.constexpr(240)
@@ -89,8 +88,8 @@ def _consumer(args, G: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLO
         mbarrier.arrive(v_empty.index(slot), count=1)
         m_t, l_t, acc_t, m_i, l_i, acc = base._chunk_end(j, CHUNK, m_t, l_t, acc_t, m_i, l_i, acc, ROW_L)
     m_t, l_t, acc_t = base._fold(m_t, l_t, acc_t, m_i, l_i, acc, ROW_L)
-    base._store(o_ptr, lse_ptr, m_t, l_t, acc_t, b, kvh, o_i, L, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
-                stride_ls, G, D, ROW, COL)
+    base._store(o_ptr, lse_ptr, m_t, l_t, acc_t, b, kvh, o_i, b * 0, L, stride_ob, stride_oh, stride_os, stride_lb,
+                stride_lh, stride_ls, G, D, ROW, COL)
 
 
 @gluon.jit
@@ -176,11 +175,11 @@ def _attn_fwd_ws_kernel(
 
 
 def prefill_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None):
-    """(o, lse) of causal GQA prefill, as `gluon_attn_fwd.prefill_forward` takes it, by the warp-specialized kernel."""
+    """(o, lse) of causal GQA prefill, as `attention_gluon.prefill_forward` takes it, by the warp-specialized kernel."""
     kd, vd, o, lse, G, qk_scale = base._prepare(q, k, v, scale)
     B, hk, S = q.shape[0], k.shape[1], q.shape[2]
     _attn_fwd_ws_kernel[(triton.cdiv(triton.cdiv(S * G, base.BLOCK_M), 2), B * hk)](
-        q, o, lse, kd[0], vd[0], *kd[1], *vd[1],
+        q, o, lse, base._descriptor(k, kd), base._descriptor(v, vd), *kd[1], *vd[1],
         q.stride(0), q.stride(1), q.stride(2), o.stride(0), o.stride(1), o.stride(2),
         lse.stride(0), lse.stride(1), lse.stride(2), S, hk, qk_scale,
         G=G, D=base.HEAD_DIM, BLOCK_M=base.BLOCK_M, BLOCK_N=base.BLOCK_N, CHUNK=base.CHUNK_BLOCKS, L_COLS=base.L_COLS,

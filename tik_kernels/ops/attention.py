@@ -144,6 +144,12 @@ TUNABLES = {
     # 0.971 of SDPA flash against 0.991 with the two loops (1.048 -> 1.012 at B=1 S=1024, 1.185 -> 1.120 at B=16
     # S=1024; 0.890 -> 0.899 at B=1 S=16384), results/speed_h100_prefill_variants_s28.json
     "FWD_ONE_LOOP": (0, 1),
+    # 1: on a Hopper GPU with Triton's Gluon, the bf16 head-dim-128 forward (dense and packed) is the same tree in
+    # Gluon (ops/attention_gluon.py: each step sends for the next block's K and V as soon as this block's products
+    # have read the buffers, which Triton's tl cannot say); the launch choices above then apply to the other
+    # forwards only. Same bits (tests/kernels/test_gluon_attn_fwd.py). On by default: H100, seven prefill cells,
+    # geomean 0.705 of SDPA flash against 0.919 for the Triton kernel in the same run (results/gluon_fwd_h100.md)
+    "FWD_GLUON": (0, 1),
     # decode: rows of a program (the group's query heads, padded to an MMA's minimum)
     "DECODE_BLOCK_M": (16, 32, 64),
     "decode_num_warps": (2, 4, 8),
@@ -238,6 +244,7 @@ CONFIG = {
     "FWD_TMA": 1,
     "FWD_LONGEST_FIRST": 0,
     "FWD_ONE_LOOP": 1,
+    "FWD_GLUON": 1,
     "DECODE_BLOCK_M": 16,
     "decode_num_warps": 8,
     "decode_num_stages": 3,
@@ -1256,6 +1263,29 @@ def _kv_descriptor(t: torch.Tensor, varlen: bool, block_n: int):
     return desc, (rb, rh, ch)
 
 
+@functools.cache
+def _gluon():
+    """ops/attention_gluon.py, or None where this Triton has no Gluon for Hopper (imported on first use: the
+    interpreter never needs it)."""
+    try:
+        from tik_kernels.ops import attention_gluon
+    except ImportError:  # pragma: no cover - a Triton without Gluon
+        return None
+    return attention_gluon
+
+
+def _gluon_applies(q: torch.Tensor, cfg: dict) -> bool:
+    """Whether the forward runs as ops/attention_gluon.py's kernel (FWD_GLUON): bf16, head dim 128 and the GPU tree
+    (128-key blocks, chunks of 4) on a Hopper GPU with Triton's Gluon; K and V must also be readable through TMA
+    (`_fwd` checks that)."""
+    if INTERPRET or not cfg.get("FWD_GLUON", 0) or q.dtype != torch.bfloat16 or q.shape[-1] != 128:
+        return False
+    if not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:
+        return False
+    g = _gluon()
+    return g is not None and (cfg["BLOCK_N"], cfg["CHUNK_BLOCKS"]) == (g.BLOCK_N, g.CHUNK_BLOCKS)
+
+
 def _fwd(q, k, v, cu, n_seq, max_len, seq_len, scale, varlen):
     """Launch the fused forward; q/k/v last dim contiguous. Returns (o, lse)."""
     hq, hk, d = q.shape[-2 if varlen else 1], k.shape[-2 if varlen else 1], q.shape[-1]
@@ -1265,6 +1295,14 @@ def _fwd(q, k, v, cu, n_seq, max_len, seq_len, scale, varlen):
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
     lse_strides = (0, lse.stride(1), lse.stride(0)) if varlen else (lse.stride(0), lse.stride(1), lse.stride(2))
     block_n = cfg["BLOCK_N"]  # the KV block: the launch and the descriptors read the same one
+    if _gluon_applies(q, cfg):
+        kd, vd = _kv_descriptor(k, varlen, block_n), _kv_descriptor(v, varlen, block_n)
+        if kd is not None and vd is not None:
+            strides = (*_row_strides(q, varlen), *_row_strides(k, varlen), *_row_strides(v, varlen),
+                       *_row_strides(o, varlen), *lse_strides)
+            _gluon().launch(q, k, v, o, lse, cu, kd, vd, strides, seq_len, n_seq, max_len, hk, G, scale * _LOG2E,
+                            varlen)
+            return o, lse
     grid = (triton.cdiv(max_len * G, cfg["BLOCK_M"]), n_seq * hk)
     in_memory = bool(cfg.get("FWD_TOTAL_IN_MEMORY", 0))
     scratch = torch.empty(grid[0] * grid[1] * cfg["BLOCK_M"] * d if in_memory else 1, dtype=torch.float32,

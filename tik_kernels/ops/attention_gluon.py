@@ -1,13 +1,20 @@
-"""The attention root's prefill forward written in Gluon (Triton's explicit-layout dialect): an experiment, not a root.
+"""The attention root's prefill forward on a Hopper GPU, written in Gluon (Triton's explicit-layout dialect).
 
-Why. On an H100 the root's prefill takes 0.86-1.06x SDPA flash's time (issue #16 asks 0.85x). Its launch (64 rows,
-4 warps, one stage: two programs an SM) loads a block's K and V at the top of each step and waits for them there, so
-a program's load latency is hidden only by the other program on its SM; two stages would take the shared memory of
-the second program. Triton's `tl` cannot say "start loading block j + 1's K as soon as block j's QK product has read
-the buffer", which keeps one buffer each for K and V (two programs an SM still fit) and hides the load behind the
-softmax and the PV product. Gluon can: here each step waits for its K, issues Q K^T, and once that product is done
-sends the tensor-memory accelerator for the next block's K into the same buffer; then the softmax, then it waits for
-its V, issues P V (and P @ ones, the denominator) and, once done, sends for the next block's V.
+`attention._fwd` launches this kernel instead of `_attn_fwd_kernel` where it applies (CONFIG's FWD_GLUON, bf16, head
+dim 128, a Hopper GPU with Triton's Gluon, K and V readable through TMA: `attention._gluon_applies`), dense and
+packed (varlen) alike. It computes the same tree with the same operations, so it changes which kernel runs, never
+a bit: the contract's root_bits and `tests/kernels/test_gluon_attn_fwd.py` compare its o and lse with the Triton
+kernel's, bit for bit.
+
+Why. On an H100 the Triton forward takes 0.85-1.06x SDPA flash's time (issue #16 asks 0.85x); this one 0.64-0.85x
+(results/gluon_fwd_h100.md). The Triton launch (64 rows, 4 warps, one stage: two programs an SM) loads a block's K
+and V at the top of each step and waits for them there, so a program's load latency is hidden only by the other
+program on its SM; two stages would take the shared memory of the second program. Triton's `tl` cannot say "start
+loading block j + 1's K as soon as block j's QK product has read the buffer", which keeps one buffer each for K and
+V (two programs an SM still fit) and hides the load behind the softmax and the PV product. Gluon can: here each step
+waits for its K, issues Q K^T, and once that product is done sends the tensor-memory accelerator for the next
+block's K into the same buffer; then the softmax, then it waits for its V, issues P V (and P @ ones, the
+denominator) and, once done, sends for the next block's V.
 
 What must hold. The same reduction tree and the same operations as `tik_kernels.ops.attention._attn_fwd_kernel` (its
 docstring), so the same bits: KV blocks of 128 keys, chunks of 4 blocks by absolute position, each chunk's online
@@ -16,12 +23,13 @@ in order with `_merge` / `_merge_sum`'s formula, out = acc / l and lse = m + log
 diagonal blocks inside the sequence are masked as the root's one loop masks them; a block crossing the sequence's end
 is read through pointers with zeros past the end, as the root's second loop reads it (a TMA read there would bring
 the next sequence's rows, and 0 x NaN is NaN). Whether the MMAs give these operands the root's bits is the GPU's to
-say: `tests/kernels/test_gluon_attn_fwd.py` compares o and lse with the root's, bit for bit.
+say, and it said yes on an H100 (results/pytest_gpu_h100_gluon_fwd.log).
 
-Scope: dense prefill (q [B, Hq, S, D], k/v [B, Hk, S, D]), bf16, head dim 128, the root's GPU tree (BLOCK_N 128,
-CHUNK_BLOCKS 4), 64 rows of 4 warps or 128 of 8 (two warpgroups sharing each K and V block). It needs a Hopper GPU
-and Triton's Gluon (3.6 on the GPU machine); the CPU interpreter cannot run Gluon, so nothing imports this module
-unless a GPU test or benchmark asks for it.
+Scope: causal GQA prefill, dense (q [B, Hq, S, D], k/v [B, Hk, S, D]) or packed (q [T, Hq, D] with cu_seqlens),
+bf16, head dim 128, the root's GPU tree (BLOCK_N 128, CHUNK_BLOCKS 4); 64 rows of 4 warps (the root's launch) or,
+for A/B timings, 128 of 8 (two warpgroups sharing each K and V block) and loads without the early send
+(`prefill_forward`). The CPU interpreter cannot run Gluon: only `attention._fwd` on a Hopper GPU, the GPU tests and
+the benchmarks import this module.
 """
 
 from __future__ import annotations
@@ -38,8 +46,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-from tik_kernels.ops import attention as root
 
 #: the root's GPU tree (frozen there) and this kernel's one launch
 BLOCK_N = 128
@@ -114,8 +120,8 @@ def _chunk_end(j, CHUNK: gl.constexpr, m_t, l_t, acc_t, m_i, l_i, acc, ROW_L: gl
 
 
 @gluon.jit
-def _store(o_ptr, lse_ptr, m_t, l_t, acc_t, b, kvh, o_i, L, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
-           stride_ls, G: gl.constexpr, D: gl.constexpr, ROW: gl.constexpr, COL: gl.constexpr):
+def _store(o_ptr, lse_ptr, m_t, l_t, acc_t, b, kvh, o_i, start, L, stride_ob, stride_oh, stride_os, stride_lb,
+           stride_lh, stride_ls, G: gl.constexpr, D: gl.constexpr, ROW: gl.constexpr, COL: gl.constexpr):
     """out = acc / l and lse = m + log2(l) of rows o_i (the root's epilogue), stored where the row's position is in
     the sequence. From the MMA's layout: converting to a load layout for wider stores cost 20-23 spill stores a block
     in the walk's loop (sm_90, Triton 3.6), the registers being allocated for the whole kernel at once."""
@@ -124,16 +130,17 @@ def _store(o_ptr, lse_ptr, m_t, l_t, acc_t, b, kvh, o_i, L, stride_ob, stride_oh
     q_pos = o_i // G
     h = kvh * G + o_i % G
     m_row = q_pos < L
-    p_o = (o_ptr + b * stride_ob + gl.expand_dims(h * stride_oh + q_pos * stride_os, 1)
+    p_o = (o_ptr + b * stride_ob + gl.expand_dims(h * stride_oh + (start + q_pos) * stride_os, 1)
            + gl.expand_dims(gl.arange(0, D, layout=COL), 0))
     gl.store(p_o, out.to(gl.bfloat16), mask=gl.expand_dims(m_row, 1))
-    p_l = lse_ptr + b * stride_lb + h * stride_lh + q_pos * stride_ls
+    p_l = lse_ptr + b * stride_lb + h * stride_lh + (start + q_pos) * stride_ls
     gl.store(p_l, m_t + gl.log2(gl.convert_layout(l_row, ROW)), mask=m_row)
 
 
 @gluon.jit
 def _attn_fwd_gluon_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,  # q, o [B, Hq, S, D] or packed [T, Hq, D]; k, v likewise; lse fp32 [B, Hq, S]
+    cu_ptr,  # int32 [N + 1] sequence starts (VARLEN only)
     k_desc, v_desc,  # K and V as rows of positions (the root's `_kv_descriptor`): block (b, kvh, pos) at row
     k_rb, k_rh, k_ch, v_rb, v_rh, v_ch,  # b*rb + kvh*rh + pos, column kvh*ch
     stride_qb, stride_qh, stride_qs,
@@ -141,7 +148,7 @@ def _attn_fwd_gluon_kernel(
     stride_vb, stride_vh, stride_vs,
     stride_ob, stride_oh, stride_os,
     stride_lb, stride_lh, stride_ls,
-    L,  # the sequence length (dense: every sequence)
+    seq_len,  # S of the dense form (unused when VARLEN)
     n_kv_heads,
     qk_scale,  # softmax scale * log2(e)
     G: gl.constexpr,
@@ -151,6 +158,7 @@ def _attn_fwd_gluon_kernel(
     CHUNK: gl.constexpr,
     L_COLS: gl.constexpr,
     PREFETCH: gl.constexpr = True,  # False: each step sends for its own K and V and waits (the root's one stage)
+    VARLEN: gl.constexpr = False,
 ):
     # every warp owns 16 rows (a warpgroup 64): a row's products never leave its warpgroup (P stays in registers)
     WARPS: gl.constexpr = BLOCK_M // 16
@@ -174,6 +182,14 @@ def _attn_fwd_gluon_kernel(
     pid_bh = gl.program_id(1).to(gl.int64)
     b = pid_bh // n_kv_heads
     kvh = pid_bh % n_kv_heads
+    # the root's `_sequence`: a packed sequence is rows cu[b] ... cu[b + 1] - 1 of batch 0
+    if VARLEN:
+        start = gl.load(cu_ptr + b).to(gl.int64)
+        L = (gl.load(cu_ptr + b + 1) - gl.load(cu_ptr + b)).to(gl.int32)
+        b = b * 0
+    else:
+        start = b * 0
+        L = seq_len
     if pid_m * BLOCK_M >= L * G:
         return
 
@@ -192,8 +208,8 @@ def _attn_fwd_gluon_kernel(
     n_full = (pos_lo + 1) // BLOCK_N
     n_blocks = gl.cdiv(pos_hi, BLOCK_N)
     n_in = gl.minimum(n_blocks, L // BLOCK_N)
-    k_row = (b * k_rb + kvh * k_rh).to(gl.int32)
-    v_row = (b * v_rb + kvh * v_rh).to(gl.int32)
+    k_row = (b * k_rb + kvh * k_rh + start).to(gl.int32)
+    v_row = (b * v_rb + kvh * v_rh + start).to(gl.int32)
     k_col = (kvh * k_ch).to(gl.int32)
     v_col = (kvh * v_ch).to(gl.int32)
     # PREFETCH: the first block's K and V are sent for before Q is read, so the two loads overlap
@@ -208,7 +224,7 @@ def _attn_fwd_gluon_kernel(
     lo_d = gl.arange(0, D, layout=LCOL)
     lq_pos = lo_i // G
     lh = kvh * G + lo_i % G
-    p_q = (q_ptr + b * stride_qb + gl.expand_dims(lh * stride_qh + lq_pos * stride_qs, 1)
+    p_q = (q_ptr + b * stride_qb + gl.expand_dims(lh * stride_qh + (start + lq_pos) * stride_qs, 1)
            + gl.expand_dims(lo_d, 0))
     b_q = gl.load(p_q, mask=gl.expand_dims(lq_pos < L, 1), other=0.0)
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, D], Q_SMEM, b_q)
@@ -261,9 +277,9 @@ def _attn_fwd_gluon_kernel(
     for j in range(n_in, n_blocks):
         lk_pos = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=LROW)
         lm_k = gl.expand_dims(lk_pos < L, 1)
-        p_k = (k_ptr + b * stride_kb + kvh * stride_kh + gl.expand_dims(lk_pos * stride_ks, 1)
+        p_k = (k_ptr + b * stride_kb + kvh * stride_kh + gl.expand_dims((start + lk_pos) * stride_ks, 1)
                + gl.expand_dims(lo_d, 0))
-        p_v = (v_ptr + b * stride_vb + kvh * stride_vh + gl.expand_dims(lk_pos * stride_vs, 1)
+        p_v = (v_ptr + b * stride_vb + kvh * stride_vh + gl.expand_dims((start + lk_pos) * stride_vs, 1)
                + gl.expand_dims(lo_d, 0))
         k_smem.store(gl.load(p_k, mask=lm_k, other=0.0))
         v_smem.store(gl.load(p_v, mask=lm_k, other=0.0))
@@ -281,23 +297,43 @@ def _attn_fwd_gluon_kernel(
     mbarrier.invalidate(k_bar)
     mbarrier.invalidate(v_bar)
 
-    _store(o_ptr, lse_ptr, m_t, l_t, acc_t, b, kvh, o_i, L, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
-           stride_ls, G, D, ROW, COL)
+    _store(o_ptr, lse_ptr, m_t, l_t, acc_t, b, kvh, o_i, start, L, stride_ob, stride_oh, stride_os, stride_lb,
+           stride_lh, stride_ls, G, D, ROW, COL)
 
 
-def _descriptor(t: torch.Tensor):
-    """(Gluon TMA descriptor, (rb, rh, ch)) over K or V as the root's `_kv_descriptor` sees it, or None."""
-    made = root._kv_descriptor(t, False, BLOCK_N)
-    if made is None:
-        return None
-    desc, rows = made
+def _descriptor(t: torch.Tensor, made):
+    """Gluon's TMA descriptor over K or V from the root's (`attention._kv_descriptor`'s (descriptor, rows)): the same
+    matrix of positions, the same [BLOCK_N, 128] block, with the shared layout the kernel's buffers take."""
+    desc = made[0]
     layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], gl.bfloat16)
-    return TensorDescriptor(t, list(desc.shape), list(desc.strides), [BLOCK_N, HEAD_DIM], layout), rows
+    return TensorDescriptor(t, list(desc.shape), list(desc.strides), [BLOCK_N, HEAD_DIM], layout)
+
+
+def launch(q, k, v, o, lse, cu, k_made, v_made, strides, seq_len: int, n_seq: int, max_len: int, hk: int, G: int,
+           qk_scale: float, varlen: bool, prefetch: bool = True, block_m: int = BLOCK_M) -> None:
+    """The forward into o and lse, from the arguments the root's `_fwd` launches its Triton kernel with: K's and V's
+    descriptors as `attention._kv_descriptor` made them ((descriptor, (rb, rh, ch))), the (batch, head, position)
+    strides of q, k, v, o and lse (15 integers, `_row_strides`' order), the dense length (0 when varlen), the
+    sequences and their longest length, the KV heads, the group size and softmax scale * log2(e). prefetch=False:
+    every step sends for its own K and V and waits for them (the Triton kernel's schedule, for an A/B of the loads
+    alone). block_m: rows a program, 64 (one warpgroup, two programs an SM) or 128 (two warpgroups of 64 rows
+    sharing each K and V block, one program an SM: registers)."""
+    if block_m not in (64, 128):
+        raise ValueError(f"block_m must be 64 or 128, got {block_m}")
+    _attn_fwd_gluon_kernel[(triton.cdiv(max_len * G, block_m), n_seq * hk)](
+        q, k, v, o, lse, cu, _descriptor(k, k_made), _descriptor(v, v_made), *k_made[1], *v_made[1], *strides,
+        seq_len, hk, qk_scale,
+        G=G, D=HEAD_DIM, BLOCK_M=block_m, BLOCK_N=BLOCK_N, CHUNK=CHUNK_BLOCKS, L_COLS=L_COLS, PREFETCH=prefetch,
+        VARLEN=varlen, num_warps=block_m // 16, enable_fp_fusion=False,
+    )
 
 
 def _prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None):
-    """What both Gluon forwards launch with, after their checks: (K's descriptor and row strides, V's, o, lse, G,
-    softmax scale * log2(e)). Raises ValueError where they do not apply."""
+    """What a dense launch of a Gluon forward needs, after its checks (the experiments' entry, `prefill_forward`):
+    (K's root descriptor and row strides, V's, o, lse, G, softmax scale * log2(e)). Raises ValueError where it does
+    not apply."""
+    from tik_kernels.ops import attention as root
+
     B, hq, S, d = q.shape
     hk = k.shape[1]
     if d != HEAD_DIM or q.dtype != torch.bfloat16 or k.dtype != q.dtype or v.dtype != q.dtype:
@@ -306,7 +342,7 @@ def _prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | N
         raise ValueError(f"k {tuple(k.shape)} / v {tuple(v.shape)} do not match q {tuple(q.shape)}")
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
         raise ValueError("the Gluon forward takes a unit stride on the head dim")
-    kd, vd = _descriptor(k), _descriptor(v)
+    kd, vd = root._kv_descriptor(k, False, BLOCK_N), root._kv_descriptor(v, False, BLOCK_N)
     if kd is None or vd is None:
         raise ValueError("K or V cannot be read through a TMA descriptor")
     o = torch.empty_like(q)
@@ -316,21 +352,16 @@ def _prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | N
 
 def prefill_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
                     prefetch: bool = True, block_m: int = BLOCK_M):
-    """(o, lse) of causal GQA prefill, q [B, Hq, S, 128], k / v [B, Hk, S, 128], bf16 on a Hopper GPU: the root's
-    forward (`attention._fwd`) computed by this kernel. prefetch=False: every step sends for its own K and V and
-    waits for them (the root's schedule, for an A/B of the loads alone). block_m: rows a program, 64 (one
-    warpgroup, two programs an SM) or 128 (two warpgroups of 64 rows sharing each K and V block, one program an SM:
-    registers). Raises ValueError where it does not apply."""
+    """(o, lse) of dense causal GQA prefill, q [B, Hq, S, 128], k / v [B, Hk, S, 128], bf16 on a Hopper GPU, by this
+    kernel whatever the root's CONFIG says, with `launch`'s prefetch and block_m: the benchmarks' and tests' entry
+    for the forms the root does not launch. Raises ValueError where it does not apply."""
     if block_m not in (64, 128):
         raise ValueError(f"block_m must be 64 or 128, got {block_m}")
     kd, vd, o, lse, G, qk_scale = _prepare(q, k, v, scale)
     B, hk, S = q.shape[0], k.shape[1], q.shape[2]
-    _attn_fwd_gluon_kernel[(triton.cdiv(S * G, block_m), B * hk)](
-        q, k, v, o, lse, kd[0], vd[0], *kd[1], *vd[1],
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
-        lse.stride(0), lse.stride(1), lse.stride(2), S, hk, qk_scale,
-        G=G, D=HEAD_DIM, BLOCK_M=block_m, BLOCK_N=BLOCK_N, CHUNK=CHUNK_BLOCKS, L_COLS=L_COLS, PREFETCH=prefetch,
-        num_warps=block_m // 16, enable_fp_fusion=False,
-    )
+    strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+               v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
+               lse.stride(0), lse.stride(1), lse.stride(2))
+    cu = torch.zeros(1, dtype=torch.int32, device=q.device)
+    launch(q, k, v, o, lse, cu, kd, vd, strides, S, B, S, hk, G, qk_scale, False, prefetch, block_m)
     return o, lse
