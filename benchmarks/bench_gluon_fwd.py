@@ -1,15 +1,15 @@
 """The Gluon prefill forward (tik_kernels/ops/attention_gluon.py, the root's forward on Hopper) in its forms, timed
-against the root's Triton forward (FWD_GLUON = 0) and SDPA flash at bench_speed's prefill cells, each cell behind a
-bits gate (o and lse equal to the Triton forward's).
+against the root's Triton forward (FWD_GLUON = 0) and SDPA flash at bench_speed's prefill cells, each cell behind a bits
+gate (o and lse equal to the Triton forward's).
 
     PYTHONPATH=. python benchmarks/bench_gluon_fwd.py --out benchmarks/results [--rounds 9]
 
 The Triton forward is timed as `attention._fwd` with FWD_GLUON = 0 (the kernel and its two allocations, without the
-autograd wrapper `attention_prefill` adds), the Gluon one as `attention_gluon.prefill_forward`; both against SDPA flash's causal
-forward in the same interleaved rounds (benchmarks/harness.py: CUDA-graph replay on rotating input copies, medians).
-Ratios are time / SDPA flash's time. Writes gluon_fwd_<card>.{json,md}. Needs a Hopper GPU; `--smoke` runs the whole
-path on a CPU instead (interpreter, tiny shapes, the root's forward standing in for the Gluon forms and one planted
-form with other bits), writing gluon_fwd_smoke.{json,md}: it checks the script, not a figure.
+autograd wrapper `attention_prefill` adds), the Gluon one as `attention_gluon.prefill_forward`; both against SDPA
+flash's causal forward in the same interleaved rounds (benchmarks/harness.py: CUDA-graph replay on rotating input
+copies, medians). Ratios are time / SDPA flash's time. Writes gluon_fwd_<card>.{json,md}. Needs a Hopper GPU; `--smoke`
+runs the whole path on a CPU instead (interpreter, tiny shapes, the root's forward standing in for the Gluon forms and
+one planted form with other bits), writing gluon_fwd_smoke.{json,md}: it checks the script, not a figure.
 """
 
 from __future__ import annotations
@@ -97,12 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     stem = "gluon_fwd_ws" if args.ws else "gluon_fwd"
     notes = ["Ratios: time / SDPA flash's time in the same interleaved rounds (lower is faster); bits: the Gluon "
              "forward's o and lse equal to the Triton forward's (FWD_GLUON = 0).", "",
-             "gluon (the root's launch): 64 rows a program, the next block's K and V loaded behind this block's work; "
-             "gluon_own_step: each step loads its own K and V and waits (the Triton kernel's schedule); gluon_m128: 128 rows (two "
-             "warpgroups sharing each K and V block), loads as gluon; gluon_ws (with --ws): a producer warp and two "
-             "consumer warpgroups, a ring of two K and two V blocks."]
+             "gluon (the root's launch): 64 rows a program, the next block's K and V loaded behind this block's "
+             "work; gluon_own_step: each step loads its own K and V and waits (the Triton kernel's schedule); "
+             "gluon_m128: 128 rows (two warpgroups sharing each K and V block), loads as gluon; gluon_ws (with --ws): "
+             "a producer warp and two consumer warpgroups, a ring of two K and two V blocks."]
     return C.report(args.out, f"{stem}_{card}", device, rows, ("triton", *forms), "sdpa_flash",
-                    [r for r in rows if r.get("triton_ratio")], "Gluon prefill forward vs the Triton one and SDPA flash",
+                    [r for r in rows if r.get("triton_ratio")],
+                    "Gluon prefill forward vs the Triton one and SDPA flash",
                     notes, "the timed cells")
 
 if __name__ == "__main__":

@@ -1,15 +1,14 @@
-"""What ptxas makes of the Gluon kernels (the root's forward, tik_kernels/ops/attention_gluon.py, and the experiments
-in tik_kernels/experimental/) for sm_90, without a GPU.
+"""What ptxas makes of the Gluon kernels (the root's forward, tik_kernels/ops/attention_gluon.py, and the experiments in
+tik_kernels/experimental/) for sm_90, without a GPU.
 
     PYTHONPATH=<a pip --target dir of triton==3.6.0>:. python benchmarks/gluon_offline.py
 
-The attention forward for GQA groups 1, 4 and 7 (and packed sequences at 4 and 7), with the next block's loads sent early (PREFETCH) and without:
-registers and spill bytes a thread, shared memory (two programs an SM need at most 113 KB each; 128 rows of 8 warps
-take the registers of a whole SM), and the SASS loops with their spill instructions and wgmmas
-(`attn_ir_offline.inner_loops`: the first is the TMA loop every whole block runs, the second the pointer-loaded
-block crossing the sequence's end). Gluon is compiled by the Triton on the path; the GPU machine runs 3.6, whose
-Gluon these kernels are written for. Then the small-batch linear (gluon_linear_small.py) with rings of 8 and 4
-weight tiles.
+The attention forward for GQA groups 1, 4 and 7 (and packed sequences at 4 and 7), with the next block's loads sent
+early (PREFETCH) and without: registers and spill bytes a thread, shared memory (two programs an SM need at most 113 KB
+each; 128 rows of 8 warps take the registers of a whole SM), and the SASS loops with their spill instructions and wgmmas
+(`attn_ir_offline.inner_loops`: the first is the TMA loop every whole block runs, the second the pointer-loaded block
+crossing the sequence's end). Gluon is compiled by the Triton on the path; the GPU machine runs 3.6, whose Gluon these
+kernels are written for. Then the small-batch linear (gluon_linear_small.py) with rings of 8 and 4 weight tiles.
 """
 
 from __future__ import annotations
@@ -62,8 +61,8 @@ def compile_case(G: int, prefetch: bool, block_m: int = 64, varlen: bool = False
 def compile_ws(G: int):
     """The warp-specialized forward (gluon_attn_fwd_ws.py) at GQA G, launched as it is (168 registers a thread at
     launch: 12 warps' share of the register file, which the partitions then take as 240 / 240 / 24)."""
-    from tik_kernels.ops import attention_gluon as g
     from tik_kernels.experimental import gluon_attn_fwd_ws as ws
+    from tik_kernels.ops import attention_gluon as g
 
     const = dict(G=G, D=g.HEAD_DIM, BLOCK_M=g.BLOCK_M, BLOCK_N=g.BLOCK_N, CHUNK=g.CHUNK_BLOCKS, L_COLS=g.L_COLS)
     return _attention(ws._attn_fwd_ws_kernel, const, 4)
