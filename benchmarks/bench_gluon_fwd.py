@@ -5,8 +5,8 @@ gate (o and lse equal to the Triton forward's).
     PYTHONPATH=. python benchmarks/bench_gluon_fwd.py --out benchmarks/results [--rounds 9]
 
 The Triton forward is timed as `attention._fwd` with FWD_GLUON = 0 (the kernel and its two allocations, without the
-autograd wrapper `attention_prefill` adds), the Gluon one as `attention_gluon.prefill_forward`; both against SDPA
-flash's causal forward in the same interleaved rounds (benchmarks/harness.py: CUDA-graph replay on rotating input
+autograd wrapper `attention_prefill` adds), the Gluon one as `experimental/gluon_attn_fwd.prefill_forward`; both against
+SDPA flash's causal forward in the same interleaved rounds (benchmarks/harness.py: CUDA-graph replay on rotating input
 copies, medians). Ratios are time / SDPA flash's time. Writes gluon_fwd_<card>.{json,md}. Needs a Hopper GPU; `--smoke`
 runs the whole path on a CPU instead (interpreter, tiny shapes, the root's forward standing in for the Gluon forms and
 one planted form with other bits), writing gluon_fwd_smoke.{json,md}: it checks the script, not a figure.
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.ws:
             forms["gluon_ws"] = forms["gluon"]
     elif torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9:
-        from tik_kernels.ops import attention_gluon as g
+        from tik_kernels.experimental import gluon_attn_fwd as g
 
         device, cells, (hq, hk, d), card = "cuda", PREFILL_BS, (HQ, HK, 128), H.card_tag("cuda")
         forms = {"gluon": g.prefill_forward,

@@ -26,9 +26,9 @@ CASES = [  # (B, Hq, Hk, S)
 ]
 #: the forms: the module, then prefill_forward's keywords
 FORMS = {
-    "prefetch": ("tik_kernels.ops.attention_gluon", {}),
-    "own_step": ("tik_kernels.ops.attention_gluon", {"prefetch": False}),
-    "prefetch_128_rows": ("tik_kernels.ops.attention_gluon", {"block_m": 128}),
+    "prefetch": ("tik_kernels.experimental.gluon_attn_fwd", {}),
+    "own_step": ("tik_kernels.experimental.gluon_attn_fwd", {"prefetch": False}),
+    "prefetch_128_rows": ("tik_kernels.experimental.gluon_attn_fwd", {"block_m": 128}),
     "warp_specialized": ("tik_kernels.experimental.gluon_attn_fwd_ws", {}),
 }
 

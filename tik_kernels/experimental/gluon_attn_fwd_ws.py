@@ -35,6 +35,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from tik_kernels.experimental import gluon_attn_fwd as forms
 from tik_kernels.ops import attention_gluon as base
 
 #: registers a thread: each consumer warpgroup, the producer warp (a warpgroup's allocation is 4 warps')
@@ -176,7 +177,7 @@ def _attn_fwd_ws_kernel(
 
 def prefill_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None):
     """(o, lse) of causal GQA prefill, as `attention_gluon.prefill_forward` takes it, by the warp-specialized kernel."""
-    kd, vd, o, lse, G, qk_scale = base._prepare(q, k, v, scale)
+    kd, vd, o, lse, G, qk_scale = forms._prepare(q, k, v, scale)
     B, hk, S = q.shape[0], k.shape[1], q.shape[2]
     _attn_fwd_ws_kernel[(triton.cdiv(triton.cdiv(S * G, base.BLOCK_M), 2), B * hk)](
         q, o, lse, base._descriptor(k, kd), base._descriptor(v, vd), *kd[1], *vd[1],

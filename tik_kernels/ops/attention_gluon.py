@@ -28,8 +28,8 @@ say, and it said yes on an H100 (results/pytest_gpu_h100_gluon_fwd.log).
 Scope: causal GQA prefill, dense (q [B, Hq, S, D], k/v [B, Hk, S, D]) or packed (q [T, Hq, D] with cu_seqlens),
 bf16, head dim 128, the root's GPU tree (BLOCK_N 128, CHUNK_BLOCKS 4); 64 rows of 4 warps (the root's launch) or,
 for A/B timings, 128 of 8 (two warpgroups sharing each K and V block) and loads without the early send
-(`prefill_forward`). The CPU interpreter cannot run Gluon: only `attention._fwd` on a Hopper GPU, the GPU tests and
-the benchmarks import this module.
+(tik_kernels/experimental/gluon_attn_fwd.py). The CPU interpreter cannot run Gluon: only `attention._fwd` on a
+Hopper GPU, the GPU tests and the benchmarks import this module.
 """
 
 from __future__ import annotations
@@ -326,42 +326,3 @@ def launch(q, k, v, o, lse, cu, k_made, v_made, strides, seq_len: int, n_seq: in
         G=G, D=HEAD_DIM, BLOCK_M=block_m, BLOCK_N=BLOCK_N, CHUNK=CHUNK_BLOCKS, L_COLS=L_COLS, PREFETCH=prefetch,
         VARLEN=varlen, num_warps=block_m // 16, enable_fp_fusion=False,
     )
-
-
-def _prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None):
-    """What a dense launch of a Gluon forward needs, after its checks (the experiments' entry, `prefill_forward`):
-    (K's root descriptor and row strides, V's, o, lse, G, softmax scale * log2(e)). Raises ValueError where it does
-    not apply."""
-    from tik_kernels.ops import attention as root
-
-    B, hq, S, d = q.shape
-    hk = k.shape[1]
-    if d != HEAD_DIM or q.dtype != torch.bfloat16 or k.dtype != q.dtype or v.dtype != q.dtype:
-        raise ValueError(f"the Gluon forward takes bf16 and head dim {HEAD_DIM}, got {q.dtype} and {d}")
-    if k.shape != (B, hk, S, d) or v.shape != k.shape or hq % hk:
-        raise ValueError(f"k {tuple(k.shape)} / v {tuple(v.shape)} do not match q {tuple(q.shape)}")
-    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
-        raise ValueError("the Gluon forward takes a unit stride on the head dim")
-    kd, vd = root._kv_descriptor(k, False, BLOCK_N), root._kv_descriptor(v, False, BLOCK_N)
-    if kd is None or vd is None:
-        raise ValueError("K or V cannot be read through a TMA descriptor")
-    o = torch.empty_like(q)
-    lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
-    return kd, vd, o, lse, hq // hk, root._scale(scale, d) * root._LOG2E
-
-
-def prefill_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
-                    prefetch: bool = True, block_m: int = BLOCK_M):
-    """(o, lse) of dense causal GQA prefill, q [B, Hq, S, 128], k / v [B, Hk, S, 128], bf16 on a Hopper GPU, by this
-    kernel whatever the root's CONFIG says, with `launch`'s prefetch and block_m: the benchmarks' and tests' entry
-    for the forms the root does not launch. Raises ValueError where it does not apply."""
-    if block_m not in (64, 128):
-        raise ValueError(f"block_m must be 64 or 128, got {block_m}")
-    kd, vd, o, lse, G, qk_scale = _prepare(q, k, v, scale)
-    B, hk, S = q.shape[0], k.shape[1], q.shape[2]
-    strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-               v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
-               lse.stride(0), lse.stride(1), lse.stride(2))
-    cu = torch.zeros(1, dtype=torch.int32, device=q.device)
-    launch(q, k, v, o, lse, cu, kd, vd, strides, S, B, S, hk, G, qk_scale, False, prefetch, block_m)
-    return o, lse
