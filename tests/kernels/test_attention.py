@@ -624,3 +624,23 @@ def test_fwd_tma_gives_the_pointer_bits_on_gpu(packed, monkeypatch):
         fwd = A.attention_prefill
     assert A._kv_descriptor(k, packed, 128) is not None
     _tma_matches_pointers(lambda: _forward_and_grads(fwd, q, k, v), monkeypatch)
+
+
+def test_the_gluon_forward_is_chosen_only_where_it_applies(monkeypatch):
+    """`_gluon_applies` (ops/attention_gluon.py's kernel instead of the Triton forward): never under the interpreter,
+    never with FWD_GLUON off, packed sequences only with FWD_GLUON_VARLEN too, and only bf16 at head dim 128 on a
+    CUDA tensor (a Hopper GPU's, which the GPU tests check)."""
+    from tik_kernels.ops import attention as root
+
+    q = torch.empty(1, 2, 3, 128, dtype=torch.bfloat16)
+    on = {**root.CONFIG, "FWD_GLUON": 1, "FWD_GLUON_VARLEN": 1}
+    assert not root._gluon_applies(q, on)  # the interpreter (this machine)
+    monkeypatch.setattr(root, "INTERPRET", False)
+    calls = []
+    monkeypatch.setattr(root.torch.cuda, "get_device_capability", lambda d=None: calls.append(d) or (9, 0))
+    for cfg, t, varlen in [({**on, "FWD_GLUON": 0}, q, False), ({**on, "FWD_GLUON_VARLEN": 0}, q, True),
+                           (on, q.half(), False), (on, q[..., :64], False), (on, q, False)]:
+        assert not root._gluon_applies(t, cfg, varlen)
+    assert not calls  # every refusal above came before the device was asked
+    assert root.TUNABLE_WHEN["FWD_GLUON_VARLEN"] == {"FWD_GLUON": (1,)}
+    assert root.CONFIG["FWD_GLUON"] in root.TUNABLES["FWD_GLUON"]

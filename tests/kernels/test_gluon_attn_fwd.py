@@ -38,14 +38,19 @@ def _hopper() -> bool:
 
 
 @contextlib.contextmanager
-def _triton(root):
-    """The root's forward as its Triton kernel (FWD_GLUON = 0) inside the block."""
-    saved = root.CONFIG["FWD_GLUON"]
-    root.CONFIG["FWD_GLUON"] = 0
+def _config(root, **values):
+    """The root's CONFIG with `values` inside the block."""
+    saved = {k: root.CONFIG[k] for k in values}
+    root.CONFIG.update(values)
     try:
         yield
     finally:
-        root.CONFIG["FWD_GLUON"] = saved
+        root.CONFIG.update(saved)
+
+
+def _triton(root):
+    """The root's forward as its Triton kernel (FWD_GLUON = 0) inside the block."""
+    return _config(root, FWD_GLUON=0)
 
 
 def _same_bits(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
@@ -83,11 +88,14 @@ def test_gluon_forward_has_the_roots_bits(B, hq, hk, S, form):
 @pytest.mark.skipif(not _hopper(), reason="needs a Hopper GPU (Gluon's wgmma and TMA)")
 @pytest.mark.parametrize("hq,hk", [(32, 8), (28, 4)])
 def test_the_roots_entry_points_launch_gluon_with_the_triton_bits(hq, hk):
-    """attention_prefill (as stored and as a [B, S, H, D] view) and attention_varlen with FWD_GLUON on (the Gluon
-    kernel, which `_gluon_applies` must choose here) against the same calls with it off, and their gradients."""
+    """attention_prefill (as stored and as a [B, S, H, D] view) and attention_varlen with FWD_GLUON and
+    FWD_GLUON_VARLEN on (the Gluon kernel, which `_gluon_applies` must choose here) against the same calls with them
+    off, and their gradients."""
     from tik_kernels.ops import attention as root
 
-    assert root._gluon_applies(torch.empty(1, 1, 1, 128, device="cuda", dtype=torch.bfloat16), root.CONFIG)
+    on = {"FWD_GLUON": 1, "FWD_GLUON_VARLEN": 1}
+    with _config(root, **on):
+        assert root._gluon_applies(torch.empty(1, 1, 1, 128, device="cuda", dtype=torch.bfloat16), root.CONFIG, True)
     gen = torch.Generator("cuda").manual_seed(hq * 31 + hk)
     B, S = 2, 700
     q, k, v = (torch.randn(B, h, S, 128, device="cuda", dtype=torch.bfloat16, generator=gen) for h in (hq, hk, hk))
@@ -105,7 +113,8 @@ def test_the_roots_entry_points_launch_gluon_with_the_triton_bits(hq, hk):
         return (o.detach(), *(t.grad for t in leaves), root.attention_prefill(*bsh),
                 root.attention_varlen(*packed, cu))
 
-    got = run()
+    with _config(root, **on):
+        got = run()
     with _triton(root):
         want = run()
     for name, g, w in zip(("o", "dq", "dk", "dv", "o of the [B, S, H, D] view", "varlen o"), got, want, strict=True):

@@ -150,6 +150,10 @@ TUNABLES = {
     # forwards only. Same bits (tests/kernels/test_gluon_attn_fwd.py). On by default: H100, seven prefill cells,
     # geomean 0.705 of SDPA flash against 0.919 for the Triton kernel in the same run (results/gluon_fwd_h100.md)
     "FWD_GLUON": (0, 1),
+    # 1: with FWD_GLUON, packed (varlen) sequences too (each sequence's first row added to its rows' addresses, as
+    # `_sequence` does). Off until a GPU has run its bit tests (written in session 41 when none was lent; the
+    # contract's varlen_matches_dense compares it with the dense forward for every candidate that turns it on)
+    "FWD_GLUON_VARLEN": (0, 1),
     # decode: rows of a program (the group's query heads, padded to an MMA's minimum)
     "DECODE_BLOCK_M": (16, 32, 64),
     "decode_num_warps": (2, 4, 8),
@@ -230,6 +234,7 @@ TUNABLE_WHEN = {
     "decode_short_num_warps": {"DECODE_SHORT_KEYS": (256, 512, 1024)},
     "decode_short_num_stages": {"DECODE_SHORT_KEYS": (256, 512, 1024)},
     "decode_short_maxnreg": {"DECODE_SHORT_KEYS": (256, 512, 1024)},
+    "FWD_GLUON_VARLEN": {"FWD_GLUON": (1,)},
 }
 
 CONFIG = {
@@ -245,6 +250,7 @@ CONFIG = {
     "FWD_LONGEST_FIRST": 0,
     "FWD_ONE_LOOP": 1,
     "FWD_GLUON": 1,
+    "FWD_GLUON_VARLEN": 0,
     "DECODE_BLOCK_M": 16,
     "decode_num_warps": 8,
     "decode_num_stages": 3,
@@ -1274,11 +1280,13 @@ def _gluon():
     return attention_gluon
 
 
-def _gluon_applies(q: torch.Tensor, cfg: dict) -> bool:
-    """Whether the forward runs as ops/attention_gluon.py's kernel (FWD_GLUON): bf16, head dim 128 and the GPU tree
-    (128-key blocks, chunks of 4) on a Hopper GPU with Triton's Gluon; K and V must also be readable through TMA
-    (`_fwd` checks that)."""
-    if INTERPRET or not cfg.get("FWD_GLUON", 0) or q.dtype != torch.bfloat16 or q.shape[-1] != 128:
+def _gluon_applies(q: torch.Tensor, cfg: dict, varlen: bool = False) -> bool:
+    """Whether the forward runs as ops/attention_gluon.py's kernel (FWD_GLUON; packed sequences FWD_GLUON_VARLEN too):
+    bf16, head dim 128 and the GPU tree (128-key blocks, chunks of 4) on a Hopper GPU with Triton's Gluon; K and V
+    must also be readable through TMA (`_fwd` checks that)."""
+    if INTERPRET or not cfg.get("FWD_GLUON", 0) or (varlen and not cfg.get("FWD_GLUON_VARLEN", 0)):
+        return False
+    if q.dtype != torch.bfloat16 or q.shape[-1] != 128:
         return False
     if not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:
         return False
@@ -1295,7 +1303,7 @@ def _fwd(q, k, v, cu, n_seq, max_len, seq_len, scale, varlen):
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
     lse_strides = (0, lse.stride(1), lse.stride(0)) if varlen else (lse.stride(0), lse.stride(1), lse.stride(2))
     block_n = cfg["BLOCK_N"]  # the KV block: the launch and the descriptors read the same one
-    if _gluon_applies(q, cfg):
+    if _gluon_applies(q, cfg, varlen):
         kd, vd = _kv_descriptor(k, varlen, block_n), _kv_descriptor(v, varlen, block_n)
         if kd is not None and vd is not None:
             strides = (*_row_strides(q, varlen), *_row_strides(k, varlen), *_row_strides(v, varlen),
