@@ -4,15 +4,12 @@ import types
 
 import pytest
 import torch
+from plant import failed
 
 import tik_kernels.ops.embedding as root
 from tik_kernels.contract import run_plan
 from tik_kernels.contracts import get_contract
 from tik_kernels.contracts.embedding import CPU_SIZES, configs, make_plan
-
-
-def _failed(results) -> dict[str, str]:
-    return {r.name: r.detail for r in results if not r.passed}
 
 
 def _module(fn) -> types.ModuleType:
@@ -23,7 +20,7 @@ def _module(fn) -> types.ModuleType:
 
 def test_cpu_plan_passes_on_root():
     results = run_plan(get_contract("embedding").plan("cpu", seed=0), root)
-    assert results and not _failed(results), _failed(results)
+    assert results and not failed(results), failed(results)
     assert {r.requirement for r in results} == {"batch_invariance", "determinism", "inputs_unchanged", "accuracy",
                                                 "gradient",
                                                 "grad_mode_invariance"}
@@ -117,10 +114,10 @@ class _NondeterministicGrad(root.EmbeddingFunction):
 )
 def test_planted_bug_is_caught(bug, requirement, check):
     results = run_plan(make_plan(configs("cpu")[:1], CPU_SIZES, seed=13), _module(bug))
-    failed = {r.name.rsplit("/", 1)[-1].split("[")[0]: r.requirement for r in results if not r.passed}
-    assert failed.get(check) == requirement, _failed(results)
+    missed = {r.name.rsplit("/", 1)[-1].split("[")[0]: r.requirement for r in results if not r.passed}
+    assert missed.get(check) == requirement, failed(results)
     if requirement in ("accuracy", "gradient"):
-        assert "batch_invariance" not in failed.values(), _failed(results)
+        assert "batch_invariance" not in missed.values(), failed(results)
 
 
 @pytest.mark.gpu
@@ -128,4 +125,4 @@ def test_gpu_plan_passes_on_cuda():
     results = run_plan(get_contract("embedding").plan("gpu", seed=0), root, device="cuda")
     for r in results:
         print(f"{'PASS' if r.passed else 'FAIL'} {r.name}: {r.detail}")
-    assert results and not _failed(results), _failed(results)
+    assert results and not failed(results), failed(results)

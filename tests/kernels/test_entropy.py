@@ -5,9 +5,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from plant import failed, failed_requirements, planted
 
 import tik_kernels.ops.entropy as root
-from tik_kernels.contract import load_module, run_plan, tokenwise_plan
+from tik_kernels.contract import run_plan, tokenwise_plan
 from tik_kernels.contracts import get_contract
 from tik_kernels.contracts._lmhead import CPU_SIZES
 from tik_kernels.contracts.entropy import config, configs
@@ -18,25 +19,8 @@ SMALL = {"BLOCK_T": 16, "BLOCK_V": 16, "BLOCK_K": 16, "V_CHUNK": 48,
          "BWD_CHUNK_T": 16, "BWD_BLOCK_M": 16, "BWD_BLOCK_N": 16, "BWD_BLOCK_K": 16}
 
 
-def _failed(results) -> dict[str, str]:
-    return {r.name: r.detail for r in results if not r.passed}
-
-
-def _failed_requirements(results) -> set[str]:
-    return {r.requirement for r in results if not r.passed}
-
-
 def _planted(tmp_path, *edits: tuple[str, str], config: dict | None = None):
-    src = ROOT_SRC
-    for old, new in edits:
-        assert old in src, f"planted edit no longer applies: {old!r}"
-        src = src.replace(old, new, 1)
-    path = tmp_path / "planted_entropy.py"
-    path.write_text(src)
-    mod = load_module(path, "planted_entropy")
-    if config:
-        mod.CONFIG.update(config)
-    return mod
+    return planted(tmp_path, ROOT_SRC, "planted_entropy", *edits, config=config)
 
 
 def _plan(grad: bool = False, sizes=CPU_SIZES, cfg=None):
@@ -48,7 +32,7 @@ def _plan(grad: bool = False, sizes=CPU_SIZES, cfg=None):
 
 def test_cpu_plan_passes_on_root():
     results = run_plan(get_contract("entropy").plan("cpu", seed=0), root)
-    assert results and not _failed(results), _failed(results)
+    assert results and not failed(results), failed(results)
     assert {r.requirement for r in results} == {"batch_invariance", "determinism", "inputs_unchanged", "accuracy",
                                                 "gradient",
                                                 "grad_mode_invariance"}
@@ -58,7 +42,7 @@ def test_small_tiles_many_chunks_and_blocks(tmp_path):
     # 3 V chunks of 48 (the last partial), 2 token blocks, 3 K steps; gradients over 2 token chunks of 16
     mod = _planted(tmp_path, config=SMALL)
     results = run_plan(_plan(grad=True, sizes=(3, 20), cfg=config("H=48,V=100", 48, 100, 0.7)), mod)
-    assert not _failed(results), _failed(results)
+    assert not failed(results), failed(results)
 
 
 @pytest.mark.parametrize("kind", ["uniform", "one_hot"])
@@ -79,18 +63,18 @@ def test_planted_t_dependent_tile_fails_batch_invariance(tmp_path):
     mod = _planted(tmp_path, ('    cfg = CONFIG\n    out = torch.empty((T,)',
                               '    cfg = dict(CONFIG, BLOCK_K=CONFIG["BLOCK_K"] if T < 8 else 32)\n'
                               '    out = torch.empty((T,)'))
-    assert "batch_invariance" in _failed_requirements(run_plan(_plan(), mod))
+    assert "batch_invariance" in failed_requirements(run_plan(_plan(), mod))
 
 
 def test_planted_wrong_temperature_fails_accuracy(tmp_path):
     mod = _planted(tmp_path, ("    return acc / temperature\n", "    return acc * temperature\n"))
-    assert _failed_requirements(run_plan(_plan(), mod)) == {"accuracy"}
+    assert failed_requirements(run_plan(_plan(), mod)) == {"accuracy"}
 
 
 def test_planted_backward_missing_entropy_term_fails_gradient(tmp_path):
     # dH/dz = -p (log p + H): dropping the +H term is a classic slip
     mod = _planted(tmp_path, ("(b_logp + b_ent[:, None])", "b_logp"))
-    assert _failed_requirements(run_plan(_plan(grad=True), mod)) == {"gradient"}
+    assert failed_requirements(run_plan(_plan(grad=True), mod)) == {"gradient"}
 
 
 @pytest.mark.gpu
@@ -98,4 +82,4 @@ def test_gpu_plan_passes_on_cuda():
     results = run_plan(get_contract("entropy").plan("gpu", seed=0), root, device="cuda")
     for r in results:
         print(f"{'PASS' if r.passed else 'FAIL'} {r.name}: {r.detail}")
-    assert results and not _failed(results), _failed(results)
+    assert results and not failed(results), failed(results)

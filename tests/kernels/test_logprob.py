@@ -6,9 +6,10 @@ from pathlib import Path
 import pytest
 import torch
 from launch_spy import spy_launches
+from plant import failed, failed_requirements, planted
 
 import tik_kernels.ops.logprob as root
-from tik_kernels.contract import load_module, run_plan, same_bits, tokenwise_plan
+from tik_kernels.contract import run_plan, same_bits, tokenwise_plan
 from tik_kernels.contracts import get_contract
 from tik_kernels.contracts._lmhead import CPU_SIZES
 from tik_kernels.contracts.logprob import config, configs
@@ -20,26 +21,8 @@ SMALL = {"BLOCK_T": 16, "BLOCK_V": 16, "BLOCK_K": 16, "V_CHUNK": 48,
          "BWD_CHUNK_T": 16, "BWD_BLOCK_M": 16, "BWD_BLOCK_N": 16, "BWD_BLOCK_K": 16}
 
 
-def _failed(results) -> dict[str, str]:
-    return {r.name: r.detail for r in results if not r.passed}
-
-
-def _failed_requirements(results) -> set[str]:
-    return {r.requirement for r in results if not r.passed}
-
-
 def _planted(tmp_path, *edits: tuple[str, str], config: dict | None = None):
-    """The root's source with `old -> new` edits (each must apply), loaded as a fresh module."""
-    src = ROOT_SRC
-    for old, new in edits:
-        assert old in src, f"planted edit no longer applies: {old!r}"
-        src = src.replace(old, new, 1)
-    path = tmp_path / "planted_logprob.py"
-    path.write_text(src)
-    mod = load_module(path, "planted_logprob")
-    if config:
-        mod.CONFIG.update(config)
-    return mod
+    return planted(tmp_path, ROOT_SRC, "planted_logprob", *edits, config=config)
 
 
 def _plan(grad: bool = False, sizes=CPU_SIZES, cfg=None):
@@ -56,7 +39,7 @@ SMALL_SIZES = (1, 5, 20)
 
 def test_cpu_plan_passes_on_root():
     results = run_plan(get_contract("logprob").plan("cpu", seed=0), root)
-    assert results and not _failed(results), _failed(results)
+    assert results and not failed(results), failed(results)
     assert {r.requirement for r in results} == {"batch_invariance", "determinism", "inputs_unchanged", "accuracy",
                                                 "gradient",
                                                 "grad_mode_invariance"}
@@ -66,7 +49,7 @@ def test_small_tiles_many_chunks_and_blocks(tmp_path):
     # 3 V chunks of 48 (the last one partial), 2 token blocks of 16 at T=20, 5 K steps: merge and masking paths
     mod = _planted(tmp_path, config=SMALL)
     results = run_plan(_plan(sizes=SMALL_SIZES, cfg=SMALL_CFG), mod)
-    assert not _failed(results), _failed(results)
+    assert not failed(results), failed(results)
 
 
 def test_leading_dims_and_target_out_of_range():
@@ -212,7 +195,7 @@ def test_planted_t_dependent_chunking_fails_batch_invariance(tmp_path):
     mod = _planted(tmp_path, ('    cfg = CONFIG\n    out = torch.empty((T,)',
                               '    cfg = dict(CONFIG, BLOCK_K=CONFIG["BLOCK_K"] if T < 8 else 32)\n'
                               '    out = torch.empty((T,)'))
-    assert "batch_invariance" in _failed_requirements(run_plan(_plan(), mod))
+    assert "batch_invariance" in failed_requirements(run_plan(_plan(), mod))
 
 
 def test_planted_block_dependent_order_fails_batch_invariance(tmp_path):
@@ -224,28 +207,28 @@ def test_planted_block_dependent_order_fails_batch_invariance(tmp_path):
         "        k0 = ((i + tl.min(o_t) // BLOCK_T) % n_k) * BLOCK_K\n",
     ), config=SMALL)
     results = run_plan(_plan(sizes=SMALL_SIZES, cfg=SMALL_CFG), mod)
-    assert "batch_invariance" in _failed_requirements(results)
-    assert "accuracy" not in _failed_requirements(results)  # the values are right, only their bits move
+    assert "batch_invariance" in failed_requirements(results)
+    assert "accuracy" not in failed_requirements(results)  # the values are right, only their bits move
 
 
 def test_planted_input_mutation_fails_inputs_unchanged(tmp_path):
     # scaling the hidden states by 1/temperature in place instead of passing the temperature on
     mod = _planted(tmp_path, ("    return LogprobFunction.apply(h2, w2, t, float(temperature))",
                               "    h2.div_(temperature)\n    return LogprobFunction.apply(h2, w2, t, 1.0)"))
-    assert "inputs_unchanged" in _failed_requirements(run_plan(_plan(), mod))
+    assert "inputs_unchanged" in failed_requirements(run_plan(_plan(), mod))
 
 
 def test_planted_wrong_temperature_fails_accuracy(tmp_path):
     mod = _planted(tmp_path, ("    return acc / temperature\n", "    return acc * temperature\n"))
-    failed = _failed_requirements(run_plan(_plan(), mod))
-    assert failed == {"accuracy"}, failed
+    missed = failed_requirements(run_plan(_plan(), mod))
+    assert missed == {"accuracy"}, missed
 
 
 def test_planted_backward_without_temperature_fails_gradient(tmp_path):
     mod = _planted(tmp_path, ("b_dz = b_g[:, None] * (b_hit - b_p) / temperature",
                               "b_dz = b_g[:, None] * (b_hit - b_p)"))
-    failed = _failed_requirements(run_plan(_plan(grad=True), mod))
-    assert failed == {"gradient"}, failed
+    missed = failed_requirements(run_plan(_plan(grad=True), mod))
+    assert missed == {"gradient"}, missed
 
 
 @pytest.mark.gpu
@@ -253,7 +236,7 @@ def test_gpu_plan_passes_on_cuda():
     results = run_plan(get_contract("logprob").plan("gpu", seed=0), root, device="cuda")
     for r in results:
         print(f"{'PASS' if r.passed else 'FAIL'} {r.name}: {r.detail}")
-    assert results and not _failed(results), _failed(results)
+    assert results and not failed(results), failed(results)
 
 
 @pytest.mark.gpu

@@ -4,16 +4,13 @@ import types
 
 import pytest
 import torch
+from plant import failed
 
 import tik_kernels.ops.rmsnorm as root
 from tik_kernels.contract import run_plan
 from tik_kernels.contracts import get_contract
 from tik_kernels.contracts.rmsnorm import CPU_SIZES, configs, make_plan
 from tik_kernels.reference.rmsnorm import rmsnorm as rmsnorm_ref
-
-
-def _failed(results) -> dict[str, str]:
-    return {r.name: r.detail for r in results if not r.passed}
 
 
 def _small_plan():
@@ -29,7 +26,7 @@ def _module(fn) -> types.ModuleType:
 
 def test_cpu_plan_passes_on_root():
     results = run_plan(get_contract("rmsnorm").plan("cpu", seed=0), root)
-    assert results and not _failed(results), _failed(results)
+    assert results and not failed(results), failed(results)
     kinds = {r.requirement for r in results}
     assert kinds == {"batch_invariance", "determinism", "inputs_unchanged", "accuracy", "gradient",
                      "grad_mode_invariance"}
@@ -52,7 +49,7 @@ def test_other_tunable_values_keep_the_contract(monkeypatch, tile):
     monkeypatch.setitem(root.CONFIG, "TILE_ELEMS", tile)
     monkeypatch.setitem(root.CONFIG, "BWD_ROWS", 32)
     results = run_plan(make_plan(configs("cpu")[2:], CPU_SIZES, seed=1), root)
-    assert results and not _failed(results), _failed(results)
+    assert results and not failed(results), failed(results)
 
 
 def test_non_contiguous_rows():
@@ -159,11 +156,11 @@ def _bad_weight_grad(x, w, eps=1e-6):
 def test_planted_bug_is_caught(bug, requirement):
     plan = _small_plan()
     results = run_plan(plan, _module(bug))
-    failed = {r.requirement for r in results if not r.passed}
-    assert requirement in failed, _failed(results)
+    missed = {r.requirement for r in results if not r.passed}
+    assert requirement in missed, failed(results)
     if requirement in ("accuracy", "gradient"):
         # numerics bugs that keep every row independent of the batch must not trip invariance
-        assert "batch_invariance" not in failed, _failed(results)
+        assert "batch_invariance" not in missed, failed(results)
 
 
 class _NondeterministicWeightGrad(root.RMSNormFunction):
@@ -195,4 +192,4 @@ def test_gpu_plan_passes_on_cuda():
     results = run_plan(get_contract("rmsnorm").plan("gpu", seed=0), root, device="cuda")
     for r in results:
         print(f"{'PASS' if r.passed else 'FAIL'} {r.name}: {r.detail}")
-    assert results and not _failed(results), _failed(results)
+    assert results and not failed(results), failed(results)

@@ -5,10 +5,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from plant import failed, failed_requirements, planted
 
 import tik_kernels.ops.logprob as logprob_root
 import tik_kernels.ops.sample as root
-from tik_kernels.contract import Plan, load_module, run_plan, tokenwise_plan
+from tik_kernels.contract import Plan, run_plan, tokenwise_plan
 from tik_kernels.contracts import get_contract
 from tik_kernels.contracts._lmhead import CPU_SIZES, hidden_and_weight
 from tik_kernels.contracts.sample import _accuracy_check, _distribution_check, chi2, chi2_quantile, config
@@ -20,25 +21,8 @@ ROOT_SRC = Path(root.__file__).read_text()
 SMALL = {"BLOCK_T": 16, "BLOCK_V": 16, "BLOCK_K": 16, "V_CHUNK": 48}
 
 
-def _failed(results) -> dict[str, str]:
-    return {r.name: r.detail for r in results if not r.passed}
-
-
-def _failed_requirements(results) -> set[str]:
-    return {r.requirement for r in results if not r.passed}
-
-
 def _planted(tmp_path, *edits: tuple[str, str], config: dict | None = None):
-    src = ROOT_SRC
-    for old, new in edits:
-        assert old in src, f"planted edit no longer applies: {old!r}"
-        src = src.replace(old, new, 1)
-    path = tmp_path / "planted_sample.py"
-    path.write_text(src)
-    mod = load_module(path, "planted_sample")
-    if config:
-        mod.CONFIG.update(config)
-    return mod
+    return planted(tmp_path, ROOT_SRC, "planted_sample", *edits, config=config)
 
 
 def _plan(H: int = 64, V: int = 256, tau: float = 0.7, sizes=CPU_SIZES):
@@ -52,7 +36,7 @@ def _plan(H: int = 64, V: int = 256, tau: float = 0.7, sizes=CPU_SIZES):
 
 def test_cpu_plan_passes_on_root():
     results = run_plan(get_contract("sample").plan("cpu", seed=0), root)
-    assert results and not _failed(results), _failed(results)
+    assert results and not failed(results), failed(results)
     assert {r.requirement for r in results} == {"batch_invariance", "determinism", "inputs_unchanged", "accuracy",
                                                 "distribution"}
 
@@ -60,7 +44,7 @@ def test_cpu_plan_passes_on_root():
 def test_small_tiles_many_chunks_and_blocks(tmp_path):
     mod = _planted(tmp_path, config=SMALL)
     results = run_plan(_plan(H=48, V=100, sizes=(3, 20)), mod)
-    assert not _failed(results), _failed(results)
+    assert not failed(results), failed(results)
 
 
 def test_noise_is_the_specified_hash():
@@ -118,14 +102,14 @@ def test_sampler_sees_the_logits_logprob_sees():
 def test_planted_position_keyed_noise_fails_batch_invariance(tmp_path):
     # noise keyed by the token's slot in the batch instead of its seed
     mod = _planted(tmp_path, ("b_seed = tl.load(seed_ptr + o_t, mask=m_t, other=0)", "b_seed = o_t"))
-    failed = _failed_requirements(run_plan(_plan(), mod))
-    assert {"batch_invariance", "accuracy"} <= failed, failed
+    missed = failed_requirements(run_plan(_plan(), mod))
+    assert {"batch_invariance", "accuracy"} <= missed, missed
 
 
 def test_planted_wrong_temperature_fails_accuracy(tmp_path):
     mod = _planted(tmp_path, ("    return acc / temperature\n", "    return acc * temperature\n"))
-    failed = _failed_requirements(run_plan(_plan(), mod))
-    assert failed == {"accuracy"}, failed
+    missed = failed_requirements(run_plan(_plan(), mod))
+    assert missed == {"accuracy"}, missed
 
 
 def test_planted_negated_gumbel_fails_distribution(tmp_path):
@@ -134,14 +118,14 @@ def test_planted_negated_gumbel_fails_distribution(tmp_path):
     plan = Plan()
     gen = torch.Generator().manual_seed(9)
     _distribution_check(plan, "H=64,V=256", 64, 256, 0.7, (1, 1000), gen)
-    assert _failed_requirements(run_plan(plan, mod)) == {"distribution"}  # the root passes it in the cpu plan
+    assert failed_requirements(run_plan(plan, mod)) == {"distribution"}  # the root passes it in the cpu plan
 
 
 def test_planted_seed_mutation_fails_inputs_unchanged(tmp_path):
     # "advancing" the caller's seeds in place after drawing
     call = "sample_fwd(h2.detach(), _rows(w.detach()), float(temperature), s).reshape(lead)"
     mod = _planted(tmp_path, (f"    return {call}", f"    out = {call}\n    seeds.add_(1)\n    return out"))
-    assert "inputs_unchanged" in _failed_requirements(run_plan(_plan(sizes=(1, 12)), mod))
+    assert "inputs_unchanged" in failed_requirements(run_plan(_plan(sizes=(1, 12)), mod))
 
 
 @pytest.mark.gpu
@@ -149,7 +133,7 @@ def test_gpu_plan_passes_on_cuda():
     results = run_plan(get_contract("sample").plan("gpu", seed=0), root, device="cuda")
     for r in results:
         print(f"{'PASS' if r.passed else 'FAIL'} {r.name}: {r.detail}")
-    assert results and not _failed(results), _failed(results)
+    assert results and not failed(results), failed(results)
 
 
 def _tied(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
