@@ -514,12 +514,14 @@ for p in "$@"; do
             # the root's forward as the Gluon kernel (FWD_GLUON, session 41): its bit tests (the forms and the root's
             # entry points, dense, a [B, S, H, D] view and varlen, against the Triton forward), the attention GPU suite
             # with it, then bench_speed's prefill, forward + backward and varlen cells with the Triton forward beside
+            # and the packed Gluon forward (FWD_GLUON_VARLEN, off in the CONFIG until this runs green) as a variant
             part "pytest_gpu_${CARD}_gluon_fwd" 200 "$py" -m pytest -q -m gpu $xdist tests/kernels/test_gluon_attn_fwd.py \
                 -k "not warp_specialized"
             part "pytest_gpu_${CARD}_attention_gluon" 300 "$py" -m pytest -q -m gpu $xdist tests/kernels/test_attention.py \
                 tests/kernels/test_attention_bwd.py tests/kernels/test_attention_ds.py tests/kernels/test_attention_head_dim.py
             part speed_gluon 260 "$py" benchmarks/bench_speed.py --only prefill --only fwdbwd --only varlen --out "$R" \
-                --rounds 9 --budget-s 220 --variant triton=attention.FWD_GLUON=0 ;;
+                --rounds 9 --budget-s 220 --variant triton=attention.FWD_GLUON=0 \
+                --variant gluon_varlen=attention.FWD_GLUON_VARLEN=1 ;;
         gluon_fwd_ws)
             part "pytest_gpu_${CARD}_gluon_fwd_ws" 300 "$py" -m pytest -q -m gpu $xdist tests/kernels/test_gluon_attn_fwd.py \
                 -k warp_specialized
