@@ -50,10 +50,8 @@ def _consumer(args, G: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLO
     (q_smem, k_ring, v_ring, ones_smem, k_ready, v_ready, k_empty, v_empty,
      o_ptr, lse_ptr, stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
      b, kvh, pid, L, qk_scale, n_total) = args
-    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, BLOCK_N, 16])
-    MMA_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                    instr_shape=[16, L_COLS, 16])
+    MMA: gl.constexpr = base.mma_layout(4, BLOCK_N)
+    MMA_L: gl.constexpr = base.mma_layout(4, L_COLS)
     P_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     P_OP_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA_L, k_width=2)
     ROW: gl.constexpr = gl.SliceLayout(1, MMA)

@@ -57,6 +57,13 @@ HEAD_DIM = 128
 L_COLS = 16
 
 
+@gluon.constexpr_function
+def mma_layout(warps, n):
+    """A warpgroup MMA's accumulator over `warps` warps (16 rows each), n columns an instruction: the layout of the
+    scores, P V's accumulator (n = BLOCK_N) and the denominator's P @ ones (n = L_COLS); every Gluon forward's."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, n, 16])
+
+
 @gluon.jit
 def _merge(m_a, m_b):
     """The root's `_merge`: the new max and both rescales."""
@@ -163,10 +170,8 @@ def _attn_fwd_gluon_kernel(
 ):
     # every warp owns 16 rows (a warpgroup 64): a row's products never leave its warpgroup (P stays in registers)
     WARPS: gl.constexpr = BLOCK_M // 16
-    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
-                                                  instr_shape=[16, BLOCK_N, 16])
-    MMA_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
-                                                    instr_shape=[16, L_COLS, 16])
+    MMA: gl.constexpr = mma_layout(WARPS, BLOCK_N)
+    MMA_L: gl.constexpr = mma_layout(WARPS, L_COLS)
     P_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     P_OP_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA_L, k_width=2)
     ROW: gl.constexpr = gl.SliceLayout(1, MMA)
