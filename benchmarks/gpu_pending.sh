@@ -196,18 +196,21 @@
 #                     ($R/rollout_profile_<card>_qwen3-0.6b_shared{,_off}.json), then the RL step without it (the
 #                     keys part's qwen3-0.6b run is the one with it; $R/e2e_minibatch_qwen3-0.6b_noshare/)
 #   gluon_fwd     #16 the prefill forward in Gluon with its next block's K and V loaded behind this block's work
-#                     (tik_kernels/experimental/gluon_attn_fwd.py, session 40, compiled only offline so far): its bit
-#                     test against the root's forward, then its time beside the root's and SDPA flash's at
-#                     bench_speed's prefill cells ($R/pytest_gpu_<card>_gluon_fwd.log, $R/gluon_fwd_<card>.{json,md})
+#                     (tik_kernels/ops/attention_gluon.py, the root's forward on Hopper since session 41; its forms
+#                     through experimental/gluon_attn_fwd.py): its bit test against the Triton forward, then its time
+#                     beside the Triton forward's and SDPA flash's at bench_speed's prefill cells
+#                     ($R/pytest_gpu_<card>_gluon_fwd.log, $R/gluon_fwd_<card>.{json,md}; H100, session 41: 21 passed,
+#                     geomean 0.705 of flash against the Triton forward's 0.919)
 #   gluon_root    #16 the root's forward as the Gluon kernel (FWD_GLUON): its bit tests, the attention GPU suite, then
 #                     bench_speed --only prefill fwdbwd varlen with the Triton forward as a variant (--variant triton=...)
-#   gluon_fwd_ws  #16 the warp-specialized Gluon prefill forward (a producer warp, two consumer warpgroups; session 40,
-#                     compiled only offline): its bit test, then bench_gluon_fwd.py --ws (every form again beside it,
-#                     $R/gluon_fwd_ws_<card>.*); apart from gluon_fwd and last, since a barrier no one arrives at hangs
+#   gluon_fwd_ws  #16 the warp-specialized Gluon prefill forward (a producer warp, two consumer warpgroups; session 40;
+#                     red on an H100 in session 41): its bit test, then bench_gluon_fwd.py --ws (every form again beside
+#                     it, $R/gluon_fwd_ws_<card>.*); apart from gluon_fwd and last, since a barrier no one arrives at hangs
 #   gluon_linear  #16 the M <= 16 linear in Gluon, computed transposed from a ring of TMA-fed weight tiles
-#                     (tik_kernels/experimental/gluon_linear_small.py, session 40, compiled only offline so far):
-#                     its bit test against the root, then its time beside the root's and cuBLAS's at
-#                     bench_speed's M <= 16 cells ($R/pytest_gpu_<card>_gluon_linear.log, $R/gluon_linear_<card>.*)
+#                     (tik_kernels/experimental/gluon_linear_small.py, session 40): its bit test against the root, then
+#                     its time beside the root's and cuBLAS's at bench_speed's M <= 16 cells
+#                     ($R/pytest_gpu_<card>_gluon_linear.log, $R/gluon_linear_<card>.*; H100, session 41: the root's
+#                     bits, geomean 1.034 of cuBLAS against the root's 1.004)
 #   keys          #16 #19 every figure of summary_<card>.json that bench_speed and bench_e2e write, in one call (on an
 #                     H100, session 33: speed 63 s, decode 88 s, the qwen3-1.7b step of 4 timed steps with mode A 192 s,
 #                     qwen3-0.6b 53 s): speed, e2e_decode, then STEPS=4 e2e_minibatch at qwen3-1.7b and qwen3-0.6b
