@@ -45,7 +45,9 @@ BLOCK_M, warps, stages, chunks per program and the split choice change only whic
 program; on an H200 the MMA bits of a row do not depend on the tile's other rows, and the contract's root_bits
 check re-proves it for every candidate. The order programs are launched in (FWD_LONGEST_FIRST, DQ_LONGEST_FIRST:
 the causal walks grow with the row tile, so the last tiles may go first) and whether K and V arrive through TMA
-descriptors or pointers are free too.
+descriptors or pointers are free too, and so is which kernel computes the forward: on a Hopper GPU the Triton
+kernel's tree in Gluon (`ops/attention_gluon.py`, FWD_GLUON), whose loads of the next K and V block start as soon
+as the current block's products have read the buffers.
 
 KV cache: `k_cache[B, Hk, L, D]` with `lens[B]` valid keys per sequence (the current token's k/v already written
 at `lens[b] - 1`); an engine allocates L once and writes position `lens[b]` in place, any strides allowed.
@@ -144,11 +146,11 @@ TUNABLES = {
     # 0.971 of SDPA flash against 0.991 with the two loops (1.048 -> 1.012 at B=1 S=1024, 1.185 -> 1.120 at B=16
     # S=1024; 0.890 -> 0.899 at B=1 S=16384), results/speed_h100_prefill_variants_s28.json
     "FWD_ONE_LOOP": (0, 1),
-    # 1: on a Hopper GPU with Triton's Gluon, the bf16 head-dim-128 forward (dense and packed) is the same tree in
-    # Gluon (ops/attention_gluon.py: each step sends for the next block's K and V as soon as this block's products
-    # have read the buffers, which Triton's tl cannot say); the launch choices above then apply to the other
-    # forwards only. Same bits (tests/kernels/test_gluon_attn_fwd.py). On by default: H100, seven prefill cells,
-    # geomean 0.705 of SDPA flash against 0.919 for the Triton kernel in the same run (results/gluon_fwd_h100.md)
+    # 1: on a Hopper GPU with Triton's Gluon, the bf16 head-dim-128 forward (dense; packed with FWD_GLUON_VARLEN) is the
+    # same tree in Gluon (ops/attention_gluon.py: each step sends for the next block's K and V as soon as this block's
+    # products have read the buffers, which Triton's tl cannot say); the launch choices above then apply to the other
+    # forwards only. Same bits (tests/kernels/test_gluon_attn_fwd.py). On by default: H100, seven prefill cells, geomean
+    # 0.705 of SDPA flash against 0.919 for the Triton kernel in the same run (results/gluon_fwd_h100.md)
     "FWD_GLUON": (0, 1),
     # 1: with FWD_GLUON, packed (varlen) sequences too (each sequence's first row added to its rows' addresses, as
     # `_sequence` does). Off until a GPU has run its bit tests (written in session 41 when none was lent; the
