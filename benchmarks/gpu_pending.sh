@@ -520,7 +520,8 @@ for p in "$@"; do
             # and the packed Gluon forward (FWD_GLUON_VARLEN, off in the CONFIG until this runs green) as a variant
             part "pytest_gpu_${CARD}_gluon_fwd" 200 "$py" -m pytest -q -m gpu $xdist tests/kernels/test_gluon_attn_fwd.py \
                 -k "not warp_specialized"
-            part "pytest_gpu_${CARD}_attention_gluon" 300 "$py" -m pytest -q -m gpu $xdist tests/kernels/test_attention.py \
+            # (the attention suite one process at a time, as attn_tests runs it: 147 s on an H100 in session 28)
+            part "pytest_gpu_${CARD}_attention_gluon" 300 "$py" -m pytest -q -m gpu tests/kernels/test_attention.py \
                 tests/kernels/test_attention_bwd.py tests/kernels/test_attention_ds.py tests/kernels/test_attention_head_dim.py
             part speed_gluon 260 "$py" benchmarks/bench_speed.py --only prefill --only fwdbwd --only varlen --out "$R" \
                 --rounds 9 --budget-s 220 --variant triton=attention.FWD_GLUON=0 \
