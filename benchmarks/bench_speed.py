@@ -136,6 +136,14 @@ def load_impls(specs: list[str]) -> dict:
     return mods
 
 
+def attention_forward(mod, device: str) -> str:
+    """Which kernel the attention implementation's bf16 head-dim-128 dense forward runs on `device` with its CONFIG:
+    "gluon" (the root's Hopper forward, `attention._gluon_applies`) or "triton", so a prefill figure says which."""
+    applies = getattr(mod, "_gluon_applies", None)
+    q = torch.empty(1, 1, 1, 128, dtype=torch.bfloat16, device=device)
+    return "gluon" if applies is not None and applies(q, mod.CONFIG) else "triton"
+
+
 def parse_variant(spec: str) -> tuple[str, dict[str, dict[str, int]]]:
     """NAME=OP.KEY=VALUE[,OP.KEY=VALUE...] -> (NAME, {op: {key: value}}); argparse's type (a bad spec is one line)."""
     return H.parse_config_spec(spec, IMPL_MODULES, "--variant")
@@ -542,7 +550,8 @@ def markdown(doc: dict) -> str:
     e = doc["env"]
     lines = [f"# TIK vs stock kernels on {e['gpu']}", "",
              f"`{doc['command']}`  ", f"torch {e['torch']}, triton {e['triton']}, driver {e['driver']}, "
-             f"commit {e['git_commit']}, {e['date']}", "",
+             f"commit {e['git_commit']}, {e['date']}; the attention forward's kernel: "
+             f"{doc.get('attention_forward', 'triton')}", "",
              "Ratio = TIK time / stock time (medians over interleaved rounds, same run): **lower is better**, "
              "< 1 is faster than stock. Timer: " + doc["timer"] + ". A RED bits gate withholds the cell's ratio "
              "and its section's summary figures." + variants_note(doc.get("variants")), "", "## Summary", "",
@@ -630,7 +639,8 @@ def main(argv: list[str] | None = None) -> int:
            "impl": {op: str(getattr(m, "__file__", m.__name__)) for op, m in mods.items()},
            "timer": "CUDA-graph replay on rotating input copies" if bench.cuda and not args.eager
            else ("CUDA events, eager" if bench.cuda else "CPU wall clock, eager (Triton interpreter): not a speed"),
-           "summary": {}, "sections": {}, "variants": dict(args.variant)}
+           "summary": {}, "sections": {}, "variants": dict(args.variant),
+           "attention_forward": attention_forward(mods["attention"], "cuda" if bench.cuda else "cpu")}
     print(f"bench_speed: {doc['env']['gpu']}, sections {sections}, rounds {args.rounds} -> {args.out / name}.*")
     args.out.mkdir(parents=True, exist_ok=True)
     start, used = time.time(), 0.0

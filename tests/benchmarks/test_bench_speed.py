@@ -39,6 +39,7 @@ def test_smoke_end_to_end(tmp_path):
             assert r["gate_green"] and r["ratio"] > 0, r
             assert r["timing"]["contenders"]["tik"]["fallback"].startswith("eager")
     assert doc["env"]["git_commit"] and doc["command"].startswith("PYTHONPATH=. python benchmarks/bench_speed.py")
+    assert doc["attention_forward"] == "triton"  # the interpreter; on a Hopper GPU the root's forward is "gluon"
     s = json.loads(summary.read_text())
     assert SUMMARY_KEYS <= set(s) and all(s[k] > 0 for k in SUMMARY_KEYS)
     assert s["kept"] == 1 and s["_provenance"]["decode_worst"]["file"].endswith("speed_smoke.json")
