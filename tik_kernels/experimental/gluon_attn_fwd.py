@@ -35,14 +35,10 @@ def prefill_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
                     prefetch: bool = True, block_m: int = g.BLOCK_M):
     """(o, lse) of dense causal GQA prefill, q [B, Hq, S, 128], k / v [B, Hk, S, 128], bf16 on a Hopper GPU, by
     the root's Gluon kernel whatever the root's CONFIG says, with `attention_gluon.launch`'s prefetch and block_m.
-    Raises ValueError where it does not apply."""
-    if block_m not in (64, 128):
-        raise ValueError(f"block_m must be 64 or 128, got {block_m}")
+    Raises ValueError where it does not apply (`launch` checks block_m)."""
     kd, vd, o, lse, G, qk_scale = _prepare(q, k, v, scale)
     B, hk, S = q.shape[0], k.shape[1], q.shape[2]
-    strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-               v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
-               lse.stride(0), lse.stride(1), lse.stride(2))
+    strides = tuple(x for t in (q, k, v, o, lse) for x in root._row_strides(t, False))
     cu = torch.zeros(1, dtype=torch.int32, device=q.device)
     g.launch(q, k, v, o, lse, cu, kd, vd, strides, S, B, S, hk, G, qk_scale, False, prefetch, block_m)
     return o, lse
