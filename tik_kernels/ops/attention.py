@@ -153,8 +153,9 @@ TUNABLES = {
     # 0.705 of SDPA flash against 0.919 for the Triton kernel in the same run (results/gluon_fwd_h100.md)
     "FWD_GLUON": (0, 1),
     # 1: with FWD_GLUON, packed (varlen) sequences too (each sequence's first row added to its rows' addresses, as
-    # `_sequence` does). Off until a GPU has run its bit tests (written in session 41 when none was lent; the
-    # contract's varlen_matches_dense compares it with the dense forward for every candidate that turns it on)
+    # `_sequence` does). On by default: H100, bit tests green (results/pytest_gpu_h100_gluon_fwd_s42.log), bench_speed's
+    # three varlen training cells 0.544-0.718 of flash-attn varlen against 0.605-0.791 for the Triton forward in the
+    # same run (results/speed_h100_gluon_root_s42.md)
     "FWD_GLUON_VARLEN": (0, 1),
     # decode: rows of a program (the group's query heads, padded to an MMA's minimum)
     "DECODE_BLOCK_M": (16, 32, 64),
@@ -252,7 +253,7 @@ CONFIG = {
     "FWD_LONGEST_FIRST": 0,
     "FWD_ONE_LOOP": 1,
     "FWD_GLUON": 1,
-    "FWD_GLUON_VARLEN": 0,
+    "FWD_GLUON_VARLEN": 1,
     "DECODE_BLOCK_M": 16,
     "decode_num_warps": 8,
     "decode_num_stages": 3,

@@ -2,10 +2,9 @@
 
 `attention._fwd` launches this kernel instead of `_attn_fwd_kernel` where it applies (CONFIG's FWD_GLUON, bf16, head dim
 128, a Hopper GPU with Triton's Gluon, K and V readable through TMA: `attention._gluon_applies`): dense prefill, and
-packed (varlen) sequences with FWD_GLUON_VARLEN, off until a GPU has run that form's bit tests (written in session 41,
-when none was lent). It computes the same tree with the same operations, so it changes which kernel runs, never a bit:
-the contract's root_bits and `tests/kernels/test_gluon_attn_fwd.py` compare its o and lse with the Triton kernel's, bit
-for bit.
+packed (varlen) sequences with FWD_GLUON_VARLEN (on since its bit tests ran green on an H100 in session 42). It
+computes the same tree with the same operations, so it changes which kernel runs, never a bit: the contract's root_bits
+and `tests/kernels/test_gluon_attn_fwd.py` compare its o and lse with the Triton kernel's, bit for bit.
 
 Why. On an H100 the Triton forward takes 0.85-1.06x SDPA flash's time (issue #16 asks 0.85x); this one 0.64-0.85x
 (results/gluon_fwd_h100.md). The Triton launch (64 rows, 4 warps, one stage: two programs an SM) loads a block's K
