@@ -88,6 +88,20 @@ CASES = [
      dict(num_warps=8, num_stages=3)),
     ("logprob", "_grad_weight_kernel", dict(ACCUMULATE=True, BLOCK_M=128, BLOCK_N=128, BLOCK_K=32),
      {"dz_ptr": F32, "gw_ptr": F32}, dict(num_warps=8, num_stages=3)),
+    # the sampler and the entropy bonus: the logits tile and the backward's grad kernels they share with logprob
+    ("sample", "_sample_fwd_kernel", dict(GREEDY=False, BLOCK_T=64, BLOCK_V=128, BLOCK_K=64, V_CHUNK=1024),
+     {"seed_ptr": I64, "best_part_ptr": F32, "idx_part_ptr": I64, "temperature": "fp32"},
+     dict(num_warps=8, num_stages=3)),
+    ("entropy", "_entropy_fwd_kernel", dict(BLOCK_T=64, BLOCK_V=128, BLOCK_K=64, V_CHUNK=512),
+     {"m_part_ptr": F32, "s_part_ptr": F32, "a_part_ptr": F32, "temperature": "fp32"},
+     dict(num_warps=8, num_stages=3)),
+    ("entropy", "_entropy_bwd_dz_kernel", dict(BLOCK_T=64, BLOCK_V=128, BLOCK_K=64),
+     {"lse_ptr": F32, "ent_ptr": F32, "g_ptr": F32, "dz_ptr": F32, "temperature": "fp32"},
+     dict(num_warps=8, num_stages=3)),
+    ("entropy", "_grad_hidden_kernel", dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=32), {"dz_ptr": F32},
+     dict(num_warps=8, num_stages=3)),
+    ("entropy", "_grad_weight_kernel", dict(ACCUMULATE=True, BLOCK_M=128, BLOCK_N=128, BLOCK_K=32),
+     {"dz_ptr": F32, "gw_ptr": F32}, dict(num_warps=8, num_stages=3)),
 ]
 
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from plant import failed, failed_requirements, planted
+from plant import failed, failed_requirements, own_copy, planted
 
 import tik_kernels.ops.entropy as root
 from tik_kernels.contract import run_plan, tokenwise_plan
@@ -14,7 +14,8 @@ from tik_kernels.contracts._lmhead import CPU_SIZES
 from tik_kernels.contracts.entropy import config, configs
 from tik_kernels.reference.logprob import entropy as entropy_ref
 
-ROOT_SRC = Path(root.__file__).read_text()
+#: the root with the lm_head pieces it shares (ops/_lmhead.py) as its own copy, so a planted edit can reach them
+ROOT_SRC = own_copy(Path(root.__file__).read_text(), "tik_kernels.ops._lmhead")
 SMALL = {"BLOCK_T": 16, "BLOCK_V": 16, "BLOCK_K": 16, "V_CHUNK": 48,
          "BWD_CHUNK_T": 16, "BWD_BLOCK_M": 16, "BWD_BLOCK_N": 16, "BWD_BLOCK_K": 16}
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from plant import failed, failed_requirements, planted
+from plant import failed, failed_requirements, own_copy, planted
 
 import tik_kernels.ops.logprob as logprob_root
 import tik_kernels.ops.sample as root
@@ -17,7 +17,8 @@ from tik_kernels.reference.logprob import logits as logits_ref
 from tik_kernels.reference.sample import gumbel, noise_bits, uniform
 from tik_kernels.reference.sample import sample as sample_ref
 
-ROOT_SRC = Path(root.__file__).read_text()
+#: the root with the lm_head pieces it shares (ops/_lmhead.py) as its own copy, so a planted edit can reach them
+ROOT_SRC = own_copy(Path(root.__file__).read_text(), "tik_kernels.ops._lmhead")
 SMALL = {"BLOCK_T": 16, "BLOCK_V": 16, "BLOCK_K": 16, "V_CHUNK": 48}
 
 

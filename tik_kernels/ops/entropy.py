@@ -7,16 +7,17 @@ Invariance: a token's result depends only on its own row. The grid is (token blo
 BLOCK_T, BLOCK_V, BLOCK_K and V_CHUNK are fixed by CONFIG (never chosen by T). A program
 computes the logits of its BLOCK_T tokens over one chunk of V_CHUNK entries, one
 [BLOCK_T, BLOCK_V] tile at a time, each tile a K-sequential `tl.dot` over H in BLOCK_K steps
-(no split-K), divided by the temperature in fp32 — the same logits code as `logprob` and
-`sample`. Per token it keeps an online (m = max z, s = Σ e^(z−m), a = Σ e^(z−m)·(z−m)) over the
+(no split-K), divided by the temperature in fp32 — `ops/_lmhead.py`'s `_logits_tile`, the one `logprob` and
+`sample` call. Per token it keeps an online (m = max z, s = Σ e^(z−m), a = Σ e^(z−m)·(z−m)) over the
 tiles in increasing v, rescaled exactly as the max moves; a second kernel merges the chunk
 partials in increasing chunk order and returns H = log s − a/s (and lse = m + log s for backward).
 Nothing in the order depends on T or on the other tokens.
 
 Backward recomputes the logits tiles: dH/dz = −p (log p + H), so dz = −g·p·(z − lse + H)/temperature,
 for BWD_CHUNK_T tokens at a time (a fixed [BWD_CHUNK_T, V] fp32 scratch, never [T, V]), then
-grad_hidden = dz @ w and grad_w = Σ_t dz[t]ᵀ hidden[t] with plain K-sequential matmul kernels;
-grad_w accumulates the chunks in order into an fp32 [V, H] buffer owned tile by tile (no atomics).
+grad_hidden = dz @ w and grad_w = Σ_t dz[t]ᵀ hidden[t] with logprob's K-sequential matmul kernels (`ops/_lmhead.py`,
+dz rounded to the operands' dtype for their dots, in the interpreter too); grad_w accumulates the chunks in order
+into an fp32 [V, H] buffer owned tile by tile (no atomics).
 """
 
 from __future__ import annotations
@@ -25,11 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tik_kernels._runtime import INTERPRET
-from tik_kernels.ops._common import round_to
-
-#: Triton's interpreter computes tl.dot on bf16 wrongly and truncates fp32 -> bf16 casts: fp32 there
-_INTERPRET = tl.constexpr(INTERPRET)
+from tik_kernels.ops._lmhead import _grad_hidden_kernel, _grad_weight_kernel, _logits_tile
 
 TUNABLES = {
     "BLOCK_T": (16, 32, 64, 128),
@@ -60,23 +57,6 @@ CONFIG = {
     "BWD_BLOCK_K": 32,
     "MERGE_STAGES": 8,
 }
-
-
-@triton.jit
-def _logits_tile(h_ptr, w_ptr, o_t, m_t, o_v, m_v, H, stride_h, stride_w, temperature,
-                 BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr):
-    """[BLOCK_T, BLOCK_V] fp32 logits / temperature: a K-sequential dot over H, BLOCK_K at a time."""
-    acc = tl.zeros([BLOCK_T, BLOCK_V], dtype=tl.float32)
-    for k0 in range(0, H, BLOCK_K):
-        o_k = k0 + tl.arange(0, BLOCK_K)
-        m_k = o_k < H
-        b_h = tl.load(h_ptr + o_t[:, None] * stride_h + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
-        b_w = tl.load(w_ptr + o_v[None, :] * stride_w + o_k[:, None], mask=m_v[None, :] & m_k[:, None], other=0.0)
-        if _INTERPRET:
-            b_h = b_h.to(tl.float32)
-            b_w = b_w.to(tl.float32)
-        acc = tl.dot(b_h, b_w, acc)  # [BT, BK] @ [BK, BV]
-    return acc / temperature
 
 
 @triton.jit
@@ -221,82 +201,6 @@ def _entropy_bwd_dz_kernel(
     b_logp = b_z - b_lse[:, None]
     b_dz = -b_g[:, None] * tl.exp(b_logp) * (b_logp + b_ent[:, None]) / temperature
     tl.store(dz_ptr + o_t[:, None] * V + o_v[None, :], b_dz, mask=m_t[:, None] & m_v[None, :])
-
-
-@triton.jit
-def _grad_hidden_kernel(
-    dz_ptr,  # [n, V] fp32
-    w_ptr,  # [V, H] lm_head weight (row stride stride_w)
-    gh_ptr,  # [n, H] grad of hidden (row stride stride_gh)
-    n,
-    V,
-    H,
-    stride_w,
-    stride_gh,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    pid_m = tl.program_id(0).to(tl.int64)
-    pid_n = tl.program_id(1).to(tl.int64)
-    o_t = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    o_h = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_t = o_t < n
-    m_h = o_h < H
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    # reduction over V in increasing order, no split: grad_hidden = dz @ w
-    for v0 in range(0, V, BLOCK_K):
-        o_v = (v0 + tl.arange(0, BLOCK_K)).to(tl.int64)  # v · stride reaches 6e8 at V = 151,936
-        m_v = o_v < V
-        b_dz = tl.load(dz_ptr + o_t[:, None] * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
-        b_w = tl.load(w_ptr + o_v[:, None] * stride_w + o_h[None, :], mask=m_v[:, None] & m_h[None, :], other=0.0)
-        if _INTERPRET:
-            b_w = b_w.to(tl.float32)
-        else:
-            b_dz = b_dz.to(b_w.dtype)
-        acc = tl.dot(b_dz, b_w, acc)  # [BM, BK] @ [BK, BN]
-    tl.store(gh_ptr + o_t[:, None] * stride_gh + o_h[None, :], round_to(acc, gh_ptr.dtype.element_ty),
-             mask=m_t[:, None] & m_h[None, :])
-
-
-@triton.jit
-def _grad_weight_kernel(
-    dz_ptr,  # [n, V] fp32
-    h_ptr,  # [n, H] hidden rows of this token chunk (row stride stride_h)
-    gw_ptr,  # [V, H] fp32 accumulator of grad w, owned tile by tile
-    n,
-    V,
-    H,
-    stride_h,
-    ACCUMULATE: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    pid_m = tl.program_id(0).to(tl.int64)
-    pid_n = tl.program_id(1).to(tl.int64)
-    o_v = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    o_h = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_v = o_v < V
-    m_h = o_h < H
-    p_gw = gw_ptr + o_v[:, None] * H + o_h[None, :]
-    m_gw = m_v[:, None] & m_h[None, :]
-    if ACCUMULATE:
-        acc = tl.load(p_gw, mask=m_gw, other=0.0)
-    else:
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    # reduction over the chunk's tokens in increasing order; chunks are launched in order
-    for t0 in range(0, n, BLOCK_K):
-        o_t = (t0 + tl.arange(0, BLOCK_K)).to(tl.int64)
-        m_t = o_t < n
-        b_dzt = tl.load(dz_ptr + o_t[None, :] * V + o_v[:, None], mask=m_v[:, None] & m_t[None, :], other=0.0)
-        b_h = tl.load(h_ptr + o_t[:, None] * stride_h + o_h[None, :], mask=m_t[:, None] & m_h[None, :], other=0.0)
-        if _INTERPRET:
-            b_h = b_h.to(tl.float32)
-        else:
-            b_dzt = b_dzt.to(b_h.dtype)
-        acc = tl.dot(b_dzt, b_h, acc)  # [BM, BK] @ [BK, BN]
-    tl.store(p_gw, acc, mask=m_gw)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:

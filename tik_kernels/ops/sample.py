@@ -8,7 +8,7 @@ from a counter-based hash of (seed, v) computed in the kernel — the function i
 its seed and v only: the same seed gives the same token whatever T, order or batch composition.
 
 Invariance: the grid is (token blocks, V chunks) with BLOCK_T, BLOCK_V, BLOCK_K and V_CHUNK fixed
-by CONFIG (never chosen by T). The logits tile is the same code as `logprob` and `entropy` (a
+by CONFIG (never chosen by T). The logits tile is the one `logprob` and `entropy` call (`ops/_lmhead.py`: a
 K-sequential `tl.dot` over H in BLOCK_K steps, then `/ temperature`), so a sampled token's
 logprob() is computed from the very logit the sampler used. Each program scans its chunk's tiles
 in increasing v and keeps (best score, index), replacing it only on a strictly greater score;
@@ -22,10 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tik_kernels._runtime import INTERPRET, sm_count
-
-#: Triton's interpreter computes tl.dot on bf16 wrongly: fp32 operands there
-_INTERPRET = tl.constexpr(INTERPRET)
+from tik_kernels._runtime import sm_count
+from tik_kernels.ops._lmhead import _logits_tile
 
 TUNABLES = {
     "BLOCK_T": (16, 32, 64, 128),
@@ -52,23 +50,6 @@ TUNABLES = {
 #: logprob.py)
 CONFIG = {"BLOCK_T": 64, "BLOCK_V": 128, "BLOCK_K": 64, "V_CHUNK": 1024, "num_warps": 8, "num_stages": 3, "CHUNKS": 1,
           "V_WAVES": 0, "MERGE_STAGES": 8}
-
-
-@triton.jit
-def _logits_tile(h_ptr, w_ptr, o_t, m_t, o_v, m_v, H, stride_h, stride_w, temperature,
-                 BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr):
-    """[BLOCK_T, BLOCK_V] fp32 logits / temperature: a K-sequential dot over H, BLOCK_K at a time."""
-    acc = tl.zeros([BLOCK_T, BLOCK_V], dtype=tl.float32)
-    for k0 in range(0, H, BLOCK_K):
-        o_k = k0 + tl.arange(0, BLOCK_K)
-        m_k = o_k < H
-        b_h = tl.load(h_ptr + o_t[:, None] * stride_h + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
-        b_w = tl.load(w_ptr + o_v[None, :] * stride_w + o_k[:, None], mask=m_v[None, :] & m_k[:, None], other=0.0)
-        if _INTERPRET:
-            b_h = b_h.to(tl.float32)
-            b_w = b_w.to(tl.float32)
-        acc = tl.dot(b_h, b_w, acc)  # [BT, BK] @ [BK, BV]
-    return acc / temperature
 
 
 @triton.jit

@@ -117,11 +117,13 @@ post-training. A trusted evaluator checks every candidate against the operator's
 process, then times it on every workload cell, interleaved with the incumbent.
 
 A candidate is a complete Python module that defines the operator's entry point(s). It may import only torch,
-triton and the runtime helpers the root imports: `tik_kernels._runtime` (for INTERPRET), `tik_kernels.ops._common`
-(launch helpers) and, for attention, `tik_kernels.ops.attention_gluon` (the Hopper forward in Gluon, which the root
-launches where its FWD_GLUON allows: a candidate may call it or not, but cannot change it). It may declare TUNABLES
-(name -> allowed values) and a literal CONFIG dict. On the CPU interpreter (INTERPRET true) upcast bf16 to fp32
-right after tl.load and before tl.dot.
+triton and the tik_kernels modules the root imports: `tik_kernels._runtime` (for INTERPRET), `tik_kernels.ops._common`
+(launch helpers), for the lm_head operators `tik_kernels.ops._lmhead` (the logits tile and backward kernels logprob,
+sample and entropy share) and the helpers logprob takes from entropy and sample, and for attention
+`tik_kernels.ops.attention_gluon` (the Hopper forward in Gluon, which the root launches where its FWD_GLUON allows).
+A candidate may call a shared piece or not, but cannot change it: to change one, define its own copy.
+It may declare TUNABLES (name -> allowed values) and a literal CONFIG dict. On the CPU interpreter (INTERPRET true)
+upcast bf16 to fp32 right after tl.load and before tl.dot.
 
 The contract is not negotiable: a token's result must have the same bits whatever the batch size, order or
 packing; reruns must agree; inputs must stay unchanged; accuracy against float64 within the stated tolerance;
