@@ -25,6 +25,7 @@ import torch  # noqa: E402
 import benchmarks.gluon_cells as C  # noqa: E402
 import benchmarks.harness as H  # noqa: E402
 from benchmarks.bench_speed import HK, HQ, PREFILL_BS, prefill_stock  # noqa: E402
+from tik_kernels.e2e.backends import config_overrides  # noqa: E402
 
 
 def smoke_forms(root) -> dict:
@@ -80,11 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         q, k, v = (torch.randn(B, h, S, d, device=device, dtype=torch.bfloat16, generator=gen) for h in (hq, hk, hk))
 
         def triton_fwd(q, k, v, B=B, S=S):
-            saved, root.CONFIG["FWD_GLUON"] = root.CONFIG["FWD_GLUON"], 0
-            try:
+            with config_overrides({"attention": {"FWD_GLUON": 0}}):
                 return root._fwd(q, k, v, cu, B, S, S, scale, False)
-            finally:
-                root.CONFIG["FWD_GLUON"] = saved
 
         row = {"cell": f"prefill[B={B},S={S}]", "bits": True}
         want = triton_fwd(q, k, v)

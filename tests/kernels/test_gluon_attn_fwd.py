@@ -8,10 +8,11 @@ the TMA descriptors) and packed varlen sequences. GPU only (Hopper): the interpr
 warp-specialized kernel that waits on a barrier nobody arrives at hangs, so `gpu_pending.sh` runs its cases apart
 (`-k warp_specialized`, and `-k "not warp_specialized"`)."""
 
-import contextlib
 
 import pytest
 import torch
+
+from tik_kernels.e2e.backends import config_overrides
 
 pytestmark = pytest.mark.gpu
 
@@ -37,20 +38,14 @@ def _hopper() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 
 
-@contextlib.contextmanager
-def _config(root, **values):
-    """The root's CONFIG with `values` inside the block."""
-    saved = {k: root.CONFIG[k] for k in values}
-    root.CONFIG.update(values)
-    try:
-        yield
-    finally:
-        root.CONFIG.update(saved)
+def _config(**values):
+    """The root's CONFIG with `values` inside the block (e2e's `config_overrides`, on this module)."""
+    return config_overrides({"attention": values})
 
 
-def _triton(root):
+def _triton():
     """The root's forward as its Triton kernel (FWD_GLUON = 0) inside the block."""
-    return _config(root, FWD_GLUON=0)
+    return _config(FWD_GLUON=0)
 
 
 def _same_bits(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
@@ -73,7 +68,7 @@ def test_gluon_forward_has_the_roots_bits(B, hq, hk, S, form):
     q, k, v = (torch.randn(B, h, S, 128, device="cuda", dtype=torch.bfloat16, generator=gen) * 2
                for h in (hq, hk, hk))
     cu = torch.zeros(1, dtype=torch.int32, device="cuda")
-    with _triton(root):
+    with _triton():
         o_root, lse_root = root._fwd(q, k, v, cu, B, S, S, root._scale(None, 128), False)
     o, lse = forward(q, k, v, **keywords)
     bad = (o.view(torch.int16) != o_root.view(torch.int16)).any(-1)  # [B, Hq, S]: rows with another bit
@@ -94,7 +89,7 @@ def test_the_roots_entry_points_launch_gluon_with_the_triton_bits(hq, hk):
     from tik_kernels.ops import attention as root
 
     on = {"FWD_GLUON": 1, "FWD_GLUON_VARLEN": 1}
-    with _config(root, **on):
+    with _config(**on):
         assert root._gluon_applies(torch.empty(1, 1, 1, 128, device="cuda", dtype=torch.bfloat16), root.CONFIG, True)
     gen = torch.Generator("cuda").manual_seed(hq * 31 + hk)
     B, S = 2, 700
@@ -113,9 +108,9 @@ def test_the_roots_entry_points_launch_gluon_with_the_triton_bits(hq, hk):
         return (o.detach(), *(t.grad for t in leaves), root.attention_prefill(*bsh),
                 root.attention_varlen(*packed, cu))
 
-    with _config(root, **on):
+    with _config(**on):
         got = run()
-    with _triton(root):
+    with _triton():
         want = run()
     for name, g, w in zip(("o", "dq", "dk", "dv", "o of the [B, S, H, D] view", "varlen o"), got, want, strict=True):
         _same_bits(g, w, name)
