@@ -6,7 +6,8 @@ same gradient kernels.
   BLOCK_K at a time (`_logits_step` one step of it: sample_logprob's FLAT walk takes the steps itself);
 - `_grad_hidden_kernel`: grad_hidden = dz @ w, V reduced in increasing order, no split;
 - `_grad_weight_kernel`: grad_w += dz.T @ hidden over a chunk of tokens, reduced in token order, into an fp32 [V, H]
-  buffer owned tile by tile (chunks launched in order: deterministic, no atomics).
+  buffer owned tile by tile (chunks launched in order: deterministic, no atomics);
+- `grads`: both launched for one chunk of tokens, with the operator's CONFIG (its BWD_* tiles and launch choices).
 Both grad kernels take dz rounded to the operands' dtype for their dots (to nearest even, `round_to`, on the GPU and
 in the interpreter alike; the interpreter then runs the dots in fp32, exact for the rounded operands).
 
@@ -16,6 +17,7 @@ contract judges the module it submits), but never changes these.
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -128,3 +130,26 @@ def _grad_weight_kernel(
             b_h = b_h.to(tl.float32)
         acc = tl.dot(b_dzt, b_h, acc)  # [BM, BK] @ [BK, BN]
     tl.store(p_gw, acc, mask=m_gw)
+
+
+def grads(cfg: dict, dz: torch.Tensor, w: torch.Tensor, h_c: torch.Tensor, first: bool, grad_h: torch.Tensor | None,
+          gw_acc: torch.Tensor | None) -> None:
+    """One chunk of tokens' share of the backward, from its dz scratch [n, V]: grad_h (the chunk's rows, where asked)
+    = dz @ w, and gw_acc [V, H] fp32 (where asked) = dz.T @ h_c, added to the chunks before unless `first`. The tiles
+    are cfg's BWD_BLOCK_M / N / K; BWD_GH_BLOCK_M (grad_h's rows a program), BWD_STAGES and BWD_GW_HFAST (grad_w's
+    grid H-tiles first) only choose launches, where cfg has them."""
+    n, (V, H) = h_c.shape[0], w.shape
+    BM, BN, BK = cfg["BWD_BLOCK_M"], cfg["BWD_BLOCK_N"], cfg["BWD_BLOCK_K"]
+    GM, stages = cfg.get("BWD_GH_BLOCK_M", BM), cfg.get("BWD_STAGES", cfg["num_stages"])
+    hfast = int(cfg.get("BWD_GW_HFAST", 0))
+    if grad_h is not None:
+        _grad_hidden_kernel[(triton.cdiv(n, GM), triton.cdiv(H, BN))](
+            dz, w, grad_h, n, V, H, w.stride(0), grad_h.stride(0),
+            BLOCK_M=GM, BLOCK_N=BN, BLOCK_K=BK, num_warps=cfg["num_warps"], num_stages=stages,
+        )
+    if gw_acc is not None:
+        grid = (triton.cdiv(V, BM), triton.cdiv(H, BN))
+        _grad_weight_kernel[grid[::-1] if hfast else grid](
+            dz, h_c, gw_acc, n, V, H, h_c.stride(0), ACCUMULATE=not first,
+            BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, HFAST=hfast, num_warps=cfg["num_warps"], num_stages=stages,
+        )

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tik_kernels.ops._lmhead import _grad_hidden_kernel, _grad_weight_kernel, _logits_tile
+from tik_kernels.ops._lmhead import _logits_tile, grads
 
 TUNABLES = {
     "BLOCK_T": (16, 32, 64, 128),
@@ -238,7 +238,6 @@ def entropy_bwd(g: torch.Tensor, hidden: torch.Tensor, w: torch.Tensor, lse: tor
     gw_acc = torch.zeros((V, H), dtype=torch.float32, device=w.device) if need_w else None
     chunk = cfg["BWD_CHUNK_T"]
     dz = torch.empty((min(chunk, T), V), dtype=torch.float32, device=hidden.device) if T else None
-    BM, BN, BK = cfg["BWD_BLOCK_M"], cfg["BWD_BLOCK_N"], cfg["BWD_BLOCK_K"]
     for t0 in range(0, T, chunk):
         n = min(chunk, T - t0)
         h_c = hidden[t0 : t0 + n]
@@ -248,16 +247,7 @@ def entropy_bwd(g: torch.Tensor, hidden: torch.Tensor, w: torch.Tensor, lse: tor
             BLOCK_T=cfg["BLOCK_T"], BLOCK_V=cfg["BLOCK_V"], BLOCK_K=cfg["BLOCK_K"],
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
-        if need_hidden:
-            _grad_hidden_kernel[(triton.cdiv(n, BM), triton.cdiv(H, BN))](
-                dz, w, grad_h[t0 : t0 + n], n, V, H, w.stride(0), grad_h.stride(0),
-                BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-            )
-        if need_w:
-            _grad_weight_kernel[(triton.cdiv(V, BM), triton.cdiv(H, BN))](
-                dz, h_c, gw_acc, n, V, H, hidden.stride(0), ACCUMULATE=t0 > 0,
-                BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-            )
+        grads(cfg, dz, w, h_c, t0 == 0, grad_h[t0 : t0 + n] if need_hidden else None, gw_acc)
     return grad_h, (gw_acc.to(w.dtype) if need_w else None)
 
 

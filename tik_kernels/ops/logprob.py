@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from tik_kernels.ops._common import maxnreg_launch, pdl_launch, pdl_start, round_to
-from tik_kernels.ops._lmhead import _grad_hidden_kernel, _grad_weight_kernel, _logits_step, _logits_tile
+from tik_kernels.ops._lmhead import _logits_step, _logits_tile, grads
 from tik_kernels.ops.entropy import _ent_merge, _ent_tile
 from tik_kernels.ops.sample import _race_key, _race_merge, _race_scores, _race_step
 
@@ -365,9 +365,6 @@ def logprob_bwd(g: torch.Tensor, hidden: torch.Tensor, w: torch.Tensor, targets:
     # hidden and w share it), else fp32 and rounded in each grad kernel; the same values either way
     low = cfg.get("BWD_DZ_LOW", 0) and hidden.dtype == w.dtype
     dz = torch.empty((min(chunk, T), V), dtype=w.dtype if low else torch.float32, device=hidden.device) if T else None
-    BM, BN, BK = cfg["BWD_BLOCK_M"], cfg["BWD_BLOCK_N"], cfg["BWD_BLOCK_K"]
-    GM, stages = cfg.get("BWD_GH_BLOCK_M", BM), cfg.get("BWD_STAGES", cfg["num_stages"])
-    hfast = int(cfg.get("BWD_GW_HFAST", 0))
     for t0 in range(0, T, chunk):
         n = min(chunk, T - t0)
         h_c = hidden[t0 : t0 + n]
@@ -377,17 +374,7 @@ def logprob_bwd(g: torch.Tensor, hidden: torch.Tensor, w: torch.Tensor, targets:
             BLOCK_T=cfg["BLOCK_T"], BLOCK_V=cfg["BLOCK_V"], BLOCK_K=cfg["BLOCK_K"],
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
-        if need_hidden:
-            _grad_hidden_kernel[(triton.cdiv(n, GM), triton.cdiv(H, BN))](
-                dz, w, grad_h[t0 : t0 + n], n, V, H, w.stride(0), grad_h.stride(0),
-                BLOCK_M=GM, BLOCK_N=BN, BLOCK_K=BK, num_warps=cfg["num_warps"], num_stages=stages,
-            )
-        if need_w:
-            grid = (triton.cdiv(V, BM), triton.cdiv(H, BN))
-            _grad_weight_kernel[grid[::-1] if hfast else grid](
-                dz, h_c, gw_acc, n, V, H, hidden.stride(0), ACCUMULATE=t0 > 0,
-                BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, HFAST=hfast, num_warps=cfg["num_warps"], num_stages=stages,
-            )
+        grads(cfg, dz, w, h_c, t0 == 0, grad_h[t0 : t0 + n] if need_hidden else None, gw_acc)
     return grad_h, (gw_acc.to(w.dtype) if need_w else None)
 
 
