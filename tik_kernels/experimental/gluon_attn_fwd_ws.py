@@ -119,8 +119,7 @@ def _attn_fwd_ws_kernel(
     G: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CHUNK: gl.constexpr,
     L_COLS: gl.constexpr,
 ):
-    LOAD: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8], warps_per_cta=[4, 1],
-                                          order=[1, 0])
+    LOAD: gl.constexpr = base.load_layout(4)
     Q_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, D], gl.bfloat16)
     ONES_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, L_COLS], gl.bfloat16)
     pid = gl.program_id(0)

@@ -57,6 +57,13 @@ L_COLS = 16
 
 
 @gluon.constexpr_function
+def load_layout(warps):
+    """Rows of 128 bf16 read through pointers (Q, the ones, a block crossing the sequence's end): 8 contiguous values
+    (16 bytes) a thread, a warp 4 rows of 64; every Gluon forward's."""
+    return gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8], warps_per_cta=[warps, 1], order=[1, 0])
+
+
+@gluon.constexpr_function
 def mma_layout(warps, n):
     """A warpgroup MMA's accumulator over `warps` warps (16 rows each), n columns an instruction: the layout of the
     scores, P V's accumulator (n = BLOCK_N) and the denominator's P @ ones (n = L_COLS); every Gluon forward's."""
@@ -176,8 +183,7 @@ def _attn_fwd_gluon_kernel(
     ROW: gl.constexpr = gl.SliceLayout(1, MMA)
     COL: gl.constexpr = gl.SliceLayout(0, MMA)
     ROW_L: gl.constexpr = gl.SliceLayout(1, MMA_L)
-    LOAD: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8], warps_per_cta=[WARPS, 1],
-                                          order=[1, 0])
+    LOAD: gl.constexpr = load_layout(WARPS)
     LROW: gl.constexpr = gl.SliceLayout(1, LOAD)
     LCOL: gl.constexpr = gl.SliceLayout(0, LOAD)
     Q_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, D], gl.bfloat16)
