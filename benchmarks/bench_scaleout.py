@@ -58,7 +58,7 @@ def one_count(op: str, n: int, evals: int, device: str, timeout: float) -> dict:
     w = Path(tempfile.mkdtemp(prefix=f"tik-scaleout-{n}-")) / "ws"
     with contextlib.redirect_stdout(io.StringIO()):
         assert tik(["-w", str(w), "init", "--json"]) == 0
-    t0 = time.perf_counter()
+    t0, t0_epoch = time.perf_counter(), time.time()
     s = run_search(w, ops=[op], proposer="tuner", budget=evals, device=device, timeout=timeout, explore=False,
                    workers=n)
     wall = time.perf_counter() - t0
@@ -74,12 +74,32 @@ def one_count(op: str, n: int, evals: int, device: str, timeout: float) -> dict:
     spans = [d["worker"]["finished"] - d["worker"]["started"] for d in done
              if d.get("worker", {}).get("started") is not None and d["worker"].get("finished") is not None]
     workers = sorted({f"{d['worker'].get('slot')}:{d['worker'].get('gpu')}" for d in done if d.get("worker")})
+    starts = [d["worker"]["started"] for d in done if d.get("worker", {}).get("started") is not None]
     return {"gpus": n, "evaluations": len(done), "wall_s": round(wall, 2),
             "evals_per_hour": round(len(done) / wall * 3600, 1) if wall > 0 else None,
             "eval_s_median": round(statistics.median(spans), 2) if spans else None,
             "eval_s_total": round(sum(spans), 2), "retries": sum(e["kind"] == "eval_retry" for e in events),
             "statuses": dict(statuses), "children": dict(children), "workers": workers,
-            "stop_reason": s["stop_reason"], "workspace": str(w)}
+            # the search's start up to its first evaluation (the evaluator processes' start, the root's probes), and
+            # where the evaluations' wall went that several processes on one GPU contend for (`phase_medians`)
+            "first_eval_start_s": round(min(starts) - t0_epoch, 2) if starts else None,
+            "phase_medians": phase_medians(phases), "stop_reason": s["stop_reason"], "workspace": str(w)}
+
+
+#: the phases of an evaluation (`EvalReport.phases`) that show processes sharing a GPU waiting for each other: a timing
+#: waiting for the device's lock (`device_wait`) or for this process's starting spares (`spare_settle`), beside the
+#: timing itself and the probes
+CONTENDED = ("device_wait", "spare_settle", "timing_child", "control_child", "probes_root", "probes_candidate")
+
+
+def phase_medians(phases: list[dict]) -> dict:
+    """Median seconds of each CONTENDED phase over the evaluations that recorded it."""
+    out = {}
+    for k in CONTENDED:
+        vals = [float(p[k]) for p in phases if isinstance(p.get(k), (int, float))]
+        if vals:
+            out[k] = round(statistics.median(vals), 2)
+    return out
 
 
 def derive(rows: list[dict]) -> None:
@@ -100,16 +120,18 @@ def write(doc: dict, out: Path) -> None:
              f"`{doc['command']}`", "",
              f"{doc['op']}, tuner proposals greedy from the root, {doc['evals']} derivations per count, local "
              "executor (one evaluator process per GPU).", "",
-             "| GPUs | evaluations | wall s | evals/hour | speedup | efficiency | median s per eval | statuses | "
-             "candidate children |", "|---|---|---|---|---|---|---|---|---|"]
+             "| GPUs | evaluations | wall s | evals/hour | speedup | efficiency | median s per eval | first eval "
+             "starts at s | median phases s | statuses | candidate children |", "|---" * 11 + "|"]
     for r in doc["runs"]:
         if r.get("error"):
-            lines.append(f"| {r['gpus']} | error: {r['error']} | | | | | | | |")
+            lines.append(f"| {r['gpus']} | error: {r['error']} | | | | | | | | | |")
             continue
         st = ", ".join(f"{k} {v}" for k, v in sorted(r["statuses"].items()))
         kids = ", ".join(f"{k} {v}" for k, v in sorted(r.get("children", {}).items()))
+        ph = ", ".join(f"{k} {v}" for k, v in r.get("phase_medians", {}).items())
         lines.append(f"| {r['gpus']} | {r['evaluations']} | {r['wall_s']} | {r['evals_per_hour']} | "
-                     f"{r.get('speedup', '')} | {r.get('efficiency', '')} | {r['eval_s_median']} | {st} | {kids} |")
+                     f"{r.get('speedup', '')} | {r.get('efficiency', '')} | {r['eval_s_median']} | "
+                     f"{r.get('first_eval_start_s', '')} | {ph} | {st} | {kids} |")
     if doc.get("note"):
         lines += ["", doc["note"]]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")

@@ -54,8 +54,12 @@
 #   scaleout_shared
 #                 #18 evaluations an hour with one and two evaluator processes on one GPU (`tik search --workers 2`:
 #                     timings taking turns through the device lock, CPU work overlapping): rmsnorm, EVALS (12)
-#                     derivations each ($R/scaleout_<card>_shared.{json,md}); on an H100 in session 40 the 12 ran past a
-#                     580 s call with nothing brought back (why is unknown: the archive is now made while a part runs)
+#                     derivations each ($R/scaleout_<card>_shared${NAME_SUFFIX}.{json,md}); GPUS (1,2): the counts,
+#                     SCALEOUT_ENV (e.g. TIK_PRESTART=0: no pre-started children, whose starts hold the device's lock
+#                     shared) set for the run. H100, session 43: one process 6 in 239 s (9.7 s an evaluation), then two
+#                     processes had not finished 6 when the call ended 320 s later (session 40: the same with 12); the
+#                     rows now carry the phases two processes wait in (device_wait, spare_settle) and the first
+#                     evaluation's start: GPUS=2 EVALS=4, then with SCALEOUT_ENV=TIK_PRESTART=0 NAME_SUFFIX=_noprestart
 #   tuner_linear  #6  tik search --proposer tuner on linear, best vs root in the same evaluation;
 #                     exports the incumbent to $R/incumbents_<card>/linear.py
 #   scaleout      #9  evaluations per hour on the visible GPUs (1, and more where lent)
@@ -314,8 +318,9 @@ for p in "$@"; do
             part scaleout 250 "$py" benchmarks/bench_scaleout.py --op rmsnorm --evals 3 --timeout 120 \
                 --out "$R/scaleout_${CARD}.json" ;;
         scaleout_shared)
-            part scaleout_shared 590 "$py" benchmarks/bench_scaleout.py --op rmsnorm --evals "${EVALS:-12}" --gpus 1,2 --timeout 120 \
-                --out "$R/scaleout_${CARD}_shared.json" ;;
+            # shellcheck disable=SC2086 (SCALEOUT_ENV: NAME=VALUE words for env)
+            part "scaleout_shared${NAME_SUFFIX:-}" 590 env ${SCALEOUT_ENV:-} "$py" benchmarks/bench_scaleout.py --op rmsnorm \
+                --evals "${EVALS:-12}" --gpus "${GPUS:-1,2}" --timeout 120 --out "$R/scaleout_${CARD}_shared${NAME_SUFFIX:-}.json" ;;
         attention)
             part attention 590 "$py" benchmarks/bench_attention.py --out "$R" --budget 540 ;;
         e2e)
