@@ -61,7 +61,7 @@ def one_count(op: str, n: int, evals: int, device: str, timeout: float) -> dict:
     t0, t0_epoch = time.perf_counter(), time.time()
     s = run_search(w, ops=[op], proposer="tuner", budget=evals, device=device, timeout=timeout, explore=False,
                    workers=n)
-    wall = time.perf_counter() - t0
+    wall, t1_epoch = time.perf_counter() - t0, time.time()
     with Workspace.open(w) as ws:
         everything = ws.events_since(0, 100000)
         events = [e for e in everything if e["kind"] in ("evaluated", "eval_retry")]
@@ -75,6 +75,7 @@ def one_count(op: str, n: int, evals: int, device: str, timeout: float) -> dict:
              if d.get("worker", {}).get("started") is not None and d["worker"].get("finished") is not None]
     workers = sorted({f"{d['worker'].get('slot')}:{d['worker'].get('gpu')}" for d in done if d.get("worker")})
     starts = [d["worker"]["started"] for d in done if d.get("worker", {}).get("started") is not None]
+    ends = sorted(d["worker"]["finished"] for d in done if d.get("worker", {}).get("finished") is not None)
     return {"gpus": n, "evaluations": len(done), "wall_s": round(wall, 2),
             "evals_per_hour": round(len(done) / wall * 3600, 1) if wall > 0 else None,
             "eval_s_median": round(statistics.median(spans), 2) if spans else None,
@@ -83,6 +84,11 @@ def one_count(op: str, n: int, evals: int, device: str, timeout: float) -> dict:
             # the search's start up to its first evaluation (the evaluator processes' start, the root's probes), and
             # where the evaluations' wall went that several processes on one GPU contend for (`phase_medians`)
             "first_eval_start_s": round(min(starts) - t0_epoch, 2) if starts else None,
+            "after_last_eval_s": round(t1_epoch - ends[-1], 2) if ends else None,  # the search's end (processes' exit)
+            # the rate once started: evaluations finished after the first, over the time from the first's end to the
+            # last's (what a long search converges to; a short run's rate above is mostly the start)
+            "evals_per_hour_steady": (round((len(ends) - 1) / (ends[-1] - ends[0]) * 3600, 1)
+                                      if len(ends) > 2 and ends[-1] > ends[0] else None),
             "phase_medians": phase_medians(phases), "stop_reason": s["stop_reason"], "workspace": str(w)}
 
 
@@ -120,18 +126,20 @@ def write(doc: dict, out: Path) -> None:
              f"`{doc['command']}`", "",
              f"{doc['op']}, tuner proposals greedy from the root, {doc['evals']} derivations per count, local "
              "executor (one evaluator process per GPU).", "",
-             "| GPUs | evaluations | wall s | evals/hour | speedup | efficiency | median s per eval | first eval "
-             "starts at s | median phases s | statuses | candidate children |", "|---" * 11 + "|"]
+             "| GPUs | evaluations | wall s | evals/hour | speedup | efficiency | evals/hour once started | median s "
+             "per eval | first eval starts at s | after the last s | median phases s | statuses | candidate children |",
+             "|---" * 13 + "|"]
     for r in doc["runs"]:
         if r.get("error"):
-            lines.append(f"| {r['gpus']} | error: {r['error']} | | | | | | | | | |")
+            lines.append(f"| {r['gpus']} | error: {r['error']} |" + " |" * 11)
             continue
         st = ", ".join(f"{k} {v}" for k, v in sorted(r["statuses"].items()))
         kids = ", ".join(f"{k} {v}" for k, v in sorted(r.get("children", {}).items()))
         ph = ", ".join(f"{k} {v}" for k, v in r.get("phase_medians", {}).items())
         lines.append(f"| {r['gpus']} | {r['evaluations']} | {r['wall_s']} | {r['evals_per_hour']} | "
-                     f"{r.get('speedup', '')} | {r.get('efficiency', '')} | {r['eval_s_median']} | "
-                     f"{r.get('first_eval_start_s', '')} | {ph} | {st} | {kids} |")
+                     f"{r.get('speedup', '')} | {r.get('efficiency', '')} | {r.get('evals_per_hour_steady') or ''} | "
+                     f"{r['eval_s_median']} | "
+                     f"{r.get('first_eval_start_s', '')} | {r.get('after_last_eval_s', '')} | {ph} | {st} | {kids} |")
     if doc.get("note"):
         lines += ["", doc["note"]]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")

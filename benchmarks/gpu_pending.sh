@@ -58,8 +58,9 @@
 #                     SCALEOUT_ENV (e.g. TIK_PRESTART=0: no pre-started children, whose starts hold the device's lock
 #                     shared) set for the run. H100, session 43: one process 6 in 239 s (9.7 s an evaluation), then two
 #                     processes had not finished 6 when the call ended 320 s later (session 40: the same with 12); the
-#                     rows now carry the phases two processes wait in (device_wait, spare_settle) and the first
-#                     evaluation's start: GPUS=2 EVALS=4, then with SCALEOUT_ENV=TIK_PRESTART=0 NAME_SUFFIX=_noprestart
+#                     rows now carry the phases two processes wait in (device_wait, spare_settle), the first
+#                     evaluation's start and the rate once started: GPUS=2 EVALS=4, then with SCALEOUT_ENV=TIK_PRESTART=0
+#                     NAME_SUFFIX=_noprestart
 #   tuner_linear  #6  tik search --proposer tuner on linear, best vs root in the same evaluation;
 #                     exports the incumbent to $R/incumbents_<card>/linear.py
 #   scaleout      #9  evaluations per hour on the visible GPUs (1, and more where lent)
