@@ -15,6 +15,11 @@ markdown, with the environment line) are written after
 every count, so an interrupted run keeps what it measured; a count that fails is recorded with
 its error and the next one still runs.
 
+Where candidates are timed (a GPU), the tuner screens untried configs before each proposal (`--screen`, the
+search's default width unless given; 0: off): the screens run between the evaluations, through the same executor,
+so a row splits its seconds into the evaluations' and the screens' (H100, session 43: one process, 84 s of the 239
+in evaluations; on the CPU with timing on, `--device cpu --time`, results/scaleout_cpu_screens_s43.md).
+
 A count above the visible GPUs (`--gpus 1,2` on one GPU) runs that many evaluator processes sharing the GPUs
 round-robin (`tik search --workers N`): their timings take turns through the device lock, their CPU work overlaps.
 
@@ -50,7 +55,8 @@ def default_out(env: dict, device: str) -> Path:
     return RESULTS / f"scaleout_{tag}.json"
 
 
-def one_count(op: str, n: int, evals: int, device: str, timeout: float) -> dict:
+def one_count(op: str, n: int, evals: int, device: str, timeout: float, screen: int | None = None,
+              time_it: bool | None = None) -> dict:
     from tik_store import Workspace
     from tik_tui.cli.main import main as tik
     from tik_tui.worker import run_search
@@ -60,7 +66,7 @@ def one_count(op: str, n: int, evals: int, device: str, timeout: float) -> dict:
         assert tik(["-w", str(w), "init", "--json"]) == 0
     t0, t0_epoch = time.perf_counter(), time.time()
     s = run_search(w, ops=[op], proposer="tuner", budget=evals, device=device, timeout=timeout, explore=False,
-                   workers=n)
+                   workers=n, screen=screen, time_it=time_it)
     wall, t1_epoch = time.perf_counter() - t0, time.time()
     with Workspace.open(w) as ws:
         everything = ws.events_since(0, 100000)
@@ -73,6 +79,10 @@ def one_count(op: str, n: int, evals: int, device: str, timeout: float) -> dict:
     done = [e["payload"] for e in events if e["kind"] == "evaluated"]
     spans = [d["worker"]["finished"] - d["worker"]["started"] for d in done
              if d.get("worker", {}).get("started") is not None and d["worker"].get("finished") is not None]
+    # the tuner's screens (`tuner._halve`: untried configs timed together before one is evaluated) run between the
+    # evaluations, through the same executor: their seconds are part of the wall, not of any evaluation's span
+    screens = [e["payload"] for e in everything if e["kind"] == "screen"]
+    screen_s = sum(float(p.get("seconds") or 0.0) for p in screens)
     workers = sorted({f"{d['worker'].get('slot')}:{d['worker'].get('gpu')}" for d in done if d.get("worker")})
     starts = [d["worker"]["started"] for d in done if d.get("worker", {}).get("started") is not None]
     ends = sorted(d["worker"]["finished"] for d in done if d.get("worker", {}).get("finished") is not None)
@@ -84,6 +94,10 @@ def one_count(op: str, n: int, evals: int, device: str, timeout: float) -> dict:
             # the search's start up to its first evaluation (the evaluator processes' start, the root's probes), and
             # where the evaluations' wall went that several processes on one GPU contend for (`phase_medians`)
             "first_eval_start_s": round(min(starts) - t0_epoch, 2) if starts else None,
+            "screens": len(screens), "screen_s_total": round(screen_s, 2),
+            "screened_configs": (screened := sum(len(p.get("entries") or []) for p in screens if p.get("rung") == 0)),
+            # candidates judged an hour: every config a screen timed against its parent, and every evaluation
+            "judged_per_hour": round((screened + len(done)) / wall * 3600, 1) if wall > 0 else None,
             "after_last_eval_s": round(t1_epoch - ends[-1], 2) if ends else None,  # the search's end (processes' exit)
             # the rate once started: evaluations finished after the first, over the time from the first's end to the
             # last's (what a long search converges to; a short run's rate above is mostly the start)
@@ -127,18 +141,19 @@ def write(doc: dict, out: Path) -> None:
              f"{doc['op']}, tuner proposals greedy from the root, {doc['evals']} derivations per count, local "
              "executor (one evaluator process per GPU).", "",
              "| GPUs | evaluations | wall s | evals/hour | speedup | efficiency | evals/hour once started | median s "
-             "per eval | first eval starts at s | after the last s | median phases s | statuses | candidate children |",
-             "|---" * 13 + "|"]
+             "per eval | seconds in evaluations / screens (rungs; configs) | configs judged/hour | first eval starts "
+             "at s | after the last s | median phases s | statuses | candidate children |", "|---" * 15 + "|"]
     for r in doc["runs"]:
         if r.get("error"):
-            lines.append(f"| {r['gpus']} | error: {r['error']} |" + " |" * 11)
+            lines.append(f"| {r['gpus']} | error: {r['error']} |" + " |" * 13)
             continue
         st = ", ".join(f"{k} {v}" for k, v in sorted(r["statuses"].items()))
         kids = ", ".join(f"{k} {v}" for k, v in sorted(r.get("children", {}).items()))
         ph = ", ".join(f"{k} {v}" for k, v in r.get("phase_medians", {}).items())
         lines.append(f"| {r['gpus']} | {r['evaluations']} | {r['wall_s']} | {r['evals_per_hour']} | "
                      f"{r.get('speedup', '')} | {r.get('efficiency', '')} | {r.get('evals_per_hour_steady') or ''} | "
-                     f"{r['eval_s_median']} | "
+                     f"{r['eval_s_median']} | {r['eval_s_total']} / {r.get('screen_s_total', '')} "
+                     f"({r.get('screens', '')}; {r.get('screened_configs', '')}) | {r.get('judged_per_hour', '')} | "
                      f"{r.get('first_eval_start_s', '')} | {r.get('after_last_eval_s', '')} | {ph} | {st} | {kids} |")
     if doc.get("note"):
         lines += ["", doc["note"]]
@@ -152,6 +167,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpus", default=None, help="comma-separated counts (default 1..device_count; cpu: 1,2)")
     p.add_argument("--device", default=None, choices=("cuda", "cpu"))
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per evaluation child (default 300)")
+    p.add_argument("--screen", type=int, default=None,
+                   help="the tuner's screen width where candidates are timed (default: the search's; 0: off)")
+    p.add_argument("--time", action="store_true",
+                   help="on the CPU, time candidates too (`tik search --time`): the tuner then screens as on a GPU")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
 
@@ -177,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in counts:
         print(f"scaleout: {args.op}, {n} worker(s), {args.evals} evaluations ...", file=sys.stderr, flush=True)
         try:
-            row = one_count(args.op, n, args.evals, device, args.timeout)
+            row = one_count(args.op, n, args.evals, device, args.timeout, args.screen, args.time or None)
         except Exception as e:
             row = {"gpus": n, "error": f"{type(e).__name__}: {e}"[:300], "trace": traceback.format_exc()[-2000:]}
         doc["runs"].append(row)
