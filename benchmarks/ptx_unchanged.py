@@ -1,9 +1,11 @@
 """Whether a change left the decode step's kernels (and the prefill forward, the dq kernel) as the compiler makes them:
 sm_90 PTX, here against a git revision.
 
-    PYTHONPATH=. python benchmarks/ptx_unchanged.py [--rev f786862] [--out FILE]
+    PYTHONPATH=. python benchmarks/ptx_unchanged.py [--rev HEAD] [--out FILE]
 
-Compiles each listed kernel of this tree's operator files and of the same files at REV for sm_90 on this machine
+Compiles each listed kernel of this tree's operator files and of the same files at REV (with the operator modules
+they import, `_lmhead`, `_common` and the jit functions one operator takes from another, at REV too: `at_rev`) for
+sm_90 on this machine
 (no GPU needed: Triton's own ptxas) with the same constexprs, the launch options a change added left at their defaults
 (PDL and PREFETCH off), and compares the PTX instruction for instruction (source line markers, comments and debug
 sections dropped: they follow the file's line numbers). "identical" means the GPU runs the kernel it ran before
@@ -84,9 +86,10 @@ CASES = [
     ("logprob", "_logprob_bwd_dz_kernel", dict(BLOCK_T=64, BLOCK_V=128, BLOCK_K=64),
      {"tgt_ptr": I64, "lse_ptr": F32, "g_ptr": F32, "dz_ptr": F32, "temperature": "fp32"},
      dict(num_warps=8, num_stages=3)),
-    ("logprob", "_grad_hidden_kernel", dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=32), {"dz_ptr": F32},
+    # logprob's and entropy's grad_hidden and grad_w (ops/_lmhead.py since session 42)
+    ("_lmhead", "_grad_hidden_kernel", dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=32), {"dz_ptr": F32},
      dict(num_warps=8, num_stages=3)),
-    ("logprob", "_grad_weight_kernel", dict(ACCUMULATE=True, BLOCK_M=128, BLOCK_N=128, BLOCK_K=32),
+    ("_lmhead", "_grad_weight_kernel", dict(ACCUMULATE=True, BLOCK_M=128, BLOCK_N=128, BLOCK_K=32),
      {"dz_ptr": F32, "gw_ptr": F32}, dict(num_warps=8, num_stages=3)),
     # the sampler and the entropy bonus: the logits tile and the backward's grad kernels they share with logprob
     ("sample", "_sample_fwd_kernel", dict(GREEDY=False, BLOCK_T=64, BLOCK_V=128, BLOCK_K=64, V_CHUNK=1024),
@@ -98,10 +101,6 @@ CASES = [
     ("entropy", "_entropy_bwd_dz_kernel", dict(BLOCK_T=64, BLOCK_V=128, BLOCK_K=64),
      {"lse_ptr": F32, "ent_ptr": F32, "g_ptr": F32, "dz_ptr": F32, "temperature": "fp32"},
      dict(num_warps=8, num_stages=3)),
-    ("entropy", "_grad_hidden_kernel", dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=32), {"dz_ptr": F32},
-     dict(num_warps=8, num_stages=3)),
-    ("entropy", "_grad_weight_kernel", dict(ACCUMULATE=True, BLOCK_M=128, BLOCK_N=128, BLOCK_K=32),
-     {"dz_ptr": F32, "gw_ptr": F32}, dict(num_warps=8, num_stages=3)),
 ]
 
 
@@ -154,6 +153,45 @@ def declared(text: str) -> dict[str, int]:
     return {m.group(1): int(m.group(2)) for m in map(DECLARED.fullmatch, text.splitlines()) if m}
 
 
+#: an import of another operator module (`from tik_kernels.ops.X import ...`, `from tik_kernels.ops import X`)
+OPS_IMPORT = re.compile(r"from tik_kernels\.ops\.(\w+) import|from tik_kernels\.ops import (\w+)\b")
+
+
+def at_rev(rev: str, op: str, tmp: Path, made: dict[str, str | None]) -> str:
+    """Operator file `op` as it was at `rev`, its imports of other operator modules (the shared lm_head pieces,
+    `_common`'s PDL helpers, one operator's jit functions in another's kernels) pointed at their copies at `rev`
+    too, written beside it in `tmp` (on sys.path while the cases compile): so a kernel is compiled at `rev` with
+    everything it calls at `rev`, not with this tree's shared pieces. A module `rev` lacks stays this tree's."""
+
+    def module(name: str) -> str | None:
+        if name not in made:
+            made[name] = None  # an import cycle stops here
+            try:
+                src = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:tik_kernels/ops/{name}.py"], check=True,
+                                     capture_output=True, text=True).stdout
+            except subprocess.CalledProcessError:
+                return None
+            made[name] = f"rev_ops_{name.lstrip('_')}"
+            (tmp / f"{made[name]}.py").write_text(rewrite(src))
+        return made[name]
+
+    def rewrite(src: str) -> str:
+        def sub(m: re.Match) -> str:
+            name = m.group(1) or m.group(2)
+            mod = module(name)
+            if mod is None:
+                return m.group(0)
+            return f"from {mod} import" if m.group(1) else f"import {mod} as {name}"
+
+        return OPS_IMPORT.sub(sub, src)
+
+    if str(tmp) not in sys.path:
+        sys.path.insert(0, str(tmp))
+    src = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:tik_kernels/ops/{op}.py"], check=True,
+                         capture_output=True, text=True).stdout
+    return rewrite(src)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rev", default="HEAD", help="the revision to compare against (default HEAD)")
@@ -165,8 +203,7 @@ def main() -> int:
         for op, kernel, const, types, opts in CASES:
             old = Path(tmp) / f"{op}.py"
             if not old.exists():
-                old.write_text(subprocess.run(["git", "-C", str(ROOT), "show", f"{args.rev}:tik_kernels/ops/{op}.py"],
-                                              check=True, capture_output=True, text=True).stdout)
+                old.write_text(at_rev(args.rev, op, Path(tmp), {}))
             new = oc.op_path(op)
             a, b = ptx(new, kernel, const, types, opts), ptx(old, kernel, const, types, opts)
             ia, ib = instructions(a), instructions(b)

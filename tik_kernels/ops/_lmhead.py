@@ -132,6 +132,11 @@ def _grad_weight_kernel(
     tl.store(p_gw, acc, mask=m_gw)
 
 
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x as the kernels read it: rows whose last dimension is contiguous (a copy only where it is not)."""
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
 def grads(cfg: dict, dz: torch.Tensor, w: torch.Tensor, h_c: torch.Tensor, first: bool, grad_h: torch.Tensor | None,
           gw_acc: torch.Tensor | None) -> None:
     """One chunk of tokens' share of the backward, from its dz scratch [n, V]: grad_h (the chunk's rows, where asked)

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tik_kernels.ops._lmhead import _logits_tile, grads
+from tik_kernels.ops._lmhead import _logits_tile, _rows, grads
 
 TUNABLES = {
     "BLOCK_T": (16, 32, 64, 128),
@@ -201,10 +201,6 @@ def _entropy_bwd_dz_kernel(
     b_logp = b_z - b_lse[:, None]
     b_dz = -b_g[:, None] * tl.exp(b_logp) * (b_logp + b_ent[:, None]) / temperature
     tl.store(dz_ptr + o_t[:, None] * V + o_v[None, :], b_dz, mask=m_t[:, None] & m_v[None, :])
-
-
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    return x if x.stride(-1) == 1 else x.contiguous()
 
 
 def entropy_fwd(hidden: torch.Tensor, w: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:

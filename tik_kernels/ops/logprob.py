@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from tik_kernels.ops._common import maxnreg_launch, pdl_launch, pdl_start, round_to
-from tik_kernels.ops._lmhead import _logits_step, _logits_tile, grads
+from tik_kernels.ops._lmhead import _logits_step, _logits_tile, _rows, grads
 from tik_kernels.ops.entropy import _ent_merge, _ent_tile
 from tik_kernels.ops.sample import _race_key, _race_merge, _race_scores, _race_step
 
@@ -316,10 +316,6 @@ def _logprob_bwd_dz_kernel(
     # fp32, or (BWD_DZ_LOW) already rounded as the grad kernels round it for their dots
     tl.store(dz_ptr + o_t[:, None] * V + o_v[None, :], round_to(b_dz, dz_ptr.dtype.element_ty),
              mask=m_t[:, None] & m_v[None, :])
-
-
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    return x if x.stride(-1) == 1 else x.contiguous()
 
 
 def logprob_fwd(hidden: torch.Tensor, w: torch.Tensor, targets: torch.Tensor,

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from tik_kernels._runtime import sm_count
-from tik_kernels.ops._lmhead import _logits_tile
+from tik_kernels.ops._lmhead import _logits_tile, _rows
 
 TUNABLES = {
     "BLOCK_T": (16, 32, 64, 128),
@@ -173,10 +173,6 @@ def _sample_combine_kernel(
         c_idx = tl.load(idx_part_ptr + c * T + o_t, mask=m_t, other=0)
         b_best, b_idx, _ = _race_merge(b_best, b_idx, c_best, c_idx)
     tl.store(out_ptr + o_t, b_idx, mask=m_t)
-
-
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    return x if x.stride(-1) == 1 else x.contiguous()
 
 
 def _v_chunk(V: int, T: int, device: torch.device) -> int:
