@@ -74,3 +74,31 @@ def test_canonical_register_numbering():
     assert lines[2] == "\tmov.u64 \t%rd_1, %clock64;"
     assert lines[-3] == "\tfma.rn.f32 \t%r_6, %r_5, %r_4, %r_3;"
     assert counts[0] == {"p": 3, "r": 8, "rd": 4} and counts[1] == {"p": 3, "r": 20, "rd": 9}
+
+
+AT_REV = r"""
+import json, sys, tempfile
+from pathlib import Path
+sys.path.insert(0, "benchmarks")
+import ptx_unchanged
+tmp = Path(tempfile.mkdtemp())
+made = {}
+src = ptx_unchanged.at_rev("HEAD", "logprob", tmp, made)
+print(json.dumps({"src": src, "made": made, "files": sorted(p.name for p in tmp.iterdir()),
+                  "lmhead": (tmp / "rev_ops_lmhead.py").read_text()}))
+"""
+
+
+def test_a_revisions_operator_imports_the_shared_modules_at_that_revision():
+    """`at_rev`: logprob at HEAD imports `_lmhead`, `_common`, entropy and sample as they are at HEAD (written beside
+    it), not this tree's, and those modules' own operator imports are pointed there too."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", AT_REV], capture_output=True, text=True, env=env, cwd=ROOT,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    doc = json.loads(out.stdout)
+    assert "tik_kernels.ops." not in doc["src"]
+    assert "from rev_ops_lmhead import" in doc["src"] and "from rev_ops_common import" in doc["src"]
+    assert {"_lmhead", "_common", "entropy", "sample"} <= set(doc["made"])
+    assert {"rev_ops_lmhead.py", "rev_ops_common.py", "rev_ops_entropy.py", "rev_ops_sample.py"} <= set(doc["files"])
+    assert "from rev_ops_common import" in doc["lmhead"] and "tik_kernels.ops." not in doc["lmhead"]
