@@ -91,8 +91,9 @@ def one_count(op: str, n: int, evals: int, device: str, timeout: float, screen: 
             "eval_s_median": round(statistics.median(spans), 2) if spans else None,
             "eval_s_total": round(sum(spans), 2), "retries": sum(e["kind"] == "eval_retry" for e in events),
             "statuses": dict(statuses), "children": dict(children), "workers": workers,
-            # the search's start up to its first evaluation (the evaluator processes' start, the root's probes), and
-            # where the evaluations' wall went that several processes on one GPU contend for (`phase_medians`)
+            # the search's start up to its first evaluation (where candidates are timed, its first screen; the
+            # evaluator process's start and the root's probes are in the first evaluation's span), and where the
+            # evaluations' wall went that several processes on one GPU contend for (`phase_medians`)
             "first_eval_start_s": round(min(starts) - t0_epoch, 2) if starts else None,
             "screens": len(screens), "screen_s_total": round(screen_s, 2),
             "screened_configs": (screened := sum(len(p.get("entries") or []) for p in screens if p.get("rung") == 0)),

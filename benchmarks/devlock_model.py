@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spare-s", type=float, nargs="+", default=[2.0, 0.35, 0.0])
     p.add_argument("--depth", type=int, default=2)
     args = p.parse_args(argv)
-    print(f"`python benchmarks/devlock_model.py {' '.join(sys.argv[1:] if argv is None else argv)}`".replace(" `", "`"))
+    print("`" + " ".join(["python benchmarks/devlock_model.py", *(sys.argv[1:] if argv is None else argv)]) + "`")
     print(f"{args.evals} evaluations: probes {args.probes_s} s, timing {args.timing_s} s, {args.depth} spares a "
           "process\n")
     print("| spare's hold s | processes | wall s | longest wait s | waits in all s |\n|---|---|---|---|---|")

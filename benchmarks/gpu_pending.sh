@@ -319,7 +319,7 @@ for p in "$@"; do
             part scaleout 250 "$py" benchmarks/bench_scaleout.py --op rmsnorm --evals 3 --timeout 120 \
                 --out "$R/scaleout_${CARD}.json" ;;
         scaleout_shared)
-            # shellcheck disable=SC2086 (SCALEOUT_ENV: NAME=VALUE words for env)
+            # SCALEOUT_ENV unquoted: its NAME=VALUE words are env's arguments
             part "scaleout_shared${NAME_SUFFIX:-}" 590 env ${SCALEOUT_ENV:-} "$py" benchmarks/bench_scaleout.py --op rmsnorm \
                 --evals "${EVALS:-12}" --gpus "${GPUS:-1,2}" --timeout 120 --out "$R/scaleout_${CARD}_shared${NAME_SUFFIX:-}.json" ;;
         attention)

@@ -157,21 +157,27 @@ def declared(text: str) -> dict[str, int]:
 OPS_IMPORT = re.compile(r"from tik_kernels\.ops\.(\w+) import|from tik_kernels\.ops import (\w+)\b")
 
 
+def _show(rev: str, name: str) -> str:
+    """tik_kernels/ops/<name>.py as it was at `rev` (CalledProcessError where `rev` lacks it)."""
+    return subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:tik_kernels/ops/{name}.py"], check=True,
+                          capture_output=True, text=True).stdout
+
+
 def at_rev(rev: str, op: str, tmp: Path, made: dict[str, str | None]) -> str:
     """Operator file `op` as it was at `rev`, its imports of other operator modules (the shared lm_head pieces,
     `_common`'s PDL helpers, one operator's jit functions in another's kernels) pointed at their copies at `rev`
     too, written beside it in `tmp` (on sys.path while the cases compile): so a kernel is compiled at `rev` with
-    everything it calls at `rev`, not with this tree's shared pieces. A module `rev` lacks stays this tree's."""
+    everything it calls at `rev`, not with this tree's shared pieces. A module `rev` lacks stays this tree's.
+    `made` (module -> its copy's name, None where `rev` lacks it) is shared by the calls of one `tmp`."""
 
     def module(name: str) -> str | None:
         if name not in made:
-            made[name] = None  # an import cycle stops here
             try:
-                src = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:tik_kernels/ops/{name}.py"], check=True,
-                                     capture_output=True, text=True).stdout
+                src = _show(rev, name)
             except subprocess.CalledProcessError:
+                made[name] = None
                 return None
-            made[name] = f"rev_ops_{name.lstrip('_')}"
+            made[name] = f"rev_ops_{name.lstrip('_')}"  # named before its own imports are rewritten: cycles end here
             (tmp / f"{made[name]}.py").write_text(rewrite(src))
         return made[name]
 
@@ -187,9 +193,7 @@ def at_rev(rev: str, op: str, tmp: Path, made: dict[str, str | None]) -> str:
 
     if str(tmp) not in sys.path:
         sys.path.insert(0, str(tmp))
-    src = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:tik_kernels/ops/{op}.py"], check=True,
-                         capture_output=True, text=True).stdout
-    return rewrite(src)
+    return rewrite(_show(rev, op))
 
 
 def main() -> int:
@@ -200,10 +204,11 @@ def main() -> int:
     lines = [f"sm_90 PTX of this tree against {args.rev} (PDL / PREFETCH at their defaults), and the PDL variants"]
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
+        made: dict[str, str | None] = {}  # the imported modules at REV, each written once
         for op, kernel, const, types, opts in CASES:
             old = Path(tmp) / f"{op}.py"
             if not old.exists():
-                old.write_text(at_rev(args.rev, op, Path(tmp), {}))
+                old.write_text(at_rev(args.rev, op, Path(tmp), made))
             new = oc.op_path(op)
             a, b = ptx(new, kernel, const, types, opts), ptx(old, kernel, const, types, opts)
             ia, ib = instructions(a), instructions(b)
