@@ -162,13 +162,15 @@ def write(doc: dict, out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from tik_tui.cli.common import nonneg_int
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--op", default="rmsnorm", choices=("rmsnorm", "linear", "attention"))
     p.add_argument("--evals", type=int, default=24, help="derivations per GPU count (default 24)")
     p.add_argument("--gpus", default=None, help="comma-separated counts (default 1..device_count; cpu: 1,2)")
     p.add_argument("--device", default=None, choices=("cuda", "cpu"))
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per evaluation child (default 300)")
-    p.add_argument("--screen", type=int, default=None,
+    p.add_argument("--screen", type=nonneg_int, default=None,
                    help="the tuner's screen width where candidates are timed (default: the search's; 0: off)")
     p.add_argument("--time", action="store_true",
                    help="on the CPU, time candidates too (`tik search --time`): the tuner then screens as on a GPU")
