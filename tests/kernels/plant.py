@@ -44,3 +44,23 @@ def planted(tmp_path: Path, src: str, name: str, *edits: tuple[str, str], config
     if config:
         mod.CONFIG.update(config)
     return mod
+
+
+def assert_caught(results, requirement: str) -> None:
+    """A planted bug's plan results: some check of `requirement` failed; a numerics bug (accuracy, gradient) that
+    keeps every row independent of the batch must not trip batch invariance as well."""
+    missed = failed_requirements(results)
+    assert requirement in missed, failed(results)
+    if requirement in ("accuracy", "gradient"):
+        assert "batch_invariance" not in missed, failed(results)
+
+
+def assert_gpu_plan_passes(op: str, module) -> None:
+    """`op`'s GPU plan run on `module` on CUDA: every check printed, every one passed."""
+    from tik_kernels.contract import run_plan
+    from tik_kernels.contracts import get_contract
+
+    results = run_plan(get_contract(op).plan("gpu", seed=0), module, device="cuda")
+    for r in results:
+        print(f"{'PASS' if r.passed else 'FAIL'} {r.name}: {r.detail}")
+    assert results and not failed(results), failed(results)

@@ -4,7 +4,7 @@ import types
 
 import pytest
 import torch
-from plant import failed
+from plant import assert_gpu_plan_passes, failed
 
 import tik_kernels.ops.embedding as root
 from tik_kernels.contract import run_plan
@@ -122,7 +122,4 @@ def test_planted_bug_is_caught(bug, requirement, check):
 
 @pytest.mark.gpu
 def test_gpu_plan_passes_on_cuda():
-    results = run_plan(get_contract("embedding").plan("gpu", seed=0), root, device="cuda")
-    for r in results:
-        print(f"{'PASS' if r.passed else 'FAIL'} {r.name}: {r.detail}")
-    assert results and not failed(results), failed(results)
+    assert_gpu_plan_passes("embedding", root)

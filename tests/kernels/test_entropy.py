@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from plant import failed, failed_requirements, own_copy, planted
+from plant import assert_gpu_plan_passes, failed, failed_requirements, own_copy, planted
 
 import tik_kernels.ops.entropy as root
 from tik_kernels.contract import run_plan, tokenwise_plan
@@ -80,7 +80,4 @@ def test_planted_backward_missing_entropy_term_fails_gradient(tmp_path):
 
 @pytest.mark.gpu
 def test_gpu_plan_passes_on_cuda():
-    results = run_plan(get_contract("entropy").plan("gpu", seed=0), root, device="cuda")
-    for r in results:
-        print(f"{'PASS' if r.passed else 'FAIL'} {r.name}: {r.detail}")
-    assert results and not failed(results), failed(results)
+    assert_gpu_plan_passes("entropy", root)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from plant import failed, failed_requirements, own_copy, planted
+from plant import assert_gpu_plan_passes, failed, failed_requirements, own_copy, planted
 
 import tik_kernels.ops.logprob as logprob_root
 import tik_kernels.ops.sample as root
@@ -131,10 +131,7 @@ def test_planted_seed_mutation_fails_inputs_unchanged(tmp_path):
 
 @pytest.mark.gpu
 def test_gpu_plan_passes_on_cuda():
-    results = run_plan(get_contract("sample").plan("gpu", seed=0), root, device="cuda")
-    for r in results:
-        print(f"{'PASS' if r.passed else 'FAIL'} {r.name}: {r.detail}")
-    assert results and not failed(results), failed(results)
+    assert_gpu_plan_passes("sample", root)
 
 
 def _tied(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
