@@ -534,7 +534,7 @@ for p in "$@"; do
                 --variant gluon_varlen=attention.FWD_GLUON_VARLEN=1 ;;
         gluon_fwd_ws)
             part "pytest_gpu_${CARD}_gluon_fwd_ws" 300 "$py" -m pytest -q -m gpu $xdist tests/kernels/test_gluon_attn_fwd.py \
-                -k warp_specialized
+                -k warp_specialized --runxfail
             part gluon_fwd_ws 300 "$py" benchmarks/bench_gluon_fwd.py --ws --out "$R" --rounds 9 ;;
         gluon_linear)
             # pytest-xdist where installed: each form and shape compiles its own kernel, on the host's cores at once
