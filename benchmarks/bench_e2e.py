@@ -190,6 +190,7 @@ def decode(args) -> dict:
                 print(json.dumps({k: r[k] for k in ("backend", "graphs", "batch", "context", "step_ms", "floor_ms",
                                                     "step_over_floor", "overlap_over_floor", "replay_over_floor",
                                                     "card_tbps", "step_over_card_floor", "replay_over_card_floor",
+                                                    "host_launch_ms", "replay_host_ms",
                                                     "error") if k in r}), flush=True)
     return res
 
