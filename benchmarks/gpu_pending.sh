@@ -109,6 +109,12 @@
 #   narrow        #19 #16 linear's narrow-output chunks (NARROW_N / NARROW_KCHUNK, off in the root: a new tree for weights
 #                     of at most NARROW_N rows): the decode step with chunks of 512 and 1024 beside the root's, in one run
 #                     ($R/e2e_decode_narrow/), then call by call ($R/decode_breakdown_<card>_qwen3-0.6b_s22{,_narrow512}.md)
+#   linear_k4096  #16 the linear tree with chunks of 4096 (a new tree: KCHUNK 4096, other bits) against today's 2048, each
+#                     with every bucket's candidate launches against cuBLAS (benchmarks/sweep_linear.py --kchunk, one run
+#                     each, $R/linear_sweep_<card>_k{4096,2048}_s44/): at K = 4096 (Qwen3-8B's qkv, o, gate_up) one
+#                     chunk, so the walking launch carries no running total (ONE_CHUNK: the 128 x 256 tile without its
+#                     460 / 356 B of spills, results/linear_offline_s44.txt) where large M trails cuBLAS by 5-10%, and
+#                     the small-M launches lose the split over K's two chunks (their narrower tiles are candidates)
 #   train_profile #19 where the trainer's time goes (benchmarks/train_profile.py): the 4 minibatch updates of a 256-sequence
 #                     qwen3-0.6b rollout, alone and right after a recompute pass, part by part and kernel by kernel,
 #                     unified then stock ($R/train_profile_<card>_qwen3-0.6b{,_stock}.{json,md})
@@ -409,6 +415,11 @@ for p in "$@"; do
             part decode_breakdown_narrow 240 "$py" benchmarks/decode_breakdown.py --out "$R" --backends unified --name _s22
             part decode_breakdown_narrow512 240 "$py" benchmarks/decode_breakdown.py --out "$R" --backends unified \
                 --set linear.NARROW_N=2048 --set linear.NARROW_KCHUNK=512 --name _s22_narrow512 ;;
+        linear_k4096)
+            for kc in 4096 2048; do
+                part "linear_sweep_${CARD}_k${kc}" 285 "$py" benchmarks/sweep_linear.py --tma 1 --kchunk "$kc" \
+                    --budget-s 170 --out "$R/linear_sweep_${CARD}_k${kc}_s44"
+            done ;;
         train_profile)
             part "train_profile_${CARD}_qwen3-0.6b" 240 "$py" benchmarks/train_profile.py --preset qwen3-0.6b --out "$R" \
                 --name "train_profile_${CARD}_qwen3-0.6b"
@@ -554,6 +565,6 @@ for p in "$@"; do
             part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_${CARD}
             part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (suite eval_rate eval_rate_prestart3 eval_rate_nosettle eval_rate_OP eval_repeat_OP rvi reply_copy probe_times cheats search_linear search_attention search_pair tuner_linear scaleout scaleout_shared attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs lmhead_bwd lmhead_bwd2 train_variants prefill_chunks decode_regs decode_combine mlp_fused linear_small varlen keys gluon_fwd gluon_root gluon_fwd_ws gluon_linear shared_prompts)" >&2 ;;
+            echo "unknown part $p (suite eval_rate eval_rate_prestart3 eval_rate_nosettle eval_rate_OP eval_repeat_OP rvi reply_copy probe_times cheats search_linear search_attention search_pair tuner_linear scaleout scaleout_shared attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs lmhead_bwd lmhead_bwd2 train_variants prefill_chunks decode_regs decode_combine mlp_fused linear_small linear_k4096 varlen keys gluon_fwd gluon_root gluon_fwd_ws gluon_linear shared_prompts)" >&2 ;;
     esac
 done

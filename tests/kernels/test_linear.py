@@ -182,6 +182,26 @@ def test_every_split_gives_the_tree_s_bits():
     assert not L._COUNTERS[x.device].any()
 
 
+def test_a_k_of_one_chunk_walks_without_a_running_total(monkeypatch):
+    """K within one chunk (whole, and ending inside it): the walking launch carries no running total through its loop
+    (ONE_CHUNK, so a 128 x 256 tile's registers hold one accumulator, not two) and adds the chunk's sum to 0 after it,
+    the tree's (0 + s_0): the emulated tree's bits, a row whose products are all -0 included; K past one chunk keeps
+    the running total."""
+    from launch_spy import spy_launches
+
+    seen = spy_launches(monkeypatch, L, "_linear_fwd_kernel", lambda args, kwargs: kwargs["ONE_CHUNK"])
+    N = 24
+    kc = L._kchunk(N)
+    for K in (kc, kc - 40):
+        x, w = _cancelling(N, K)(5, torch.Generator().manual_seed(K))
+        x[0], w[3] = 0.0, -w[3].abs() - 1  # row 0 times a negative weight row: every product -0
+        y = L._matmul(x, w, torch.float32, tile=(16, 32, 4, 2, 1, 0))
+        assert same_bits(y, _tree_fp32(x, w, kc, L.CONFIG["BLOCK_K"])), K
+        assert y[0, 3].item() == 0 and not torch.signbit(y[0, 3])
+    L._matmul(x[:, :40].repeat(1, 3 * kc // 40 + 1), w[:, :40].repeat(1, 3 * kc // 40 + 1), tile=(16, 32, 4, 2, 1, 0))
+    assert seen == [True, True, False]
+
+
 def test_a_narrow_output_s_chunks_follow_its_width_never_the_tokens(monkeypatch):
     """NARROW_N / NARROW_KCHUNK: an output of at most NARROW_N columns reduces K in chunks of
     NARROW_KCHUNK, for every T and every split, with the same tree as KCHUNK's (fresh chunk sums added left to right);

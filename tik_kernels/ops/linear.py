@@ -77,7 +77,12 @@ emulation of the tree; the contract checks rows of every T against the full batc
 
 One flat loop runs a program's steps; a chunk's sum is handed on at its last step (added to the
 total, or written to the workspace), so the compiler pipelines loads across chunk boundaries and turns
-the reset into the MMA's "ignore the accumulator" flag.
+the reset into the MMA's "ignore the accumulator" flag. Where K fits one chunk (ONE_CHUNK: qwen3-0.6b's and
+1.7b's qkv and gate_up projections, K = 1024 / 2048), the loop carries no running total and the chunk's sum is
+added to 0 after it: the same (0 + s_0), without the total's registers held beside the accumulator through the
+loop (sm_90, Triton 3.6: the 128 x 256 walking launch 255 registers and 460 / 356 B of spills a thread, its loop
+552 SASS instructions with 27 spill stores and 31 loads; with one chunk 254 registers, 80 / 80 B of spills, none in
+its 95-instruction loop; `benchmarks/linear_offline.py`).
 
 Measured on the H200 (`benchmarks/sweep_linear.py`, benchmarks/results/linear_sweep_h200_*/sweep.md):
 with TMA and KCHUNK 1024 the best launch per bucket was 1.17x cuBLAS's time (geomean over 35 Qwen3-8B
@@ -119,7 +124,7 @@ except ImportError:  # pragma: no cover - older Triton reads through pointers
 #: BLOCK_K and KCHUNK are frozen (they are the reduction tree), the rest only launch it.
 TUNABLES = {
     "BLOCK_K": (32, 64, 128),
-    "KCHUNK": (512, 1024, 2048),
+    "KCHUNK": (512, 1024, 2048, 4096),
     "FUSED_COMBINE": (0, 1),
     "FUSED_MAX_M": (16, 64, 256, 1073741824),
     "TMA": (0, 1),
@@ -322,6 +327,7 @@ def _linear_fwd_kernel(
     PDL: tl.constexpr = False,  # launched with programmatic dependent launch (ops/_common.py)
     PREFETCH: tl.constexpr = False,  # b's rows this program reads sent to L2 before the wait (b's unit stride is K)
     SILU: tl.constexpr = False,  # `linear_silu_mul`: b is [gate | up], 2N rows; c [M, N] gets silu(gate) * up (walking)
+    ONE_CHUNK: tl.constexpr = False,  # walking, and K fits one chunk: no running total carried through the loop
 ):
     pid = tl.program_id(0)
     pid_c = tl.program_id(1)
@@ -408,20 +414,26 @@ def _linear_fwd_kernel(
                     u_acc = tl.dot(b_a, b_u, u_acc)
             p_a += BLOCK_K * stride_ak
             p_b += BLOCK_K * stride_bk
-        if (i % STEPS == STEPS - 1) | (i == n_steps - 1):
-            if SPLIT:
-                c = c_lo + i // STEPS
-                p_ws = ws_ptr + (c * M + o_m[:, None]) * N + o_n[None, :]
-                tl.store(p_ws, b_acc, mask=m_c)
-            else:
-                # the merge order of `_sum_chunks`: chunk c is added to the sum of chunks 0 .. c-1
-                b_total = b_total + b_acc
+        if not ONE_CHUNK:  # with one chunk, its sum is added to the total after the loop
+            if (i % STEPS == STEPS - 1) | (i == n_steps - 1):
+                if SPLIT:
+                    c = c_lo + i // STEPS
+                    p_ws = ws_ptr + (c * M + o_m[:, None]) * N + o_n[None, :]
+                    tl.store(p_ws, b_acc, mask=m_c)
+                else:
+                    # the merge order of `_sum_chunks`: chunk c is added to the sum of chunks 0 .. c-1
+                    b_total = b_total + b_acc
+                    if SILU:
+                        u_total = u_total + u_acc
+                b_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
                 if SILU:
-                    u_total = u_total + u_acc
-            b_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            if SILU:
-                u_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-
+                    u_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if ONE_CHUNK:
+        # the tree's ((0 + s_0)) as the walk computes it: the total's registers were never held beside the chunk's
+        # (a 128 x 256 tile's two would fill an SM's register file)
+        b_total = b_total + b_acc
+        if SILU:
+            u_total = u_total + u_acc
     p_c = c_ptr + o_m[:, None] * stride_cm + o_n[None, :] * stride_cn
     if SPLIT:
         if FUSED:
@@ -621,7 +633,8 @@ def _matmul(
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, KCHUNK=KCHUNK, K_UNROLL=K_UNROLL, GROUP_M=GROUP_M,
         SPLIT=split, FUSED=bool(fuse), EVEN_K=K % (BLOCK_K * K_UNROLL) == 0, UPCAST=INTERPRET,
         TMA=use_tma, A_T=use_tma and da[1], B_T=use_tma and db[1],
-        PREFETCH=prefetch, SILU=silu, num_warps=num_warps, num_stages=num_stages, **pdl,
+        PREFETCH=prefetch, SILU=silu, ONE_CHUNK=n_chunks == 1,
+        num_warps=num_warps, num_stages=num_stages, **pdl,
     )  # fmt: skip
     if split and not fuse:
         _linear_combine_kernel[(triton.cdiv(M * N, COMBINE_BLOCK),)](

@@ -1,0 +1,71 @@
+"""The linear root's walking launches compiled for sm_90 without a GPU: registers, spills and the SASS loop, with the
+running total carried through the loop (K of several chunks) and without it (ONE_CHUNK: K within one chunk).
+
+    PYTHONPATH=<a pip --target dir of triton==3.6.0>:. python benchmarks/linear_offline.py [--out FILE]
+
+Each CONFIG bucket's tile (BLOCK_M, BLOCK_N, num_warps, num_stages, K_UNROLL; its FILL tile where it has one) as the
+walking program (SPLIT 0, TMA operands, PDL), compiled as a launch specializes it (`offline_compile.compile_sm90`:
+strides, N and K divisible by 16). Both forms compute the same tree; what differs is whether a second accumulator's
+registers are held through the loop. A spill inside the loop is paid every K step, one outside it once a program.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import offline_compile as oc  # noqa: E402 (first: it turns the interpreter off before Triton is imported)
+import triton  # noqa: E402
+from gluon_offline import describe  # noqa: E402
+
+
+def tiles(cfg: dict) -> list[tuple[str, tuple]]:
+    """(bucket, (BLOCK_M, BLOCK_N, num_warps, num_stages, K_UNROLL)) of each CONFIG launch tile, FILL tiles included."""
+    out = []
+    for b in ("M16", "M64", "M256", "M1024", "MBIG", "M64_FILL", "M256_FILL"):
+        unroll = cfg[f"{b.split('_')[0]}_K_UNROLL"]
+        out.append((b, tuple(cfg[f"{b}_{k}"] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")) + (unroll,)))
+    return out
+
+
+def compile_walk(tile: tuple, one_chunk: bool):
+    from tik_kernels.ops import linear as L
+
+    bm, bn, warps, stages, unroll = tile
+    fn = L._linear_fwd_kernel
+    const = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=L.CONFIG["BLOCK_K"], KCHUNK=L.CONFIG["KCHUNK"], K_UNROLL=unroll,
+                 GROUP_M=L.GROUP_M, SPLIT=False, FUSED=False, EVEN_K=True, UPCAST=False, TMA=True, PDL=True,
+                 ONE_CHUNK=one_chunk)
+    bk = L.CONFIG["BLOCK_K"]
+    types = {"ws_ptr": "*fp32", "cnt_ptr": "*i32", "a_desc": f"tensordesc<bf16[{bm},{bk}]>",
+             "b_desc": f"tensordesc<bf16[{bn},{bk}]>"}
+    aligned = [n for n in oc.signature(fn, const, types)[1] if n.startswith("stride_") or n in ("N", "K")]
+    return oc.compile_sm90(fn, const, types, dict(num_warps=warps, num_stages=stages, launch_pdl=True),
+                           aligned=aligned)
+
+
+def main() -> int:
+    from tik_kernels.ops import linear as L
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, default=None, help="also write the lines to this file")
+    args = ap.parse_args()
+    lines = [f"triton {triton.__version__}, {oc.ptxas_version()}; linear's walking launches, TMA, PDL",
+             "bucket (BLOCK_M, BLOCK_N, warps, stages, K_UNROLL): running total | ONE_CHUNK"]
+    print("\n".join(lines), flush=True)
+    for bucket, tile in tiles(L.CONFIG):
+        for one in (False, True):
+            summary, loops = describe(compile_walk(tile, one))
+            line = f"{bucket:10s} {tile} {'ONE_CHUNK    ' if one else 'running total'}: {summary}; loop: {loops}"
+            lines.append(line)
+            print(line, flush=True)
+    if args.out:
+        args.out.write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
