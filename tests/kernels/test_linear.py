@@ -420,6 +420,32 @@ def test_split_k_by_t_is_caught_on_gpu(tmp_path):
     assert any("[T=1]" in r.name for r in _failed(results)), [(r.name, r.detail) for r in results]
 
 
+def _one_chunk_is_the_walk(M: int, N: int, device: str, tiles: list) -> None:
+    """K of one chunk (ONE_CHUNK, no running total in the loop) against the same product with a second chunk of zeros
+    appended to K (the running-total walk, or a split: (0 + s_0) + 0 is s_0's bits), each launch tile, fp32 and bf16."""
+    kc = L._kchunk(N)
+    gen = torch.Generator(device=device).manual_seed(M)
+    x = torch.randn(M, kc + 64, generator=gen, device=device).to(torch.bfloat16)
+    w = (torch.randn(N, kc + 64, generator=gen, device=device) / kc**0.5).to(torch.bfloat16)
+    x[:, kc:], w[:, kc:] = 0.0, 0.0
+    x1, w1 = x[:, :kc].contiguous(), w[:, :kc].contiguous()
+    for tile in tiles:
+        one = L._matmul(x1, w1, torch.float32, tile=tile)
+        assert same_bits(one, L._matmul(x, w, torch.float32, tile=tile)), tile
+    assert same_bits(L.linear(x1, w1), L.linear(x, w))
+
+
+def test_one_chunk_is_the_walk_with_a_chunk_of_zeros():
+    _one_chunk_is_the_walk(20, 24, "cpu", [(16, 16, 4, 2, 1, 0), (16, 32, 4, 2, 2, 0)])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [16, 256, 4096])
+def test_one_chunk_is_the_walk_with_a_chunk_of_zeros_on_gpu(M):
+    """Real tiles, the big one (128 x 256, 8 warps: where the running total spilled) among them."""
+    _one_chunk_is_the_walk(M, 4096, "cuda", [(16, 64, 4, 4, 2, 0), (128, 128, 8, 5, 1, 0), (128, 256, 8, 4, 1, 0)])
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("N,K", [(4096, 4096), (4096, 12288), (6144, 4096 + 40)], ids=["o", "down", "K-tail"])
 def test_every_split_gives_the_same_bits_on_gpu(N, K):
