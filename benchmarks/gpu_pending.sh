@@ -115,6 +115,12 @@
 #                     chunk, so the walking launch carries no running total (ONE_CHUNK: the 128 x 256 tile without its
 #                     460 / 356 B of spills, results/linear_offline_s44.txt) where large M trails cuBLAS by 5-10%, and
 #                     the small-M launches lose the split over K's two chunks (their narrower tiles are candidates)
+#   linear_one_chunk
+#                 #16 linear's ONE_CHUNK launch choice (no running total where K is one chunk) on and off under the 4096
+#                     tree, beside the 2048 tree, one sweep each ($R/linear_sweep_<card>_k4096_one{0,1}_s44/,
+#                     $R/linear_sweep_<card>_k2048_s44b/): session 44's linear_k4096 call had the 128 x 256 launch at
+#                     1.31-1.38x cuBLAS with it against 1.07-1.10x under the 2048 tree (its running total), the other
+#                     buckets faster under 4096
 #   train_profile #19 where the trainer's time goes (benchmarks/train_profile.py): the 4 minibatch updates of a 256-sequence
 #                     qwen3-0.6b rollout, alone and right after a recompute pass, part by part and kernel by kernel,
 #                     unified then stock ($R/train_profile_<card>_qwen3-0.6b{,_stock}.{json,md})
@@ -420,6 +426,13 @@ for p in "$@"; do
                 part "linear_sweep_${CARD}_k${kc}" 285 "$py" benchmarks/sweep_linear.py --tma 1 --kchunk "$kc" \
                     --budget-s 170 --out "$R/linear_sweep_${CARD}_k${kc}_s44"
             done ;;
+        linear_one_chunk)
+            for one in 0 1; do
+                part "linear_sweep_${CARD}_k4096_one${one}" 200 "$py" benchmarks/sweep_linear.py --tma 1 --kchunk 4096 \
+                    --set "ONE_CHUNK=$one" --budget-s 120 --out "$R/linear_sweep_${CARD}_k4096_one${one}_s44"
+            done
+            part "linear_sweep_${CARD}_k2048b" 200 "$py" benchmarks/sweep_linear.py --tma 1 --kchunk 2048 --budget-s 120 \
+                --out "$R/linear_sweep_${CARD}_k2048_s44b" ;;
         train_profile)
             part "train_profile_${CARD}_qwen3-0.6b" 240 "$py" benchmarks/train_profile.py --preset qwen3-0.6b --out "$R" \
                 --name "train_profile_${CARD}_qwen3-0.6b"
@@ -565,6 +578,6 @@ for p in "$@"; do
             part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_${CARD}
             part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (suite eval_rate eval_rate_prestart3 eval_rate_nosettle eval_rate_OP eval_repeat_OP rvi reply_copy probe_times cheats search_linear search_attention search_pair tuner_linear scaleout scaleout_shared attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs lmhead_bwd lmhead_bwd2 train_variants prefill_chunks decode_regs decode_combine mlp_fused linear_small linear_k4096 varlen keys gluon_fwd gluon_root gluon_fwd_ws gluon_linear shared_prompts)" >&2 ;;
+            echo "unknown part $p (suite eval_rate eval_rate_prestart3 eval_rate_nosettle eval_rate_OP eval_repeat_OP rvi reply_copy probe_times cheats search_linear search_attention search_pair tuner_linear scaleout scaleout_shared attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs lmhead_bwd lmhead_bwd2 train_variants prefill_chunks decode_regs decode_combine mlp_fused linear_small linear_k4096 linear_one_chunk varlen keys gluon_fwd gluon_root gluon_fwd_ws gluon_linear shared_prompts)" >&2 ;;
     esac
 done

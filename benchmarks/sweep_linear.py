@@ -47,6 +47,8 @@ NAN = float("nan")
 MS = (1, 4, 16, 64, 256, 1024, 4096, 16384)
 LM_HEAD_MS = (1, 16, 256)
 BUCKETS = tuple(name for _, name in L.M_BUCKETS) + ("MBIG",)
+#: the environment variable that hands the run's CONFIG (--tma, --kchunk, --set) to the compile processes, as JSON
+SET_ENV = "SWEEP_LINEAR_CONFIG"
 KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "K_UNROLL", "SPLIT")
 #: candidate launches per bucket: (BLOCK_M, BLOCK_N, num_warps, num_stages, K_UNROLL, SPLIT); each also
 #: with the combine CONFIG does not use for the bucket's own tile (fused vs a second kernel)
@@ -177,6 +179,14 @@ def candidates(b: str) -> list:
     return out
 
 
+def config_value(text: str) -> tuple[str, int]:
+    """`--set KEY=VALUE`: a CONFIG key of the linear root and one of its TUNABLES values."""
+    key, _, value = text.partition("=")
+    if key not in L.TUNABLES or not value.lstrip("-").isdigit() or int(value) not in L.TUNABLES[key]:
+        raise argparse.ArgumentTypeError(f"{text!r}: not KEY=VALUE, KEY a key of linear's TUNABLES, VALUE one of its")
+    return key, int(value)
+
+
 def label(tile: tuple, fused: bool) -> str:
     return ",".join(map(str, tile)) + ("" if not tile[-1] else ",fused" if fused else ",kernel")
 
@@ -185,10 +195,8 @@ def _compile_jobs(jobs: list) -> list:
     """Child process: launch each candidate on a small problem (2 chunks) so Triton's disk cache holds it."""
     import tik_kernels.ops.linear as lin
 
-    # the parent's --tma / --kchunk (spawned processes do not share its CONFIG)
-    for key in ("TMA", "KCHUNK"):
-        if os.environ.get(f"SWEEP_LINEAR_{key}"):
-            lin.CONFIG[key] = int(os.environ[f"SWEEP_LINEAR_{key}"])
+    # the parent's --tma / --kchunk / --set (spawned processes do not share its CONFIG)
+    lin.CONFIG.update(json.loads(os.environ.get(SET_ENV, "{}")))
     out = []
     x = torch.randn(16, 2 * lin.CONFIG["KCHUNK"], device="cuda").to(torch.bfloat16)
     w = torch.randn(256, 2 * lin.CONFIG["KCHUNK"], device="cuda").to(torch.bfloat16)
@@ -414,6 +422,8 @@ def main() -> None:
         default=None,
         help="CONFIG['TMA'] for this run (operands through TMA descriptors; changes no bits)",
     )
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", type=config_value,
+                    help="a CONFIG launch key for this run (repeatable; e.g. ONE_CHUNK=1), in every candidate")
     ap.add_argument("--model", default=QWEN3_8B.name, choices=[m.name for m in MODELS],
                     help="whose projections and lm_head are the cells (default qwen3-8b)")
     ap.add_argument("--buckets", nargs="+", choices=BUCKETS, default=None,
@@ -425,12 +435,14 @@ def main() -> None:
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("sweep_linear: needs a CUDA GPU")
+    run_config = dict(args.set)
     for key, value in (("TMA", args.tma), ("KCHUNK", args.kchunk)):
         if value is not None:
-            L.CONFIG[key] = value
-            os.environ[f"SWEEP_LINEAR_{key}"] = str(value)
+            run_config[key] = value
+    L.CONFIG.update(run_config)
+    os.environ[SET_ENV] = json.dumps(run_config)
     doc = run(args)
-    doc["tma"], doc["kchunk"] = L.CONFIG["TMA"], L.CONFIG["KCHUNK"]
+    doc["tma"], doc["kchunk"], doc["run_config"] = L.CONFIG["TMA"], L.CONFIG["KCHUNK"], run_config
     doc["env"] = H.environment() | {"sms": torch.cuda.get_device_properties(0).multi_processor_count}
     doc["command"] = "python benchmarks/sweep_linear.py " + " ".join(sys.argv[1:])
     out = Path(args.out)

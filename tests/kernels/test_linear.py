@@ -189,6 +189,7 @@ def test_a_k_of_one_chunk_walks_without_a_running_total(monkeypatch):
     the running total."""
     from launch_spy import spy_launches
 
+    monkeypatch.setitem(L.CONFIG, "ONE_CHUNK", 1)
     seen = spy_launches(monkeypatch, L, "_linear_fwd_kernel", lambda args, kwargs: kwargs["ONE_CHUNK"])
     N = 24
     kc = L._kchunk(N)
@@ -199,7 +200,9 @@ def test_a_k_of_one_chunk_walks_without_a_running_total(monkeypatch):
         assert same_bits(y, _tree_fp32(x, w, kc, L.CONFIG["BLOCK_K"])), K
         assert y[0, 3].item() == 0 and not torch.signbit(y[0, 3])
     L._matmul(x[:, :40].repeat(1, 3 * kc // 40 + 1), w[:, :40].repeat(1, 3 * kc // 40 + 1), tile=(16, 32, 4, 2, 1, 0))
-    assert seen == [True, True, False]
+    monkeypatch.setitem(L.CONFIG, "ONE_CHUNK", 0)  # the CONFIG's launch: the running total, one chunk or not
+    L._matmul(x, w, tile=(16, 32, 4, 2, 1, 0))
+    assert seen == [True, True, False, False]
 
 
 def test_a_narrow_output_s_chunks_follow_its_width_never_the_tokens(monkeypatch):
@@ -435,14 +438,16 @@ def _one_chunk_is_the_walk(M: int, N: int, device: str, tiles: list) -> None:
     assert same_bits(L.linear(x1, w1), L.linear(x, w))
 
 
-def test_one_chunk_is_the_walk_with_a_chunk_of_zeros():
+def test_one_chunk_is_the_walk_with_a_chunk_of_zeros(monkeypatch):
+    monkeypatch.setitem(L.CONFIG, "ONE_CHUNK", 1)
     _one_chunk_is_the_walk(20, 24, "cpu", [(16, 16, 4, 2, 1, 0), (16, 32, 4, 2, 2, 0)])
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("M", [16, 256, 4096])
-def test_one_chunk_is_the_walk_with_a_chunk_of_zeros_on_gpu(M):
+def test_one_chunk_is_the_walk_with_a_chunk_of_zeros_on_gpu(M, monkeypatch):
     """Real tiles, the big one (128 x 256, 8 warps: where the running total spilled) among them."""
+    monkeypatch.setitem(L.CONFIG, "ONE_CHUNK", 1)
     _one_chunk_is_the_walk(M, 4096, "cuda", [(16, 64, 4, 4, 2, 0), (128, 128, 8, 5, 1, 0), (128, 256, 8, 4, 1, 0)])
 
 

@@ -77,12 +77,13 @@ emulation of the tree; the contract checks rows of every T against the full batc
 
 One flat loop runs a program's steps; a chunk's sum is handed on at its last step (added to the
 total, or written to the workspace), so the compiler pipelines loads across chunk boundaries and turns
-the reset into the MMA's "ignore the accumulator" flag. Where K fits one chunk (ONE_CHUNK: qwen3-0.6b's and
-1.7b's qkv and gate_up projections, K = 1024 / 2048), the loop carries no running total and the chunk's sum is
-added to 0 after it: the same (0 + s_0), without the total's registers held beside the accumulator through the
-loop (sm_90, Triton 3.6: the 128 x 256 walking launch 255 registers and 460 / 356 B of spills a thread, its loop
-552 SASS instructions with 27 spill stores and 31 loads; with one chunk 254 registers, 80 / 80 B of spills, none in
-its 95-instruction loop; `benchmarks/linear_offline.py`).
+the reset into the MMA's "ignore the accumulator" flag. ONE_CHUNK (a launch choice, off): where K fits one chunk
+(qwen3-0.6b's and 1.7b's qkv and gate_up projections, K = 1024 / 2048), the loop carries no running total and the
+chunk's sum is added to 0 after it: the same (0 + s_0), without the total's registers held beside the accumulator
+through the loop (sm_90, Triton 3.6: the 128 x 256 walking launch 255 registers and 460 / 356 B of spills a thread,
+its loop 552 SASS instructions with 27 spill stores and 31 loads; with one chunk 254 registers, 80 / 80 B of spills,
+none in its 95-instruction loop; `benchmarks/linear_offline.py`), yet on an H100 that launch ran slower with it
+(CONFIG's comment).
 
 Measured on the H200 (`benchmarks/sweep_linear.py`, benchmarks/results/linear_sweep_h200_*/sweep.md):
 with TMA and KCHUNK 1024 the best launch per bucket was 1.17x cuBLAS's time (geomean over 35 Qwen3-8B
@@ -173,6 +174,7 @@ TUNABLES = {
     "PREFETCH": (0, 1),
     "NARROW_N": (0, 1024, 2048, 4096),
     "NARROW_KCHUNK": (256, 512, 1024, 2048),
+    "ONE_CHUNK": (0, 1),
 }
 
 #: keys only a path behind a gate reads ({key: {gate: values}}, a literal the tuner parses): the tuner spends no
@@ -247,6 +249,11 @@ CONFIG = {
     # the tree's narrow-output rule (frozen, as KCHUNK; the module docstring)
     "NARROW_N": 2048,
     "NARROW_KCHUNK": 1024,
+    # 1: a walking launch whose K fits one chunk carries no running total through its loop (the same bits). Off: on an
+    # H100 the 128 x 256 launch took 1.31-1.38x cuBLAS's time with it where the running total's took 1.07-1.10x
+    # (Qwen3-8B's K = 4096 cells under a 4096 tree, linear_sweep_h100_k{4096,2048}_s44/), though it drops that
+    # launch's 460 / 356 B of spills (linear_offline_s44.txt)
+    "ONE_CHUNK": 0,
 }
 
 #: what the tuner checks a move against before spending an evaluation on it (the tuner's `fits`): each launch
@@ -633,7 +640,7 @@ def _matmul(
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, KCHUNK=KCHUNK, K_UNROLL=K_UNROLL, GROUP_M=GROUP_M,
         SPLIT=split, FUSED=bool(fuse), EVEN_K=K % (BLOCK_K * K_UNROLL) == 0, UPCAST=INTERPRET,
         TMA=use_tma, A_T=use_tma and da[1], B_T=use_tma and db[1],
-        PREFETCH=prefetch, SILU=silu, ONE_CHUNK=n_chunks == 1,
+        PREFETCH=prefetch, SILU=silu, ONE_CHUNK=bool(CONFIG.get("ONE_CHUNK")) and n_chunks == 1,
         num_warps=num_warps, num_stages=num_stages, **pdl,
     )  # fmt: skip
     if split and not fuse:
