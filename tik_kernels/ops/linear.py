@@ -250,9 +250,9 @@ CONFIG = {
     "NARROW_N": 2048,
     "NARROW_KCHUNK": 1024,
     # 1: a walking launch whose K fits one chunk carries no running total through its loop (the same bits). Off: on an
-    # H100 the 128 x 256 launch took 1.31-1.38x cuBLAS's time with it where the running total's took 1.07-1.10x
-    # (Qwen3-8B's K = 4096 cells under a 4096 tree, linear_sweep_h100_k{4096,2048}_s44/), though it drops that
-    # launch's 460 / 356 B of spills (linear_offline_s44.txt)
+    # H100, Qwen3-8B's K = 4096 cells under a 4096 tree, the compute-bound 128 x 256 launches took 1.31-1.38x cuBLAS's
+    # time with it and 1.02-1.08x without, in one call (linear_sweep_h100_k4096_one{1,0}_s44/), though it drops that
+    # launch's 460 / 356 B of spills (linear_offline_s44.txt); the smaller tiles were 0-2% faster with it
     "ONE_CHUNK": 0,
 }
 
