@@ -192,14 +192,19 @@ def label(tile: tuple, fused: bool) -> str:
 
 
 def _compile_jobs(jobs: list) -> list:
-    """Child process: launch each candidate on a small problem (2 chunks) so Triton's disk cache holds it."""
+    """Child process: launch each candidate on a small problem (2 chunks) so Triton's disk cache holds it.
+
+    The weight is wider than NARROW_N, so its K is cut in KCHUNK's chunks as the Qwen3-8B cells' are: at 256 rows
+    (session 44) it took NARROW_KCHUNK's, four chunks where two were meant, so the "walking" launch split and fused
+    its combine, and the 128 x 256 tiles asked 327,712 B of shared memory for that, failed, and were left out of
+    the timing although the walking launch the cells run needs 196,640."""
     import tik_kernels.ops.linear as lin
 
     # the parent's --tma / --kchunk / --set (spawned processes do not share its CONFIG)
     lin.CONFIG.update(json.loads(os.environ.get(SET_ENV, "{}")))
     out = []
     x = torch.randn(16, 2 * lin.CONFIG["KCHUNK"], device="cuda").to(torch.bfloat16)
-    w = torch.randn(256, 2 * lin.CONFIG["KCHUNK"], device="cuda").to(torch.bfloat16)
+    w = torch.randn(lin.CONFIG["NARROW_N"] + 256, 2 * lin.CONFIG["KCHUNK"], device="cuda").to(torch.bfloat16)
     for tile, fused in jobs:
         try:
             lin._matmul(x, w, tile=tuple(tile), chunks_per_prog=2)
