@@ -120,7 +120,9 @@
 #                     tree, beside the 2048 tree, one sweep each ($R/linear_sweep_<card>_k4096_one{0,1}_s44/,
 #                     $R/linear_sweep_<card>_k2048_s44b/): session 44's linear_k4096 call had the 128 x 256 launch at
 #                     1.31-1.38x cuBLAS with it against 1.07-1.10x under the 2048 tree (its running total), the other
-#                     buckets faster under 4096
+#                     buckets faster under 4096. H100, session 44: ONE_CHUNK off under 4096 geomean 1.045, worst 1.236,
+#                     M <= 16 0.986; on 1.088 / 1.381 / 0.978; the 2048 tree 1.060 / 1.210 / 1.005 (the sweeps then
+#                     dropped their 128 x 256 candidates, a warm-up bug since fixed): owed on an H200
 #   train_profile #19 where the trainer's time goes (benchmarks/train_profile.py): the 4 minibatch updates of a 256-sequence
 #                     qwen3-0.6b rollout, alone and right after a recompute pass, part by part and kernel by kernel,
 #                     unified then stock ($R/train_profile_<card>_qwen3-0.6b{,_stock}.{json,md})
