@@ -252,7 +252,8 @@ CONFIG = {
     # 1: a walking launch whose K fits one chunk carries no running total through its loop (the same bits). Off: on an
     # H100, Qwen3-8B's K = 4096 cells under a 4096 tree, the compute-bound 128 x 256 launches took 1.31-1.38x cuBLAS's
     # time with it and 1.02-1.08x without, in one call (linear_sweep_h100_k4096_one{1,0}_s44/), though it drops that
-    # launch's 460 / 356 B of spills (linear_offline_s44.txt); the smaller tiles were 0-2% faster with it
+    # launch's 460 / 356 B of spills (linear_offline_s44.txt); the other one-chunk cells 0.5% faster with it (geomean;
+    # 2% faster to 7% slower a cell)
     "ONE_CHUNK": 0,
 }
 
