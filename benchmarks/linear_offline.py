@@ -23,23 +23,21 @@ from gluon_offline import describe  # noqa: E402
 
 
 def tiles(cfg: dict) -> list[tuple[str, tuple]]:
-    """(bucket, (BLOCK_M, BLOCK_N, num_warps, num_stages, K_UNROLL)) of each CONFIG launch tile, FILL tiles included."""
-    out = []
-    for b in ("M16", "M64", "M256", "M1024", "MBIG", "M64_FILL", "M256_FILL"):
-        unroll = cfg[f"{b.split('_')[0]}_K_UNROLL"]
-        out.append((b, tuple(cfg[f"{b}_{k}"] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")) + (unroll,)))
-    return out
+    """(bucket, (BLOCK_M, BLOCK_N, num_warps, num_stages, K_UNROLL)) of each CONFIG launch tile, FILL tiles included:
+    the tiles `linear.SMEM_TILES` names (with the key each reads its K_UNROLL from), and each one's warps."""
+    from tik_kernels.ops import linear as L
+
+    return [(b, (cfg[bm], cfg[bn], cfg[f"{b}_num_warps"], cfg[stages], cfg[unroll]))
+            for b, (bm, bn, _, stages, unroll) in L.SMEM_TILES.items()]
 
 
 def compile_walk(tile: tuple, one_chunk: bool):
     from tik_kernels.ops import linear as L
 
     bm, bn, warps, stages, unroll = tile
-    fn = L._linear_fwd_kernel
-    const = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=L.CONFIG["BLOCK_K"], KCHUNK=L.CONFIG["KCHUNK"], K_UNROLL=unroll,
-                 GROUP_M=L.GROUP_M, SPLIT=False, FUSED=False, EVEN_K=True, UPCAST=False, TMA=True, PDL=True,
-                 ONE_CHUNK=one_chunk)
-    bk = L.CONFIG["BLOCK_K"]
+    fn, bk = L._linear_fwd_kernel, L.CONFIG["BLOCK_K"]
+    const = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, KCHUNK=L.CONFIG["KCHUNK"], K_UNROLL=unroll, GROUP_M=L.GROUP_M,
+                 SPLIT=False, FUSED=False, EVEN_K=True, UPCAST=False, TMA=True, PDL=True, ONE_CHUNK=one_chunk)
     types = {"ws_ptr": "*fp32", "cnt_ptr": "*i32", "a_desc": f"tensordesc<bf16[{bm},{bk}]>",
              "b_desc": f"tensordesc<bf16[{bn},{bk}]>"}
     aligned = [n for n in oc.signature(fn, const, types)[1] if n.startswith("stride_") or n in ("N", "K")]

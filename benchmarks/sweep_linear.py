@@ -3,7 +3,8 @@
     PYTHONPATH=. python benchmarks/sweep_linear.py --out benchmarks/results/linear_sweep
 
 Cells: Qwen3-8B's projections (qkv, o, gate_up, down) × M in 1 … 16384, and lm_head at M = 1,
-16, 256 (`--model` for another model's, `--buckets` for some M buckets only). Per bucket of
+16, 256 (`--model` for another model's, `--buckets` for some M buckets only; `--kchunk`, `--tma` and `--set KEY=VALUE`
+set CONFIG for the whole run, e.g. `--kchunk 4096 --set ONE_CHUNK=0`). Per bucket of
 tik_kernels.ops.linear, ~10-30 candidate launches (tile, warps, stages,
 K_UNROLL, SPLIT, fused or separate combine); none may change bits, so each candidate's output
 is compared with the entry point's, bit for bit, and a candidate that differs is reported and
