@@ -1,34 +1,17 @@
 """entropy: the contract's CPU plan passes on the root; planted bugs fail the check meant to catch them."""
 
-import dataclasses
-from pathlib import Path
-
 import pytest
 import torch
-from plant import assert_gpu_plan_passes, failed, failed_requirements, own_copy, planted
+from lmhead_cases import SMALL, LmheadRoot
+from plant import assert_gpu_plan_passes, failed, failed_requirements
 
 import tik_kernels.ops.entropy as root
-from tik_kernels.contract import run_plan, tokenwise_plan
+from tik_kernels.contract import run_plan
 from tik_kernels.contracts import get_contract
-from tik_kernels.contracts._lmhead import CPU_SIZES
 from tik_kernels.contracts.entropy import config, configs
 from tik_kernels.reference.logprob import entropy as entropy_ref
 
-#: the root with the lm_head pieces it shares (ops/_lmhead.py) as its own copy, so a planted edit can reach them
-ROOT_SRC = own_copy(Path(root.__file__).read_text(), "tik_kernels.ops._lmhead")
-SMALL = {"BLOCK_T": 16, "BLOCK_V": 16, "BLOCK_K": 16, "V_CHUNK": 48,
-         "BWD_CHUNK_T": 16, "BWD_BLOCK_M": 16, "BWD_BLOCK_N": 16, "BWD_BLOCK_K": 16}
-
-
-def _planted(tmp_path, *edits: tuple[str, str], config: dict | None = None):
-    return planted(tmp_path, ROOT_SRC, "planted_entropy", *edits, config=config)
-
-
-def _plan(grad: bool = False, sizes=CPU_SIZES, cfg=None):
-    cfg = cfg or configs("cpu")[0]
-    if not grad:
-        cfg = dataclasses.replace(cfg, grad_args=())
-    return tokenwise_plan("entropy", [cfg], sizes, seed=5)
+ROOT = LmheadRoot("entropy", root, configs)
 
 
 def test_cpu_plan_passes_on_root():
@@ -41,8 +24,8 @@ def test_cpu_plan_passes_on_root():
 
 def test_small_tiles_many_chunks_and_blocks(tmp_path):
     # 3 V chunks of 48 (the last partial), 2 token blocks, 3 K steps; gradients over 2 token chunks of 16
-    mod = _planted(tmp_path, config=SMALL)
-    results = run_plan(_plan(grad=True, sizes=(3, 20), cfg=config("H=48,V=100", 48, 100, 0.7)), mod)
+    mod = ROOT.planted(tmp_path, config=SMALL)
+    results = run_plan(ROOT.plan(grad=True, sizes=(3, 20), cfg=config("H=48,V=100", 48, 100, 0.7)), mod)
     assert not failed(results), failed(results)
 
 
@@ -61,21 +44,21 @@ def test_extreme_distributions(kind):
 
 
 def test_planted_t_dependent_tile_fails_batch_invariance(tmp_path):
-    mod = _planted(tmp_path, ('    cfg = CONFIG\n    out = torch.empty((T,)',
+    mod = ROOT.planted(tmp_path, ('    cfg = CONFIG\n    out = torch.empty((T,)',
                               '    cfg = dict(CONFIG, BLOCK_K=CONFIG["BLOCK_K"] if T < 8 else 32)\n'
                               '    out = torch.empty((T,)'))
-    assert "batch_invariance" in failed_requirements(run_plan(_plan(), mod))
+    assert "batch_invariance" in failed_requirements(run_plan(ROOT.plan(), mod))
 
 
 def test_planted_wrong_temperature_fails_accuracy(tmp_path):
-    mod = _planted(tmp_path, ("    return acc / temperature\n", "    return acc * temperature\n"))
-    assert failed_requirements(run_plan(_plan(), mod)) == {"accuracy"}
+    mod = ROOT.planted(tmp_path, ("    return acc / temperature\n", "    return acc * temperature\n"))
+    assert failed_requirements(run_plan(ROOT.plan(), mod)) == {"accuracy"}
 
 
 def test_planted_backward_missing_entropy_term_fails_gradient(tmp_path):
     # dH/dz = -p (log p + H): dropping the +H term is a classic slip
-    mod = _planted(tmp_path, ("(b_logp + b_ent[:, None])", "b_logp"))
-    assert failed_requirements(run_plan(_plan(grad=True), mod)) == {"gradient"}
+    mod = ROOT.planted(tmp_path, ("(b_logp + b_ent[:, None])", "b_logp"))
+    assert failed_requirements(run_plan(ROOT.plan(grad=True), mod)) == {"gradient"}
 
 
 @pytest.mark.gpu

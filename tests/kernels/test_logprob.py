@@ -1,36 +1,18 @@
 """logprob: the contract's CPU plan passes on the root; planted bugs fail the check meant to catch them."""
 
-import dataclasses
-from pathlib import Path
-
 import pytest
 import torch
 from launch_spy import spy_launches
-from plant import assert_gpu_plan_passes, failed, failed_requirements, own_copy, planted
+from lmhead_cases import SMALL, LmheadRoot
+from plant import assert_gpu_plan_passes, failed, failed_requirements
 
 import tik_kernels.ops.logprob as root
-from tik_kernels.contract import run_plan, same_bits, tokenwise_plan
+from tik_kernels.contract import run_plan, same_bits
 from tik_kernels.contracts import get_contract
-from tik_kernels.contracts._lmhead import CPU_SIZES
 from tik_kernels.contracts.logprob import config, configs
 from tik_kernels.reference.logprob import logprob as logprob_ref
 
-#: the root with the lm_head pieces it shares (ops/_lmhead.py) as its own copy, so a planted edit can reach them
-ROOT_SRC = own_copy(Path(root.__file__).read_text(), "tik_kernels.ops._lmhead")
-#: tiny tiles: several V chunks, K steps and token blocks even at CPU sizes
-SMALL = {"BLOCK_T": 16, "BLOCK_V": 16, "BLOCK_K": 16, "V_CHUNK": 48,
-         "BWD_CHUNK_T": 16, "BWD_BLOCK_M": 16, "BWD_BLOCK_N": 16, "BWD_BLOCK_K": 16}
-
-
-def _planted(tmp_path, *edits: tuple[str, str], config: dict | None = None):
-    return planted(tmp_path, ROOT_SRC, "planted_logprob", *edits, config=config)
-
-
-def _plan(grad: bool = False, sizes=CPU_SIZES, cfg=None):
-    cfg = cfg or configs("cpu")[0]
-    if not grad:
-        cfg = dataclasses.replace(cfg, grad_args=())
-    return tokenwise_plan("logprob", [cfg], sizes, seed=5)
+ROOT = LmheadRoot("logprob", root, configs)
 
 
 #: a narrow shape for the tiny-tile runs (the interpreter's cost grows with the number of tiles)
@@ -48,8 +30,8 @@ def test_cpu_plan_passes_on_root():
 
 def test_small_tiles_many_chunks_and_blocks(tmp_path):
     # 3 V chunks of 48 (the last one partial), 2 token blocks of 16 at T=20, 5 K steps: merge and masking paths
-    mod = _planted(tmp_path, config=SMALL)
-    results = run_plan(_plan(sizes=SMALL_SIZES, cfg=SMALL_CFG), mod)
+    mod = ROOT.planted(tmp_path, config=SMALL)
+    results = run_plan(ROOT.plan(sizes=SMALL_SIZES, cfg=SMALL_CFG), mod)
     assert not failed(results), failed(results)
 
 
@@ -68,7 +50,7 @@ def test_leading_dims_and_target_out_of_range():
 
 def test_weight_grad_deterministic_over_token_chunks(tmp_path):
     # 40 tokens in BWD_CHUNK_T = 16 chunks: grad_w accumulates three chunks in order
-    mod = _planted(tmp_path, config=SMALL)
+    mod = ROOT.planted(tmp_path, config=SMALL)
     h = torch.randn(40, 32).to(torch.bfloat16)
     w = (torch.randn(100, 32) * 0.5).to(torch.bfloat16)
     t = torch.randint(0, 100, (40,))
@@ -98,7 +80,7 @@ def test_backward_launch_choices_move_no_bits(tmp_path):
     grad_hidden element's sum over V is the same chain whatever the tile, and grad_w's chain over the tokens goes on
     through its fp32 buffer from chunk to chunk. 40 tokens in chunks of 16 (grad_w accumulates three), then 32 (two)
     and 48 (one)."""
-    mod = _planted(tmp_path, config=SMALL)
+    mod = ROOT.planted(tmp_path, config=SMALL)
     gen = torch.Generator().manual_seed(3)
     h = torch.randn(40, 32, generator=gen).to(torch.bfloat16)
     w = (torch.randn(100, 32, generator=gen) * 0.5).to(torch.bfloat16)
@@ -183,7 +165,7 @@ def test_the_entropy_launch_alone_takes_the_register_cap(monkeypatch):
 def test_a_low_dz_scratch_is_the_operands_dtype(tmp_path, monkeypatch):
     """BWD_DZ_LOW allocates the scratch in w's dtype when hidden shares it, fp32 otherwise (each grad kernel rounds dz
     to its own other operand's dtype, so one scratch cannot serve two)."""
-    mod = _planted(tmp_path, config=dict(SMALL, BWD_DZ_LOW=1))
+    mod = ROOT.planted(tmp_path, config=dict(SMALL, BWD_DZ_LOW=1))
     seen = spy_launches(monkeypatch, mod, "_grad_hidden_kernel", lambda args, kwargs: args[0].dtype)  # dz
     t, g = torch.randint(0, 100, (20,)), torch.randn(20)
     _grads(mod, torch.randn(20, 32).to(torch.bfloat16), torch.randn(100, 32).to(torch.bfloat16), t, g)
@@ -193,42 +175,42 @@ def test_a_low_dz_scratch_is_the_operands_dtype(tmp_path, monkeypatch):
 
 def test_planted_t_dependent_chunking_fails_batch_invariance(tmp_path):
     # the K step of the logits dot chosen by the batch size (a "T-bucketed" tile): other bits once T >= 8
-    mod = _planted(tmp_path, ('    cfg = CONFIG\n    out = torch.empty((T,)',
+    mod = ROOT.planted(tmp_path, ('    cfg = CONFIG\n    out = torch.empty((T,)',
                               '    cfg = dict(CONFIG, BLOCK_K=CONFIG["BLOCK_K"] if T < 8 else 32)\n'
                               '    out = torch.empty((T,)'))
-    assert "batch_invariance" in failed_requirements(run_plan(_plan(), mod))
+    assert "batch_invariance" in failed_requirements(run_plan(ROOT.plan(), mod))
 
 
 def test_planted_block_dependent_order_fails_batch_invariance(tmp_path):
     # each token block runs the dot over H starting at a different K step (a "staggered" schedule):
     # a token's logits then depend on which block it lands in, i.e. on the other tokens
-    mod = _planted(tmp_path, (
+    mod = ROOT.planted(tmp_path, (
         "    for k0 in range(0, H, BLOCK_K):\n",
         "    n_k = tl.cdiv(H, BLOCK_K)\n    for i in range(0, n_k):\n"
         "        k0 = ((i + tl.min(o_t) // BLOCK_T) % n_k) * BLOCK_K\n",
     ), config=SMALL)
-    results = run_plan(_plan(sizes=SMALL_SIZES, cfg=SMALL_CFG), mod)
+    results = run_plan(ROOT.plan(sizes=SMALL_SIZES, cfg=SMALL_CFG), mod)
     assert "batch_invariance" in failed_requirements(results)
     assert "accuracy" not in failed_requirements(results)  # the values are right, only their bits move
 
 
 def test_planted_input_mutation_fails_inputs_unchanged(tmp_path):
     # scaling the hidden states by 1/temperature in place instead of passing the temperature on
-    mod = _planted(tmp_path, ("    return LogprobFunction.apply(h2, w2, t, float(temperature))",
+    mod = ROOT.planted(tmp_path, ("    return LogprobFunction.apply(h2, w2, t, float(temperature))",
                               "    h2.div_(temperature)\n    return LogprobFunction.apply(h2, w2, t, 1.0)"))
-    assert "inputs_unchanged" in failed_requirements(run_plan(_plan(), mod))
+    assert "inputs_unchanged" in failed_requirements(run_plan(ROOT.plan(), mod))
 
 
 def test_planted_wrong_temperature_fails_accuracy(tmp_path):
-    mod = _planted(tmp_path, ("    return acc / temperature\n", "    return acc * temperature\n"))
-    missed = failed_requirements(run_plan(_plan(), mod))
+    mod = ROOT.planted(tmp_path, ("    return acc / temperature\n", "    return acc * temperature\n"))
+    missed = failed_requirements(run_plan(ROOT.plan(), mod))
     assert missed == {"accuracy"}, missed
 
 
 def test_planted_backward_without_temperature_fails_gradient(tmp_path):
-    mod = _planted(tmp_path, ("b_dz = b_g[:, None] * (b_hit - b_p) / temperature",
+    mod = ROOT.planted(tmp_path, ("b_dz = b_g[:, None] * (b_hit - b_p) / temperature",
                               "b_dz = b_g[:, None] * (b_hit - b_p)"))
-    missed = failed_requirements(run_plan(_plan(grad=True), mod))
+    missed = failed_requirements(run_plan(ROOT.plan(grad=True), mod))
     assert missed == {"gradient"}, missed
 
 
