@@ -123,6 +123,10 @@
 #                     buckets faster under 4096. H100, session 44: ONE_CHUNK off under 4096 geomean 1.045, worst 1.236,
 #                     M <= 16 0.986; on 1.088 / 1.381 / 0.978; the 2048 tree 1.060 / 1.210 / 1.005 (the sweeps then
 #                     dropped their 128 x 256 candidates, a warm-up bug since fixed): owed on an H200
+#   linear_swap   #16 linear's SWAP launch choice (session 45: the decode-size tile computed transposed, w @ x.T, so its 16
+#                     token rows are wgmma's columns, not the register-fed mma's rows): its bit test, then the M16 and
+#                     M64 buckets' candidate launches against cuBLAS with SWAP off and on, one sweep each
+#                     ($R/pytest_gpu_<card>_linear_swap.log, $R/linear_sweep_<card>_swap{0,1}_s45/)
 #   train_profile #19 where the trainer's time goes (benchmarks/train_profile.py): the 4 minibatch updates of a 256-sequence
 #                     qwen3-0.6b rollout, alone and right after a recompute pass, part by part and kernel by kernel,
 #                     unified then stock ($R/train_profile_<card>_qwen3-0.6b{,_stock}.{json,md})
@@ -435,6 +439,12 @@ for p in "$@"; do
             done
             part "linear_sweep_${CARD}_k2048b" 200 "$py" benchmarks/sweep_linear.py --tma 1 --kchunk 2048 --budget-s 120 \
                 --out "$R/linear_sweep_${CARD}_k2048_s44b" ;;
+        linear_swap)
+            part "pytest_gpu_${CARD}_linear_swap" 200 "$py" -m pytest -q -m gpu tests/kernels/test_linear.py -k swap
+            for sw in 0 1; do
+                part "linear_sweep_${CARD}_swap${sw}" 180 "$py" benchmarks/sweep_linear.py --tma 1 --buckets M16 M64 \
+                    --set "M16_SWAP=$sw" --set "M64_SWAP=$sw" --budget-s 100 --out "$R/linear_sweep_${CARD}_swap${sw}_s45"
+            done ;;
         train_profile)
             part "train_profile_${CARD}_qwen3-0.6b" 240 "$py" benchmarks/train_profile.py --preset qwen3-0.6b --out "$R" \
                 --name "train_profile_${CARD}_qwen3-0.6b"
@@ -580,6 +590,6 @@ for p in "$@"; do
             part hf 300 "$py" benchmarks/bench_hf.py --out "$R" --name hf_${CARD}
             part hf_gpu_test 200 "$py" -m pytest -q -m gpu tests/hf ;;
         *)
-            echo "unknown part $p (suite eval_rate eval_rate_prestart3 eval_rate_nosettle eval_rate_OP eval_repeat_OP rvi reply_copy probe_times cheats search_linear search_attention search_pair tuner_linear scaleout scaleout_shared attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs lmhead_bwd lmhead_bwd2 train_variants prefill_chunks decode_regs decode_combine mlp_fused linear_small linear_k4096 linear_one_chunk varlen keys gluon_fwd gluon_root gluon_fwd_ws gluon_linear shared_prompts)" >&2 ;;
+            echo "unknown part $p (suite eval_rate eval_rate_prestart3 eval_rate_nosettle eval_rate_OP eval_repeat_OP rvi reply_copy probe_times cheats search_linear search_attention search_pair tuner_linear scaleout scaleout_shared attention e2e e2e_full e2e_minibatch e2e_decode e2e_learning rollout_profile decode_breakdown decode_cuts pdl stock_decode qk_rope overlap narrow lmhead stock_paths train_profile late attn_bwd speed hf lmhead_merge lmhead_step qk_regs prefill attn_tests rope_bits fwd_timeline lmhead_flat lmhead_regs lmhead_bwd lmhead_bwd2 train_variants prefill_chunks decode_regs decode_combine mlp_fused linear_small linear_k4096 linear_one_chunk linear_swap varlen keys gluon_fwd gluon_root gluon_fwd_ws gluon_linear shared_prompts)" >&2 ;;
     esac
 done

@@ -1,5 +1,6 @@
 """The linear root's walking launches compiled for sm_90 without a GPU: registers, spills and the SASS loop, with the
-running total carried through the loop (K of several chunks) and without it (ONE_CHUNK: K within one chunk).
+running total carried through the loop (K of several chunks) and without it (ONE_CHUNK: K within one chunk), and for
+the buckets with a SWAP key (M16, M64 and its FILL tile) the tile computed transposed (SWAP: wgmma in the loop?).
 
     PYTHONPATH=<a pip --target dir of triton==3.6.0>:. python benchmarks/linear_offline.py [--out FILE]
 
@@ -31,13 +32,22 @@ def tiles(cfg: dict) -> list[tuple[str, tuple]]:
             for b, (bm, bn, _, stages, unroll) in L.SMEM_TILES.items()]
 
 
-def compile_walk(tile: tuple, one_chunk: bool):
+def swaps(bucket: str) -> tuple[bool, ...]:
+    """(False,) or (False, True): whether the bucket's launches can compute their tile transposed (a `<M bucket>_SWAP`
+    key in the root's TUNABLES)."""
+    from tik_kernels.ops import linear as L
+
+    return (False, True) if f"{bucket.split('_')[0]}_SWAP" in L.TUNABLES else (False,)
+
+
+def compile_walk(tile: tuple, one_chunk: bool, swap: bool = False):
     from tik_kernels.ops import linear as L
 
     bm, bn, warps, stages, unroll = tile
     fn, bk = L._linear_fwd_kernel, L.CONFIG["BLOCK_K"]
     const = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, KCHUNK=L.CONFIG["KCHUNK"], K_UNROLL=unroll, GROUP_M=L.GROUP_M,
-                 SPLIT=False, FUSED=False, EVEN_K=True, UPCAST=False, TMA=True, PDL=True, ONE_CHUNK=one_chunk)
+                 SPLIT=False, FUSED=False, EVEN_K=True, UPCAST=False, TMA=True, PDL=True, ONE_CHUNK=one_chunk,
+                 SWAP=swap)
     types = {"ws_ptr": "*fp32", "cnt_ptr": "*i32", "a_desc": f"tensordesc<bf16[{bm},{bk}]>",
              "b_desc": f"tensordesc<bf16[{bn},{bk}]>"}
     aligned = [n for n in oc.signature(fn, const, types)[1] if n.startswith("stride_") or n in ("N", "K")]
@@ -52,12 +62,13 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=None, help="also write the lines to this file")
     args = ap.parse_args()
     lines = [f"triton {triton.__version__}, {oc.ptxas_version()}; linear's walking launches, TMA, PDL",
-             "bucket (BLOCK_M, BLOCK_N, warps, stages, K_UNROLL): running total | ONE_CHUNK"]
+             "bucket (BLOCK_M, BLOCK_N, warps, stages, K_UNROLL): running total | ONE_CHUNK | running total, SWAP"]
     print("\n".join(lines), flush=True)
     for bucket, tile in tiles(L.CONFIG):
-        for one in (False, True):
-            summary, loops = describe(compile_walk(tile, one))
-            line = f"{bucket:10s} {tile} {'ONE_CHUNK    ' if one else 'running total'}: {summary}; loop: {loops}"
+        for one, swap in [(False, False), (True, False)] + [(False, True)] * swaps(bucket)[-1]:
+            summary, loops = describe(compile_walk(tile, one, swap))
+            form = "ONE_CHUNK    " if one else "running total" + (", SWAP" if swap else "")
+            line = f"{bucket:10s} {tile} {form}: {summary}; loop: {loops}"
             lines.append(line)
             print(line, flush=True)
     if args.out:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from launch_spy import spy_launches
 from linear_planted import (
     ALTERNATING_BLOCK_K,
     SPLIT_K_BY_T,
@@ -187,8 +188,6 @@ def test_a_k_of_one_chunk_walks_without_a_running_total(monkeypatch):
     (ONE_CHUNK, so a 128 x 256 tile's registers hold one accumulator, not two) and adds the chunk's sum to 0 after it,
     the tree's (0 + s_0): the emulated tree's bits, a row whose products are all -0 included; K past one chunk keeps
     the running total."""
-    from launch_spy import spy_launches
-
     monkeypatch.setitem(L.CONFIG, "ONE_CHUNK", 1)
     seen = spy_launches(monkeypatch, L, "_linear_fwd_kernel", lambda args, kwargs: kwargs["ONE_CHUNK"])
     N = 24
@@ -504,6 +503,53 @@ def test_tma_and_pointers_give_the_same_bits_on_gpu(M):
     for a, b in ((x, w), (dy, w.t()), (dy.t(), x.t())):
         assert L._tma_operand(a, 64, 64) is not None and L._tma_operand(b, 64, 64) is not None
         assert same_bits(L._matmul(a, b, tma=True), L._matmul(a, b, tma=False))
+
+
+def _swapped_is_the_same(a, b, tiles, device):
+    """Each (a, b) product with every tile, walking and split (fused and a second kernel), TMA and pointers: the
+    transposed tile's fp32 totals equal the plain tile's."""
+    for tile in tiles:
+        for per_prog, fused in ((None, None), (1, True), (1, False)):
+            for tma in (True, False):
+                kw = dict(tile=tile, chunks_per_prog=per_prog, fused=fused, tma=tma)
+                plain = L._matmul(a, b, torch.float32, swap=False, **kw)
+                assert same_bits(L._matmul(a, b, torch.float32, swap=True, **kw), plain), (device, tile, kw)
+    assert not L._COUNTERS[a.device].any()
+
+
+def test_swapped_tiles_give_the_same_bits(monkeypatch):
+    """SWAP: the tile computed as w @ x.T, the accumulator [BLOCK_N, BLOCK_M]: forward, dx and dw (transposed views),
+    K of two chunks and a tail, each split, the same fp32 totals; a bucket's SWAP key reaches its launches, the
+    fused gate_up launch included (interpreter)."""
+    gen = torch.Generator().manual_seed(11)
+    T, N = 5, 24
+    K = 2 * L._kchunk(N) + 40
+    x, w = _cancelling(N, K)(T, gen)
+    dy = torch.randn(T, N, generator=gen).to(torch.bfloat16)
+    for a, b in ((x, w), (dy, w.t()), (dy.t(), x.t())):
+        _swapped_is_the_same(a, b, [(16, 16, 4, 2, 1, 0), (16, 32, 4, 2, 2, 0)], "cpu")
+    seen = spy_launches(monkeypatch, L, "_linear_fwd_kernel", lambda args, kwargs: kwargs["SWAP"])
+    gate_up = torch.randn(48, 64, generator=gen).to(torch.bfloat16)
+    h = torch.randn(3, 64, generator=gen).to(torch.bfloat16)
+    plain = (L.linear(x, w), L.linear_silu_mul(h, gate_up))
+    monkeypatch.setitem(L.CONFIG, "M16_SWAP", 1)
+    assert same_bits(L.linear(x, w), plain[0]) and same_bits(L.linear_silu_mul(h, gate_up), plain[1])
+    assert seen == [False, False, True, True]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 16, 64])
+def test_swapped_tiles_give_the_same_bits_on_gpu(M):
+    """Real shapes (qkv, K of two chunks): the swapped tile's wgmma (its rows the weight's) against the plain tile's
+    register-fed mma (16 rows) or wgmma (64 rows), forward, dx and dw."""
+    gen = torch.Generator(device="cuda").manual_seed(M)
+    N, K = 6144, 4096
+    x = torch.randn(M, K, generator=gen, device="cuda").to(torch.bfloat16)
+    w = (torch.randn(N, K, generator=gen, device="cuda") / K**0.5).to(torch.bfloat16)
+    dy = torch.randn(M, N, generator=gen, device="cuda").to(torch.bfloat16)
+    tiles = [(16, 64, 4, 4, 2, 0), (16, 128, 4, 4, 2, 0), (64, 64, 4, 6, 1, 0), (64, 128, 4, 4, 1, 0)]
+    for a, b in ((x, w), (dy, w.t()), (dy.t(), x.t())):
+        _swapped_is_the_same(a, b, tiles, "cuda")
 
 
 def test_wide_outputs_take_the_big_tile(monkeypatch):

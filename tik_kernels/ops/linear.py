@@ -72,6 +72,12 @@ The parallelization (tunable per M bucket, none of it changes bits):
   registers and no spills, against 182 with pointers and 255 with 44 spills when each chunk was its
   own loop; `benchmarks/kernel_ir.py`). An operand TMA cannot read (no unit stride, rows not 16-byte
   aligned) goes through pointers; the CPU tests check both give the same bits.
+- SWAP (per bucket, M16_SWAP and M64_SWAP): the tile computed transposed, c.T = w @ x.T, so the weight's BLOCK_N rows
+  are the MMA's rows and the few tokens its columns. Each output element is the same dot of the same BLOCK_K slice
+  into the same accumulator, k in the same order, the operands' roles swapped in a product that commutes exactly.
+  For a decode-size tile (16 token rows) it is what lets Hopper use wgmma, whose rows come in 64s, instead of the
+  register-fed mma (sm_90, Triton 3.6: the 16 x 64 walking launch 46 registers, no wgmma; swapped 36, 8 wgmma in
+  its loop; `benchmarks/linear_offline.py`);
 The CPU tests check every split of the same inputs gives the same bits, and against an fp32
 emulation of the tree; the contract checks rows of every T against the full batch.
 
@@ -175,6 +181,8 @@ TUNABLES = {
     "NARROW_N": (0, 1024, 2048, 4096),
     "NARROW_KCHUNK": (256, 512, 1024, 2048),
     "ONE_CHUNK": (0, 1),
+    "M16_SWAP": (0, 1),
+    "M64_SWAP": (0, 1),
 }
 
 #: keys only a path behind a gate reads ({key: {gate: values}}, a literal the tuner parses): the tuner spends no
@@ -255,6 +263,9 @@ CONFIG = {
     # launch's 460 / 356 B of spills (linear_offline_s44.txt); the other one-chunk cells 0.5% faster with it (geomean;
     # 2% faster to 7% slower a cell)
     "ONE_CHUNK": 0,
+    # 1: the bucket's launches compute each tile transposed (the module docstring's SWAP); offline only so far
+    "M16_SWAP": 0,
+    "M64_SWAP": 0,
 }
 
 #: what the tuner checks a move against before spending an evaluation on it (the tuner's `fits`): each launch
@@ -336,6 +347,7 @@ def _linear_fwd_kernel(
     PREFETCH: tl.constexpr = False,  # b's rows this program reads sent to L2 before the wait (b's unit stride is K)
     SILU: tl.constexpr = False,  # `linear_silu_mul`: b is [gate | up], 2N rows; c [M, N] gets silu(gate) * up (walking)
     ONE_CHUNK: tl.constexpr = False,  # walking, and K fits one chunk: no running total carried through the loop
+    SWAP: tl.constexpr = False,  # the tile computed transposed, c.T = b @ a.T: the weight's rows are the MMA's rows
 ):
     pid = tl.program_id(0)
     pid_c = tl.program_id(1)
@@ -353,7 +365,14 @@ def _linear_fwd_kernel(
     # rows/columns past the edge re-read a valid one (unmasked, pipelined loads); never stored
     o_am = o_m % M
     o_bn = o_n % N
-    m_c = (o_m[:, None] < M) & (o_n[None, :] < N)
+    # SWAP: the accumulators are [BLOCK_N, BLOCK_M], so the output's (row, column) offsets are laid out transposed
+    if SWAP:
+        r_m = o_m[None, :]
+        r_n = o_n[:, None]
+    else:
+        r_m = o_m[:, None]
+        r_n = o_n[None, :]
+    m_c = (r_m < M) & (r_n < N)
 
     n_chunks = tl.cdiv(K, KCHUNK)
     c_lo = pid_c * CHUNKS_PER_PROG
@@ -378,11 +397,11 @@ def _linear_fwd_kernel(
     # the loads across chunk boundaries and turns the reset into the MMA's "ignore the accumulator" flag.
     STEPS: tl.constexpr = KCHUNK // (BLOCK_K * K_UNROLL)
     n_steps = tl.cdiv(tl.minimum(c_hi.to(tl.int64) * KCHUNK, K) - k_lo, BLOCK_K * K_UNROLL)
-    b_total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    b_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    b_total = tl.zeros((BLOCK_N, BLOCK_M) if SWAP else (BLOCK_M, BLOCK_N), dtype=tl.float32)
+    b_acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP else (BLOCK_M, BLOCK_N), dtype=tl.float32)
     # SILU: the up rows' sums beside the gate rows' (b's rows N + o_bn), the same steps into their own accumulators
-    u_total = tl.zeros((BLOCK_M, BLOCK_N) if SILU else (1, 1), dtype=tl.float32)
-    u_acc = tl.zeros((BLOCK_M, BLOCK_N) if SILU else (1, 1), dtype=tl.float32)
+    u_total = tl.zeros(((BLOCK_N, BLOCK_M) if SWAP else (BLOCK_M, BLOCK_N)) if SILU else (1, 1), dtype=tl.float32)
+    u_acc = tl.zeros(((BLOCK_N, BLOCK_M) if SWAP else (BLOCK_M, BLOCK_N)) if SILU else (1, 1), dtype=tl.float32)
     for i in range(0, n_steps):
         k = k_lo + i * (BLOCK_K * K_UNROLL)
         for u in tl.static_range(K_UNROLL):
@@ -413,9 +432,15 @@ def _linear_fwd_kernel(
                     b_u = tl.load(p_b + N * stride_bn, mask=m_k[:, None], other=0.0)
             if UPCAST:
                 # the interpreter's bf16 tl.dot is wrong; fp32 operands are exact there
-                b_acc = tl.dot(b_a.to(tl.float32), b_b.to(tl.float32), b_acc)
+                b_a = b_a.to(tl.float32)
+                b_b = b_b.to(tl.float32)
                 if SILU:
-                    u_acc = tl.dot(b_a.to(tl.float32), b_u.to(tl.float32), u_acc)
+                    b_u = b_u.to(tl.float32)
+            if SWAP:
+                # the same products summed over the same K slice, each output element's dot as before
+                b_acc = tl.dot(b_b.T, b_a.T, b_acc)
+                if SILU:
+                    u_acc = tl.dot(b_u.T, b_a.T, u_acc)
             else:
                 b_acc = tl.dot(b_a, b_b, b_acc)
                 if SILU:
@@ -426,30 +451,30 @@ def _linear_fwd_kernel(
             if (i % STEPS == STEPS - 1) | (i == n_steps - 1):
                 if SPLIT:
                     c = c_lo + i // STEPS
-                    p_ws = ws_ptr + (c * M + o_m[:, None]) * N + o_n[None, :]
+                    p_ws = ws_ptr + (c * M + r_m) * N + r_n
                     tl.store(p_ws, b_acc, mask=m_c)
                 else:
                     # the merge order of `_sum_chunks`: chunk c is added to the sum of chunks 0 .. c-1
                     b_total = b_total + b_acc
                     if SILU:
                         u_total = u_total + u_acc
-                b_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                b_acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP else (BLOCK_M, BLOCK_N), dtype=tl.float32)
                 if SILU:
-                    u_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                    u_acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP else (BLOCK_M, BLOCK_N), dtype=tl.float32)
     if ONE_CHUNK:
         # the tree's ((0 + s_0)) as the walk computes it: the total's registers were never held beside the chunk's
         # (a 128 x 256 tile's two would fill an SM's register file)
         b_total = b_total + b_acc
         if SILU:
             u_total = u_total + u_acc
-    p_c = c_ptr + o_m[:, None] * stride_cm + o_n[None, :] * stride_cn
+    p_c = c_ptr + r_m * stride_cm + r_n * stride_cn
     if SPLIT:
         if FUSED:
             # every thread's chunk sums are written before one thread announces them (release at GPU scope)
             tl.debug_barrier()
             arrived = tl.atomic_add(cnt_ptr + pid, 1)
             if arrived == tl.num_programs(1) - 1:
-                b_total = _sum_chunks(ws_ptr, o_m[:, None], o_n[None, :], m_c, M, N, n_chunks)
+                b_total = _sum_chunks(ws_ptr, r_m, r_n, m_c, M, N, n_chunks)
                 tl.store(p_c, b_total.to(c_ptr.dtype.element_ty), mask=m_c)
                 tl.atomic_xchg(cnt_ptr + pid, 0)
     elif SILU:
@@ -586,10 +611,11 @@ def _matmul(
     fused: bool | None = None,
     tma: bool | None = None,
     silu: bool = False,
+    swap: bool | None = None,
 ) -> torch.Tensor | None:
     """a[M, K] @ b[N, K].T -> [M, N] in `out_dtype` (default a's), any strides.
 
-    `tile`, `chunks_per_prog`, `fused` and `tma` override CONFIG's launch (the CPU tests and
+    `tile`, `chunks_per_prog`, `fused`, `tma` and `swap` override CONFIG's launch (the CPU tests and
     benchmarks/sweep_linear_tree.py use them; none changes bits); `block_k` overrides the frozen
     BLOCK_K (tests only: it does change bits). The entry point passes none of them.
     `silu`: b is a gate_up weight [gate | up] of 2F rows and the result is silu(gate) * up, [M, F]
@@ -633,6 +659,8 @@ def _matmul(
         da, db = _tma_operand(a, BLOCK_M, BLOCK_K), _tma_operand(b, BLOCK_N, BLOCK_K)
     use_tma = da is not None and db is not None and not (silu and db[1])  # silu reads b's rows along K
     pdl = pdl_launch(CONFIG.get("PDL"), a.device)
+    if swap is None:
+        swap = CONFIG.get(f"{_launch_bucket(M, N, sms)}_SWAP", 0)
     # the weight's lines into L2 first (on the GPU, where b's rows run along K: the forward's w)
     prefetch = bool(CONFIG.get("PREFETCH")) and not INTERPRET and b.stride(1) == 1
     _linear_fwd_kernel[(tiles, groups)](
@@ -641,7 +669,7 @@ def _matmul(
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, KCHUNK=KCHUNK, K_UNROLL=K_UNROLL, GROUP_M=GROUP_M,
         SPLIT=split, FUSED=bool(fuse), EVEN_K=K % (BLOCK_K * K_UNROLL) == 0, UPCAST=INTERPRET,
         TMA=use_tma, A_T=use_tma and da[1], B_T=use_tma and db[1],
-        PREFETCH=prefetch, SILU=silu, ONE_CHUNK=bool(CONFIG.get("ONE_CHUNK")) and n_chunks == 1,
+        PREFETCH=prefetch, SILU=silu, ONE_CHUNK=bool(CONFIG.get("ONE_CHUNK")) and n_chunks == 1, SWAP=bool(swap),
         num_warps=num_warps, num_stages=num_stages, **pdl,
     )  # fmt: skip
     if split and not fuse:
