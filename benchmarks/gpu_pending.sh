@@ -125,8 +125,9 @@
 #                     dropped their 128 x 256 candidates, a warm-up bug since fixed): owed on an H200
 #   linear_swap   #16 linear's SWAP launch choice (session 45: the decode-size tile computed transposed, w @ x.T, so its 16
 #                     token rows are wgmma's columns, not the register-fed mma's rows): its bit test, then the M16 and
-#                     M64 buckets' candidate launches against cuBLAS with SWAP off and on, one sweep each
-#                     ($R/pytest_gpu_<card>_linear_swap.log, $R/linear_sweep_<card>_swap{0,1}_s45/)
+#                     M64 buckets' candidate launches against cuBLAS with SWAP off and on, one sweep each, Qwen3-8B's
+#                     projections and qwen3-0.6b's ($R/pytest_gpu_<card>_linear_swap.log,
+#                     $R/linear_sweep_<card>_<model>_swap{0,1}_s45/)
 #   train_profile #19 where the trainer's time goes (benchmarks/train_profile.py): the 4 minibatch updates of a 256-sequence
 #                     qwen3-0.6b rollout, alone and right after a recompute pass, part by part and kernel by kernel,
 #                     unified then stock ($R/train_profile_<card>_qwen3-0.6b{,_stock}.{json,md})
@@ -441,9 +442,12 @@ for p in "$@"; do
                 --out "$R/linear_sweep_${CARD}_k2048_s44b" ;;
         linear_swap)
             part "pytest_gpu_${CARD}_linear_swap" 200 "$py" -m pytest -q -m gpu tests/kernels/test_linear.py -k swap
-            for sw in 0 1; do
-                part "linear_sweep_${CARD}_swap${sw}" 180 "$py" benchmarks/sweep_linear.py --tma 1 --buckets M16 M64 \
-                    --set "M16_SWAP=$sw" --set "M64_SWAP=$sw" --budget-s 100 --out "$R/linear_sweep_${CARD}_swap${sw}_s45"
+            for model in qwen3-8b qwen3-0.6b; do
+                for sw in 0 1; do
+                    part "linear_sweep_${CARD}_${model}_swap${sw}" 150 "$py" benchmarks/sweep_linear.py --tma 1 \
+                        --model "$model" --buckets M16 M64 --set "M16_SWAP=$sw" --set "M64_SWAP=$sw" --budget-s 90 \
+                        --out "$R/linear_sweep_${CARD}_${model}_swap${sw}_s45"
+                done
             done ;;
         train_profile)
             part "train_profile_${CARD}_qwen3-0.6b" 240 "$py" benchmarks/train_profile.py --preset qwen3-0.6b --out "$R" \

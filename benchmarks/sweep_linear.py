@@ -62,6 +62,11 @@ CANDIDATES = {
         (16, 32, 2, 8, 2, 4),
         (16, 64, 8, 4, 4, 4),
         (16, 16, 2, 8, 4, 4),
+        # wide tiles: with SWAP (the weight's rows as wgmma's rows) a 16-token tile of 128 or 256 weight rows
+        (16, 128, 4, 6, 2, 4),
+        (16, 128, 4, 4, 1, 8),
+        (16, 256, 8, 4, 1, 4),
+        (16, 256, 8, 3, 2, 8),
     ],
     "M64": [(64, 64, 4, 4, 2, s) for s in (0, 1, 2, 4)]
     + [(64, 32, 4, 6, 2, s) for s in (0, 2, 4)]
