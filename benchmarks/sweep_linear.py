@@ -175,9 +175,31 @@ def clamp(tile: tuple) -> tuple:
     return (bm, bn, w, max(2, min(s, SMEM_BYTES // per_stage)), u, sp)
 
 
+def bucket_limit(b: str) -> int:
+    """The most rows a bucket serves (MBIG: no limit)."""
+    return dict((name, limit) for limit, name in L.M_BUCKETS).get(b, 1 << 62)
+
+
+def config_fused(b: str) -> bool:
+    """Whether CONFIG's launch for the bucket's rows combines a split in its last program (FUSED_COMBINE, up to
+    FUSED_MAX_M rows) or in a second kernel: what the entry point does at the bucket's largest M."""
+    return bool(L.CONFIG["FUSED_COMBINE"]) and bucket_limit(b) <= L.CONFIG["FUSED_MAX_M"]
+
+
+def suggested_combine(best_fused: dict[str, bool]) -> dict[str, int]:
+    """FUSED_COMBINE and FUSED_MAX_M from each split bucket's best combine: fused up to the largest bucket whose best
+    launch fused (the smallest FUSED_MAX_M value that covers it), a second kernel above; none fused: FUSED_COMBINE 0."""
+    fused = [bucket_limit(b) for b, f in best_fused.items() if f]
+    if not fused:
+        return {"FUSED_COMBINE": 0}
+    top = max(fused)
+    return {"FUSED_COMBINE": 1, "FUSED_MAX_M": min(v for v in L.TUNABLES["FUSED_MAX_M"] if v >= top)}
+
+
 def candidates(b: str) -> list:
-    """(tile, fused) per bucket: the CONFIG tile first (the default every bit comparison uses)."""
-    fused = bool(L.CONFIG["FUSED_COMBINE"])
+    """(tile, fused) per bucket: the CONFIG tile with CONFIG's combine for the bucket first (the default every bit
+    comparison uses), the other combine after the rest."""
+    fused = config_fused(b)
     tiles = list(dict.fromkeys([bucket_tile(b)] + [clamp(t) for t in CANDIDATES[b]]))
     out = [(t, fused) for t in tiles]
     if bucket_tile(b)[-1]:
@@ -302,7 +324,7 @@ def run(args) -> dict:
         del w0, x0, big
         torch.cuda.empty_cache()
 
-    choice, config, combines = {}, dict(L.CONFIG), []
+    choice, config, best_fused = {}, dict(L.CONFIG), {}
     for b in served:
         rows = [c for c in cells if c["bucket"] == b]
         scored = []
@@ -322,10 +344,10 @@ def run(args) -> dict:
         }
         config.update({f"{b}_{k}": v for k, v in zip(KEYS, tile, strict=True)})
         if tile[-1]:
-            combines.append(int(fused))
-    # one combine for every bucket (a global tunable): the one most buckets' best launch uses
-    if combines:
-        config["FUSED_COMBINE"] = max(set(combines), key=combines.count)
+            best_fused[b] = fused
+    # the combine is chosen by rows (FUSED_COMBINE, FUSED_MAX_M), not per bucket
+    if best_fused:
+        config.update(suggested_combine(best_fused))
     best_ratio = [c["us"][choice[c["bucket"]]["best"]] / c["cublas_us"] for c in cells if c["bucket"] in choice]
 
     def summary(ratios: list, small: list) -> dict:
