@@ -1,6 +1,8 @@
 """The linear root's walking launches compiled for sm_90 without a GPU: registers, spills and the SASS loop, with the
 running total carried through the loop (K of several chunks) and without it (ONE_CHUNK: K within one chunk), and for
-the buckets with a SWAP key (M16, M64 and its FILL tile) the tile computed transposed (SWAP: wgmma in the loop?).
+the buckets with a SWAP key (M16, M64 and its FILL tile) the tile computed transposed (SWAP: wgmma in the loop?), also
+with K_UNROLL 1 where the bucket's is more: Triton 3.6 waits for each swapped wgmma before the next when a loop
+iteration holds two dots (8 waits a loop, against one wgmma group in flight with one dot).
 
     PYTHONPATH=<a pip --target dir of triton==3.6.0>:. python benchmarks/linear_offline.py [--out FILE]
 
@@ -20,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import offline_compile as oc  # noqa: E402 (first: it turns the interpreter off before Triton is imported)
 import triton  # noqa: E402
+from attn_ir_offline import _body  # noqa: E402
 from gluon_offline import describe  # noqa: E402
 
 
@@ -38,6 +41,29 @@ def swaps(bucket: str) -> tuple[bool, ...]:
     from tik_kernels.ops import linear as L
 
     return (False, True) if f"{bucket.split('_')[0]}_SWAP" in L.TUNABLES else (False,)
+
+
+def wgmma_waits(k) -> list[int]:
+    """The `WARPGROUP.DEPBAR` instructions (waits for wgmma groups in flight) in each innermost SASS loop of a compiled
+    kernel: one or two where the MMAs are pipelined (one group left in flight, all at a chunk's end), one per wgmma
+    where each is waited for before the next."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        oc.assemble(k.asm["ptx"], Path(d) / "k.cubin")
+        sass = oc.disassemble(Path(d) / "k.cubin") or ""
+    ins, _, spans = _body(sass)
+    inner = [(a, b) for a, b in spans if not any((c, e) != (a, b) and a <= c and e <= b for c, e in spans)]
+    return [sum("WARPGROUP.DEPBAR" in t for t in ins[a:b]) for a, b in inner]
+
+
+def forms(bucket: str, tile: tuple) -> list[tuple[bool, bool, tuple]]:
+    """(ONE_CHUNK, SWAP, tile) to compile for a bucket's tile: the running total, ONE_CHUNK, and where the bucket can
+    swap, the swapped running total with the tile's K_UNROLL and with K_UNROLL 1."""
+    out = [(False, False, tile), (True, False, tile)]
+    if swaps(bucket)[-1]:
+        out += [(False, True, t) for t in dict.fromkeys([tile, tile[:4] + (1,)])]
+    return out
 
 
 def compile_walk(tile: tuple, one_chunk: bool, swap: bool = False):
@@ -62,13 +88,16 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=None, help="also write the lines to this file")
     args = ap.parse_args()
     lines = [f"triton {triton.__version__}, {oc.ptxas_version()}; linear's walking launches, TMA, PDL",
-             "bucket (BLOCK_M, BLOCK_N, warps, stages, K_UNROLL): running total | ONE_CHUNK | running total, SWAP"]
+             "bucket (BLOCK_M, BLOCK_N, warps, stages, K_UNROLL): running total | ONE_CHUNK | running total, SWAP "
+             "(with its wgmma waits a loop)"]
     print("\n".join(lines), flush=True)
     for bucket, tile in tiles(L.CONFIG):
-        for one, swap in [(False, False), (True, False)] + [(False, True)] * swaps(bucket)[-1]:
-            summary, loops = describe(compile_walk(tile, one, swap))
+        for one, swap, t in forms(bucket, tile):
+            k = compile_walk(t, one, swap)
+            summary, loops = describe(k)
             form = "ONE_CHUNK    " if one else "running total" + (", SWAP" if swap else "")
-            line = f"{bucket:10s} {tile} {form}: {summary}; loop: {loops}"
+            waits = f"; wgmma waits a loop: {', '.join(map(str, wgmma_waits(k)))}" if swap else ""
+            line = f"{bucket:10s} {t} {form}: {summary}; loop: {loops}{waits}"
             lines.append(line)
             print(line, flush=True)
     if args.out:

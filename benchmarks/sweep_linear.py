@@ -62,11 +62,14 @@ CANDIDATES = {
         (16, 32, 2, 8, 2, 4),
         (16, 64, 8, 4, 4, 4),
         (16, 16, 2, 8, 4, 4),
-        # wide tiles: with SWAP (the weight's rows as wgmma's rows) a 16-token tile of 128 or 256 weight rows
-        (16, 128, 4, 6, 2, 4),
+        # with SWAP (the weight's rows as wgmma's rows): K_UNROLL 1 (with two dots an iteration Triton 3.6 waits for
+        # each swapped wgmma, results/linear_offline_s45.txt), and wide 16-token tiles of 128 or 256 weight rows
+        (16, 64, 4, 6, 1, 4),
+        (16, 64, 4, 6, 1, 0),
+        (16, 128, 4, 6, 1, 4),
         (16, 128, 4, 4, 1, 8),
         (16, 256, 8, 4, 1, 4),
-        (16, 256, 8, 3, 2, 8),
+        (16, 256, 8, 4, 1, 8),
     ],
     "M64": [(64, 64, 4, 4, 2, s) for s in (0, 1, 2, 4)]
     + [(64, 32, 4, 6, 2, s) for s in (0, 2, 4)]

@@ -76,8 +76,8 @@ The parallelization (tunable per M bucket, none of it changes bits):
   are the MMA's rows and the few tokens its columns. Each output element is the same dot of the same BLOCK_K slice
   into the same accumulator, k in the same order, the operands' roles swapped in a product that commutes exactly.
   For a decode-size tile (16 token rows) it is what lets Hopper use wgmma, whose rows come in 64s, instead of the
-  register-fed mma (sm_90, Triton 3.6: the 16 x 64 walking launch 46 registers, no wgmma; swapped 36, 8 wgmma in
-  its loop; `benchmarks/linear_offline.py`);
+  register-fed mma (sm_90, Triton 3.6: the 16 x 64 walking launch 46 registers, no wgmma; swapped 36, its wgmmas
+  pipelined with K_UNROLL 1, each waited for before the next with K_UNROLL 2; `benchmarks/linear_offline.py`);
 The CPU tests check every split of the same inputs gives the same bits, and against an fp32
 emulation of the tree; the contract checks rows of every T against the full batch.
 
