@@ -58,9 +58,12 @@ def wgmma_waits(k) -> list[int]:
 
 
 def forms(bucket: str, tile: tuple) -> list[tuple[bool, bool, tuple]]:
-    """(ONE_CHUNK, SWAP, tile) to compile for a bucket's tile: the running total, ONE_CHUNK, and where the bucket can
-    swap, the swapped running total with the tile's K_UNROLL and with K_UNROLL 1."""
+    """(ONE_CHUNK, SWAP, tile) to compile for a bucket's tile: the running total, ONE_CHUNK, where the bucket can
+    swap, the swapped running total with the tile's K_UNROLL and with K_UNROLL 1, and for a wgmma tile (64 rows or
+    more) of K_UNROLL 1 the running total with K_UNROLL 2 (a tuner's move: are its wgmmas still pipelined?)."""
     out = [(False, False, tile), (True, False, tile)]
+    if tile[0] >= 64 and tile[4] == 1:
+        out.append((False, False, tile[:4] + (2,)))
     if swaps(bucket)[-1]:
         out += [(False, True, t) for t in dict.fromkeys([tile, tile[:4] + (1,)])]
     return out
@@ -88,15 +91,15 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=None, help="also write the lines to this file")
     args = ap.parse_args()
     lines = [f"triton {triton.__version__}, {oc.ptxas_version()}; linear's walking launches, TMA, PDL",
-             "bucket (BLOCK_M, BLOCK_N, warps, stages, K_UNROLL): running total | ONE_CHUNK | running total, SWAP "
-             "(with its wgmma waits a loop)"]
+             "bucket (BLOCK_M, BLOCK_N, warps, stages, K_UNROLL): running total | ONE_CHUNK | running total, SWAP; "
+             "wgmma waits a loop where the tile's MMA is wgmma"]
     print("\n".join(lines), flush=True)
     for bucket, tile in tiles(L.CONFIG):
         for one, swap, t in forms(bucket, tile):
             k = compile_walk(t, one, swap)
             summary, loops = describe(k)
             form = "ONE_CHUNK    " if one else "running total" + (", SWAP" if swap else "")
-            waits = f"; wgmma waits a loop: {', '.join(map(str, wgmma_waits(k)))}" if swap else ""
+            waits = f"; wgmma waits a loop: {', '.join(map(str, wgmma_waits(k)))}" if swap or t[0] >= 64 else ""
             line = f"{bucket:10s} {t} {form}: {summary}; loop: {loops}{waits}"
             lines.append(line)
             print(line, flush=True)

@@ -29,7 +29,9 @@ at context 128 and 2.303 -> 2.190 ms at 256; chunks of 512 gave 1.912 / 2.227. N
 
 The parallelization (tunable per M bucket, none of it changes bits):
 - the output tile (BLOCK_M, BLOCK_N), num_warps, num_stages, K_UNROLL (BLOCK_K slices loaded
-  per loop iteration: the same dots in the same order);
+  per loop iteration: the same dots in the same order; only for 16-row tiles on Hopper: where the MMA is wgmma, 64
+  rows or more or SWAP, Triton 3.6 waits for each wgmma before the next once an iteration holds two dots, 8 waits a
+  loop against 2 for K_UNROLL 1, `benchmarks/linear_offline.py`);
 - SPLIT: 0 = one program per output tile walks all chunks itself, adding each chunk sum into a
   running fp32 total in registers (large M: no extra memory traffic). s > 0 = when the output
   tiles alone would give fewer than s × (number of SMs) programs, chunks get programs of their
