@@ -62,8 +62,9 @@ CANDIDATES = {
         (16, 32, 2, 8, 2, 4),
         (16, 64, 8, 4, 4, 4),
         (16, 16, 2, 8, 4, 4),
-        # with SWAP (the weight's rows as wgmma's rows): K_UNROLL 1 (with two dots an iteration Triton 3.6 waits for
-        # each swapped wgmma, results/linear_offline_s45.txt), and wide 16-token tiles of 128 or 256 weight rows
+        # K_UNROLL 1 forms (what a swapped launch takes whatever its K_UNROLL: with two dots an iteration Triton 3.6
+        # waits for each swapped wgmma, results/linear_offline_s45.txt), and wide 16-token tiles of 128 or 256 weight
+        # rows, which only SWAP (the weight's rows as wgmma's rows) puts on wgmma
         (16, 64, 4, 6, 1, 4),
         (16, 64, 4, 6, 1, 0),
         (16, 128, 4, 6, 1, 4),

@@ -520,7 +520,7 @@ def _swapped_is_the_same(a, b, tiles, device):
 def test_swapped_tiles_give_the_same_bits(monkeypatch):
     """SWAP: the tile computed as w @ x.T, the accumulator [BLOCK_N, BLOCK_M]: forward, dx and dw (transposed views),
     K of two chunks and a tail, each split, the same fp32 totals; a bucket's SWAP key reaches its launches, the
-    fused gate_up launch included (interpreter)."""
+    fused gate_up launch included, and a swapped launch takes one BLOCK_K slice an iteration (interpreter)."""
     gen = torch.Generator().manual_seed(11)
     T, N = 5, 24
     K = 2 * L._kchunk(N) + 40
@@ -528,13 +528,14 @@ def test_swapped_tiles_give_the_same_bits(monkeypatch):
     dy = torch.randn(T, N, generator=gen).to(torch.bfloat16)
     for a, b in ((x, w), (dy, w.t()), (dy.t(), x.t())):
         _swapped_is_the_same(a, b, [(16, 16, 4, 2, 1, 0), (16, 32, 4, 2, 2, 0)], "cpu")
-    seen = spy_launches(monkeypatch, L, "_linear_fwd_kernel", lambda args, kwargs: kwargs["SWAP"])
+    seen = spy_launches(monkeypatch, L, "_linear_fwd_kernel", lambda args, kwargs: (kwargs["SWAP"], kwargs["K_UNROLL"]))
     gate_up = torch.randn(48, 64, generator=gen).to(torch.bfloat16)
     h = torch.randn(3, 64, generator=gen).to(torch.bfloat16)
     plain = (L.linear(x, w), L.linear_silu_mul(h, gate_up))
     monkeypatch.setitem(L.CONFIG, "M16_SWAP", 1)
     assert same_bits(L.linear(x, w), plain[0]) and same_bits(L.linear_silu_mul(h, gate_up), plain[1])
-    assert seen == [False, False, True, True]
+    # the bucket's K_UNROLL (2) for the plain launches, one dot an iteration for the swapped ones
+    assert seen == [(False, 2), (False, 2), (True, 1), (True, 1)]
 
 
 @pytest.mark.gpu

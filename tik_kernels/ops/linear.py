@@ -79,7 +79,8 @@ The parallelization (tunable per M bucket, none of it changes bits):
   into the same accumulator, k in the same order, the operands' roles swapped in a product that commutes exactly.
   For a decode-size tile (16 token rows) it is what lets Hopper use wgmma, whose rows come in 64s, instead of the
   register-fed mma (sm_90, Triton 3.6: the 16 x 64 walking launch 46 registers, no wgmma; swapped 36, its wgmmas
-  pipelined with K_UNROLL 1, each waited for before the next with K_UNROLL 2; `benchmarks/linear_offline.py`);
+  pipelined with K_UNROLL 1, each waited for before the next with K_UNROLL 2; `benchmarks/linear_offline.py`), so a
+  swapped launch takes K_UNROLL 1 whatever its bucket's says;
 The CPU tests check every split of the same inputs gives the same bits, and against an fp32
 emulation of the tree; the contract checks rows of every T against the full batch.
 
@@ -199,6 +200,9 @@ TUNABLE_WHEN = {
     "M256_FILL_BLOCK_N": {"FILL_PCT": (25, 50, 75, 100)},
     "M256_FILL_num_warps": {"FILL_PCT": (25, 50, 75, 100)},
     "M256_FILL_num_stages": {"FILL_PCT": (25, 50, 75, 100)},
+    # a swapped launch reads one BLOCK_K slice an iteration (`_matmul`)
+    "M16_K_UNROLL": {"M16_SWAP": (0,)},
+    "M64_K_UNROLL": {"M64_SWAP": (0,)},
 }
 
 #: PDL 1, PREFETCH 0: the qwen3-0.6b decode step on an H100 (bench_e2e.py --only decode, same run): 2.39 ms -> 2.28 ms
@@ -663,6 +667,10 @@ def _matmul(
     pdl = pdl_launch(CONFIG.get("PDL"), a.device)
     if swap is None:
         swap = CONFIG.get(f"{_launch_bucket(M, N, sms)}_SWAP", 0)
+    if swap:
+        # one dot an iteration: with two, Triton 3.6 waits for each swapped wgmma before the next (8 waits a loop
+        # against 2, benchmarks/linear_offline.py), so the tuner's one move to SWAP is not the slow form
+        K_UNROLL = 1
     # the weight's lines into L2 first (on the GPU, where b's rows run along K: the forward's w)
     prefetch = bool(CONFIG.get("PREFETCH")) and not INTERPRET and b.stride(1) == 1
     _linear_fwd_kernel[(tiles, groups)](
