@@ -35,3 +35,12 @@ def test_config_launch_uses_the_entry_point_s_combine(monkeypatch):
 ])
 def test_suggested_combine_covers_the_largest_fused_bucket(best, want):
     assert S.suggested_combine(best) == want
+
+
+def test_twins_pair_k_unroll_2_wgmma_tiles_with_their_k_unroll_1_twin():
+    import sweep_twins
+
+    choice = {"M64": {"all": {"64,64,4,4,2,4,fused": 1.3, "64,64,4,4,1,4,fused": 1.2, "64,64,4,4,1,4,kernel": 1.1,
+                              "16,64,4,4,2,4,fused": 1.0, "16,64,4,4,1,4,fused": 1.4, "64,32,4,6,2,0": 1.5}}}
+    # 16-row tiles (mma.sync) are not wgmma tiles; a launch without its twin is left out
+    assert sweep_twins.twins(choice) == [("M64", "64,64,4,4,2,4,fused", 1.3, 1.2)]
