@@ -379,6 +379,8 @@ def _linear_fwd_kernel(
         r_m = o_m[:, None]
         r_n = o_n[None, :]
     m_c = (r_m < M) & (r_n < N)
+    ACC_R: tl.constexpr = BLOCK_N if SWAP else BLOCK_M  # the accumulators' shape
+    ACC_C: tl.constexpr = BLOCK_M if SWAP else BLOCK_N
 
     n_chunks = tl.cdiv(K, KCHUNK)
     c_lo = pid_c * CHUNKS_PER_PROG
@@ -403,11 +405,11 @@ def _linear_fwd_kernel(
     # the loads across chunk boundaries and turns the reset into the MMA's "ignore the accumulator" flag.
     STEPS: tl.constexpr = KCHUNK // (BLOCK_K * K_UNROLL)
     n_steps = tl.cdiv(tl.minimum(c_hi.to(tl.int64) * KCHUNK, K) - k_lo, BLOCK_K * K_UNROLL)
-    b_total = tl.zeros((BLOCK_N, BLOCK_M) if SWAP else (BLOCK_M, BLOCK_N), dtype=tl.float32)
-    b_acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP else (BLOCK_M, BLOCK_N), dtype=tl.float32)
+    b_total = tl.zeros((ACC_R, ACC_C), dtype=tl.float32)
+    b_acc = tl.zeros((ACC_R, ACC_C), dtype=tl.float32)
     # SILU: the up rows' sums beside the gate rows' (b's rows N + o_bn), the same steps into their own accumulators
-    u_total = tl.zeros(((BLOCK_N, BLOCK_M) if SWAP else (BLOCK_M, BLOCK_N)) if SILU else (1, 1), dtype=tl.float32)
-    u_acc = tl.zeros(((BLOCK_N, BLOCK_M) if SWAP else (BLOCK_M, BLOCK_N)) if SILU else (1, 1), dtype=tl.float32)
+    u_total = tl.zeros((ACC_R, ACC_C) if SILU else (1, 1), dtype=tl.float32)
+    u_acc = tl.zeros((ACC_R, ACC_C) if SILU else (1, 1), dtype=tl.float32)
     for i in range(0, n_steps):
         k = k_lo + i * (BLOCK_K * K_UNROLL)
         for u in tl.static_range(K_UNROLL):
@@ -464,9 +466,9 @@ def _linear_fwd_kernel(
                     b_total = b_total + b_acc
                     if SILU:
                         u_total = u_total + u_acc
-                b_acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP else (BLOCK_M, BLOCK_N), dtype=tl.float32)
+                b_acc = tl.zeros((ACC_R, ACC_C), dtype=tl.float32)
                 if SILU:
-                    u_acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP else (BLOCK_M, BLOCK_N), dtype=tl.float32)
+                    u_acc = tl.zeros((ACC_R, ACC_C), dtype=tl.float32)
     if ONE_CHUNK:
         # the tree's ((0 + s_0)) as the walk computes it: the total's registers were never held beside the chunk's
         # (a 128 x 256 tile's two would fill an SM's register file)
