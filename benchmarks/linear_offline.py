@@ -60,10 +60,15 @@ def wgmma_waits(k) -> list[int]:
 def forms(bucket: str, tile: tuple) -> list[tuple[bool, bool, tuple]]:
     """(ONE_CHUNK, SWAP, tile) to compile for a bucket's tile: the running total, ONE_CHUNK, where the bucket can
     swap, the swapped running total with the tile's K_UNROLL and with K_UNROLL 1, and for a wgmma tile (64 rows or
-    more) of K_UNROLL 1 the running total with K_UNROLL 2 (a tuner's move: are its wgmmas still pipelined?)."""
+    more) of K_UNROLL 1 the running total with K_UNROLL 2 (a tuner's move: are its wgmmas still pipelined?), its stages
+    cut to what fits `linear.SMEM_LIMIT`."""
+    from tik_kernels.ops import linear as L
+
     out = [(False, False, tile), (True, False, tile)]
     if tile[0] >= 64 and tile[4] == 1:
-        out.append((False, False, tile[:4] + (2,)))
+        bm, bn, warps, stages, _ = tile
+        per_stage = (bm + bn) * L.CONFIG["BLOCK_K"] * 2 * 2  # two BLOCK_K slices of both operands, bf16
+        out.append((False, False, (bm, bn, warps, max(2, min(stages, L.SMEM_LIMIT // per_stage)), 2)))
     if swaps(bucket)[-1]:
         out += [(False, True, t) for t in dict.fromkeys([tile, tile[:4] + (1,)])]
     return out
@@ -74,9 +79,11 @@ def compile_walk(tile: tuple, one_chunk: bool, swap: bool = False):
 
     bm, bn, warps, stages, unroll = tile
     fn, bk = L._linear_fwd_kernel, L.CONFIG["BLOCK_K"]
+    # the forward's unit strides (x's and w's along K, the output's along N) are constexpr 1 in a real launch, as
+    # Triton specializes an integer argument of 1: without them the store is scalar and the registers are others
     const = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, KCHUNK=L.CONFIG["KCHUNK"], K_UNROLL=unroll, GROUP_M=L.GROUP_M,
                  SPLIT=False, FUSED=False, EVEN_K=True, UPCAST=False, TMA=True, PDL=True, ONE_CHUNK=one_chunk,
-                 SWAP=swap)
+                 SWAP=swap, stride_ak=1, stride_bk=1, stride_cn=1)
     types = {"ws_ptr": "*fp32", "cnt_ptr": "*i32", "a_desc": f"tensordesc<bf16[{bm},{bk}]>",
              "b_desc": f"tensordesc<bf16[{bn},{bk}]>"}
     aligned = [n for n in oc.signature(fn, const, types)[1] if n.startswith("stride_") or n in ("N", "K")]

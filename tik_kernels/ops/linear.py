@@ -89,10 +89,12 @@ total, or written to the workspace), so the compiler pipelines loads across chun
 the reset into the MMA's "ignore the accumulator" flag. ONE_CHUNK (a launch choice, off): where K fits one chunk
 (qwen3-0.6b's and 1.7b's qkv and gate_up projections, K = 1024 / 2048), the loop carries no running total and the
 chunk's sum is added to 0 after it: the same (0 + s_0), without the total's registers held beside the accumulator
-through the loop (sm_90, Triton 3.6: the 128 x 256 walking launch 255 registers and 460 / 356 B of spills a thread,
-its loop 552 SASS instructions with 27 spill stores and 31 loads; with one chunk 254 registers, 80 / 80 B of spills,
-none in its 95-instruction loop; `benchmarks/linear_offline.py`), yet on an H100 that launch ran slower with it
-(CONFIG's comment).
+through the loop (sm_90, Triton 3.6, the launch as a forward specializes it: the 128 x 256 walking launch 255
+registers and 240 / 160 B of spills a thread, 11 spill stores and 11 loads in its loop; with one chunk 172 registers
+and none; `benchmarks/linear_offline.py`). The accumulator's zeros are written again at the loop's first step, so that
+the chunk starts with the MMA's "ignore the accumulator" flag as a walked chunk does: with the zeros only before the
+loop, ptxas serialized that tile's wgmmas (C7515), which is why it ran slower with ONE_CHUNK on an H100 (CONFIG's
+comment).
 
 Measured on the H200 (`benchmarks/sweep_linear.py`, benchmarks/results/linear_sweep_h200_*/sweep.md):
 with TMA and KCHUNK 1024 the best launch per bucket was 1.17x cuBLAS's time (geomean over 35 Qwen3-8B
@@ -265,9 +267,10 @@ CONFIG = {
     "NARROW_KCHUNK": 1024,
     # 1: a walking launch whose K fits one chunk carries no running total through its loop (the same bits). Off: on an
     # H100, Qwen3-8B's K = 4096 cells under a 4096 tree, the compute-bound 128 x 256 launches took 1.31-1.38x cuBLAS's
-    # time with it and 1.02-1.08x without, in one call (linear_sweep_h100_k4096_one{1,0}_s44/), though it drops that
-    # launch's 460 / 356 B of spills (linear_offline_s44.txt); the other one-chunk cells 0.5% faster with it (geomean;
-    # 2% faster to 7% slower a cell)
+    # time with it and 1.02-1.08x without, in one call (linear_sweep_h100_k4096_one{1,0}_s44/); the other one-chunk
+    # cells 0.5% faster with it (geomean; 2% faster to 7% slower a cell). That 128 x 256 launch's wgmmas were
+    # serialized by ptxas (linear_offline_s45_before.txt), since session 45 no longer (linear_offline_s45.txt): owed a
+    # GPU's timing again (gpu_pending.sh linear_one_chunk)
     "ONE_CHUNK": 0,
     # 1: the bucket's launches compute each tile transposed (the module docstring's SWAP); offline only so far
     "M16_SWAP": 0,
@@ -412,6 +415,16 @@ def _linear_fwd_kernel(
     u_acc = tl.zeros((ACC_R, ACC_C) if SILU else (1, 1), dtype=tl.float32)
     for i in range(0, n_steps):
         k = k_lo + i * (BLOCK_K * K_UNROLL)
+        if ONE_CHUNK:
+            if i == 0:
+                # the zeros again, in the loop: Triton then starts the chunk with the MMA's "ignore the accumulator"
+                # flag, as a chunk of the running walk starts. With zeros written only before the loop, ptxas
+                # serialized the 128 x 256 tile's wgmmas (C7515: non-wgmma instructions defining accumulator
+                # registers; sm_90, Triton 3.6, `benchmarks/linear_offline.py`). A chunk sum of -0 is +0 after the
+                # (0 + s_0) below either way.
+                b_acc = tl.zeros((ACC_R, ACC_C), dtype=tl.float32)
+                if SILU:
+                    u_acc = tl.zeros((ACC_R, ACC_C), dtype=tl.float32)
         for u in tl.static_range(K_UNROLL):
             if TMA:
                 # out-of-bounds rows, columns and K are filled with +0: past K, exact zeros as below
