@@ -71,6 +71,10 @@ def ptx_stats(k) -> str:
             f"{used.group(1) if used else '?'}, spill stores {spills.group(1) if spills else '?'} B")
 
 
+#: the backward's grad kernels, logprob's and entropy's (ops/_lmhead.py since session 42)
+BACKWARD_KERNELS = ("_grad_hidden_kernel", "_grad_weight_kernel")
+
+
 def backward() -> int:
     """The backward's grad kernels at the CONFIG's launch, dz in fp32 and in bf16, grad_hidden at 64 and 128 rows."""
     import triton
@@ -83,8 +87,8 @@ def backward() -> int:
           f"{opts['num_stages']}, BLOCK_N {cfg['BWD_BLOCK_N']}, BLOCK_K {cfg['BWD_BLOCK_K']}; a launch's alignment "
           "(V, H, the row strides and a chunk's tokens divisible by 16)")
     aligned = ("n", "V", "H", "stride_w", "stride_gh", "stride_h")
-    for kernel, rows in (("_grad_hidden_kernel", (128, 64)), ("_grad_weight_kernel", (cfg["BWD_BLOCK_M"],))):
-        fn = oc.kernel(oc.op_path("logprob"), kernel)
+    for kernel, rows in zip(BACKWARD_KERNELS, ((128, 64), (cfg["BWD_BLOCK_M"],)), strict=True):
+        fn = oc.kernel(oc.op_path("_lmhead"), kernel)  # logprob's and entropy's since session 42
         for dz in (F32, "*bf16"):
             for bm in rows:
                 for bk, stages in ((cfg["BWD_BLOCK_K"], opts["num_stages"]), (cfg["BWD_BLOCK_K"], 5), (64, 4)):

@@ -88,3 +88,23 @@ def test_regions_inner_loops_and_plain_ptx():
     # the debug-only label and the line marker go, a branch target and the code stay (comments cut)
     assert plain.splitlines() == [".visible .entry k(", "\tadd.s32 \t%r1, %r2, 1;", "$L__BB0_2:",
                                   "\tbra.uni \t$L__BB0_2;"]
+
+
+KERNELS = r"""
+import json, sys
+sys.path.insert(0, "benchmarks")
+import lmhead_ptx_offline as lo, offline_compile as oc
+names = [(op, k) for op, k, *_ in lo.CASES + lo.COMBINES] + [("_lmhead", k) for k in lo.BACKWARD_KERNELS]
+print(json.dumps([[op, k, hasattr(oc.kernel(oc.op_path(op), k), "fn")] for op, k in names]))
+"""
+
+
+def test_lmhead_offline_names_kernels_that_exist():
+    """Every kernel `lmhead_ptx_offline.py` compiles is where it looks for it (its --backward looked for the grad
+    kernels in logprob.py for three sessions after they moved to _lmhead.py, and failed)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", KERNELS], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    found = json.loads(out.stdout)
+    assert found and all(ok for *_, ok in found), found
