@@ -505,12 +505,12 @@ def test_tma_and_pointers_give_the_same_bits_on_gpu(M):
         assert same_bits(L._matmul(a, b, tma=True), L._matmul(a, b, tma=False))
 
 
-def _swapped_is_the_same(a, b, tiles, device):
-    """Each (a, b) product with every tile, walking and split (fused and a second kernel), TMA and pointers: the
-    transposed tile's fp32 totals equal the plain tile's."""
+def _swapped_is_the_same(a, b, tiles, device, modes=((None, None), (1, True), (1, False)), tmas=(True, False)):
+    """Each (a, b) product with every tile, walking and split (fused and a second kernel), TMA and pointers (or the
+    `modes` (chunks per program, fused) and `tmas` given): the transposed tile's fp32 totals equal the plain tile's."""
     for tile in tiles:
-        for per_prog, fused in ((None, None), (1, True), (1, False)):
-            for tma in (True, False):
+        for per_prog, fused in modes:
+            for tma in tmas:
                 kw = dict(tile=tile, chunks_per_prog=per_prog, fused=fused, tma=tma)
                 plain = L._matmul(a, b, torch.float32, swap=False, **kw)
                 assert same_bits(L._matmul(a, b, torch.float32, swap=True, **kw), plain), (device, tile, kw)
@@ -549,8 +549,12 @@ def test_swapped_tiles_give_the_same_bits_on_gpu(M):
     w = (torch.randn(N, K, generator=gen, device="cuda") / K**0.5).to(torch.bfloat16)
     dy = torch.randn(M, N, generator=gen, device="cuda").to(torch.bfloat16)
     tiles = [(16, 64, 4, 4, 2, 0), (16, 128, 4, 4, 2, 0), (64, 64, 4, 6, 1, 0), (64, 128, 4, 4, 1, 0)]
-    for a, b in ((x, w), (dy, w.t()), (dy.t(), x.t())):
-        _swapped_is_the_same(a, b, tiles, "cuda")
+    # the forward every way (its compiles serve every M: M is not specialized); the gradients' transposed views with
+    # two tiles, walking and split, through TMA (each M is another K for dw: compiles again)
+    _swapped_is_the_same(x, w, tiles, "cuda", tmas=(True,))
+    _swapped_is_the_same(x, w, tiles[:1], "cuda", tmas=(False,))
+    for a, b in ((dy, w.t()), (dy.t(), x.t())):
+        _swapped_is_the_same(a, b, tiles[::2], "cuda", modes=((None, None), (1, True)), tmas=(True,))
 
 
 def test_wide_outputs_take_the_big_tile(monkeypatch):
