@@ -169,14 +169,21 @@ def _body(sass: str) -> tuple[list[str], int, list[tuple[int, int]]]:
     return ins, end, spans
 
 
-def inner_loops(sass: str) -> list[tuple[int, int, int, int]]:
-    """The innermost loops of a kernel's main body (a backward branch's span holding no other), each as (instructions,
-    spill stores, spill loads, wgmmas): where a kernel's spills run once a tile or chunk, and where they run at every
-    key block (a warp-specialized kernel has one such loop per consumer partition)."""
+def innermost(sass: str) -> list[list[str]]:
+    """The instructions of each innermost loop of a kernel's main body (a backward branch's span holding no other)."""
     ins, _, spans = _body(sass)
-    inner = [(a, b) for a, b in spans if not any((c, d) != (a, b) and a <= c and d <= b for c, d in spans)]
-    ops = [re.sub(r"^@!?\w+\s+", "", text).split(".")[0].split()[0] for text in ins]  # no predicate, no modifiers
-    return [(b - a, ops[a:b].count("STL"), ops[a:b].count("LDL"), ops[a:b].count("HGMMA")) for a, b in inner]
+    return [ins[a:b] for a, b in spans if not any((c, d) != (a, b) and a <= c and d <= b for c, d in spans)]
+
+
+def inner_loops(sass: str) -> list[tuple[int, int, int, int]]:
+    """The innermost loops of a kernel's main body, each as (instructions, spill stores, spill loads, wgmmas): where a
+    kernel's spills run once a tile or chunk, and where they run at every key block (a warp-specialized kernel has one
+    such loop per consumer partition)."""
+    out = []
+    for loop in innermost(sass):
+        ops = [re.sub(r"^@!?\w+\s+", "", text).split(".")[0].split()[0] for text in loop]  # no predicate, modifiers
+        out.append((len(ops), ops.count("STL"), ops.count("LDL"), ops.count("HGMMA")))
+    return out
 
 
 def decode_register_caps(mod) -> None:

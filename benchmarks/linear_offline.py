@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import offline_compile as oc  # noqa: E402 (first: it turns the interpreter off before Triton is imported)
 import triton  # noqa: E402
-from attn_ir_offline import _body  # noqa: E402
+from attn_ir_offline import innermost  # noqa: E402
 from gluon_offline import describe  # noqa: E402
 
 
@@ -35,12 +35,12 @@ def tiles(cfg: dict) -> list[tuple[str, tuple]]:
             for b, (bm, bn, _, stages, unroll) in L.SMEM_TILES.items()]
 
 
-def swaps(bucket: str) -> tuple[bool, ...]:
-    """(False,) or (False, True): whether the bucket's launches can compute their tile transposed (a `<M bucket>_SWAP`
-    key in the root's TUNABLES)."""
+def can_swap(bucket: str) -> bool:
+    """Whether the bucket's launches can compute their tile transposed (a `<M bucket>_SWAP` key in the root's
+    TUNABLES)."""
     from tik_kernels.ops import linear as L
 
-    return (False, True) if f"{bucket.split('_')[0]}_SWAP" in L.TUNABLES else (False,)
+    return f"{bucket.split('_')[0]}_SWAP" in L.TUNABLES
 
 
 def wgmma_waits(k) -> list[int]:
@@ -52,9 +52,7 @@ def wgmma_waits(k) -> list[int]:
     with tempfile.TemporaryDirectory() as d:
         oc.assemble(k.asm["ptx"], Path(d) / "k.cubin")
         sass = oc.disassemble(Path(d) / "k.cubin") or ""
-    ins, _, spans = _body(sass)
-    inner = [(a, b) for a, b in spans if not any((c, e) != (a, b) and a <= c and e <= b for c, e in spans)]
-    return [sum("WARPGROUP.DEPBAR" in t for t in ins[a:b]) for a, b in inner]
+    return [sum("WARPGROUP.DEPBAR" in t for t in loop) for loop in innermost(sass)]
 
 
 def forms(bucket: str, tile: tuple) -> list[tuple[bool, bool, tuple]]:
@@ -69,7 +67,7 @@ def forms(bucket: str, tile: tuple) -> list[tuple[bool, bool, tuple]]:
         bm, bn, warps, stages, _ = tile
         per_stage = (bm + bn) * L.CONFIG["BLOCK_K"] * 2 * 2  # two BLOCK_K slices of both operands, bf16
         out.append((False, False, (bm, bn, warps, max(2, min(stages, L.SMEM_LIMIT // per_stage)), 2)))
-    if swaps(bucket)[-1]:
+    if can_swap(bucket):
         out += [(False, True, t) for t in dict.fromkeys([tile, tile[:4] + (1,)])]
     return out
 
