@@ -122,17 +122,17 @@
 #                     1.31-1.38x cuBLAS with it against 1.07-1.10x under the 2048 tree (its running total), the other
 #                     buckets faster under 4096. H100, session 44: ONE_CHUNK off under 4096 geomean 1.045, worst 1.236,
 #                     M <= 16 0.986; on 1.088 / 1.381 / 0.978; the 2048 tree 1.060 / 1.210 / 1.005 (the sweeps then
-#                     dropped their 128 x 256 candidates, a warm-up bug since fixed). Session 45 found why ONE_CHUNK was
-#                     slower there: ptxas serialized the 128 x 256 tile's wgmmas (C7515) in the launch as specialized
-#                     (unit strides), fixed by resetting the accumulator in the loop (results/linear_offline_s45*.txt);
-#                     so first its GPU bit test, then qwen3-0.6b's projections (K = 1024 / 3072: one chunk at most
-#                     cells under the 2048 tree) with ONE_CHUNK off and on ($R/linear_sweep_<card>_qwen3-0.6b_one{0,1}_s45/),
-#                     then the three sweeps above again
+#                     dropped their 128 x 256 candidates, a warm-up bug since fixed). Session 45: ptxas serializes the
+#                     one-chunk 128 x 256 launch's wgmmas (C7515, results/linear_offline_s45.txt); a reset of the
+#                     accumulator in the loop compiled clean but made every wgmma launch 1.1-1.8x slower on an H100
+#                     (reverted). Now: the one-chunk bit test, qwen3-0.6b's projections with ONE_CHUNK off and on, then
+#                     the three sweeps above ($R/linear_sweep_<card>_{qwen3-0.6b_one{0,1},k4096_one{0,1},k2048}${SUFFIX}/,
+#                     SUFFIX=_s45 unless set)
 #   linear_swap   #16 linear's SWAP launch choice (session 45: the decode-size tile computed transposed, w @ x.T, so its 16
 #                     token rows are wgmma's columns, not the register-fed mma's rows): its bit test, then the M16 and
 #                     M64 buckets' candidate launches against cuBLAS with SWAP off and on, one sweep each, Qwen3-8B's
 #                     projections and qwen3-0.6b's ($R/pytest_gpu_<card>_linear_swap.log,
-#                     $R/linear_sweep_<card>_<model>_swap{0,1}_s45/)
+#                     $R/linear_sweep_<card>_<model>_swap{0,1}_s45/). H100, session 45: bits green, no faster
 #   train_profile #19 where the trainer's time goes (benchmarks/train_profile.py): the 4 minibatch updates of a 256-sequence
 #                     qwen3-0.6b rollout, alone and right after a recompute pass, part by part and kernel by kernel,
 #                     unified then stock ($R/train_profile_<card>_qwen3-0.6b{,_stock}.{json,md})
@@ -439,17 +439,18 @@ for p in "$@"; do
                     --budget-s 170 --out "$R/linear_sweep_${CARD}_k${kc}_s44"
             done ;;
         linear_one_chunk)
+            sfx=${SUFFIX:-_s45}
             part "pytest_gpu_${CARD}_linear_one_chunk" 200 "$py" -m pytest -q -m gpu tests/kernels/test_linear.py -k one_chunk
             for one in 0 1; do
                 part "linear_sweep_${CARD}_qwen3-0.6b_one${one}" 150 "$py" benchmarks/sweep_linear.py --tma 1 \
-                    --model qwen3-0.6b --set "ONE_CHUNK=$one" --budget-s 90 --out "$R/linear_sweep_${CARD}_qwen3-0.6b_one${one}_s45"
+                    --model qwen3-0.6b --set "ONE_CHUNK=$one" --budget-s 90 --out "$R/linear_sweep_${CARD}_qwen3-0.6b_one${one}$sfx"
             done
             for one in 0 1; do
                 part "linear_sweep_${CARD}_k4096_one${one}" 200 "$py" benchmarks/sweep_linear.py --tma 1 --kchunk 4096 \
-                    --set "ONE_CHUNK=$one" --budget-s 120 --out "$R/linear_sweep_${CARD}_k4096_one${one}_s44"
+                    --set "ONE_CHUNK=$one" --budget-s 120 --out "$R/linear_sweep_${CARD}_k4096_one${one}$sfx"
             done
-            part "linear_sweep_${CARD}_k2048b" 200 "$py" benchmarks/sweep_linear.py --tma 1 --kchunk 2048 --budget-s 120 \
-                --out "$R/linear_sweep_${CARD}_k2048_s44b" ;;
+            part "linear_sweep_${CARD}_k2048" 200 "$py" benchmarks/sweep_linear.py --tma 1 --kchunk 2048 --budget-s 120 \
+                --out "$R/linear_sweep_${CARD}_k2048$sfx" ;;
         linear_swap)
             part "pytest_gpu_${CARD}_linear_swap" 200 "$py" -m pytest -q -m gpu tests/kernels/test_linear.py -k swap
             for model in qwen3-8b qwen3-0.6b; do

@@ -90,11 +90,9 @@ the reset into the MMA's "ignore the accumulator" flag. ONE_CHUNK (a launch choi
 (qwen3-0.6b's and 1.7b's qkv and gate_up projections, K = 1024 / 2048), the loop carries no running total and the
 chunk's sum is added to 0 after it: the same (0 + s_0), without the total's registers held beside the accumulator
 through the loop (sm_90, Triton 3.6, the launch as a forward specializes it: the 128 x 256 walking launch 255
-registers and 240 / 160 B of spills a thread, 11 spill stores and 11 loads in its loop; with one chunk 172 registers
-and none; `benchmarks/linear_offline.py`). The accumulator's zeros are written again at the loop's first step, so that
-the chunk starts with the MMA's "ignore the accumulator" flag as a walked chunk does: with the zeros only before the
-loop, ptxas serialized that tile's wgmmas (C7515), which is why it ran slower with ONE_CHUNK on an H100 (CONFIG's
-comment).
+registers and 240 / 160 B of spills a thread, three spill stores and loads on every iteration's path; with one chunk
+183 registers and none, but its wgmmas serialized by ptxas (C7515); `benchmarks/linear_offline.py`). Which is why
+that launch ran slower with ONE_CHUNK on an H100, the others about as fast (CONFIG's comment).
 
 Measured on the H200 (`benchmarks/sweep_linear.py`, benchmarks/results/linear_sweep_h200_*/sweep.md):
 with TMA and KCHUNK 1024 the best launch per bucket was 1.17x cuBLAS's time (geomean over 35 Qwen3-8B
@@ -268,9 +266,10 @@ CONFIG = {
     # 1: a walking launch whose K fits one chunk carries no running total through its loop (the same bits). Off: on an
     # H100, Qwen3-8B's K = 4096 cells under a 4096 tree, the compute-bound 128 x 256 launches took 1.31-1.38x cuBLAS's
     # time with it and 1.02-1.08x without, in one call (linear_sweep_h100_k4096_one{1,0}_s44/); the other one-chunk
-    # cells 0.5% faster with it (geomean; 2% faster to 7% slower a cell). That 128 x 256 launch's wgmmas were
-    # serialized by ptxas (linear_offline_s45_before.txt), since session 45 no longer (linear_offline_s45.txt): owed a
-    # GPU's timing again (gpu_pending.sh linear_one_chunk)
+    # cells 0.5% faster with it (geomean; 2% faster to 7% slower a cell). ptxas serializes that 128 x 256 launch's
+    # wgmmas with one chunk (linear_offline_s45.txt). Writing the accumulator's zeros again at the loop's first step
+    # compiled without that warning, yet on an H100 every wgmma launch with it took 1.1-1.8x its time without
+    # (linear_sweep_h100_{k4096,qwen3-0.6b}_one1_s45/), so it was not kept
     "ONE_CHUNK": 0,
     # 1: the bucket's launches compute each tile transposed (the module docstring's SWAP); offline only so far
     "M16_SWAP": 0,
@@ -415,16 +414,6 @@ def _linear_fwd_kernel(
     u_acc = tl.zeros((ACC_R, ACC_C) if SILU else (1, 1), dtype=tl.float32)
     for i in range(0, n_steps):
         k = k_lo + i * (BLOCK_K * K_UNROLL)
-        if ONE_CHUNK:
-            if i == 0:
-                # the zeros again, in the loop: Triton then starts the chunk with the MMA's "ignore the accumulator"
-                # flag, as a chunk of the running walk starts. With zeros written only before the loop, ptxas
-                # serialized the 128 x 256 tile's wgmmas (C7515: non-wgmma instructions defining accumulator
-                # registers; sm_90, Triton 3.6, `benchmarks/linear_offline.py`). A chunk sum of -0 is +0 after the
-                # (0 + s_0) below either way.
-                b_acc = tl.zeros((ACC_R, ACC_C), dtype=tl.float32)
-                if SILU:
-                    u_acc = tl.zeros((ACC_R, ACC_C), dtype=tl.float32)
         for u in tl.static_range(K_UNROLL):
             if TMA:
                 # out-of-bounds rows, columns and K are filled with +0: past K, exact zeros as below
