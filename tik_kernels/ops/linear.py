@@ -268,7 +268,7 @@ CONFIG = {
     # time with it and 1.02-1.08x without, in one call (linear_sweep_h100_k4096_one{1,0}_s44/); the other one-chunk
     # cells 0.5% faster with it (geomean; 2% faster to 7% slower a cell). ptxas serializes that 128 x 256 launch's
     # wgmmas with one chunk (linear_offline_s45.txt). Writing the accumulator's zeros again at the loop's first step
-    # compiled without that warning, yet on an H100 every wgmma launch with it took 1.1-1.8x its time without
+    # compiled without that warning, yet on an H100 every one-chunk launch of M >= 256 took 1.1-1.8x its time without
     # (linear_sweep_h100_{k4096,qwen3-0.6b}_one1_s45/), so it was not kept
     "ONE_CHUNK": 0,
     # 1: the bucket's launches compute each tile transposed (the module docstring's SWAP); offline only so far
