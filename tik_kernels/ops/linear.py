@@ -271,7 +271,9 @@ CONFIG = {
     # compiled without that warning, yet on an H100 every one-chunk launch of M >= 256 took 1.1-1.8x its time without
     # (linear_sweep_h100_{k4096,qwen3-0.6b}_one1_s45/), so it was not kept
     "ONE_CHUNK": 0,
-    # 1: the bucket's launches compute each tile transposed (the module docstring's SWAP); offline only so far
+    # 1: the bucket's launches compute each tile transposed (the module docstring's SWAP). Off: on an H100 the same bits
+    # and no faster, the M16 bucket's best launch 0.994x cuBLAS swapped against 0.976x over Qwen3-8B's cells, 1.010x
+    # against 1.033x over qwen3-0.6b's, its CONFIG tile slower swapped (linear_sweep_h100_*_swap{1,0}_s45/)
     "M16_SWAP": 0,
     "M64_SWAP": 0,
 }
