@@ -646,6 +646,12 @@ def _matmul(
         return torch.zeros(shape, device=a.device, dtype=dtype)
     sms = sm_count(a.device)
     BLOCK_M, BLOCK_N, num_warps, num_stages, K_UNROLL, SPLIT = tile or _tile(M, N, sms)
+    if swap is None:  # the bucket of the launch `_tile` chose, from the same N
+        swap = CONFIG.get(f"{_launch_bucket(M, N, sms)}_SWAP", 0)
+    if swap:
+        # one dot an iteration: with two, Triton 3.6 waits for each swapped wgmma before the next (8 waits a loop
+        # against 2, benchmarks/linear_offline.py), so the tuner's one move to SWAP is not the slow form
+        K_UNROLL = 1
     BLOCK_K = block_k or CONFIG["BLOCK_K"]
     KCHUNK = _kchunk(N)  # the product's tree: N is all 2F rows with silu too
     if KCHUNK % (BLOCK_K * K_UNROLL):
@@ -671,12 +677,6 @@ def _matmul(
         da, db = _tma_operand(a, BLOCK_M, BLOCK_K), _tma_operand(b, BLOCK_N, BLOCK_K)
     use_tma = da is not None and db is not None and not (silu and db[1])  # silu reads b's rows along K
     pdl = pdl_launch(CONFIG.get("PDL"), a.device)
-    if swap is None:
-        swap = CONFIG.get(f"{_launch_bucket(M, N, sms)}_SWAP", 0)
-    if swap:
-        # one dot an iteration: with two, Triton 3.6 waits for each swapped wgmma before the next (8 waits a loop
-        # against 2, benchmarks/linear_offline.py), so the tuner's one move to SWAP is not the slow form
-        K_UNROLL = 1
     # the weight's lines into L2 first (on the GPU, where b's rows run along K: the forward's w)
     prefetch = bool(CONFIG.get("PREFETCH")) and not INTERPRET and b.stride(1) == 1
     _linear_fwd_kernel[(tiles, groups)](
