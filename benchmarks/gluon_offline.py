@@ -77,11 +77,17 @@ def compile_linear(stages: int, swap: bool = True, kchunk: int = 2048):
     return _compile(g._linear_small_kernel, const, types, ("N", "K", "stride_cm"), 4, launch_pdl=True)
 
 
-def describe(k) -> tuple[str, str]:
-    """(ptxas's registers, spills and shared memory; the SASS innermost loops) of a compiled kernel."""
+def assembled(k) -> tuple[str, str]:
+    """(ptxas's report, the SASS) of a compiled kernel, assembled with Triton's ptxas and disassembled."""
     with tempfile.TemporaryDirectory() as d:
         out = oc.assemble(k.asm["ptx"], Path(d) / "k.cubin")
-        sass = oc.disassemble(Path(d) / "k.cubin") or ""
+        return out, oc.disassemble(Path(d) / "k.cubin") or ""
+
+
+def describe(k, asm: tuple[str, str] | None = None) -> tuple[str, str]:
+    """(ptxas's registers, spills and shared memory; the SASS innermost loops) of a compiled kernel (`asm`: its
+    `assembled` output where the caller has it already)."""
+    out, sass = asm or assembled(k)
     regs = re.search(r"Used (\d+) registers", out)
     spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out)
     loops = "; ".join(f"{n} instructions (spill stores {st}, loads {ld}, wgmma {mma})"

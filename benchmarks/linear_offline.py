@@ -7,9 +7,10 @@ iteration holds two dots (8 waits a loop, against one wgmma group in flight with
     PYTHONPATH=<a pip --target dir of triton==3.6.0>:. python benchmarks/linear_offline.py [--out FILE]
 
 Each CONFIG bucket's tile (BLOCK_M, BLOCK_N, num_warps, num_stages, K_UNROLL; its FILL tile where it has one) as the
-walking program (SPLIT 0, TMA operands, PDL), compiled as a launch specializes it (`offline_compile.compile_sm90`:
-strides, N and K divisible by 16). Both forms compute the same tree; what differs is whether a second accumulator's
-registers are held through the loop. A spill inside the loop is paid every K step, one outside it once a program.
+walking program (SPLIT 0, TMA operands, PDL), compiled as a forward launch specializes it
+(`offline_compile.compile_sm90`: the unit strides constexpr 1, the others and N and K divisible by 16). Both forms
+compute the same tree; what differs is whether a second accumulator's registers are held through the loop. A spill
+inside the loop is paid every K step, one outside it once a program.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import offline_compile as oc  # noqa: E402 (first: it turns the interpreter off before Triton is imported)
 import triton  # noqa: E402
 from attn_ir_offline import innermost  # noqa: E402
-from gluon_offline import describe  # noqa: E402
+from gluon_offline import assembled, describe  # noqa: E402
 
 
 def tiles(cfg: dict) -> list[tuple[str, tuple]]:
@@ -43,15 +44,10 @@ def can_swap(bucket: str) -> bool:
     return f"{bucket.split('_')[0]}_SWAP" in L.TUNABLES
 
 
-def wgmma_waits(k) -> list[int]:
-    """The `WARPGROUP.DEPBAR` instructions (waits for wgmma groups in flight) in each innermost SASS loop of a compiled
-    kernel: one or two where the MMAs are pipelined (one group left in flight, all at a chunk's end), one per wgmma
+def wgmma_waits(sass: str) -> list[int]:
+    """The `WARPGROUP.DEPBAR` instructions (waits for wgmma groups in flight) in each innermost loop of a kernel's
+    SASS: one or two where the MMAs are pipelined (one group left in flight, all at a chunk's end), one per wgmma
     where each is waited for before the next."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as d:
-        oc.assemble(k.asm["ptx"], Path(d) / "k.cubin")
-        sass = oc.disassemble(Path(d) / "k.cubin") or ""
     return [sum("WARPGROUP.DEPBAR" in t for t in loop) for loop in innermost(sass)]
 
 
@@ -102,9 +98,10 @@ def main() -> int:
     for bucket, tile in tiles(L.CONFIG):
         for one, swap, t in forms(bucket, tile):
             k = compile_walk(t, one, swap)
-            summary, loops = describe(k)
+            asm = assembled(k)  # once: the summary and the waits read the same SASS
+            summary, loops = describe(k, asm)
             form = "ONE_CHUNK    " if one else "running total" + (", SWAP" if swap else "")
-            waits = f"; wgmma waits a loop: {', '.join(map(str, wgmma_waits(k)))}" if swap or t[0] >= 64 else ""
+            waits = f"; wgmma waits a loop: {', '.join(map(str, wgmma_waits(asm[1])))}" if swap or t[0] >= 64 else ""
             line = f"{bucket:10s} {t} {form}: {summary}; loop: {loops}{waits}"
             lines.append(line)
             print(line, flush=True)
