@@ -40,6 +40,9 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=None, help="also write the lines to this file")
     args = ap.parse_args()
     dirs = args.sweeps or sorted(p.parent for p in (ROOT / "benchmarks" / "results").glob("linear_sweep_*/sweep.json"))
+    missing = [str(d) for d in dirs if not (d / "sweep.json").is_file()]
+    if missing:
+        ap.error(f"no sweep.json in {', '.join(missing)}")
     lines = ["sweep | bucket | launch (K_UNROLL 2) | geomean / cuBLAS | K_UNROLL 1 twin | 2 over 1"]
     slower = total = 0
     for d in dirs:
