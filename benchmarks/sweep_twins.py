@@ -18,10 +18,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def twins(choice: dict) -> list[tuple[str, str, float, float]]:
-    """(bucket, K_UNROLL 2 launch, its geomean, its K_UNROLL 1 twin's geomean) in one sweep's `choice`."""
+def twins(choice: dict, run_config: dict | None = None) -> list[tuple[str, str, float, float]]:
+    """(bucket, K_UNROLL 2 launch, its geomean, its K_UNROLL 1 twin's geomean) in one sweep's `choice`; a bucket its
+    run swapped (`run_config` <bucket>_SWAP 1) is left out: a swapped launch takes K_UNROLL 1 whatever its label says,
+    so there the twins are one launch."""
     out = []
     for bucket, c in choice.items():
+        if (run_config or {}).get(f"{bucket}_SWAP"):
+            continue
         scores = c.get("all", {})
         for label, g in scores.items():
             parts = label.split(",")
@@ -47,7 +51,7 @@ def main() -> int:
     slower = total = 0
     for d in dirs:
         doc = json.loads((d / "sweep.json").read_text())
-        for bucket, label, g2, g1 in twins(doc.get("choice", {})):
+        for bucket, label, g2, g1 in twins(doc.get("choice", {}), doc.get("run_config")):
             total += 1
             slower += g2 > g1
             lines.append(f"{d.name} | {bucket} | {label} | {g2:.3f} | {g1:.3f} | {g2 / g1:.3f}")

@@ -44,3 +44,5 @@ def test_twins_pair_k_unroll_2_wgmma_tiles_with_their_k_unroll_1_twin():
                               "16,64,4,4,2,4,fused": 1.0, "16,64,4,4,1,4,fused": 1.4, "64,32,4,6,2,0": 1.5}}}
     # 16-row tiles (mma.sync) are not wgmma tiles; a launch without its twin is left out
     assert sweep_twins.twins(choice) == [("M64", "64,64,4,4,2,4,fused", 1.3, 1.2)]
+    # a run that swapped the bucket times one launch under both labels
+    assert sweep_twins.twins(choice, {"M64_SWAP": 1, "M16_SWAP": 0}) == []
