@@ -50,7 +50,8 @@
 #   search_pair   #18 search_linear and search_attention at once on one GPU (two processes, their timings taking turns
 #                     through the device lock, the rest overlapping): three calls (480 s of search each, then the
 #                     workspace archived) make both 20-minute searches in the device time of one
-#                     ($R/tuner_<card>_pair_20min_{linear,attention}_run<RUN>.*, one workspace archive)
+#                     ($R/tuner_<card>_pair_20min_{linear,attention}_run<RUN>.*, one workspace archive); WALL (480)
+#                     seconds of search a call: 420 makes the three calls fit a session's 1,620 s of device time
 #   scaleout_shared
 #                 #18 evaluations an hour with one and two evaluator processes on one GPU (`tik search --workers 2`:
 #                     timings taking turns through the device lock, CPU work overlapping): rmsnorm, EVALS (12)
@@ -330,7 +331,7 @@ for p in "$@"; do
             if [[ ! -d .gpu_ws/linear && ! -d .gpu_ws/attention && -f $ws_saved ]]; then tar xzf "$ws_saved"; fi
             for op in linear attention; do
                 part "${name}_$op" 580 "$py" benchmarks/tuner_search.py --ops "$op" --budget 200 --max-time 1200 \
-                    --wall 480 --timeout 240 --screen 12 --workspace .gpu_ws --out "$R/${name}_${op}_run${RUN:-1}" &
+                    --wall "${WALL:-480}" --timeout 240 --screen 12 --workspace .gpu_ws --out "$R/${name}_${op}_run${RUN:-1}" &
             done
             wait
             # without the compile caches: on an H100 in session 41 the archive made after two 530 s searches was not
