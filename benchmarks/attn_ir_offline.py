@@ -99,7 +99,8 @@ def launch_cases(mod, d: int) -> list[tuple]:
 
 def report(mod, name: str, kernel: str, const: dict, warps: int, stages: int, ttgir: Path | None = None,
            with_regions: bool = False) -> str:
-    const = {**dict(G=4, D=128, VARLEN=False, UPCAST=False), **const}
+    # lse's (and delta's) stride along the sequence is 1 ([B, H, S] contiguous): a launch makes it a constexpr 1
+    const = {**dict(G=4, D=128, VARLEN=False, UPCAST=False, stride_ls=1), **const}
     types = dict(POINTERS)
     if const.get("TMA"):
         types["k_desc"] = types["v_desc"] = f"tensordesc<bf16[{const['BLOCK_N']},128]>"
