@@ -1,4 +1,5 @@
-"""TIK's adjustments to Triton's CPU interpreter (`tik_kernels._runtime`), each with the same bits as Triton's own path:
+"""TIK's adjustments to Triton's CPU interpreter (`tik_kernels/_interpreter.py`), each with the same bits as Triton's
+own path:
 a helper called from a kernel no longer patches `triton.language` again when the running launch has patched it
 already (one scan per launch and module instead of one per call), and a scan is recorded once per modules and state,
 then replayed; integer-overflow checks that `device_assert` would
@@ -73,7 +74,7 @@ def _masked_divide_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
 
 
 def test_a_launch_raises_no_numpy_float_warning():
-    """A masked lane's 0 / 0 is computed and never stored: no warning on the CPU (`_runtime._quiet_float_warnings`;
+    """A masked lane's 0 / 0 is computed and never stored: no warning on the CPU (`_interpreter._quiet_float_warnings`;
     `tik e2e` printed numpy's "invalid value encountered in divide" among its progress lines), the stored lanes the
     same."""
     import warnings

@@ -306,7 +306,7 @@ def test_pairwise_combine_is_caught(tmp_path, chunk_plan):
     """A tree combine, the chunk sums added in pairs from the last: (s1 + s2) + s0 at the plan's three chunks;
     deterministic, accurate, and not the walk's order. (Pairs from the first, (s0 + s1) + s2, are the walk's own
     order at three chunks: until session 21 this test planted those, and passed only because Triton's interpreter
-    refused the pair's mask, `m_ws & (c + 1 < n_chunks)`, which tik_kernels._runtime now lets through.)"""
+    refused the pair's mask, `m_ws & (c + 1 < n_chunks)`, which tik_kernels/_interpreter.py now lets through.)"""
     pairs = _merge("""    for j in range(0, n_chunks, 2):
         c = n_chunks - 1 - j
         b_hi = tl.load(ws_ptr + (c * M + o_m) * N + o_n, mask=m_ws, other=0.0)

@@ -1,5 +1,5 @@
-"""tik_kernels._runtime on a CPU machine: the interpreter is switched on, and its dot has an order that does not
-follow the tile shape (np.matmul's did, with the BLAS library and the machine)."""
+"""tik_kernels._runtime on a CPU machine: the interpreter is switched on, and its dot (tik_kernels/_interpreter.py)
+has an order that does not follow the tile shape (np.matmul's did, with the BLAS library and the machine)."""
 
 from __future__ import annotations
 

@@ -16,9 +16,10 @@ import tik_kernels
 
 ROOT = Path(tik_kernels.__file__).resolve().parent
 #: the files an evaluation trusts: the evaluator, the contract framework, contracts, references, model shapes,
-#: the runtime helpers the children import, and the package's own __init__ (it sets TRITON_INTERPRET)
-TRUSTED = ("__init__.py", "_runtime.py", "contract/*.py", "models.py", "evaluator/*.py", "contracts/*.py",
-           "reference/*.py")
+#: the runtime helpers the children import (and the interpreter's adjustments they install), and the package's own
+#: __init__ (it sets TRITON_INTERPRET)
+TRUSTED = ("__init__.py", "_runtime.py", "_interpreter.py", "contract/*.py", "models.py", "evaluator/*.py",
+           "contracts/*.py", "reference/*.py")
 
 
 def digests(root: Path | None = None) -> dict[str, str]:
