@@ -108,3 +108,24 @@ def test_lmhead_offline_names_kernels_that_exist():
     assert out.returncode == 0, out.stderr
     found = json.loads(out.stdout)
     assert found and all(ok for *_, ok in found), found
+
+
+def test_rope_offline_compiles_the_launches_constexprs():
+    """`offline_compile.signature` drops a constexpr the kernel does not take (an older revision's), so a renamed one
+    would silently compile another kernel: every one `rope_offline` sets is a parameter of its kernel, and the fused
+    kernel's tile is rmsnorm's own."""
+    script = r"""
+import inspect, json, sys
+sys.path.insert(0, "benchmarks")
+import rope_offline
+from tik_kernels.ops import rmsnorm
+out = [sorted(set(const) - set(inspect.signature(fn.fn).parameters)) for _, fn, const, _, _ in rope_offline.cases()]
+fused = [(c["BLOCK_R"], c["BLOCK_H"], w) for n, _, c, w, _ in rope_offline.cases() if "norms" in n]
+print(json.dumps([out, fused, list(rmsnorm._tile(rope_offline.HEAD_DIM))]))
+"""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    res = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    unknown, fused, tile = json.loads(res.stdout.strip().splitlines()[-1])
+    assert unknown == [[]] * len(unknown)
+    assert fused and all(list(f) == tile for f in fused)
