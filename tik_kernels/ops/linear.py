@@ -101,7 +101,7 @@ M <= 16 1.01x; M = 64 1.07-1.24x and M = 256 1.25-1.52x are what is left). The s
 replaced measured 1.31x (speed_h200.md), 1.26-1.30x at M >= 1024.
 
 Triton's interpreter computes bf16 tl.dot wrongly: there (UPCAST) the operands go in as fp32,
-which is exact, and tik_kernels._runtime makes the interpreter's dot sum K in order.
+which is exact, and tik_kernels/_interpreter.py makes the interpreter's dot sum K in order.
 
 Backward: dx = dy @ w and dw = dy.T @ x are the same kernel on strided views (dx reduces over
 N, dw over the tokens, both in the same fixed tree), so gradients are deterministic and dx rows
