@@ -3,7 +3,8 @@
 Each one either makes the interpreter compute what a GPU computes (a dot that sums K in order, a bool scalar that
 broadcasts as a bool, silence where a GPU's masked lanes divide 0 by 0) or takes a faster path to the bits Triton's
 own path gives (`tests/kernels/test_interpreter_patches.py` compares each with Triton's). Every function patches
-once (a marker on what it installed) and leaves Triton alone where Triton's code no longer has the shape it expects.
+once (a marker on what it installed); those that stand in for a Triton function whose body they rely on read that
+body first and leave Triton alone where it no longer has the shape they expect.
 """
 
 from __future__ import annotations
