@@ -51,7 +51,7 @@
 #                     through the device lock, the rest overlapping): three calls (480 s of search each, then the
 #                     workspace archived) make both 20-minute searches in the device time of one
 #                     ($R/tuner_<card>_pair_20min_{linear,attention}_run<RUN>.*, one workspace archive); WALL (480)
-#                     seconds of search a call: 420 makes the three calls fit a session's 1,620 s of device time
+#                     seconds of search a call: with 400 the three calls (about 1,260 s) fit a session's 1,800 s
 #   scaleout_shared
 #                 #18 evaluations an hour with one and two evaluator processes on one GPU (`tik search --workers 2`:
 #                     timings taking turns through the device lock, CPU work overlapping): rmsnorm, EVALS (12)
