@@ -622,6 +622,71 @@ def test_narrow_outputs_halve_the_tile_width(monkeypatch):
     assert same_bits(narrow, L.linear(x, w))
 
 
+def test_a_small_batch_walks_where_narrower_tiles_fill_the_sms(monkeypatch):
+    """M16_WALK_PCT: an M16 launch that would split K walks it instead (SPLIT 0) where halving BLOCK_N, not below 32,
+    gives at least that % of the SMs tiles; one that cannot (qwen3-0.6b's 1024-wide o), a K of one chunk, another
+    bucket and a launch asked without K keep theirs; at 0 nothing moves. The bits are the split's, through the entry
+    point and the fused silu_mul epilogue, which a walking launch can take where the split could not."""
+    from tik_kernels.ops.silu_mul import silu_mul
+
+    monkeypatch.setitem(L.CONFIG, "M16_BLOCK_N", 64)
+    monkeypatch.setitem(L.CONFIG, "M16_SPLIT", 4)
+    monkeypatch.setitem(L.CONFIG, "NARROW_PCT", 25)
+    split = L._tile(16, 4096, 132, 4096)
+    monkeypatch.setitem(L.CONFIG, "M16_WALK_PCT", 70)
+    assert L._tile(16, 6144, 132, 4096)[1::4] == (64, 0)  # Qwen3-8B's qkv: 96 tiles of 64, 73% of 132
+    assert L._tile(1, 4096, 132, 4096) == split[:1] + (32,) + split[2:5] + (0,)  # o: 64 tiles of 64, 128 of 32
+    assert L._tile(4, 4096, 132, 12288)[1::4] == (32, 0)  # down
+    assert L._tile(16, 1024, 132, 2048) == L._tile(16, 1024, 132)  # 0.6b's o: 32 tiles of 32 (24%), so 16 wide
+    assert L._tile(16, 6144, 132, 1024) == L._tile(16, 6144, 132)  # one chunk: nothing to split
+    assert L._tile(64, 4096, 132, 4096) == L._tile(64, 4096, 132)  # M64 splits (4x the products a tile)
+    monkeypatch.setitem(L.CONFIG, "M16_WALK_PCT", 100)
+    assert L._tile(16, 6144, 132, 4096)[1::4] == (32, 0)  # 96 tiles short of 132: 192 of 32
+    for cell in CONTRACT.cells("gpu"):
+        M, N, K = cell.params["M"], cell.params["N"], cell.params["K"]
+        monkeypatch.setitem(L.CONFIG, "M16_WALK_PCT", 0)
+        before = L._tile(M, N, 132, K)
+        assert before == L._tile(M, N, 132), cell.name
+        monkeypatch.setitem(L.CONFIG, "M16_WALK_PCT", 70)
+        assert L._tile(M, N, 132, K) == before or (M <= 16 and L._tile(M, N, 132, K)[5] == 0), cell.name
+
+    # on a 4-SM device: 2 tiles of 64 split over 4 narrow chunks, or 4 tiles of 32 walking them (4 >= 70% of 4)
+    monkeypatch.setattr(L, "sm_count", lambda device: 4)
+    monkeypatch.setitem(L.CONFIG, "NARROW_KCHUNK", 128)
+    monkeypatch.setitem(L.CONFIG, "NARROW_N", 128)
+    N, K = 128, 3 * 128 + 40
+    x, w = _cancelling(N, K)(5, torch.Generator().manual_seed(21))
+    seen = spy_launches(monkeypatch, L, "_linear_fwd_kernel", lambda args, kwargs: (kwargs["BLOCK_N"], kwargs["SPLIT"]))
+    runs = {}
+    for pct in (0, 70):
+        monkeypatch.setitem(L.CONFIG, "M16_WALK_PCT", pct)
+        runs[pct] = (L.linear(x, w), L.linear_silu_mul(x, w))
+    assert seen == [(64, True), (32, False), (16, False)]  # the split; the walk, then its silu launch (32 / 2 wide)
+    assert same_bits(runs[0][0], runs[70][0]) and runs[0][1] is None
+    assert same_bits(runs[70][1], silu_mul(runs[70][0]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N,K", [(6144, 4096), (4096, 4096), (4096, 12288), (24576, 4096)],
+                         ids=["qkv", "o", "down", "gate_up"])
+def test_a_small_batch_walks_with_the_rows_of_a_large_one_on_gpu(N, K, monkeypatch):
+    """Qwen3-8B's projections at M = 1, 4, 16 walking (M16_WALK_PCT 70): the rows of the entry point at M = 4096, and
+    gate_up's fused silu_mul epilogue (which the split declines) linear then silu_mul's bits."""
+    from tik_kernels.ops.silu_mul import silu_mul
+
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(4096, K, generator=gen, device="cuda").to(torch.bfloat16)
+    w = (torch.randn(N, K, generator=gen, device="cuda") / K**0.5).to(torch.bfloat16)
+    big = L.linear(x, w)
+    monkeypatch.setitem(L.CONFIG, "M16_WALK_PCT", 70)
+    seen = spy_launches(monkeypatch, L, "_linear_fwd_kernel", lambda args, kwargs: kwargs["SPLIT"])
+    for M in (1, 4, 16):
+        assert same_bits(L.linear(x[-M:], w), big[-M:]), M
+        if N == 24576:
+            assert same_bits(L.linear_silu_mul(x[-M:], w), silu_mul(big[-M:])), M
+    assert not any(seen)
+
+
 def test_fused_combine_only_up_to_fused_max_m(monkeypatch):
     """FUSED_MAX_M: a split launch combines in its last-arriving program up to that many rows, with a second
     kernel above; the bits are the same either way (the chunk sums are added in one order by both)."""
