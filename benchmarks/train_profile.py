@@ -46,11 +46,9 @@ from tik_kernels.e2e import trainer as trainer_mod  # noqa: E402
 from tik_kernels.e2e.backends import config_overrides, make_backend  # noqa: E402
 from tik_kernels.e2e.model import PRESETS, init_params  # noqa: E402
 from tik_kernels.e2e.rollout import RolloutEngine  # noqa: E402
-from tik_kernels.e2e.run import minibatches  # noqa: E402
+from tik_kernels.e2e.run import alloc_counts, minibatches  # noqa: E402
 from tik_kernels.e2e.task import make_requests, rewards  # noqa: E402
 from tik_kernels.e2e.trainer import group_advantages, grpo_step, make_optimizer, pack, sequence_logprobs  # noqa: E402
-
-ALLOC_KEYS = ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_sync_all_streams")
 
 
 def _sync() -> None:
@@ -59,10 +57,7 @@ def _sync() -> None:
 
 
 def _alloc_counts() -> dict:
-    if not torch.cuda.is_available():
-        return {}
-    st = torch.cuda.memory_stats()
-    return {k: st.get(k, 0) for k in ALLOC_KEYS}
+    return alloc_counts("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def model_flops(mc, batches) -> dict:

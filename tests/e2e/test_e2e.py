@@ -230,12 +230,30 @@ def test_cli_e2e_json_and_errors(capsys):
     assert (b["minibatches"], b["ppo_epochs"]) == (2, 1) == (doc["config"]["minibatches"], doc["config"]["ppo_epochs"])
     # the train phase's host part before its first update is a part of it, the updates the rest
     assert 0.0 < b["train_prep_s"] < b["time_s"]["train"]
+    # each timed step's phases' allocator counters: none off the GPU (the GPU's: test_alloc_counts_follow_the_driver)
+    assert b["alloc_steps"] == {"rollout": [{}], "recompute": [{}], "train": [{}]}
     assert main(["e2e", "--modes", "B", "--minibatches", "0"]) == 2
     assert "--minibatches" in capsys.readouterr().err
     assert main(["e2e", "--modes", "X"]) == 2
     assert "unknown mode" in capsys.readouterr().err
     assert main(["e2e", "--model", "nope", "--modes", "A"]) == 2
     assert "unknown model preset" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_alloc_counts_follow_the_driver():
+    """A block the cache cannot serve is a cudaMalloc (num_device_alloc), and emptying the cache gives it back."""
+    from tik_kernels.e2e.run import ALLOC_KEYS, _delta, alloc_counts
+
+    torch.cuda.empty_cache()
+    a = alloc_counts("cuda")
+    x = torch.empty(3 << 28, dtype=torch.uint8, device="cuda")  # 768 MiB: no cached block is that large
+    b = alloc_counts("cuda")
+    del x
+    torch.cuda.empty_cache()
+    c = alloc_counts("cuda")
+    assert set(a) == set(ALLOC_KEYS)
+    assert _delta(a, b)["num_device_alloc"] >= 1 and _delta(b, c)["num_device_free"] >= 1
 
 
 def test_cli_e2e_out_of_memory_is_one_line(capsys, monkeypatch):

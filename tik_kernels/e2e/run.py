@@ -90,6 +90,23 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+#: the caching allocator's counters a phase can move: blocks got from and given back to the driver (each a
+#: cudaMalloc / cudaFree, which waits for the device), an allocation that freed every cached block and tried again
+ALLOC_KEYS = ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_sync_all_streams")
+
+
+def alloc_counts(device: str) -> dict:
+    """The caching allocator's ALLOC_KEYS counters so far ({} off the GPU)."""
+    if not device.startswith("cuda"):
+        return {}
+    st = torch.cuda.memory_stats(device)
+    return {k: st.get(k, 0) for k in ALLOC_KEYS}
+
+
+def _delta(a: dict, b: dict) -> dict:
+    return {k: b[k] - a[k] for k in a}
+
+
 def model_for(cfg: E2EConfig, device: str) -> tuple[ModelConfig, dict]:
     if cfg.checkpoint:
         from tik_kernels.e2e.model import load_hf
@@ -137,6 +154,7 @@ def run_mode(mode: str, cfg: E2EConfig, mc: ModelConfig, params0: dict, device: 
     clip_fracs: list[float] = []
     ratio_devs: list[float] = []
     times = {"rollout": [], "recompute": [], "train": []}
+    allocs = {k: [] for k in times}  # each timed step's allocator counters moved in each phase
     train_prep: list[float] = []  # the part of each timed train phase before its first update
     capture_timed = 0.0
     equal = total = 0
@@ -149,6 +167,7 @@ def run_mode(mode: str, cfg: E2EConfig, mc: ModelConfig, params0: dict, device: 
                              answer_len=cfg.answer_len, seed_base=step * 100_000)
         _sync(device)
         phase("rollout")
+        a0 = alloc_counts(device)
         t0 = time.perf_counter()
         captured_s = engine.stats.capture_s
         comps = engine.generate(params, reqs)
@@ -157,6 +176,7 @@ def run_mode(mode: str, cfg: E2EConfig, mc: ModelConfig, params0: dict, device: 
         # met a new bucket would otherwise carry it (stock SDPA's graphs, per KV-length bucket too, meet more)
         capture = engine.stats.capture_s - captured_s
         t1 = time.perf_counter() - capture
+        a1 = alloc_counts(device)
         report(sum(len(c.tokens) for c in comps), done=True)
         packed = pack(comps, device)
         n_packed = packed.ids.numel()
@@ -168,6 +188,7 @@ def run_mode(mode: str, cfg: E2EConfig, mc: ModelConfig, params0: dict, device: 
             old = rollout_lp
         _sync(device)
         t2 = time.perf_counter() - capture
+        a2 = alloc_counts(device)
         if recompute:
             report(n_packed, done=True)
         phase("train")
@@ -195,6 +216,7 @@ def run_mode(mode: str, cfg: E2EConfig, mc: ModelConfig, params0: dict, device: 
                 report(trained_tokens, done=epoch + 1 == cfg.ppo_epochs and k + 1 == len(batches))
         _sync(device)
         t3 = time.perf_counter() - capture - check_s
+        a3 = alloc_counts(device)
         clip_fracs.extend(float(c) for c, _ in figures)
         ratio_devs.extend(float(d) for _, d in figures)
         # the trainer's own log-probs (its training forward before any update, of each minibatch as it is packed for
@@ -215,6 +237,8 @@ def run_mode(mode: str, cfg: E2EConfig, mc: ModelConfig, params0: dict, device: 
             times["train"].append(t3 - t2)
             train_prep.append(prep)
             capture_timed += capture
+            for k, (a, b) in zip(allocs, ((a0, a1), (a1, a2), (a2, a3)), strict=True):
+                allocs[k].append(_delta(a, b))
         if on_step:
             on_step(mode, step, float(r.mean()), res)
     total_t = sum(sum(v) for v in times.values())
@@ -228,6 +252,10 @@ def run_mode(mode: str, cfg: E2EConfig, mc: ModelConfig, params0: dict, device: 
         #: each timed step's phases, in step order: a drift over the steps (clocks, the allocator) shows here, where
         #: the sums above hide it
         "time_s_steps": {k: [round(x, 6) for x in v] for k, v in times.items()},
+        #: beside them, each timed step's phases' allocator counters (ALLOC_KEYS; {} each off the GPU): a phase that
+        #: gets memory from the driver, or frees the cache to, waits for the device as often (session 43's H100 ran
+        #: qwen3-0.6b's train phases 0.50-0.73 s a step where session 34's took 0.43-0.47 s: clocks or the allocator?)
+        "alloc_steps": allocs,
         #: of time_s["train"]: rewards, advantages, the minibatches' packing (and the KL reference forward with
         #: kl_coef), until the first update is launched
         "train_prep_s": sum(train_prep),
