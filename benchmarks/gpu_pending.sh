@@ -134,11 +134,12 @@
 #                     M64 buckets' candidate launches against cuBLAS with SWAP off and on, one sweep each, Qwen3-8B's
 #                     projections and qwen3-0.6b's ($R/pytest_gpu_<card>_linear_swap.log,
 #                     $R/linear_sweep_<card>_<model>_swap{0,1}_s45/). H100, session 45: bits green, no faster
-#   linear_walk   #16 linear's M16_WALK_PCT launch choice (session 47: an M16 launch that would split K walks it where tiles
-#                     of 32 or 64 columns fill WALK_PCT % of the SMs; off): its bit test, then the M16 bucket's launches
-#                     against cuBLAS over Qwen3-8B's projections with it at 0 (today's), 70 and 100, one sweep each, the
-#                     three in one call ($R/pytest_gpu_<card>_linear_walk.log, $R/linear_sweep_<card>_walk{0,70,100}_s47/);
-#                     the sweep's "linear" column is the entry point's launch, the rule's
+#   linear_walk   #16 linear's M16_WALK_PCT and M64_WALK_PCT launch choices (session 47: a launch that would split K
+#                     walks it where tiles of 32 or more columns fill WALK_PCT % of the SMs; off): its bit test, then
+#                     the M16 and M64 buckets' launches against cuBLAS over Qwen3-8B's projections with both at 0
+#                     (today's), 70 and 100, one sweep each, the three in one call ($R/pytest_gpu_<card>_linear_walk.log,
+#                     $R/linear_sweep_<card>_walk{0,70,100}_s47/); the sweep's "linear" column is the entry point's
+#                     launch, the rule's
 #   train_profile #19 where the trainer's time goes (benchmarks/train_profile.py): the 4 minibatch updates of a 256-sequence
 #                     qwen3-0.6b rollout, alone and right after a recompute pass, part by part and kernel by kernel,
 #                     unified then stock ($R/train_profile_<card>_qwen3-0.6b{,_stock}.{json,md})
@@ -470,7 +471,8 @@ for p in "$@"; do
             part "pytest_gpu_${CARD}_linear_walk" 150 "$py" -m pytest -q -m gpu tests/kernels/test_linear.py -k walk
             for pct in 0 70 100; do
                 part "linear_sweep_${CARD}_walk${pct}" 140 "$py" benchmarks/sweep_linear.py --tma 1 --model qwen3-8b \
-                    --buckets M16 --set "M16_WALK_PCT=$pct" --budget-s 80 --out "$R/linear_sweep_${CARD}_walk${pct}_s47"
+                    --buckets M16 M64 --set "M16_WALK_PCT=$pct" --set "M64_WALK_PCT=$pct" --budget-s 80 \
+                    --out "$R/linear_sweep_${CARD}_walk${pct}_s47"
             done ;;
         train_profile)
             part "train_profile_${CARD}_qwen3-0.6b" 240 "$py" benchmarks/train_profile.py --preset qwen3-0.6b --out "$R" \

@@ -625,8 +625,9 @@ def test_narrow_outputs_halve_the_tile_width(monkeypatch):
 def test_a_small_batch_walks_where_narrower_tiles_fill_the_sms(monkeypatch):
     """M16_WALK_PCT: an M16 launch that would split K walks it instead (SPLIT 0) where halving BLOCK_N, not below 32,
     gives at least that % of the SMs tiles; one that cannot (qwen3-0.6b's 1024-wide o), a K of one chunk, another
-    bucket and a launch asked without K keep theirs; at 0 nothing moves. The bits are the split's, through the entry
-    point and the fused silu_mul epilogue, which a walking launch can take where the split could not."""
+    bucket (M64 has its own key) and a launch asked without K keep theirs; at 0 nothing moves. The bits are the
+    split's, through the entry point and the fused silu_mul epilogue, which a walking launch can take where the split
+    could not."""
     from tik_kernels.ops.silu_mul import silu_mul
 
     monkeypatch.setitem(L.CONFIG, "M16_BLOCK_N", 64)
@@ -639,12 +640,17 @@ def test_a_small_batch_walks_where_narrower_tiles_fill_the_sms(monkeypatch):
     assert L._tile(4, 4096, 132, 12288)[1::4] == (32, 0)  # down
     assert L._tile(16, 1024, 132, 2048) == L._tile(16, 1024, 132)  # 0.6b's o: 32 tiles of 32 (24%), so 16 wide
     assert L._tile(16, 6144, 132, 1024) == L._tile(16, 6144, 132)  # one chunk: nothing to split
-    assert L._tile(64, 4096, 132, 4096) == L._tile(64, 4096, 132)  # M64 splits (4x the products a tile)
+    assert L._tile(64, 4096, 132, 4096) == L._tile(64, 4096, 132)  # M64's key is off
+    monkeypatch.setitem(L.CONFIG, "M64_WALK_PCT", 70)
+    monkeypatch.setitem(L.CONFIG, "M64_SPLIT", 2)
+    assert L._tile(64, 4096, 132, 4096)[1::4] == (32, 0)
+    monkeypatch.setitem(L.CONFIG, "M64_WALK_PCT", 0)
     monkeypatch.setitem(L.CONFIG, "M16_WALK_PCT", 100)
     assert L._tile(16, 6144, 132, 4096)[1::4] == (32, 0)  # 96 tiles short of 132: 192 of 32
     for cell in CONTRACT.cells("gpu"):
         M, N, K = cell.params["M"], cell.params["N"], cell.params["K"]
         monkeypatch.setitem(L.CONFIG, "M16_WALK_PCT", 0)
+        monkeypatch.setitem(L.CONFIG, "M64_WALK_PCT", 0)
         before = L._tile(M, N, 132, K)
         assert before == L._tile(M, N, 132), cell.name
         monkeypatch.setitem(L.CONFIG, "M16_WALK_PCT", 70)
@@ -670,8 +676,8 @@ def test_a_small_batch_walks_where_narrower_tiles_fill_the_sms(monkeypatch):
 @pytest.mark.parametrize("N,K", [(6144, 4096), (4096, 4096), (4096, 12288), (24576, 4096)],
                          ids=["qkv", "o", "down", "gate_up"])
 def test_a_small_batch_walks_with_the_rows_of_a_large_one_on_gpu(N, K, monkeypatch):
-    """Qwen3-8B's projections at M = 1, 4, 16 walking (M16_WALK_PCT 70): the rows of the entry point at M = 4096, and
-    gate_up's fused silu_mul epilogue (which the split declines) linear then silu_mul's bits."""
+    """Qwen3-8B's projections at M = 1, 4, 16, 64 walking (M16_WALK_PCT and M64_WALK_PCT 70): the rows of the entry
+    point at M = 4096, and gate_up's fused silu_mul epilogue (which the split declines) linear then silu_mul's bits."""
     from tik_kernels.ops.silu_mul import silu_mul
 
     gen = torch.Generator(device="cuda").manual_seed(1)
@@ -679,8 +685,9 @@ def test_a_small_batch_walks_with_the_rows_of_a_large_one_on_gpu(N, K, monkeypat
     w = (torch.randn(N, K, generator=gen, device="cuda") / K**0.5).to(torch.bfloat16)
     big = L.linear(x, w)
     monkeypatch.setitem(L.CONFIG, "M16_WALK_PCT", 70)
+    monkeypatch.setitem(L.CONFIG, "M64_WALK_PCT", 70)
     seen = spy_launches(monkeypatch, L, "_linear_fwd_kernel", lambda args, kwargs: kwargs["SPLIT"])
-    for M in (1, 4, 16):
+    for M in (1, 4, 16, 64):
         assert same_bits(L.linear(x[-M:], w), big[-M:]), M
         if N == 24576:
             assert same_bits(L.linear_silu_mul(x[-M:], w), silu_mul(big[-M:])), M

@@ -63,15 +63,17 @@ The parallelization (tunable per M bucket, none of it changes bits):
   down projections at M = 64 are 1024 wide, 16 tiles of 64 x 64, and with K = 2048 (one chunk) no split
   can add programs, so 16 SMs stream the weights (H200: 8.9 us against a 1.1 us floor,
   decode_breakdown_h200_qwen3-0.6b_fill.md). No Qwen3-8B cell has so few tiles at 25 %;
-- M16_WALK_PCT (a launch choice, off): an M16 launch that would split K (SPLIT > 0, K over more than one chunk)
-  walks instead (SPLIT 0) where halving BLOCK_N, down to 32, gives at least WALK_PCT % of the SMs output tiles: more
-  programs from narrower tiles cost nothing, while a split writes fp32 partials and combines them. On an H100
-  (linear_sweep_h100_qwen3-8b_swap0_s45/, M = 1, 4, 16), at the same 128 programs o's 16 x 32 walk took 0.90-0.92x
-  cuBLAS's time where the CONFIG's 16 x 64 split in two took 0.94-0.97x, and qkv's 16 x 64 walk (96 programs)
-  0.98x where the split took 1.03-1.05x (those walks with 6 stages, the CONFIG's 4); qwen3-0.6b's 1024-wide o and
-  down (too few tiles of 32) keep their split, 1.3-1.5x when walked (linear_sweep_h100_qwen3-0.6b_swap0_s45/). Not
-  for M = 64, whose tiles carry 4x the products: there Qwen3-8B's o and down walked took 1.22-1.43x where their
-  splits took 1.07-1.14x (the same sweeps);
+- M16_WALK_PCT, M64_WALK_PCT (launch choices, off): a launch of the bucket that would split K (SPLIT > 0, K over more
+  than one chunk) walks instead (SPLIT 0) where halving BLOCK_N, down to 32, gives at least WALK_PCT % of the SMs
+  output tiles: more programs from narrower tiles cost nothing, while a split writes fp32 partials and combines them.
+  On an H100 (linear_sweep_h100_qwen3-8b_swap0_s45/, M = 1, 4, 16), at the same 128 programs o's 16 x 32 walk took
+  0.90-0.92x cuBLAS's time where the CONFIG's 16 x 64 split in two took 0.94-0.97x, and qkv's 16 x 64 walk (96
+  programs) 0.98x where the split took 1.03-1.05x (those walks with 6 stages, the CONFIG's 4); qwen3-0.6b's
+  1024-wide o and down (too few tiles of 32) keep their split, 1.3-1.5x when walked
+  (linear_sweep_h100_qwen3-0.6b_swap0_s45/). At M = 64 the same sweeps walked qkv with 64 x 16 tiles at 1.07-1.08x,
+  its best launch, where the CONFIG's split took 1.18x; gate_up walking 64 x 64 1.01x as its split did; o and down
+  were walked only with K_UNROLL 2 (1.22-1.43x against 1.07-1.14x split), which waits on each wgmma, so M64's rule
+  is a key of its own;
 - PDL: launched with programmatic dependent launch (tik_kernels/ops/_common.py): the launch and the programs' start
   overlap the end of the kernel before; every program waits for it before it reads an operand;
 - PREFETCH: each program first asks for the weight rows it will read to be brought into L2 (PTX prefetch, a hint that
@@ -169,6 +171,7 @@ TUNABLES = {
     "FILL_PCT": (0, 25, 50, 75, 100),
     "NARROW_PCT": (0, 12, 25, 50, 100),
     "M16_WALK_PCT": (0, 50, 70, 100),
+    "M64_WALK_PCT": (0, 50, 70, 100),
     "M64_FILL_BLOCK_M": (16, 32, 64, 128),
     "M64_FILL_BLOCK_N": (16, 32, 64, 128, 256),
     "M64_FILL_num_warps": (2, 4, 8),
@@ -249,8 +252,9 @@ CONFIG = {
     "FILL_PCT": 50,
     "NARROW_PCT": 25,
     # off until a GPU times the rule itself (gpu_pending.sh linear_walk): what motivates it are single launches of an
-    # H100 sweep (the module docstring's M16_WALK_PCT); of the contract's cells it moves the 8B ones at M <= 16 only
+    # H100 sweep (the module docstring's M16_WALK_PCT); of the contract's cells M16's moves the 8B ones at M <= 16 only
     "M16_WALK_PCT": 0,
+    "M64_WALK_PCT": 0,
     "M64_FILL_BLOCK_M": 64,
     "M64_FILL_BLOCK_N": 64,
     "M64_FILL_num_warps": 4,
@@ -545,7 +549,7 @@ def _tile(M: int, N: int | None = None, sms: int = DEFAULT_SMS,
 
     WIDE_WAVES > 0: an M256 / M1024 launch whose output is wide enough that the MBIG tile alone gives at
     least WIDE_WAVES waves of programs (lm_head, gate_up) takes the MBIG tile instead of its bucket's.
-    FILL_PCT, then NARROW_PCT, then M16_WALK_PCT (with K): see the module's docstring.
+    FILL_PCT, then NARROW_PCT, then the bucket's WALK_PCT (with K): see the module's docstring.
     """
     b = _launch_bucket(M, N, sms)
     tile = tuple(CONFIG[f"{b}_{k}"] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "K_UNROLL", "SPLIT"))
