@@ -568,6 +568,22 @@ def test_wide_outputs_take_the_big_tile(monkeypatch):
     assert L._tile(256, 151936, 132) == L._tile(256)
 
 
+def test_outputs_whose_big_tiles_make_one_wave_take_the_big_tile(monkeypatch):
+    """FULL_WAVE_PCT: an M256 / M1024 launch whose MBIG tiles fill between that % of the SMs and all of them takes the
+    MBIG tile (Qwen3-8B's o and down at M = 1024: 128 tiles of 128 x 256 on 132 SMs); more than one wave (qkv's
+    192), too few (qwen3-0.6b's 1024-wide o: 32, M = 512: 64), decode sizes and a launch asked without N keep their
+    bucket's; at 0 nothing moves. Any tile gives the same bits (the tests above)."""
+    big = tuple(L.CONFIG[f"MBIG_{k}"] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "K_UNROLL", "SPLIT"))
+    monkeypatch.setitem(L.CONFIG, "FULL_WAVE_PCT", 75)
+    assert L._launch_bucket(1024, 4096, 132) == "MBIG" and L._tile(1024, 4096, 132) == big
+    assert L._launch_bucket(896, 4096, 132) == "MBIG"  # 7 x 16 = 112 tiles, 85%
+    for M, N in ((1024, 6144), (1024, 1024), (512, 4096), (16, 4096), (64, 4096)):
+        assert L._launch_bucket(M, N, 132) == L._bucket(M), (M, N)
+    assert L._tile(1024) == L._tile(1024, None, 132)
+    monkeypatch.setitem(L.CONFIG, "FULL_WAVE_PCT", 0)
+    assert L._launch_bucket(1024, 4096, 132) == "M1024"
+
+
 def test_outputs_that_leave_sms_idle_take_the_fill_tile(monkeypatch):
     """FILL_PCT: a launch whose bucket tile gives fewer output tiles than FILL_PCT % of the SMs takes the bucket's
     FILL tile (its tile, warps and stages; the bucket's K_UNROLL and SPLIT); one that fills them keeps its own,

@@ -52,6 +52,14 @@ The parallelization (tunable per M bucket, none of it changes bits):
   MBIG tile gives that many waves of programs on its own launches with the MBIG tile (H200: lm_head
   at M = 256 1.50x -> 1.15x cuBLAS; 1 wave also moved qkv at M = 1024 to 1.30x, 2 moved nothing the
   wrong way: benchmarks/results/linear_wide_waves_h200/);
+- FULL_WAVE_PCT: an M256 / M1024 launch whose MBIG tiles make one wave, at least FULL_WAVE_PCT % of the SMs and no
+  more than all of them, takes the MBIG tile too: Qwen3-8B's 4096-wide o and down at M = 1024 (128 tiles of
+  128 x 256 on 132 SMs, where the bucket's 128 x 128 gives 256). In same-run sweeps that launch took o / down
+  1.018 / 1.043x cuBLAS's time against the bucket tile's 1.131 / 1.099x (H100, linear_sweep_h100_k2048_s45/;
+  1.049 / 0.960 against 1.126 / 1.053 under a 4096 tree, linear_sweep_h100_k4096_one0_s45/; H200 under an earlier
+  root 1.049 / 1.033 against 1.549 / 1.445, linear_sweep_h200_k2048/), and qwen3-0.6b's qkv (N = 4096) 1.082
+  against 1.176 (linear_sweep_h100_qwen3-0.6b_one0_s45/), while qkv at 192 tiles (1.45 waves) took 1.28-1.39x and
+  0.6b's 1024-wide o / down at 32 tiles 2.39x, which the rule leaves alone;
 - FILL_PCT with a bucket's FILL tile (M64, M256): a launch whose bucket tile would give fewer output
   tiles than FILL_PCT % of the SMs takes the FILL tile (its own BLOCK_M, BLOCK_N, warps, stages; the
   bucket's K_UNROLL and SPLIT) instead. At M = 256 a 128x128 tile with 8 warps is the fastest per SM, but
@@ -150,6 +158,7 @@ TUNABLES = {
     "FUSED_MAX_M": (16, 64, 256, 1073741824),
     "TMA": (0, 1),
     "WIDE_WAVES": (0, 1, 2, 4),
+    "FULL_WAVE_PCT": (0, 50, 75, 90),
     "M16_BLOCK_M": (16, 32, 64),
     "M16_BLOCK_N": (16, 32, 64, 128, 256),
     "M16_num_warps": (2, 4, 8),
@@ -231,6 +240,7 @@ CONFIG = {
     "FUSED_MAX_M": 16,
     "TMA": 1,
     "WIDE_WAVES": 2,
+    "FULL_WAVE_PCT": 75,
     "M16_BLOCK_M": 16,
     "M16_BLOCK_N": 64,
     "M16_num_warps": 4,
@@ -574,12 +584,14 @@ def _tile(M: int, N: int | None = None, sms: int = DEFAULT_SMS,
 
 
 def _launch_bucket(M: int, N: int | None = None, sms: int = DEFAULT_SMS) -> str:
-    """The bucket whose launch serves M rows of an N-wide output (its M bucket, or MBIG when WIDE_WAVES moves it)."""
+    """The bucket whose launch serves M rows of an N-wide output (its M bucket, or MBIG where WIDE_WAVES or
+    FULL_WAVE_PCT moves it)."""
     b = _bucket(M)
-    waves = CONFIG["WIDE_WAVES"]
-    if waves and N is not None and b in ("M256", "M1024"):
+    if N is not None and b in ("M256", "M1024"):
         wide = tuple(CONFIG[f"MBIG_{k}"] for k in ("BLOCK_M", "BLOCK_N"))
-        if triton.cdiv(M, wide[0]) * triton.cdiv(N, wide[1]) >= waves * sms:
+        n = triton.cdiv(M, wide[0]) * triton.cdiv(N, wide[1])  # the MBIG tile's programs
+        waves, full = CONFIG["WIDE_WAVES"], CONFIG.get("FULL_WAVE_PCT", 0)
+        if (waves and n >= waves * sms) or (full and full * sms <= 100 * n <= 100 * sms):
             b = "MBIG"
     return b
 
