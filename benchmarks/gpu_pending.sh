@@ -138,8 +138,8 @@
 #                     walks it where tiles of 32 or more columns fill WALK_PCT % of the SMs; off): its bit test, then
 #                     the M16 and M64 buckets' launches against cuBLAS over Qwen3-8B's projections with both at 0
 #                     (today's), 70 and 100, one sweep each, the three in one call ($R/pytest_gpu_<card>_linear_walk.log,
-#                     $R/linear_sweep_<card>_walk{0,70,100}_s47/); the sweep's "linear" column is the entry point's
-#                     launch, the rule's
+#                     $R/linear_sweep_<card>_walk{0,70,100}_s47/, cell by cell: $R/sweep_cells_<card>_walk_s47.md);
+#                     the sweep's "linear" column is the entry point's launch, the rule's
 #   train_profile #19 where the trainer's time goes (benchmarks/train_profile.py): the 4 minibatch updates of a 256-sequence
 #                     qwen3-0.6b rollout, alone and right after a recompute pass, part by part and kernel by kernel,
 #                     unified then stock ($R/train_profile_<card>_qwen3-0.6b{,_stock}.{json,md})
@@ -473,7 +473,9 @@ for p in "$@"; do
                 part "linear_sweep_${CARD}_walk${pct}" 140 "$py" benchmarks/sweep_linear.py --tma 1 --model qwen3-8b \
                     --buckets M16 M64 --set "M16_WALK_PCT=$pct" --set "M64_WALK_PCT=$pct" --budget-s 80 \
                     --out "$R/linear_sweep_${CARD}_walk${pct}_s47"
-            done ;;
+            done
+            part "sweep_cells_${CARD}_walk" 30 "$py" benchmarks/sweep_cells.py "$R/linear_sweep_${CARD}"_walk{0,70,100}_s47 \
+                --out "$R/sweep_cells_${CARD}_walk_s47.md" ;;
         train_profile)
             part "train_profile_${CARD}_qwen3-0.6b" 240 "$py" benchmarks/train_profile.py --preset qwen3-0.6b --out "$R" \
                 --name "train_profile_${CARD}_qwen3-0.6b"
