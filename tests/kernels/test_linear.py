@@ -611,9 +611,9 @@ def test_outputs_that_leave_sms_idle_take_the_fill_tile(monkeypatch):
 
 def test_narrow_outputs_halve_the_tile_width(monkeypatch):
     """NARROW_PCT: a launch that still gives fewer output tiles than NARROW_PCT % of the SMs halves BLOCK_N (down to
-    16): qwen3-0.6b's 1024-wide o and down projections at decode sizes. No cell of the contract's workload moves at
-    the CONFIG's value, so the tuner's objective is the same; the bits are the same whatever the tile (above, and
-    here through the entry point)."""
+    16): qwen3-0.6b's 1024-wide o and down projections at a decode batch of 64 (an M16 launch only with M16_NARROW).
+    No cell of the contract's workload moves at the CONFIG's value, so the tuner's objective is the same; the bits
+    are the same whatever the tile (above, and here through the entry point)."""
     config = L.CONFIG["NARROW_PCT"]
     monkeypatch.setitem(L.CONFIG, "NARROW_PCT", 25)
     monkeypatch.setitem(L.CONFIG, "M64_BLOCK_N", 64)
@@ -621,7 +621,14 @@ def test_narrow_outputs_halve_the_tile_width(monkeypatch):
     assert L._tile(64, 1024, 132)[1] == 16  # 16 tiles -> 32 -> 64 of 64 x 16: 64 >= 33
     assert L._tile(64, 2048, 132)[1] == 32
     assert L._tile(64, 4096, 132)[1] == 64  # 64 tiles: enough
-    assert L._tile(4, 16, 132)[1] == 16  # never under 16
+    assert L._tile(64, 16, 132)[1] == 16  # never under 16
+    # an M16 launch keeps its bucket's width (qwen3-0.6b's down at M <= 16: 0.94x cuBLAS at 16 x 64, 1.06-1.20x at
+    # 16 x 16 on an H100) unless M16_NARROW
+    monkeypatch.setitem(L.CONFIG, "M16_BLOCK_N", 64)
+    monkeypatch.setitem(L.CONFIG, "M16_NARROW", 0)
+    assert L._tile(4, 1024, 132)[1] == 64
+    monkeypatch.setitem(L.CONFIG, "M16_NARROW", 1)
+    assert L._tile(4, 1024, 132)[1] == 16
     for cell in CONTRACT.cells("gpu"):
         M, N = cell.params["M"], cell.params["N"]
         monkeypatch.setitem(L.CONFIG, "NARROW_PCT", 0)
@@ -654,7 +661,7 @@ def test_a_small_batch_walks_where_narrower_tiles_fill_the_sms(monkeypatch):
     assert L._tile(16, 6144, 132, 4096)[1::4] == (64, 0)  # Qwen3-8B's qkv: 96 tiles of 64, 73% of 132
     assert L._tile(1, 4096, 132, 4096) == split[:1] + (32,) + split[2:5] + (0,)  # o: 64 tiles of 64, 128 of 32
     assert L._tile(4, 4096, 132, 12288)[1::4] == (32, 0)  # down
-    assert L._tile(16, 1024, 132, 2048) == L._tile(16, 1024, 132)  # 0.6b's o: 32 tiles of 32 (24%), so 16 wide
+    assert L._tile(16, 1024, 132, 2048) == L._tile(16, 1024, 132)  # 0.6b's o: 32 tiles of 32, 24% of the SMs
     assert L._tile(16, 6144, 132, 1024) == L._tile(16, 6144, 132)  # one chunk: nothing to split
     assert L._tile(64, 4096, 132, 4096) == L._tile(64, 4096, 132)  # M64's key is off
     monkeypatch.setitem(L.CONFIG, "M64_WALK_PCT", 70)

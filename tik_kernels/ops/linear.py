@@ -70,7 +70,11 @@ The parallelization (tunable per M bucket, none of it changes bits):
   BLOCK_N halves (down to 16). A small model's decode projections have narrow outputs: qwen3-0.6b's o and
   down projections at M = 64 are 1024 wide, 16 tiles of 64 x 64, and with K = 2048 (one chunk) no split
   can add programs, so 16 SMs stream the weights (H200: 8.9 us against a 1.1 us floor,
-  decode_breakdown_h200_qwen3-0.6b_fill.md). No Qwen3-8B cell has so few tiles at 25 %;
+  decode_breakdown_h200_qwen3-0.6b_fill.md). No Qwen3-8B cell has so few tiles at 25 %. An M16 launch narrows
+  only with M16_NARROW (off): at M = 1, 4, 16 the same 0.6b down projection (three K chunks of 1024, split) took
+  0.93-0.94x cuBLAS's time with the bucket's 16 x 64 tile (48 programs) and 1.06-1.20x narrowed to 16 x 16 (192),
+  o 1.18-1.28x against 1.23-1.34x, in each of three H100 sweeps (linear_sweep_h100_qwen3-0.6b_{one0,one1,swap0}_s45/:
+  the entry point against its own tile as a candidate, same run);
 - M16_WALK_PCT, M64_WALK_PCT (launch choices, off): a launch of the bucket that would split K (SPLIT > 0, K over more
   than one chunk) walks instead (SPLIT 0) where halving BLOCK_N, down to 32, gives at least WALK_PCT % of the SMs
   output tiles: more programs from narrower tiles cost nothing, while a split writes fp32 partials and combines them.
@@ -179,6 +183,7 @@ TUNABLES = {
     "M256_SPLIT": (0, 1, 2, 4, 8),
     "FILL_PCT": (0, 25, 50, 75, 100),
     "NARROW_PCT": (0, 12, 25, 50, 100),
+    "M16_NARROW": (0, 1),
     "M16_WALK_PCT": (0, 50, 70, 100),
     "M64_WALK_PCT": (0, 50, 70, 100),
     "M64_FILL_BLOCK_M": (16, 32, 64, 128),
@@ -261,6 +266,7 @@ CONFIG = {
     "M256_SPLIT": 0,
     "FILL_PCT": 50,
     "NARROW_PCT": 25,
+    "M16_NARROW": 0,
     # off until a GPU times the rule itself (gpu_pending.sh linear_walk): what motivates it are single launches of an
     # H100 sweep (the module docstring's M16_WALK_PCT); of the contract's cells M16's moves the 8B ones at M <= 16 only
     "M16_WALK_PCT": 0,
@@ -559,7 +565,8 @@ def _tile(M: int, N: int | None = None, sms: int = DEFAULT_SMS,
 
     WIDE_WAVES > 0: an M256 / M1024 launch whose output is wide enough that the MBIG tile alone gives at
     least WIDE_WAVES waves of programs (lm_head, gate_up) takes the MBIG tile instead of its bucket's.
-    FILL_PCT, then NARROW_PCT, then the bucket's WALK_PCT (with K): see the module's docstring.
+    FILL_PCT, then NARROW_PCT (an M16 launch only with M16_NARROW), then the bucket's WALK_PCT (with K): see the
+    module's docstring.
     """
     b = _launch_bucket(M, N, sms)
     tile = tuple(CONFIG[f"{b}_{k}"] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "K_UNROLL", "SPLIT"))
@@ -567,7 +574,7 @@ def _tile(M: int, N: int | None = None, sms: int = DEFAULT_SMS,
     if fill and N is not None and f"{b}_FILL_BLOCK_M" in CONFIG:
         if triton.cdiv(M, tile[0]) * triton.cdiv(N, tile[1]) * 100 < fill * sms:
             tile = tuple(CONFIG[f"{b}_FILL_{k}"] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")) + tile[4:]
-    narrow = CONFIG.get("NARROW_PCT", 0)
+    narrow = CONFIG.get("NARROW_PCT", 0) if b != "M16" or CONFIG.get("M16_NARROW", 0) else 0
     if narrow and N is not None:
         block_n = tile[1]
         while block_n > 16 and triton.cdiv(M, tile[0]) * triton.cdiv(N, block_n) * 100 < narrow * sms:
