@@ -138,8 +138,10 @@
 #                     walks it where tiles of 32 or more columns fill WALK_PCT % of the SMs; off): its bit test, then
 #                     the M16 and M64 buckets' launches against cuBLAS over Qwen3-8B's projections with both at 0
 #                     (today's), 70 and 100, one sweep each, the three in one call ($R/pytest_gpu_<card>_linear_walk.log,
-#                     $R/linear_sweep_<card>_walk{0,70,100}_s47/, cell by cell: $R/sweep_cells_<card>_walk_s47.md);
-#                     the sweep's "linear" column is the entry point's launch, the rule's
+#                     $R/linear_sweep_<card>_walk{0,70,100}_s47/), then qwen3-0.6b's M16, M64 and M1024 cells at the
+#                     root's CONFIG (M16_NARROW and FULL_WAVE_PCT, session 47: $R/linear_sweep_<card>_qwen3-0.6b_s47/),
+#                     cell by cell: $R/sweep_cells_<card>_walk_s47.md; the sweep's "linear" column is the entry
+#                     point's launch, the rules'
 #   train_profile #19 where the trainer's time goes (benchmarks/train_profile.py): the 4 minibatch updates of a 256-sequence
 #                     qwen3-0.6b rollout, alone and right after a recompute pass, part by part and kernel by kernel,
 #                     unified then stock ($R/train_profile_<card>_qwen3-0.6b{,_stock}.{json,md})
@@ -474,8 +476,12 @@ for p in "$@"; do
                     --buckets M16 M64 --set "M16_WALK_PCT=$pct" --set "M64_WALK_PCT=$pct" --budget-s 80 \
                     --out "$R/linear_sweep_${CARD}_walk${pct}_s47"
             done
+            # session 47's other two rules at the root's CONFIG: qwen3-0.6b's M16 launches unnarrowed (M16_NARROW 0), its
+            # qkv at M = 1024 on the 128 x 256 tile (FULL_WAVE_PCT)
+            part "linear_sweep_${CARD}_qwen3-0.6b" 140 "$py" benchmarks/sweep_linear.py --tma 1 --model qwen3-0.6b \
+                --buckets M16 M64 M1024 --budget-s 80 --out "$R/linear_sweep_${CARD}_qwen3-0.6b_s47"
             part "sweep_cells_${CARD}_walk" 30 "$py" benchmarks/sweep_cells.py "$R/linear_sweep_${CARD}"_walk{0,70,100}_s47 \
-                --out "$R/sweep_cells_${CARD}_walk_s47.md" ;;
+                "$R/linear_sweep_${CARD}_qwen3-0.6b_s47" --out "$R/sweep_cells_${CARD}_walk_s47.md" ;;
         train_profile)
             part "train_profile_${CARD}_qwen3-0.6b" 240 "$py" benchmarks/train_profile.py --preset qwen3-0.6b --out "$R" \
                 --name "train_profile_${CARD}_qwen3-0.6b"
