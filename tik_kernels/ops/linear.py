@@ -230,6 +230,10 @@ TUNABLE_WHEN = {
     # a swapped launch reads one BLOCK_K slice an iteration (`_matmul`)
     "M16_K_UNROLL": {"M16_SWAP": (0,)},
     "M64_K_UNROLL": {"M64_SWAP": (0,)},
+    # a walk replaces a split (`_tile`), and M16's narrowing is NARROW_PCT's
+    "M16_WALK_PCT": {"M16_SPLIT": (1, 2, 4, 8)},
+    "M64_WALK_PCT": {"M64_SPLIT": (1, 2, 4, 8)},
+    "M16_NARROW": {"NARROW_PCT": (12, 25, 50, 100)},
 }
 
 #: PDL 1, PREFETCH 0: the qwen3-0.6b decode step on an H100 (bench_e2e.py --only decode, same run): 2.39 ms -> 2.28 ms
