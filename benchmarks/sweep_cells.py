@@ -24,17 +24,24 @@ def geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
 
+def best_launch(cell: dict) -> tuple[str, float] | None:
+    """A sweep cell's fastest candidate launch (the entry point left out) and its ratio to cuBLAS; None without one."""
+    cands = {k: v for k, v in cell["us"].items() if k != "linear"}
+    if not cands:
+        return None
+    best = min(cands, key=cands.get)
+    return best, cands[best] / cell["cublas_us"]
+
+
 def cells(sweep: dict) -> list[dict]:
     """Per cell: proj, M, N, K, bucket, the entry point's ratio and the best candidate (launch, ratio)."""
     out = []
     for c in sweep["cells"]:
-        cands = {k: v for k, v in c["us"].items() if k != "linear"}
-        if not cands:
+        best = best_launch(c)
+        if best is None:
             continue
-        best = min(cands, key=cands.get)
         out.append({"proj": c["proj"], "M": c["M"], "N": c["N"], "K": c["K"], "bucket": c["bucket"],
-                    "linear": c["linear_us"] / c["cublas_us"], "best": best,
-                    "best_ratio": cands[best] / c["cublas_us"]})
+                    "linear": c["linear_us"] / c["cublas_us"], "best": best[0], "best_ratio": best[1]})
     return out
 
 

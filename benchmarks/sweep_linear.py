@@ -39,6 +39,7 @@ import torch  # noqa: E402
 import tik_kernels  # noqa: E402,F401  (before triton)
 import tik_kernels.ops.linear as L  # noqa: E402
 from benchmarks import harness as H  # noqa: E402
+from benchmarks.sweep_cells import best_launch  # noqa: E402
 from tik_kernels.contracts.linear import projections  # noqa: E402
 from tik_kernels.models import MODELS, QWEN3_8B  # noqa: E402
 
@@ -427,9 +428,8 @@ def write_md(doc: dict, path: Path) -> None:
     for c in doc["cells"]:
         best = doc["choice"].get(c["bucket"], {}).get("best")
         br = f"{c['us'][best] / c['cublas_us']:.3f}" if best in c["us"] else "-"
-        own = {k: v for k, v in c["us"].items() if k != "linear"}
-        cell_best = min(own, key=own.get) if own else None
-        cb = f"{cell_best} | {own[cell_best] / c['cublas_us']:.3f}" if cell_best else "- | -"
+        own = best_launch(c)
+        cb = f"{own[0]} | {own[1]:.3f}" if own else "- | -"
         lines.append(
             f"| {c['proj']} M={c['M']} (N={c['N']}, K={c['K']}) | {c['cublas_us']:.1f} | "
             f"{c['linear_us']:.1f} | {c['linear_us'] / c['cublas_us']:.3f} | {br} | {cb} |"

@@ -46,7 +46,7 @@ from tik_kernels.e2e import trainer as trainer_mod  # noqa: E402
 from tik_kernels.e2e.backends import config_overrides, make_backend  # noqa: E402
 from tik_kernels.e2e.model import PRESETS, init_params  # noqa: E402
 from tik_kernels.e2e.rollout import RolloutEngine  # noqa: E402
-from tik_kernels.e2e.run import alloc_counts, minibatches  # noqa: E402
+from tik_kernels.e2e.run import alloc_counts, alloc_delta, minibatches  # noqa: E402
 from tik_kernels.e2e.task import make_requests, rewards  # noqa: E402
 from tik_kernels.e2e.trainer import group_advantages, grpo_step, make_optimizer, pack, sequence_logprobs  # noqa: E402
 
@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         _sync()
         samples[name].append(time.perf_counter() - t)
         a1 = _alloc_counts()
-        allocs[name].append({k: a1[k] - a0[k] for k in a0})
+        allocs[name].append(alloc_delta(a0, a1))
 
     for r in range(args.rounds):
         order = [("train", train), ("recompute", recompute), *variants]

@@ -243,7 +243,7 @@ def test_cli_e2e_json_and_errors(capsys):
 @pytest.mark.gpu
 def test_alloc_counts_follow_the_driver():
     """A block the cache cannot serve is a cudaMalloc (num_device_alloc), and emptying the cache gives it back."""
-    from tik_kernels.e2e.run import ALLOC_KEYS, _delta, alloc_counts
+    from tik_kernels.e2e.run import ALLOC_KEYS, alloc_counts, alloc_delta
 
     torch.cuda.empty_cache()
     a = alloc_counts("cuda")
@@ -253,7 +253,7 @@ def test_alloc_counts_follow_the_driver():
     torch.cuda.empty_cache()
     c = alloc_counts("cuda")
     assert set(a) == set(ALLOC_KEYS)
-    assert _delta(a, b)["num_device_alloc"] >= 1 and _delta(b, c)["num_device_free"] >= 1
+    assert alloc_delta(a, b)["num_device_alloc"] >= 1 and alloc_delta(b, c)["num_device_free"] >= 1
 
 
 def test_cli_e2e_out_of_memory_is_one_line(capsys, monkeypatch):

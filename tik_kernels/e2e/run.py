@@ -103,7 +103,8 @@ def alloc_counts(device: str) -> dict:
     return {k: st.get(k, 0) for k in ALLOC_KEYS}
 
 
-def _delta(a: dict, b: dict) -> dict:
+def alloc_delta(a: dict, b: dict) -> dict:
+    """The counters moved from `alloc_counts` a to b."""
     return {k: b[k] - a[k] for k in a}
 
 
@@ -238,7 +239,7 @@ def run_mode(mode: str, cfg: E2EConfig, mc: ModelConfig, params0: dict, device: 
             train_prep.append(prep)
             capture_timed += capture
             for k, (a, b) in zip(allocs, ((a0, a1), (a1, a2), (a2, a3)), strict=True):
-                allocs[k].append(_delta(a, b))
+                allocs[k].append(alloc_delta(a, b))
         if on_step:
             on_step(mode, step, float(r.mean()), res)
     total_t = sum(sum(v) for v in times.values())
@@ -254,7 +255,8 @@ def run_mode(mode: str, cfg: E2EConfig, mc: ModelConfig, params0: dict, device: 
         "time_s_steps": {k: [round(x, 6) for x in v] for k, v in times.items()},
         #: beside them, each timed step's phases' allocator counters (ALLOC_KEYS; {} each off the GPU): a phase that
         #: gets memory from the driver, or frees the cache to, waits for the device as often (session 43's H100 ran
-        #: qwen3-0.6b's train phases 0.50-0.73 s a step where session 34's took 0.43-0.47 s: clocks or the allocator?)
+        #: qwen3-0.6b's train phases 0.50-0.73 s a step where session 34's took 0.43-0.47 s: clocks or the allocator?).
+        #: The train phase's count the rollout-vs-trainer check's forwards too, whose seconds its time leaves out
         "alloc_steps": allocs,
         #: of time_s["train"]: rewards, advantages, the minibatches' packing (and the KL reference forward with
         #: kl_coef), until the first update is launched

@@ -575,23 +575,31 @@ def _tile(M: int, N: int | None = None, sms: int = DEFAULT_SMS,
     b = _launch_bucket(M, N, sms)
     tile = tuple(CONFIG[f"{b}_{k}"] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "K_UNROLL", "SPLIT"))
     fill = CONFIG["FILL_PCT"]
-    if fill and N is not None and f"{b}_FILL_BLOCK_M" in CONFIG:
-        if triton.cdiv(M, tile[0]) * triton.cdiv(N, tile[1]) * 100 < fill * sms:
-            tile = tuple(CONFIG[f"{b}_FILL_{k}"] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")) + tile[4:]
-    narrow = CONFIG.get("NARROW_PCT", 0) if b != "M16" or CONFIG.get("M16_NARROW", 0) else 0
+    if fill and N is not None and f"{b}_FILL_BLOCK_M" in CONFIG and not _fills(M, N, *tile[:2], fill, sms):
+        tile = tuple(CONFIG[f"{b}_FILL_{k}"] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")) + tile[4:]
+    narrow = CONFIG.get("NARROW_PCT", 0)
+    if b == "M16" and not CONFIG.get("M16_NARROW", 0):
+        narrow = 0
     if narrow and N is not None:
-        block_n = tile[1]
-        while block_n > 16 and triton.cdiv(M, tile[0]) * triton.cdiv(N, block_n) * 100 < narrow * sms:
-            block_n //= 2
-        tile = (tile[0], block_n) + tile[2:]
+        tile = (tile[0], _narrowed(M, N, *tile[:2], narrow, sms, 16)) + tile[2:]
     walk = CONFIG.get(f"{b}_WALK_PCT", 0)
     if walk and tile[5] and N is not None and K is not None and K > _kchunk(N):
-        tiles_m, block_n = triton.cdiv(M, tile[0]), tile[1]
-        while block_n > 32 and tiles_m * triton.cdiv(N, block_n) * 100 < walk * sms:
-            block_n //= 2
-        if block_n >= 32 and tiles_m * triton.cdiv(N, block_n) * 100 >= walk * sms:
+        block_n = _narrowed(M, N, *tile[:2], walk, sms, 32)
+        if block_n >= 32 and _fills(M, N, tile[0], block_n, walk, sms):
             tile = (tile[0], block_n) + tile[2:5] + (0,)
     return tile
+
+
+def _fills(M: int, N: int, block_m: int, block_n: int, pct: int, sms: int) -> bool:
+    """Whether an M x N output in block_m x block_n tiles gives at least pct % of the SMs tiles."""
+    return triton.cdiv(M, block_m) * triton.cdiv(N, block_n) * 100 >= pct * sms
+
+
+def _narrowed(M: int, N: int, block_m: int, block_n: int, pct: int, sms: int, floor: int) -> int:
+    """block_n halved, not below floor, while the tiles are fewer than pct % of the SMs (NARROW_PCT, WALK_PCT)."""
+    while block_n > floor and not _fills(M, N, block_m, block_n, pct, sms):
+        block_n //= 2
+    return block_n
 
 
 def _launch_bucket(M: int, N: int | None = None, sms: int = DEFAULT_SMS) -> str:
