@@ -78,7 +78,11 @@ def main(argv: list[str] | None = None) -> int:
         if not f.is_file():
             print(f"sweep_cells: no sweep.json in {d}", file=sys.stderr)
             return 2
-        lines += report(d.name, json.loads(f.read_text()))
+        try:
+            lines += report(d.name, json.loads(f.read_text()))
+        except (ValueError, KeyError, TypeError) as e:  # not JSON, or not a sweep_linear.py sweep
+            print(f"sweep_cells: {f} is not a sweep_linear.py sweep.json ({type(e).__name__}: {e})", file=sys.stderr)
+            return 2
     text = "\n".join(lines)
     print(text)
     if args.out:

@@ -43,3 +43,12 @@ def test_the_best_launch_of_each_cell_and_the_geomeans(tmp_path, capsys):
 def test_a_folder_without_a_sweep_is_one_line(tmp_path, capsys):
     assert SC.main([str(tmp_path)]) == 2
     assert capsys.readouterr().err.strip() == f"sweep_cells: no sweep.json in {tmp_path}"
+
+
+def test_a_file_that_is_no_sweep_is_one_line(tmp_path, capsys):
+    for text in ("not json", '{"cells": [{"proj": "o"}]}'):
+        (tmp_path / "sweep.json").write_text(text)
+        assert SC.main([str(tmp_path)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"sweep_cells: {tmp_path / 'sweep.json'} is not a sweep_linear.py sweep.json (")
+        assert "\n" not in err
